@@ -1,0 +1,38 @@
+# The two commands in the README (make demo, make test) work from a fresh clone with only
+# Python 3.11 and make: every install step lives here or in pyproject.toml.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test test-slow lint demo bench bench-quick clean
+
+$(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check aioloader tests benchmarks examples
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+lint: $(STAMP)
+	$(PY) -m ruff check aioloader tests benchmarks examples
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+bench: $(STAMP)
+	$(PY) -m benchmarks run
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks run --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info aioloader/arrayrecord/*.so

@@ -1,0 +1,27 @@
+"""The ArrayRecord file format: bytes in, bytes out. No I/O policy, no asyncio.
+
+Layers, bottom up: `hashing` (HighwayHash-64), `varint`, `layout` (blocks and chunk
+headers), `codecs`, `chunk` (simple chunks), `proto` and `options` (footer messages),
+`index` (open a file from byte ranges), `reader` and `writer`.
+"""
+
+from .chunk import ChunkRecords
+from .errors import ArrayRecordFormatError
+from .index import DEFAULT_TAIL, FileIndex, decode_chunk, open_index, read_index
+from .options import WriterOptions, parse_options
+from .reader import RangeReader
+from .writer import ArrayRecordWriter
+
+__all__ = [
+    "DEFAULT_TAIL",
+    "ArrayRecordFormatError",
+    "ArrayRecordWriter",
+    "ChunkRecords",
+    "FileIndex",
+    "RangeReader",
+    "WriterOptions",
+    "decode_chunk",
+    "open_index",
+    "parse_options",
+    "read_index",
+]

@@ -1,0 +1,145 @@
+"""The compression codecs of Riegeli simple chunks: none, zstd, brotli, raw snappy.
+
+A compressed block is `varint(decompressed_length) || codec stream`; an uncompressed block is
+the raw bytes. Before any decompression the claimed length is checked against what the caller
+expects and against what the stream itself declares, so corrupted input cannot make us
+allocate far more than the file could legitimately decode to.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import cramjam
+import zstandard
+
+from .errors import ArrayRecordFormatError
+from .varint import encode_varint, read_varint
+
+NONE = 0x00
+BROTLI = 0x62  # 'b'
+ZSTD = 0x7A  # 'z'
+SNAPPY = 0x73  # 's'
+
+CODEC_NAMES = {NONE: "uncompressed", BROTLI: "brotli", ZSTD: "zstd", SNAPPY: "snappy"}
+
+# The largest decompressed:compressed ratio each codec can reach (zstd RLE blocks ~32k:1,
+# snappy ~21:1); brotli has no practical bound, so it relies on the hashed chunk header.
+_MAX_RATIO = {NONE: 1, SNAPPY: 24, ZSTD: 1 << 16}
+
+_local = threading.local()
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    # window_log up to 31 is legal in ArrayRecord files; zstandard's default refuses > 27.
+    d = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+    return d
+
+
+@dataclass(frozen=True, slots=True)
+class Compression:
+    """A codec with its level and window, as named in the writer options string."""
+
+    codec: int = ZSTD
+    level: int | None = 3
+    window_log: int | None = None
+
+    @property
+    def name(self) -> str:
+        return CODEC_NAMES[self.codec]
+
+    def compress_block(self, data) -> bytes:
+        """Encode one block (sizes or values) of a simple chunk."""
+        if self.codec == NONE:
+            return bytes(data)
+        if self.codec == ZSTD:
+            key = (self.level, self.window_log)
+            cache = getattr(_local, "zstd_c", None)
+            if cache is None or cache[0] != key:
+                params = zstandard.ZstdCompressionParameters.from_level(
+                    3 if self.level is None else self.level,
+                    window_log=self.window_log or 20,
+                    write_content_size=1,
+                    write_checksum=0,
+                )
+                cache = _local.zstd_c = (key, zstandard.ZstdCompressor(compression_params=params))
+            stream = cache[1].compress(bytes(data))
+        elif self.codec == BROTLI:
+            stream = bytes(cramjam.brotli.compress(bytes(data), 6 if self.level is None
+                                                   else self.level))
+        else:
+            stream = bytes(cramjam.snappy.compress_raw(bytes(data)))
+        return encode_varint(len(data)) + stream
+
+
+def decompress_block(codec: int, block, expected: int | None, max_size: int):
+    """Decode one block; `expected` is the exact decoded length when the caller knows it.
+
+    `max_size` bounds the decoded length when it is not known exactly.
+    """
+    if codec == NONE:
+        if expected is not None and len(block) != expected:
+            raise ArrayRecordFormatError(
+                f"uncompressed block holds {len(block)} bytes, header says {expected}"
+            )
+        return block
+    if codec not in CODEC_NAMES:
+        raise ArrayRecordFormatError(f"unknown compression type 0x{codec:02x}")
+    size, pos = read_varint(block, 0)
+    stream = block[pos:]
+    if expected is not None and size != expected:
+        raise ArrayRecordFormatError(
+            f"{CODEC_NAMES[codec]} block claims {size} decoded bytes, header says {expected}"
+        )
+    if size > max_size:
+        raise ArrayRecordFormatError(
+            f"{CODEC_NAMES[codec]} block claims {size} decoded bytes, more than the {max_size} "
+            "this chunk can hold"
+        )
+    ratio = _MAX_RATIO.get(codec)
+    if ratio is not None and size > ratio * len(stream) + 64:
+        raise ArrayRecordFormatError(
+            f"{CODEC_NAMES[codec]} block of {len(stream)} bytes cannot decode to {size} bytes"
+        )
+    try:
+        if codec == ZSTD:
+            out = _zstd_decode(stream, size)
+        elif codec == BROTLI:
+            out = cramjam.brotli.decompress(stream, output_len=size)
+        else:
+            declared, _ = read_varint(stream, 0)
+            if declared != size:
+                raise ArrayRecordFormatError(
+                    f"snappy stream declares {declared} bytes, block prefix says {size}"
+                )
+            out = cramjam.snappy.decompress_raw(stream, output_len=size)
+    except ArrayRecordFormatError:
+        raise
+    except Exception as exc:  # codec libraries raise their own types
+        raise ArrayRecordFormatError(
+            f"{CODEC_NAMES[codec]} stream does not decode: {exc}"
+        ) from None
+    out = memoryview(out)
+    if len(out) != size:
+        raise ArrayRecordFormatError(
+            f"{CODEC_NAMES[codec]} block decoded to {len(out)} bytes, prefix says {size}"
+        )
+    return out
+
+
+def _zstd_decode(stream, size: int) -> bytes:
+    declared = zstandard.frame_content_size(stream)
+    dctx = _zstd_decompressor()
+    if declared >= 0:
+        if declared != size:
+            raise ArrayRecordFormatError(
+                f"zstd frame declares {declared} bytes, block prefix says {size}"
+            )
+        return dctx.decompress(stream)
+    # No content size in the frame: stream, and never read past what the prefix allows.
+    with dctx.stream_reader(bytes(stream)) as reader:
+        out = reader.read(size + 1)
+    return out

@@ -1,0 +1,289 @@
+"""Open an ArrayRecord file from byte ranges: postscript, footer, and the chunk index.
+
+Opening is written sans-I/O: `open_index` is a generator that yields `(offset, length)` read
+requests and receives the bytes, so the same parser serves a local pread, a blocking fsspec
+file and an asyncio range reader (see `read_index` for the synchronous driver). A speculative
+tail read covers postscript and footer in one round trip for typical files; a second read is
+issued only when the footer starts before the tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .chunk import ChunkRecords, decode_simple, verify_data
+from .errors import CORRUPT_HINT, ArrayRecordFormatError
+from .layout import (
+    BLOCK_HEADER_SIZE,
+    BLOCK_SIZE,
+    CHUNK_HEADER_SIZE,
+    ChunkHeader,
+    check_block_header,
+    strip_block_headers,
+)
+from .options import WriterOptions, parse_options
+from .proto import POSTSCRIPT_MAGIC, decode_footer_entries, parse_fields
+
+DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
+VERIFY_LEVELS = ("none", "headers", "all")
+MIN_FILE_SIZE = 2 * BLOCK_SIZE
+
+ReadRequest = tuple[int, int]
+
+
+def _check_verify(verify: str) -> None:
+    if verify not in VERIFY_LEVELS:
+        raise ValueError(f"verify must be one of {VERIFY_LEVELS}, got {verify!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class FileIndex:
+    """Where every chunk of one file is, and how many records each holds."""
+
+    path: str | None
+    size: int
+    footer_offset: int
+    chunk_offsets: np.ndarray  # int64, one per data chunk
+    chunk_records: np.ndarray  # int64
+    chunk_decoded_sizes: np.ndarray  # int64
+    writer_options: str
+
+    @cached_property
+    def chunk_ends(self) -> np.ndarray:
+        """Physical end of each chunk's range (the next chunk, or the footer)."""
+        return np.append(self.chunk_offsets[1:], self.footer_offset).astype(np.int64)
+
+    @cached_property
+    def record_starts(self) -> np.ndarray:
+        """First global record of each chunk, plus the total at the end."""
+        out = np.zeros(len(self.chunk_records) + 1, dtype=np.int64)
+        np.cumsum(self.chunk_records, out=out[1:])
+        return out
+
+    @property
+    def num_records(self) -> int:
+        return int(self.record_starts[-1])
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_offsets)
+
+    @cached_property
+    def options(self) -> WriterOptions | None:
+        """Parsed writer options, or None for files written without them (before 2022)."""
+        try:
+            return parse_options(self.writer_options) if self.writer_options else None
+        except ValueError:
+            return None
+
+    @property
+    def group_size(self) -> int:
+        if self.options is not None:
+            return self.options.group_size
+        return int(self.chunk_records[0]) if self.num_chunks else 1
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Map record indices to (chunk, index within chunk), vectorized."""
+        idx = np.asarray(indices, dtype=np.int64)
+        n = self.num_records
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"{self.path or 'file'}: record {bad} out of range [0, {n})")
+        chunks = np.searchsorted(self.record_starts, idx, side="right") - 1
+        return chunks, idx - self.record_starts[chunks]
+
+    def chunk_range(self, chunk: int) -> tuple[int, int]:
+        """The physical byte range `[start, end)` that holds chunk `chunk`."""
+        return int(self.chunk_offsets[chunk]), int(self.chunk_ends[chunk])
+
+
+def open_index(
+    size: int,
+    *,
+    path: str | None = None,
+    verify: str = "headers",
+    tail: int = DEFAULT_TAIL,
+) -> Generator[ReadRequest, bytes, FileIndex]:
+    """Parse a file's index; yields read requests, returns a `FileIndex`."""
+    _check_verify(verify)
+    if size < MIN_FILE_SIZE or size % BLOCK_SIZE:
+        what = (f"{size} bytes is too small for an ArrayRecord file (at least {MIN_FILE_SIZE})"
+                if size < MIN_FILE_SIZE else
+                f"size {size} is not a multiple of 64 KiB")
+        raise ArrayRecordFormatError(
+            what, path=path,
+            hint="the file is truncated, still being written, or not an ArrayRecord file",
+        )
+    tail = max(BLOCK_SIZE, min(size, tail - tail % BLOCK_SIZE or BLOCK_SIZE))
+    tail_start = size - tail
+    tail_bytes = yield (tail_start, tail)
+    _check_length(tail_bytes, tail, tail_start, path)
+    post_at = size - BLOCK_SIZE
+    footer_offset = _parse_postscript(
+        memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
+    )
+    if footer_offset >= tail_start:
+        footer_raw = memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start]
+    else:
+        footer_raw = yield (footer_offset, post_at - footer_offset)
+        _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
+    return _parse_footer(footer_raw, footer_offset, size, verify, path)
+
+
+def read_index(
+    size: int,
+    fetch: Callable[[int, int], bytes],
+    *,
+    path: str | None = None,
+    verify: str = "headers",
+    tail: int = DEFAULT_TAIL,
+) -> FileIndex:
+    """Drive `open_index` with a blocking `fetch(offset, length) -> bytes`."""
+    steps = open_index(size, path=path, verify=verify, tail=tail)
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(fetch(*request))
+    except StopIteration as done:
+        return done.value
+
+
+def _check_length(buf, want: int, offset: int, path: str | None) -> None:
+    if buf is None or len(buf) != want:
+        got = 0 if buf is None else len(buf)
+        raise ArrayRecordFormatError(
+            f"short read: asked for {want} bytes, got {got}", path=path, offset=offset,
+            hint="the object changed or was truncated while reading; re-open it",
+        )
+
+
+def decode_chunk(
+    raw,
+    start: int,
+    *,
+    verify: str = "headers",
+    path: str | None = None,
+    chunk: int | None = None,
+) -> tuple[ChunkHeader, ChunkRecords]:
+    """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
+
+    Trailing bytes (padding chunks, the next chunk) are ignored.
+    """
+    try:
+        logical = strip_block_headers(raw, start, verify=verify != "none", path=path)
+        header = ChunkHeader.parse(logical, verify=verify != "none", offset=start)
+        end = CHUNK_HEADER_SIZE + header.data_size
+        if len(logical) < end:
+            raise ArrayRecordFormatError(
+                f"chunk data truncated: header says {header.data_size} bytes, range holds "
+                f"{len(logical) - CHUNK_HEADER_SIZE}",
+                offset=start, hint=CORRUPT_HINT,
+            )
+        data = logical[CHUNK_HEADER_SIZE:end]
+        if verify == "all":
+            verify_data(header, data)
+        return header, decode_simple(header, data)
+    except ArrayRecordFormatError as err:
+        if err.offset is None:
+            err = ArrayRecordFormatError(err.what, path=err.path, offset=start,
+                                         chunk=err.chunk, hint=err.hint)
+        raise err.located(path=path, chunk=chunk) from None
+
+
+def _index_verify(verify: str) -> str:
+    # The index is read once per file and everything else trusts it: hash all of it.
+    return "none" if verify == "none" else "all"
+
+
+def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
+    """Footer offset from the postscript chunk at `pos` (the file's last block)."""
+    if len(raw) < BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE:
+        raise ArrayRecordFormatError("postscript truncated", path=path, offset=pos)
+    if verify != "none":
+        prev, _ = check_block_header(raw[:BLOCK_HEADER_SIZE], pos, path)
+        if prev != 0:
+            raise ArrayRecordFormatError(
+                "no chunk starts at the last 64 KiB block", path=path, offset=pos,
+                hint="this is not an ArrayRecord file, or it is truncated",
+            )
+    _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path)
+    if len(records) == 0:
+        raise ArrayRecordFormatError("postscript holds no records", path=path, offset=pos)
+    last_error: ArrayRecordFormatError | None = None
+    for j in range(min(3, len(records))):  # copies 2 and 3 back up a damaged copy 1
+        try:
+            fields = parse_fields(records.view(j))
+        except ArrayRecordFormatError as err:
+            last_error = err
+            continue
+        if fields.get(2) == POSTSCRIPT_MAGIC and isinstance(fields.get(1), int):
+            footer_offset = int(fields[1])
+            if not 64 <= footer_offset < pos:
+                raise ArrayRecordFormatError(
+                    f"postscript points at footer offset {footer_offset}, outside the file",
+                    path=path, offset=pos, hint=CORRUPT_HINT,
+                )
+            return footer_offset
+    raise ArrayRecordFormatError(
+        "postscript has no valid ArrayRecord magic"
+        + (f" ({last_error.what})" if last_error else ""),
+        path=path, offset=pos, hint="this is not an ArrayRecord file, or it is corrupted",
+    )
+
+
+def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None):
+    _, records = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path)
+    if len(records) == 0:
+        raise ArrayRecordFormatError("footer holds no metadata record", path=path,
+                                     offset=footer_offset, hint=CORRUPT_HINT)
+    meta = parse_fields(records.view(0)).get(1)
+    if not isinstance(meta, bytes):
+        raise ArrayRecordFormatError("footer metadata is not ArrayRecord metadata", path=path,
+                                     offset=footer_offset, hint=CORRUPT_HINT)
+    fields = parse_fields(meta)
+    if fields.get(1) != 1:
+        raise ArrayRecordFormatError(
+            f"unsupported ArrayRecord metadata version {fields.get(1)}", path=path,
+            offset=footer_offset, hint="the file was written by a newer array_record",
+        )
+    options = fields.get(4, b"")
+    options = options.decode("utf-8", "replace") if isinstance(options, bytes) else ""
+    entries = decode_footer_entries(records.values, records.bounds[1:])
+    n_chunks = len(entries)
+    claimed_chunks = fields.get(2, n_chunks)
+    if claimed_chunks != n_chunks:
+        raise ArrayRecordFormatError(
+            f"footer lists {n_chunks} chunks, metadata says {claimed_chunks}",
+            path=path, offset=footer_offset, hint=CORRUPT_HINT,
+        )
+    offsets, decoded, counts = entries[:, 0], entries[:, 1], entries[:, 2]
+    if n_chunks and (
+        offsets[0] < 64
+        or offsets[-1] >= footer_offset
+        or (np.diff(offsets) <= 0).any()
+        or (counts < 0).any()
+    ):
+        raise ArrayRecordFormatError(
+            "footer chunk offsets are not increasing within the file", path=path,
+            offset=footer_offset, hint=CORRUPT_HINT,
+        )
+    total = int(counts.sum())
+    claimed = fields.get(3, total)
+    if claimed != total:
+        raise ArrayRecordFormatError(
+            f"footer chunks hold {total} records, metadata says {claimed}",
+            path=path, offset=footer_offset, hint=CORRUPT_HINT,
+        )
+    return FileIndex(
+        path=path,
+        size=size,
+        footer_offset=footer_offset,
+        chunk_offsets=np.ascontiguousarray(offsets),
+        chunk_records=np.ascontiguousarray(counts),
+        chunk_decoded_sizes=np.ascontiguousarray(decoded),
+        writer_options=options,
+    )

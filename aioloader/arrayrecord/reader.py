@@ -1,0 +1,74 @@
+"""Random access to one file's records through a blocking `fetch(offset, length)`.
+
+The caller owns the I/O (a local pread, an fsspec file); this module only decides which byte
+ranges to ask for and decodes them. Each chunk a request needs is fetched and decoded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .chunk import ChunkRecords
+from .errors import ArrayRecordFormatError
+from .index import DEFAULT_TAIL, FileIndex, _check_verify, decode_chunk, read_index
+
+Fetch = Callable[[int, int], bytes]
+
+
+class RangeReader:
+    """Records of one ArrayRecord file, read by byte ranges."""
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        size: int,
+        *,
+        path: str | None = None,
+        verify: str = "headers",
+        index: FileIndex | None = None,
+        tail: int = DEFAULT_TAIL,
+    ) -> None:
+        _check_verify(verify)
+        self._fetch = fetch
+        self.path = path
+        self.verify = verify
+        self.index = index or read_index(size, fetch, path=path, verify=verify, tail=tail)
+
+    def __len__(self) -> int:
+        return self.index.num_records
+
+    def read_chunk(self, chunk: int) -> ChunkRecords:
+        """Fetch and decode one data chunk."""
+        start, end = self.index.chunk_range(chunk)
+        raw = self._fetch(start, end - start)
+        _, records = decode_chunk(raw, start, verify=self.verify, path=self.path, chunk=chunk)
+        expected = int(self.index.chunk_records[chunk])
+        if len(records) != expected:
+            raise ArrayRecordFormatError(
+                f"chunk holds {len(records)} records, the footer says {expected}",
+                path=self.path, chunk=chunk, offset=start,
+                hint="the file is corrupted; re-create or re-upload it",
+            )
+        return records
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """Records at `indices`, in the order asked (each needed chunk read once)."""
+        chunks, local = self.index.locate(indices)
+        out: list[bytes] = [b""] * len(chunks)
+        order = np.argsort(chunks, kind="stable")
+        current, records = -1, None
+        for k in order.tolist():
+            c = int(chunks[k])
+            if c != current:
+                current, records = c, self.read_chunk(c)
+            out[k] = records.record(int(local[k]))  # type: ignore[union-attr]
+        return out
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.read([i])[0]
+
+    def __iter__(self):
+        for c in range(self.index.num_chunks):
+            yield from self.read_chunk(c).records()

@@ -1,0 +1,82 @@
+"""Protobuf-style base-128 varints: one at a time for headers, vectorized for record sizes.
+
+The sizes block of a chunk holds one varint per record; decoding it with a Python loop
+would cost a microsecond per record on the hot path, so `decode_varints` does it with a
+handful of NumPy passes (one per byte of the longest varint).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ArrayRecordFormatError
+
+MAX_VARINT64_BYTES = 10
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode one unsigned integer (< 2**64)."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def read_varint(buf, pos: int, end: int | None = None) -> tuple[int, int]:
+    """Decode one varint at `buf[pos:]`; return (value, position after it)."""
+    if end is None:
+        end = len(buf)
+    result = 0
+    shift = 0
+    for i in range(pos, min(end, pos + MAX_VARINT64_BYTES)):
+        byte = buf[i]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & 0xFFFFFFFFFFFFFFFF, i + 1
+        shift += 7
+    if end - pos >= MAX_VARINT64_BYTES:
+        raise ArrayRecordFormatError("varint longer than 10 bytes", offset=pos)
+    raise ArrayRecordFormatError("varint runs past the end of its block", offset=pos)
+
+
+def decode_varints(buf, count: int) -> np.ndarray:
+    """Decode exactly `count` varints that make up all of `buf`; return uint64 values."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    if count == 0:
+        if arr.size:
+            raise ArrayRecordFormatError(f"{arr.size} stray bytes after 0 varints")
+        return np.zeros(0, dtype=np.uint64)
+    if arr.size == count:  # every value < 128: the common case for tiny records
+        if arr.max(initial=0) >= 0x80:
+            raise ArrayRecordFormatError("varints are truncated")
+        return arr.astype(np.uint64)
+    ends = np.flatnonzero(arr < 0x80)
+    if ends.size != count or ends[-1] != arr.size - 1:
+        raise ArrayRecordFormatError(
+            f"expected {count} varints in {arr.size} bytes, found {ends.size}"
+            + ("" if ends.size == 0 or ends[-1] == arr.size - 1 else " and a truncated one")
+        )
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts + 1
+    longest = int(lengths.max())
+    if longest > MAX_VARINT64_BYTES:
+        raise ArrayRecordFormatError("varint longer than 10 bytes")
+    values = (arr[starts] & 0x7F).astype(np.uint64)
+    for k in range(1, longest):
+        sel = np.flatnonzero(lengths > k)
+        values[sel] |= (arr[starts[sel] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return values
+
+
+def encode_varints(values) -> bytes:
+    """Encode a sequence of unsigned integers back to back."""
+    vals = np.asarray(values, dtype=np.uint64)
+    if vals.size and int(vals.max()) < 0x80:
+        return vals.astype(np.uint8).tobytes()
+    return b"".join(encode_varint(int(v)) for v in vals)

@@ -1,0 +1,145 @@
+"""`ArrayRecordWriter`: files that Google's array_record and Grain read back unchanged.
+
+Records are grouped into chunks of exactly `group_size` (the official reader infers the
+group size from the first chunk, so groups must be uniform), each chunk is laid out with its
+block headers, and `close()` appends the footer index and the postscript. The output for
+`uncompressed` is byte-identical to the official writer's. See ARRAYRECORD_FORMAT.md §10.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any
+
+from .chunk import encode_simple
+from .codecs import Compression
+from .layout import CHUNK_SIMPLE, encode_chunk, padding_chunk, physical_chunk
+from .options import WriterOptions, parse_options
+from .proto import encode_footer_entry, encode_metadata, encode_postscript
+
+SIGNATURE = bytes.fromhex(
+    "83af70d10d884a3f00000000000000004000000000000000"
+    "91bac23c9287e1a90000000000000000e19f13c0e9b1c372"
+    "73000000000000000000000000000000"
+)
+
+
+def _open(target: str | os.PathLike | IO[bytes]) -> tuple[IO[bytes], bool]:
+    if hasattr(target, "write"):
+        return target, False  # type: ignore[return-value]
+    path = os.fspath(target)
+    if "://" in path and not path.startswith("file://"):
+        import fsspec  # any fsspec URL (gs://, s3://, memory://, ...)
+
+        return fsspec.open(path, "wb").open(), True
+    return open(path.removeprefix("file://"), "wb"), True
+
+
+class ArrayRecordWriter:
+    """Write records to an ArrayRecord file (a path, any fsspec URL, or a binary file object).
+
+    `compression` is `"zstd[:level]"`, `"brotli[:level]"`, `"snappy"` or `"uncompressed"`,
+    optionally followed by `,window_log:N`; `options` takes a full array_record options string
+    instead (e.g. `"group_size:1,zstd:3"`).
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike | IO[bytes],
+        group_size: int = 1,
+        compression: str = "zstd:3",
+        pad_to_block_boundary: bool = False,
+        *,
+        options: str | None = None,
+    ) -> None:
+        if options is None:
+            options = f"group_size:{group_size},{compression}"
+            if pad_to_block_boundary:
+                options += ",pad_to_block_boundary:true"
+        parsed = parse_options(options)
+        if parsed.transpose:
+            raise ValueError("transpose is not supported by aioloader's writer")
+        self.options: WriterOptions = WriterOptions(
+            group_size=parsed.group_size,
+            compression=parsed.compression,
+            pad_to_block_boundary=parsed.pad_to_block_boundary,
+            max_parallelism=1,
+        )
+        self._compression: Compression = parsed.compression
+        self._file, self._owns_file = _open(target)
+        self._name = getattr(target, "name", None) if hasattr(target, "write") else str(target)
+        self._group: list[bytes] = []
+        self._chunks: list[bytes] = []  # encoded footer entries
+        self._num_records = 0
+        self._pos = 0
+        self._closed = False
+        self._emit(SIGNATURE)
+
+    # -- public -------------------------------------------------------------------------
+
+    def write(self, record: bytes | bytearray | memoryview) -> None:
+        """Append one record."""
+        if self._closed:
+            raise ValueError(f"{self._name}: write() on a closed ArrayRecordWriter")
+        self._group.append(bytes(record))
+        if len(self._group) == self.options.group_size:
+            self._flush_group()
+
+    def close(self) -> None:
+        """Write the last chunk, the footer and the postscript; close what we opened."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._group:
+                self._flush_group()
+            self._write_index()
+        finally:
+            if self._owns_file:
+                self._file.close()
+
+    def __enter__(self) -> ArrayRecordWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def num_records(self) -> int:
+        return self._num_records
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _emit(self, raw: bytes) -> None:
+        self._file.write(raw)
+        self._pos += len(raw)
+
+    def _emit_chunk(self, logical: bytes, num_records: int) -> int:
+        begin = self._pos
+        self._emit(physical_chunk(begin, logical, num_records))
+        return begin
+
+    def _flush_group(self) -> None:
+        records, self._group = self._group, []
+        data, decoded = encode_simple(records, self._compression)
+        begin = self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, len(records), decoded),
+                                 len(records))
+        self._chunks.append(encode_footer_entry(begin, decoded, len(records)))
+        self._num_records += len(records)
+        if self.options.pad_to_block_boundary:
+            self._emit(padding_chunk(self._pos))
+
+    def _write_index(self) -> None:
+        footer_records = [
+            encode_metadata(len(self._chunks), self._num_records, self.options.to_string()),
+            *self._chunks,
+        ]
+        data, decoded = encode_simple(footer_records, self._compression)
+        footer_offset = self._pos
+        self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, len(footer_records), decoded),
+                         len(footer_records))
+        self._emit(padding_chunk(self._pos))
+        post = encode_postscript(footer_offset)
+        data, decoded = encode_simple([post] * 3, Compression(0, None, None))
+        self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, 3, decoded), 3)
+        self._emit(padding_chunk(self._pos))

@@ -1,0 +1,241 @@
+"""HighwayHash-64: spec test vectors, C extension vs pure-Python reference, buffer handling."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import struct
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioloader.arrayrecord import _highwayhash
+from aioloader.arrayrecord.hashing import (
+    HAVE_NATIVE,
+    RIEGELI_KEY,
+    highwayhash64,
+    highwayhash64_py,
+)
+
+
+def u64le(x: int) -> bytes:
+    return struct.pack("<Q", x)
+
+
+# From ARRAYRECORD_FORMAT.md section 3 (verified there against real files).
+SPEC_VECTORS = [
+    (b"", 0x72C3B1E9C0139FE1),
+    (u64le(0) + u64le(64), 0x3F4A880DD170AF83),  # the first block header
+    (u64le(0) + u64le(0x72C3B1E9C0139FE1) + u64le(0x73) + u64le(0), 0xA9E187923CC2BA91),
+]
+
+IMPLEMENTATIONS = {
+    "public": highwayhash64,
+    "c": _highwayhash.hash64,
+    "c_key": lambda data: _highwayhash.hash64_key(RIEGELI_KEY, data),
+    "py": highwayhash64_py,
+}
+
+
+def test_native_module_in_use() -> None:
+    assert HAVE_NATIVE
+    assert highwayhash64 is _highwayhash.hash64
+
+
+def test_key_constant() -> None:
+    assert len(RIEGELI_KEY) == 32
+    assert struct.unpack("<4Q", RIEGELI_KEY) == (
+        0x2F696C6567656952,
+        0x0A7364726F636572,
+        0x2F696C6567656952,
+        0x0A7364726F636572,
+    )
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS.values(), ids=IMPLEMENTATIONS.keys())
+@pytest.mark.parametrize(("data", "expected"), SPEC_VECTORS, ids=["empty", "block", "sig"])
+def test_spec_vectors(impl, data: bytes, expected: int) -> None:
+    assert impl(data) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=300), key=st.binary(min_size=32, max_size=32))
+def test_c_matches_python_random(data: bytes, key: bytes) -> None:
+    assert _highwayhash.hash64_key(key, data) == highwayhash64_py(data, key)
+
+
+def _pattern(n: int) -> bytes:
+    # Deterministic bytes that differ at every position (a pure counter repeats every 256).
+    rng = np.random.default_rng(n)
+    return rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("n", [*range(130), 1000, 4096, 65543])
+def test_c_matches_python_lengths(n: int) -> None:
+    data = _pattern(n)
+    assert _highwayhash.hash64(data) == highwayhash64_py(data)
+    key = bytes(range(100, 132))
+    assert _highwayhash.hash64_key(key, data) == highwayhash64_py(data, key)
+
+
+def test_results_are_u64_and_key_sensitive() -> None:
+    data = _pattern(77)
+    values = {highwayhash64(data), highwayhash64(data[:-1]), highwayhash64(b"\0" + data[1:])}
+    assert len(values) == 3
+    assert all(0 <= v < 2**64 for v in values)
+    other_key = bytes(32)
+    assert _highwayhash.hash64_key(other_key, data) != _highwayhash.hash64(data)
+
+
+# --- buffer protocol ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", [_highwayhash.hash64, highwayhash64_py], ids=["c", "py"])
+def test_unaligned_memoryview_slices(impl) -> None:
+    base = _pattern(5000)
+    view = memoryview(base)
+    for offset in range(9):
+        for length in (0, 1, 7, 31, 32, 33, 100, 4096 - offset):
+            chunk = view[offset : offset + length]
+            assert impl(chunk) == highwayhash64_py(bytes(chunk))
+    # A large unaligned slice, so the GIL-released path sees an odd address.
+    big = memoryview(_pattern(1 << 17))[3:]
+    assert _highwayhash.hash64(big) == _highwayhash.hash64(bytes(big))
+
+
+def test_buffer_types_agree() -> None:
+    raw = _pattern(1234)
+    expected = highwayhash64(raw)
+    arr = np.frombuffer(raw, dtype=np.uint8).copy()
+    inputs = [
+        bytearray(raw),
+        memoryview(raw),
+        arr,
+        arr.reshape(2, 617),  # multi-dimensional but C-contiguous: its raw bytes are hashed
+        memoryview(bytearray(b"xx" + raw))[2:],
+        np.frombuffer(b"\0" + raw, dtype=np.uint8)[1:],  # numpy view at an odd address
+    ]
+    for obj in inputs:
+        assert _highwayhash.hash64(obj) == expected, type(obj)
+        assert _highwayhash.hash64_key(RIEGELI_KEY, obj) == expected
+        assert highwayhash64_py(obj) == expected
+    # Wider dtypes hash their raw little-endian bytes.
+    words = np.arange(40, dtype="<u8")
+    assert _highwayhash.hash64(words) == highwayhash64_py(words.tobytes())
+    # Keys may be any 32-byte buffer too.
+    key = bytearray(range(32))
+    assert _highwayhash.hash64_key(memoryview(key), raw) == highwayhash64_py(raw, bytes(key))
+
+
+NON_CONTIGUOUS = {
+    "memoryview_step": lambda: memoryview(bytes(range(64)))[::2],
+    "numpy_step": lambda: np.arange(64, dtype=np.uint8)[::2],
+    "numpy_fortran": lambda: np.asfortranarray(np.arange(64, dtype=np.uint8).reshape(8, 8)),
+}
+
+
+@pytest.mark.parametrize("make", NON_CONTIGUOUS.values(), ids=NON_CONTIGUOUS.keys())
+@pytest.mark.parametrize(
+    "impl",
+    [_highwayhash.hash64, lambda d: _highwayhash.hash64_key(RIEGELI_KEY, d), highwayhash64_py],
+    ids=["c", "c_key", "py"],
+)
+def test_non_contiguous_rejected(make, impl) -> None:
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        impl(make())
+
+
+@pytest.mark.parametrize("impl", [_highwayhash.hash64, highwayhash64_py], ids=["c", "py"])
+@pytest.mark.parametrize("bad", ["text", 12, None, [1, 2]])
+def test_non_buffer_rejected(impl, bad) -> None:
+    with pytest.raises(TypeError):
+        impl(bad)
+
+
+@pytest.mark.parametrize("key", [b"", bytes(31), bytes(33)])
+def test_bad_key_length(key: bytes) -> None:
+    with pytest.raises(ValueError, match="32 bytes"):
+        _highwayhash.hash64_key(key, b"abc")
+    with pytest.raises(ValueError, match="32 bytes"):
+        highwayhash64_py(b"abc", key)
+
+
+def test_wrong_arg_count() -> None:
+    with pytest.raises(TypeError):
+        _highwayhash.hash64()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _highwayhash.hash64(b"a", b"b")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _highwayhash.hash64_key(RIEGELI_KEY)  # type: ignore[call-arg]
+
+
+def test_fallback_warns_once_and_stays_correct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the extension, importing `hashing` warns once and falls back to pure Python."""
+    import aioloader.arrayrecord as package
+
+    monkeypatch.setitem(sys.modules, "aioloader.arrayrecord._highwayhash", None)
+    monkeypatch.delitem(sys.modules, "aioloader.arrayrecord.hashing")
+    monkeypatch.delattr(package, "_highwayhash", raising=False)
+    monkeypatch.delattr(package, "hashing", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = importlib.import_module("aioloader.arrayrecord.hashing")
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(runtime) == 1
+    assert "pip install -e ." in str(runtime[0].message)
+    assert not fallback.HAVE_NATIVE
+    for data, expected in SPEC_VECTORS:
+        assert fallback.highwayhash64(data) == expected
+
+
+# --- against files written by the official library ------------------------------------------
+
+
+def test_hashes_in_official_array_record_file(tmp_path) -> None:
+    """Every block header, chunk header and data hash in a real file must match ours.
+
+    Uncompressed single-record chunks give data hashes over many lengths (every remainder
+    mod 32), one chunk crosses a block boundary, and the file ends with padding chunks.
+    """
+    arm = pytest.importorskip("array_record.python.array_record_module")
+    path = str(tmp_path / "t.array_record")
+    writer = arm.ArrayRecordWriter(path, "group_size:1,uncompressed")
+    for n in [*range(70), 1000, 70000]:
+        writer.write(_pattern(n))
+    writer.close()
+    with open(path, "rb") as f:
+        raw = f.read()
+
+    block = 1 << 16
+    for b in range(0, len(raw), block):  # block header: hash of bytes 8..24
+        assert struct.unpack_from("<Q", raw, b)[0] == highwayhash64(raw[b + 8 : b + 24])
+    # Drop the block headers to get the logical stream. Here chunks follow each other with
+    # no gaps, up to the first padding chunk (which ends the footer).
+    logical = b"".join(raw[b + 24 : b + block] for b in range(0, len(raw), block))
+    pos = checked = 0
+    while True:
+        header_hash, data_size, data_hash, type_and_count = struct.unpack_from("<4Q", logical, pos)
+        assert header_hash == highwayhash64(logical[pos + 8 : pos + 40])
+        data = logical[pos + 40 : pos + 40 + data_size]
+        assert data_hash == highwayhash64(data)
+        if data_size <= 200:
+            assert data_hash == highwayhash64_py(data)
+        checked += 1
+        if type_and_count & 0xFF == ord("p"):
+            break
+        pos += 40 + data_size
+    assert checked == 1 + 72 + 1 + 1  # signature, data chunks, footer, padding
+
+
+def test_large_input_releases_gil_without_corruption() -> None:
+    """Hash big buffers from several threads at once; results must match a serial run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    buffers = [os.urandom((1 << 20) + i) for i in range(8)]
+    serial = [highwayhash64(b) for b in buffers]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(highwayhash64, buffers)) == serial
