@@ -26,7 +26,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check aioloader tests benchmarks examples
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/write_sample.py data/sample --records 100000 --shards 4
+	$(VENV)/bin/aioloader inspect data/sample/train-00000-of-00004.array_record
+	$(VENV)/bin/aioloader cat data/sample/train-00000-of-00004.array_record --range 0:2
 
 bench: $(STAMP)
 	$(PY) -m benchmarks run

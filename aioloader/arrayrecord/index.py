@@ -10,6 +10,7 @@ issued only when the footer starts before the tail.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -123,15 +124,32 @@ def open_index(
     tail_bytes = yield (tail_start, tail)
     _check_length(tail_bytes, tail, tail_start, path)
     post_at = size - BLOCK_SIZE
-    footer_offset = _parse_postscript(
-        memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
-    )
+    with _locating(path, post_at):
+        footer_offset = _parse_postscript(
+            memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
+        )
     if footer_offset >= tail_start:
         footer_raw = memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start]
     else:
         footer_raw = yield (footer_offset, post_at - footer_offset)
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
-    return _parse_footer(footer_raw, footer_offset, size, verify, path)
+    with _locating(path, footer_offset):
+        return _parse_footer(footer_raw, footer_offset, size, verify, path)
+
+
+@contextmanager
+def _locating(path: str | None, offset: int):
+    """Fill in the file and offset on errors raised by location-blind helpers."""
+    try:
+        yield
+    except ArrayRecordFormatError as err:
+        if err.path is not None and err.offset is not None:
+            raise
+        raise ArrayRecordFormatError(
+            err.what, path=err.path or path,
+            offset=err.offset if err.offset is not None else offset,
+            chunk=err.chunk, hint=err.hint or CORRUPT_HINT,
+        ) from None
 
 
 def read_index(
@@ -201,38 +219,33 @@ def _index_verify(verify: str) -> str:
 
 def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
     """Footer offset from the postscript chunk at `pos` (the file's last block)."""
-    if len(raw) < BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE:
-        raise ArrayRecordFormatError("postscript truncated", path=path, offset=pos)
-    if verify != "none":
-        prev, _ = check_block_header(raw[:BLOCK_HEADER_SIZE], pos, path)
-        if prev != 0:
-            raise ArrayRecordFormatError(
-                "no chunk starts at the last 64 KiB block", path=path, offset=pos,
-                hint="this is not an ArrayRecord file, or it is truncated",
-            )
-    _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path)
-    if len(records) == 0:
-        raise ArrayRecordFormatError("postscript holds no records", path=path, offset=pos)
-    last_error: ArrayRecordFormatError | None = None
-    for j in range(min(3, len(records))):  # copies 2 and 3 back up a damaged copy 1
-        try:
-            fields = parse_fields(records.view(j))
-        except ArrayRecordFormatError as err:
-            last_error = err
-            continue
-        if fields.get(2) == POSTSCRIPT_MAGIC and isinstance(fields.get(1), int):
-            footer_offset = int(fields[1])
-            if not 64 <= footer_offset < pos:
-                raise ArrayRecordFormatError(
-                    f"postscript points at footer offset {footer_offset}, outside the file",
-                    path=path, offset=pos, hint=CORRUPT_HINT,
-                )
-            return footer_offset
-    raise ArrayRecordFormatError(
-        "postscript has no valid ArrayRecord magic"
-        + (f" ({last_error.what})" if last_error else ""),
-        path=path, offset=pos, hint="this is not an ArrayRecord file, or it is corrupted",
-    )
+    try:
+        if len(raw) < BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE:
+            raise ArrayRecordFormatError("postscript truncated")
+        if verify != "none":
+            prev, _ = check_block_header(raw[:BLOCK_HEADER_SIZE], pos, path)
+            if prev != 0:
+                raise ArrayRecordFormatError("no chunk starts at the last 64 KiB block")
+        _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path)
+        for j in range(min(3, len(records))):  # copies 2 and 3 back up a damaged copy 1
+            try:
+                fields = parse_fields(records.view(j))
+            except ArrayRecordFormatError:
+                continue
+            if fields.get(2) == POSTSCRIPT_MAGIC and isinstance(fields.get(1), int):
+                footer_offset = int(fields[1])
+                if not 64 <= footer_offset < pos:
+                    raise ArrayRecordFormatError(
+                        f"postscript points at footer offset {footer_offset}, outside the file"
+                    )
+                return footer_offset
+        raise ArrayRecordFormatError("no record with the ArrayRecord magic number")
+    except ArrayRecordFormatError as err:
+        raise ArrayRecordFormatError(
+            f"no valid ArrayRecord postscript in the last 64 KiB block: {err.what}",
+            path=path, offset=pos,
+            hint="this is not an ArrayRecord file, or it is truncated or corrupted",
+        ) from None
 
 
 def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None):

@@ -1,0 +1,178 @@
+"""Fuzzing the format parser: damaged files raise ArrayRecordFormatError, nothing else.
+
+Mutations: random byte flips, truncations, and nonsense values in size fields, with the
+chunk hashes recomputed afterwards so the lie gets past the hash checks. For every case the
+reader must raise only `ArrayRecordFormatError` (or return records), never hang, and never
+allocate far beyond the file's size. The short tier runs in `make test`; the 10,000-case
+tier is marked slow (`make test-slow`).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import struct
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aioloader
+from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader
+from aioloader.arrayrecord.hashing import highwayhash64
+from aioloader.arrayrecord.layout import BLOCK_SIZE, ChunkHeader, chunk_end, strip_block_headers
+
+CODECS = ["uncompressed", "zstd:3", "snappy", "brotli:4"]
+NONSENSE = [0, 1, 2**31, 2**40, 2**56 - 1, 2**63, 2**64 - 1]
+
+
+@functools.cache
+def base_file(codec: str, group: int) -> bytes:
+    buf = io.BytesIO()
+    with aioloader.ArrayRecordWriter(buf, group_size=group, compression=codec) as w:
+        for i in range(12):
+            w.write(bytes([i]) * (i * 37 % 300))
+    return buf.getvalue()
+
+
+@functools.cache
+def chunk_header_positions(codec: str, group: int) -> tuple[int, ...]:
+    """Physical positions of every chunk header (small files: none straddles a block)."""
+    data = base_file(codec, group)
+    out, pos = [], 0
+    while pos < len(data):
+        at = pos + 24 if pos % BLOCK_SIZE == 0 else pos
+        h = ChunkHeader.parse(strip_block_headers(data[pos : pos + 64], pos))
+        out.append(at)
+        pos = chunk_end(pos, h.data_size, h.num_records)
+    return tuple(out)
+
+
+def rehash(buf: bytearray, positions) -> None:
+    """Recompute data and header hashes of every chunk (fields may now lie)."""
+    for h in positions:
+        data_size = struct.unpack_from("<Q", buf, h + 8)[0]
+        data = bytes(buf[h + 40 : h + 40 + min(data_size, BLOCK_SIZE)])
+        struct.pack_into("<Q", buf, h + 16, highwayhash64(data))
+        struct.pack_into("<Q", buf, h, highwayhash64(bytes(buf[h + 8 : h + 40])))
+
+
+def exercise(data: bytes, verify: str) -> None:
+    """Open and read everything; only ArrayRecordFormatError may escape."""
+    view = memoryview(data)
+
+    def fetch(offset: int, length: int) -> bytes:
+        return bytes(view[offset : offset + length])
+
+    tracemalloc.start()
+    try:
+        reader = RangeReader(fetch, len(data), path="fuzz.ar", verify=verify)
+        list(reader)
+        if len(reader):
+            reader.read([len(reader) - 1, 0])
+    except ArrayRecordFormatError as err:
+        assert "fuzz.ar" in str(err)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < 16 * len(data) + (4 << 20), f"allocated {peak} bytes for a {len(data)} file"
+
+
+mutation = st.one_of(
+    st.tuples(st.just("flip"), st.lists(st.tuples(st.integers(0, 2**20), st.integers(1, 255)),
+                                        min_size=1, max_size=8)),
+    st.tuples(st.just("truncate"), st.integers(0, 2 * BLOCK_SIZE)),
+    st.tuples(st.just("lie"), st.tuples(st.integers(0, 20), st.sampled_from([8, 24, 32]),
+                                        st.sampled_from(NONSENSE), st.booleans())),
+    st.tuples(st.just("lie_data"), st.tuples(st.integers(0, 20), st.integers(0, 400),
+                                             st.integers(1, 255))),
+)
+
+
+def mutate(codec: str, group: int, kind: str, arg) -> bytes:
+    buf = bytearray(base_file(codec, group))
+    positions = chunk_header_positions(codec, group)
+    if kind == "flip":
+        for pos, xor in arg:
+            buf[pos % len(buf)] ^= xor
+    elif kind == "truncate":
+        del buf[len(buf) - (arg % len(buf)) - 1 :]
+        if arg % 2:
+            buf += bytes(-len(buf) % BLOCK_SIZE)  # keep the size plausible
+    elif kind == "lie":
+        which, field, value, type_too = arg
+        h = positions[which % len(positions)]
+        if field == 24 and type_too:
+            value = (value << 8) | 0x72  # a simple chunk with a nonsense record count
+        struct.pack_into("<Q", buf, h + field, value % 2**64)
+        rehash(buf, positions)
+    else:  # a byte inside chunk data changed, with every hash made to agree
+        which, offset, xor = arg
+        h = positions[which % len(positions)]
+        data_size = struct.unpack_from("<Q", buf, h + 8)[0]
+        if data_size:
+            buf[h + 40 + offset % data_size] ^= xor
+        rehash(buf, positions)
+    return bytes(buf)
+
+
+def _fuzz(codec, group, m, verify):
+    exercise(mutate(codec, group, *m), verify)
+
+
+common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+args = (st.sampled_from(CODECS), st.sampled_from([1, 3]), mutation,
+        st.sampled_from(["none", "headers", "all"]))
+
+
+@settings(max_examples=1000, **common)
+@given(*args)
+def test_fuzz_short(codec, group, m, verify):
+    _fuzz(codec, group, m, verify)
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, **common)
+@given(*args)
+def test_fuzz_long(codec, group, m, verify):
+    _fuzz(codec, group, m, verify)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_valid_base_files_read_back(codec):
+    data = base_file(codec, 3)
+    reader = RangeReader(lambda o, n: data[o : o + n], len(data), verify="all")
+    assert list(reader) == [bytes([i]) * (i * 37 % 300) for i in range(12)]
+
+
+def test_not_an_arrayrecord_file():
+    data = b"PK\x03\x04" + bytes(2 * BLOCK_SIZE - 4)
+    with pytest.raises(ArrayRecordFormatError, match=r"zip\.ar.*postscript.*not an ArrayRecord"):
+        RangeReader(lambda o, n: data[o : o + n], len(data), path="zip.ar")
+
+
+@pytest.mark.parametrize("size", [0, 100, BLOCK_SIZE, 2 * BLOCK_SIZE + 1])
+def test_bad_sizes_say_truncated(size):
+    data = bytes(size)
+    with pytest.raises(ArrayRecordFormatError, match="truncated"):
+        RangeReader(lambda o, n: data[o : o + n], len(data), path="short.ar")
+
+
+def test_short_read_is_reported():
+    data = base_file("zstd:3", 1)
+    with pytest.raises(ArrayRecordFormatError, match="short read"):
+        RangeReader(lambda o, n: data[o : o + n - 1], len(data), path="changing.ar")
+
+
+def test_corrupted_data_caught_by_verify_all_only():
+    data = bytearray(base_file("uncompressed", 1))
+    positions = chunk_header_positions("uncompressed", 1)
+    h = positions[2]  # [signature, chunk 0, chunk 1, ...]: chunk 1 holds record 1
+    data[h + 40 + 5] ^= 0x20  # inside the record bytes
+    damaged = bytes(data)
+    fetch = lambda o, n: damaged[o : o + n]  # noqa: E731
+    assert RangeReader(fetch, len(damaged), verify="headers")[1] != bytes([1]) * 37
+    with pytest.raises(ArrayRecordFormatError, match="data hash") as info:
+        RangeReader(fetch, len(damaged), path="bad.ar", verify="all")[1]
+    assert "bad.ar" in str(info.value) and "chunk 1" in str(info.value)
