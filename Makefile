@@ -16,14 +16,14 @@ $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check aioloader tests benchmarks examples
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 lint: $(STAMP)
-	$(PY) -m ruff check aioloader tests benchmarks examples
+	$(PY) -m ruff check .
 
 demo: $(STAMP)
 	$(PY) examples/write_sample.py data/sample --records 100000 --shards 4
