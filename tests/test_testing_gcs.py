@@ -12,7 +12,8 @@ import urllib.parse
 
 import pytest
 
-from aioloader.testing import ProxyStats, _Conn, _DelayLine, _Faults, local_gcs
+from aioloader.testing import ProxyStats, local_gcs
+from aioloader.testing.delayline import _Conn, _DelayLine, _Faults
 
 PROXY_THREAD = "aioloader-delay-line"
 

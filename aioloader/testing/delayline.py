@@ -1,0 +1,475 @@
+"""The delay line: an asyncio TCP proxy that delays, throttles and faults HTTP requests.
+
+This kernel has no netem, so latency, jitter, a bandwidth cap and faults in front of the local
+bucket come from this proxy, on its own thread and event loop (:class:`_DelayLine`). Every
+client→server chunk waits ``latency + jitter`` in an order-preserving queue per connection, so
+each request costs at least one ``latency``; responses stream straight back, optionally
+token-bucket capped per connection. Bytes are forwarded unchanged, so keep-alive passes through;
+the proxy only tracks request boundaries (request line, headers, ``Content-Length`` body) in the
+client→server direction, which lets it count requests and, on demand, answer a seeded fraction
+of them itself with 503/429 or swallow them (a bucket that stops answering). A connection whose
+bytes do not look like HTTP/1.x (TLS, chunked request bodies, huge headers) falls back to plain
+forwarding. Faulted replies are written without waiting for upstream responses, which is exact
+for clients that do not pipeline requests (aiohttp, urllib, requests, http.client).
+
+For benchmarks, :class:`_DelayLineProcess` runs the same delay line in a child process: in a
+thread it shares the GIL with the client it measures (at 30 ms and 256 in flight that cost gcsfs
+~1/3 of its request rate and ~60% more CPU per request). The child runs this file as a script
+(``python -I``), so this module imports the standard library only — nothing from the package.
+That makes it the leaf of :mod:`aioloader.testing`: :mod:`.server` takes the shared host,
+timeouts and log helper from here, and its ``atexit`` guard stops the live delay lines
+(:data:`_LIVE_PROXIES`) before the servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+_HOST = "127.0.0.1"
+_READY_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 5.0
+_MAX_HEAD = 64 * 1024  # request heads larger than this switch a connection to passthrough
+_READ_SIZE = 256 * 1024
+_REASONS = {429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
+            503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def _log_tail(path: Path, limit: int = 2000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return text[-limit:].strip() or "(log is empty)"
+
+
+_LIVE_PROXIES: set[_DelayLine | _DelayLineProcess] = set()  # stopped by server's atexit guard
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxyStats:
+    """Counters of the delay line since it started (a snapshot)."""
+
+    connections: int = 0
+    requests: int = 0  # HTTP requests seen (request heads parsed), faulted ones included
+    faults: int = 0  # requests answered by the proxy with an error status
+    stalled: int = 0  # requests swallowed while stalling
+    bytes_up: int = 0  # client → server bytes forwarded
+    bytes_down: int = 0  # server → client bytes forwarded
+    passthrough: int = 0  # connections that stopped parsing HTTP (non-HTTP or chunked body)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Faults:
+    error_rate: float = 0.0
+    statuses: tuple[int, ...] = (503, 429)
+    stall: bool = False
+
+
+class _Conn:
+    """Request-boundary tracking of one client→server byte stream."""
+
+    __slots__ = ("body_left", "buf", "dropping", "mode")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.body_left = 0
+        self.dropping = False  # the current request was answered by the proxy: drop its body
+        self.mode = "http"  # "http" | "passthrough" | "stalled"
+
+
+class _DelayLine:
+    """Asyncio TCP proxy on a background thread: delay, jitter, bandwidth cap, HTTP faults."""
+
+    def __init__(
+        self,
+        upstream_port: int,
+        latency_s: float,
+        jitter_s: float,
+        bandwidth: float | None,
+        faults: _Faults,
+        seed: int,
+    ) -> None:
+        self.upstream_port = upstream_port
+        self.latency_s = latency_s
+        self.jitter_s = jitter_s
+        self.bandwidth = bandwidth
+        self.faults = faults  # replaced whole (never mutated) from any thread
+        self._rng = random.Random(seed)  # used on the proxy loop only
+        self._counts = {f.name: 0 for f in dataclasses.fields(ProxyStats)}
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def stats(self) -> ProxyStats:
+        return ProxyStats(**self._counts)
+
+    # -- lifecycle (caller's thread) ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="aioloader-delay-line", daemon=True)
+        self._thread.start()
+        self._ready.wait(_READY_TIMEOUT_S)
+        if self._error is not None or not self.port:
+            self.stop()
+            raise RuntimeError(f"delay-line proxy failed to start: {self._error!r}")
+        _LIVE_PROXIES.add(self)
+
+    def stop(self) -> None:
+        loop, stop_event, thread = self._loop, self._stop_event, self._thread
+        if loop is not None and stop_event is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(stop_event.set)
+        if thread is not None:
+            thread.join(_STOP_TIMEOUT_S * 2)
+            if thread.is_alive():
+                raise RuntimeError("delay-line proxy thread did not stop")
+        self._thread = None
+        _LIVE_PROXIES.discard(self)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # surfaced by start()
+            self._error = e
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        server = await asyncio.start_server(self._accept, _HOST, 0, limit=_READ_SIZE * 4)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stop_event.wait()
+        finally:
+            server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await server.wait_closed()
+
+    # -- one connection (proxy loop) ---------------------------------------------------------
+
+    async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._counts["connections"] += 1
+        try:
+            await self._serve(c_reader, c_writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # a peer went away, or proxy shutdown (3.11's stream callback frowns on cancel)
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        s_writer: asyncio.StreamWriter | None = None
+        try:
+            s_reader, s_writer = await asyncio.open_connection(
+                _HOST, self.upstream_port, limit=_READ_SIZE * 4
+            )
+            queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None] = asyncio.Queue()
+            pumps = [
+                asyncio.create_task(self._client_to_queue(c_reader, queue)),
+                asyncio.create_task(self._queue_to_server(queue, s_writer, c_writer)),
+                asyncio.create_task(self._server_to_client(s_reader, c_writer)),
+            ]
+            try:
+                # The connection ends when the server side ends, or when the client has left
+                # and everything it sent has been delivered.
+                await asyncio.wait(pumps[1:], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for p in pumps:
+                    p.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+        finally:
+            for w in (c_writer, s_writer):
+                if w is not None:
+                    w.close()
+            for w in (c_writer, s_writer):
+                if w is not None:
+                    with contextlib.suppress(OSError):
+                        await w.wait_closed()
+
+    async def _client_to_queue(
+        self,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        conn = _Conn()
+        try:
+            while data := await reader.read(_READ_SIZE):
+                actions = self._parse(conn, data)
+                if actions:
+                    delay = self.latency_s
+                    if self.jitter_s > 0:
+                        delay += self._rng.expovariate(1.0 / self.jitter_s)
+                    queue.put_nowait((loop.time() + delay, actions))
+        except OSError:
+            pass
+        finally:
+            queue.put_nowait(None)
+
+    async def _queue_to_server(
+        self,
+        queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None],
+        s_writer: asyncio.StreamWriter,
+        c_writer: asyncio.StreamWriter,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while (item := await queue.get()) is not None:
+            release, actions = item
+            if (wait := release - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            for kind, data in actions:
+                if kind == "up":
+                    s_writer.write(data)
+                    await s_writer.drain()
+                    self._counts["bytes_up"] += len(data)
+                else:  # "reply": the proxy answers this request itself
+                    c_writer.write(data)
+                    await c_writer.drain()
+        if s_writer.can_write_eof():
+            with contextlib.suppress(OSError):
+                s_writer.write_eof()
+        # The server side decides when the connection ends (it closes on our half-close);
+        # give up on it after a while, since the client has already gone.
+        await asyncio.sleep(_STOP_TIMEOUT_S)
+
+    async def _server_to_client(
+        self, reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        rate = self.bandwidth
+        free_at = loop.time()  # token bucket: when the link is free again
+        while data := await reader.read(_READ_SIZE if rate is None else min(_READ_SIZE, 64 * 1024)):
+            if rate is not None:
+                free_at = max(free_at, loop.time()) + len(data) / rate
+                if (wait := free_at - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+            c_writer.write(data)
+            await c_writer.drain()
+            self._counts["bytes_down"] += len(data)
+
+    def _parse(self, conn: _Conn, data: bytes) -> list[tuple[str, bytes]]:
+        """Split ``data`` at request boundaries into forward/reply actions, deciding faults."""
+        if conn.mode == "passthrough":
+            return [("up", data)]
+        if conn.mode == "stalled":
+            return []
+        actions: list[tuple[str, bytes]] = []
+        buf = conn.buf
+        buf += data
+        pos = 0
+        while pos < len(buf):
+            if conn.body_left:
+                n = min(conn.body_left, len(buf) - pos)
+                if not conn.dropping:
+                    actions.append(("up", bytes(buf[pos : pos + n])))
+                conn.body_left -= n
+                pos += n
+                continue
+            end = buf.find(b"\r\n\r\n", pos)
+            if end < 0:
+                if len(buf) - pos > _MAX_HEAD or not _looks_like_http(buf[pos : pos + 16]):
+                    return self._to_passthrough(conn, actions, pos)
+                break  # wait for the rest of the head
+            head = bytes(buf[pos : end + 4])
+            body = _body_length(head)
+            if body is None:
+                return self._to_passthrough(conn, actions, pos)
+            self._counts["requests"] += 1
+            faults = self.faults
+            if faults.stall:
+                self._counts["stalled"] += 1
+                conn.mode = "stalled"
+                conn.buf = bytearray()
+                return actions
+            pos = end + 4
+            conn.body_left = body
+            conn.dropping = faults.error_rate > 0 and self._rng.random() < faults.error_rate
+            if conn.dropping:
+                self._counts["faults"] += 1
+                actions.append(("reply", _error_reply(self._rng.choice(faults.statuses))))
+            else:
+                actions.append(("up", head))
+        del buf[:pos]
+        return _coalesce(actions)
+
+    def _to_passthrough(
+        self, conn: _Conn, actions: list[tuple[str, bytes]], pos: int
+    ) -> list[tuple[str, bytes]]:
+        self._counts["passthrough"] += 1
+        conn.mode = "passthrough"
+        actions.append(("up", bytes(conn.buf[pos:])))
+        conn.buf = bytearray()
+        return _coalesce(actions)
+
+
+class _DelayLineProcess:
+    """The delay line in a child process (``proxy_process=True``), driven over its stdin/stdout.
+
+    The child runs this very file with ``python -I`` (stdlib only, no package import) and
+    exits when its stdin closes, so it cannot outlive the parent.
+    """
+
+    def __init__(
+        self, upstream_port: int, latency_s: float, jitter_s: float, bandwidth: float | None,
+        faults: _Faults, seed: int, log_path: Path,
+    ) -> None:
+        self._config = {
+            "upstream_port": upstream_port, "latency_s": latency_s, "jitter_s": jitter_s,
+            "bandwidth": bandwidth, "seed": seed, "faults": dataclasses.asdict(faults),
+        }
+        self._faults = faults
+        self._log_path = log_path
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        with open(self._log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", __file__, "--delay-line", json.dumps(self._config)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
+            )
+        _LIVE_PROXIES.add(self)
+        try:
+            self.port = int(self._call(None)["port"])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _call(self, msg: dict[str, Any] | None) -> dict[str, Any]:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None or proc.stdout is None:
+                raise RuntimeError("delay-line process is not running")
+            try:
+                if msg is not None:
+                    proc.stdin.write(json.dumps(msg) + "\n")
+                    proc.stdin.flush()
+                line = proc.stdout.readline()
+            except OSError:
+                line = ""
+            if not line:
+                raise RuntimeError(
+                    f"delay-line process died; log {self._log_path}:\n{_log_tail(self._log_path)}"
+                )
+            return json.loads(line)
+
+    @property
+    def faults(self) -> _Faults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: _Faults) -> None:
+        self._call({"op": "faults", **dataclasses.asdict(faults)})
+        self._faults = faults
+
+    @property
+    def stats(self) -> ProxyStats:
+        return ProxyStats(**self._call({"op": "stats"}))
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        _LIVE_PROXIES.discard(self)
+
+
+def _delay_line_main(config_json: str) -> None:
+    """Child side of :class:`_DelayLineProcess`: serve until stdin closes."""
+    cfg = json.loads(config_json)
+    faults = cfg.pop("faults")
+    line = _DelayLine(**cfg, faults=_Faults(faults["error_rate"], tuple(faults["statuses"]),
+                                            faults["stall"]))
+    line.start()
+    try:
+        print(json.dumps({"port": line.port}), flush=True)
+        for raw in sys.stdin:
+            msg = json.loads(raw)
+            if msg.pop("op") == "faults":
+                line.faults = _Faults(msg["error_rate"], tuple(msg["statuses"]), msg["stall"])
+                print("{}", flush=True)
+            else:
+                print(json.dumps(dataclasses.asdict(line.stats)), flush=True)
+    finally:
+        line.stop()
+
+
+_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"PATCH ", b"OPTIONS ")
+
+
+def _looks_like_http(prefix: bytes | bytearray) -> bool:
+    prefix = bytes(prefix)
+    return any(m.startswith(prefix[: len(m)]) for m in _METHODS)
+
+
+def _body_length(head: bytes) -> int | None:
+    """The request body length, or None when the request is not plain HTTP/1.x we can frame."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not _looks_like_http(lines[0]):
+        return None
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            try:
+                length = int(value.strip())
+            except ValueError:
+                return None
+        elif name == b"transfer-encoding" and value.strip().lower() != b"identity":
+            return None  # chunked bodies: not framed here, forward the rest untouched
+        elif name == b"expect":
+            return None  # 100-continue would need the server's interim answer
+    return length if length >= 0 else None
+
+
+def _error_reply(status: int) -> bytes:
+    reason = _REASONS.get(status, "Error")
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: keep-alive\r\n"
+        f"Retry-After: 0\r\n\r\n"
+    ).encode()
+
+
+def _coalesce(actions: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    for kind, data in actions:
+        if out and kind == "up" and out[-1][0] == "up":
+            out[-1] = ("up", out[-1][1] + data)
+        elif data:
+            out.append((kind, data))
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--delay-line"]:
+    with contextlib.suppress(KeyboardInterrupt):
+        _delay_line_main(sys.argv[2])
