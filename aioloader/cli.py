@@ -11,28 +11,19 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from .arrayrecord import ArrayRecordFormatError, RangeReader
+from .arrayrecord import ArrayRecordFormatError
+from .source import ArrayRecordSource
+from .storage import StorageError
 
 
-def open_reader(path: str, verify: str = "headers") -> RangeReader:
-    """A blocking RangeReader over a local file or an fsspec URL."""
-    if "://" not in path or path.startswith("file://"):
-        local = path.removeprefix("file://")
-        fd = os.open(local, os.O_RDONLY)
-        reader = RangeReader(lambda o, n: os.pread(fd, n, o), os.fstat(fd).st_size,
-                             path=path, verify=verify)
-        reader._keepalive = fd  # type: ignore[attr-defined]
-        return reader
-    import fsspec
-
-    fs, fpath = fsspec.core.url_to_fs(path)
-    size = fs.size(fpath)
-    return RangeReader(lambda o, n: fs.cat_file(fpath, o, o + n), size, path=path,
-                       verify=verify)
+def _open(path: str, verify: str = "headers") -> ArrayRecordSource:
+    """One file (local path or URL) as a source; errors name the file."""
+    src = ArrayRecordSource(path, verify=verify)
+    len(src)  # open now, so errors surface here
+    return src
 
 
 def _human(n: float) -> str:
@@ -44,7 +35,8 @@ def _human(n: float) -> str:
 
 
 def _describe(path: str) -> dict:
-    index = open_reader(path).index
+    with _open(path) as src:
+        index = src.file_indices[0]
     opts = index.options
     n = index.num_records
     decoded = int(index.chunk_decoded_sizes.sum())
@@ -112,9 +104,9 @@ def _parse_range(text: str, n: int) -> range:
         raise SystemExit(f"aioloader cat: --range takes START:STOP, got {text!r}") from None
 
 
-def _records(reader: RangeReader, args: argparse.Namespace) -> Iterator[tuple[int, bytes]]:
+def _records(src: ArrayRecordSource, args: argparse.Namespace) -> Iterator[tuple[int, bytes]]:
     """(index, record) pairs asked for, in file order, decoding each chunk once."""
-    n = len(reader)
+    n = len(src)
     if args.index is not None:
         i = args.index + n if args.index < 0 else args.index
         if not 0 <= i < n:
@@ -124,18 +116,24 @@ def _records(reader: RangeReader, args: argparse.Namespace) -> Iterator[tuple[in
         wanted = _parse_range(args.range, n) if args.range else range(n)
     if not wanted:
         return
-    first, last = reader.index.locate([wanted.start, wanted.stop - 1])[0].tolist()
+    index = src.file_indices[0]
+    first, last = index.locate([wanted.start, wanted.stop - 1])[0].tolist()
     for c in range(first, last + 1):
-        lo = int(reader.index.record_starts[c])
-        records = reader.read_chunk(c)
+        lo = int(index.record_starts[c])
+        records = src.read_chunk(0, c)
         for j in range(max(wanted.start - lo, 0), min(wanted.stop - lo, len(records))):
             yield lo + j, records.record(j)
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    reader = open_reader(args.path, verify=args.verify)
+    with _open(args.path, verify=args.verify) as src:
+        _write_records(src, args)
+    return 0
+
+
+def _write_records(src: ArrayRecordSource, args: argparse.Namespace) -> None:
     out = sys.stdout.buffer
-    for i, record in _records(reader, args):
+    for i, record in _records(src, args):
         if args.format == "hex":
             out.write(record.hex().encode() + b"\n")
         elif args.format == "raw":
@@ -147,7 +145,6 @@ def cmd_cat(args: argparse.Namespace) -> int:
                 item = {"index": i, "record_base64": base64.b64encode(record).decode()}
             out.write(json.dumps(item, ensure_ascii=False).encode() + b"\n")
     out.flush()
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ArrayRecordFormatError, OSError) as err:
+    except (ArrayRecordFormatError, StorageError, OSError) as err:
         print(f"aioloader {args.command}: {err}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `aioloader cat x | head`

@@ -1,8 +1,75 @@
-"""Suite-wide setup.
+"""Suite-wide setup: gcsfs import order, and a leak check after every test.
 
 `aioloader.testing` is imported first so that gcsfs, whenever a test imports it, sees
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (read at gcsfs import; otherwise every call against the
 emulator stalls probing a gRPC API).
+
+The leak check fails a test that leaves behind a thread, a child process, a TCP socket or a
+/dev/shm segment that it did not have before — closing must release everything.
 """
 
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
 import aioloader.testing  # noqa: F401
+
+
+def _shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _sockets() -> set[tuple]:
+    try:
+        conns = psutil.Process().net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {(c.fd, c.laddr, c.raddr) for c in conns if c.status != psutil.CONN_TIME_WAIT}
+
+
+# fsspec runs one process-wide IO loop thread for its sync wrappers (used by the tests'
+# own LocalGCS.fs() helper); it is fsspec's, started once, and never ours to stop.
+_FOREIGN_THREADS = {"fsspecIO"}
+
+
+def _snapshot() -> dict[str, set]:
+    me = psutil.Process()
+    return {
+        "threads": {t.ident for t in threading.enumerate() if t.name not in _FOREIGN_THREADS},
+        "children": {p.pid for p in me.children(recursive=True)},
+        "shm": _shm(),
+        "sockets": _sockets(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail the test if it leaves threads, processes, sockets or shm segments behind."""
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    before = _snapshot()
+    yield
+    deadline = time.monotonic() + 3.0
+    while True:
+        after = _snapshot()
+        extra = {k: after[k] - before[k] for k in after}
+        if not any(extra.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if any(extra.values()):
+        names = [t.name for t in threading.enumerate() if t.ident in extra["threads"]]
+        pytest.fail(f"resources left behind: threads={names}, children={extra['children']}, "
+                    f"shm={extra['shm']}, sockets={extra['sockets']}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_leaks: skip the leak check for this test")

@@ -86,3 +86,16 @@ def test_help_reads_well():
     out = run("--help").stdout.decode()
     assert "inspect" in out and "cat" in out
     assert "stable contract" in run("cat", "--help").stdout.decode()
+
+
+def test_inspect_and_cat_from_a_bucket(sample):
+    from aioloader.testing import local_gcs
+
+    with local_gcs() as gcs:  # sets STORAGE_EMULATOR_HOST for the subprocess
+        url = gcs.upload(sample, "dir/sample.array_record")
+        info = json.loads(run("inspect", "--json", url).stdout)
+        assert info["records"] == len(RECORDS) and info["path"] == url
+        out = run("cat", url, "--format", "hex").stdout.decode().split("\n")[:-1]
+        assert [bytes.fromhex(x) for x in out] == RECORDS
+        proc = run("inspect", gcs.url("dir/absent.array_record"), ok=False)
+        assert b"absent.array_record" in proc.stderr

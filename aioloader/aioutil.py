@@ -1,0 +1,115 @@
+"""The shared background event loop that sync callers run coroutines on.
+
+Sync entry points (`len(src)`, `src[i]`, the plain `for` loop over a loader) must work from
+plain scripts and from notebooks that already run a loop. Running our coroutines on one
+daemon thread with its own loop (uvloop when installed) serves both, and keeps loop-bound
+resources (HTTP sessions, semaphores) on one loop for the life of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import threading
+import weakref
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+_users: weakref.WeakSet = weakref.WeakSet()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A fresh loop: uvloop's when installed (faster sockets and callbacks), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The process-wide background loop, started on first use."""
+    global _loop, _thread
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            _thread = threading.Thread(target=run, name="aioloader-io", daemon=True)
+            _thread.start()
+            ready.wait()
+            _loop = loop
+        return _loop
+
+
+def run_sync(
+    coro: Coroutine[Any, Any, T], timeout: float | None = None, *, user: object = None
+) -> T:
+    """Run `coro` on the background loop and wait for its result from this thread.
+
+    `user` (an object with a `close()`) keeps the loop alive until `release(user)`.
+    """
+    loop = background_loop()
+    if user is not None:
+        _users.add(user)
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("run_sync() called from the aioloader background loop itself; "
+                           "await the coroutine instead")
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result(timeout)
+    except BaseException:
+        future.cancel()
+        raise
+
+
+def release(user: object) -> None:
+    """`user` no longer needs the loop; the last one out stops its thread."""
+    with _lock:
+        _users.discard(user)
+        idle = not _users
+    if idle:
+        stop_background_loop()
+
+
+def stop_background_loop() -> None:
+    """Stop the background loop and join its thread (tests; also at interpreter exit)."""
+    global _loop, _thread
+    with _lock:
+        loop, thread = _loop, _thread
+        _loop = _thread = None
+    if loop is None or loop.is_closed():
+        return
+
+    async def drain() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await loop.shutdown_asyncgens()
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(drain(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not None:
+        thread.join(5)
+    loop.close()
+
+
+atexit.register(stop_background_loop)

@@ -1,0 +1,371 @@
+"""`ArrayRecordSource`: a set of ArrayRecord files as one indexed record space.
+
+Opening lists the files (one listing for a glob), then reads every file's tail — postscript
+and footer together in one speculative range read — all files in parallel. Reading a batch
+maps global indices to (file, chunk), plans merged byte ranges, fetches them concurrently
+through one `Storage`, and decodes each needed chunk once. Decoded chunks of files with
+group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
+
+The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
+it works in scripts and in notebooks that run their own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .aioutil import release, run_sync
+from .arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex, open_index
+from .arrayrecord.index import decode_chunk
+from .planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, plan_reads
+from .storage import ObjectInfo, Storage, has_glob, is_local, redact
+
+LOCAL_TAIL = 1 << 18
+CLOUD_TAIL = 1 << 20  # one round trip opens files of up to ~300k chunks
+_DECODE_IN_THREAD_BYTES = 1 << 20
+
+
+class ChunkCache:
+    """Decoded chunks, least recently used out first, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[tuple[int, int], ChunkRecords] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> ChunkRecords | None:
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return item
+
+    def put(self, key: tuple[int, int], records: ChunkRecords) -> None:
+        size = len(records.values)
+        if size > self.max_bytes or key in self._items:
+            return
+        self._items[key] = records
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= len(old.values)
+
+
+class ArrayRecordSource:
+    """Random access to the records of one or more ArrayRecord files.
+
+    `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
+    records are numbered across files in that order (globs sorted).
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        verify: str = "headers",
+        storage: Storage | None = None,
+        cache_bytes: int = 256 << 20,
+        max_gap: int | None = None,
+        max_merged: int = DEFAULT_MAX_MERGED,
+        index_cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self._patterns = ([os.fspath(paths)] if isinstance(paths, (str, os.PathLike))
+                          else [os.fspath(p) for p in paths])
+        if not self._patterns:
+            raise ValueError("ArrayRecordSource needs at least one path")
+        self.verify = verify
+        self._owns_storage = storage is None
+        self.storage = storage or Storage(storage_options=storage_options)
+        self.cache = ChunkCache(cache_bytes)
+        local = all(is_local(p) for p in self._patterns)
+        self.max_gap = max_gap if max_gap is not None else (LOCAL_MAX_GAP if local
+                                                             else CLOUD_MAX_GAP)
+        self.max_merged = max_merged
+        self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
+        self._files: list[ObjectInfo] | None = None
+        self._indices: list[FileIndex] = []
+        self._starts = np.zeros(1, dtype=np.int64)
+        self._open_lock: asyncio.Lock | None = None
+        self._used_sync = False
+
+    # -- opening ----------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, paths, **kw: Any) -> ArrayRecordSource:
+        """Create and open a source from async code."""
+        src = cls(paths, **kw)
+        try:
+            await src.aopen()
+        except BaseException:
+            await src.aclose()
+            raise
+        return src
+
+    async def aopen(self) -> None:
+        """List and index every file (idempotent)."""
+        if self._files is not None:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._files is None:
+                files = await self._list()
+                indices = await asyncio.gather(*(self._open_file(f) for f in files))
+                counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
+                self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+                self._indices = list(indices)
+                self._files = files
+
+    async def _list(self) -> list[ObjectInfo]:
+        async def expand(pattern: str) -> list[ObjectInfo]:
+            if has_glob(pattern):
+                found = await self.storage.glob(pattern)
+                if not found:
+                    raise FileNotFoundError(
+                        f"no files match {redact(pattern)!r} (check the path and pattern)"
+                    )
+                return found
+            return [await self.storage.info(pattern)]
+
+        groups = await asyncio.gather(*(expand(p) for p in self._patterns))
+        return [info for group in groups for info in group]
+
+    async def _open_file(self, info: ObjectInfo) -> FileIndex:
+        cached = self._load_cached_index(info)
+        if cached is not None:
+            return cached
+        steps = open_index(info.size, path=redact(info.url), verify=self.verify,
+                           tail=LOCAL_TAIL if is_local(info.url) else CLOUD_TAIL)
+        try:
+            offset, length = next(steps)
+            while True:
+                data = await self.storage.read(info.url, offset, offset + length)
+                offset, length = steps.send(data)
+        except StopIteration as done:
+            index = done.value
+        self._store_cached_index(info, index)
+        return index
+
+    # -- footer sidecar cache ---------------------------------------------------------
+
+    def _cache_path(self, info: ObjectInfo) -> str | None:
+        if self.index_cache_dir is None:
+            return None
+        key = hashlib.sha256(f"{info.url}\0{info.size}\0{info.version}".encode()).hexdigest()
+        return os.path.join(self.index_cache_dir, f"{key[:32]}.npz")
+
+    def _load_cached_index(self, info: ObjectInfo) -> FileIndex | None:
+        path = self._cache_path(info)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            with np.load(path) as z:
+                return FileIndex(
+                    path=redact(info.url), size=info.size,
+                    footer_offset=int(z["footer_offset"]),
+                    chunk_offsets=z["chunk_offsets"], chunk_records=z["chunk_records"],
+                    chunk_decoded_sizes=z["chunk_decoded_sizes"],
+                    writer_options=str(z["writer_options"]),
+                )
+        except Exception:  # a damaged cache entry is only a miss
+            return None
+
+    def _store_cached_index(self, info: ObjectInfo, index: FileIndex) -> None:
+        path = self._cache_path(info)
+        if path is None:
+            return
+        os.makedirs(self.index_cache_dir, mode=0o700, exist_ok=True)  # type: ignore[arg-type]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, footer_offset=index.footer_offset, chunk_offsets=index.chunk_offsets,
+                     chunk_records=index.chunk_records,
+                     chunk_decoded_sizes=index.chunk_decoded_sizes,
+                     writer_options=np.array(index.writer_options))
+        os.replace(tmp, path)
+
+    # -- what is open -----------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._files is None:
+            try:
+                self._sync(self.aopen())
+            except BaseException:
+                self.close()
+                raise
+
+    @property
+    def urls(self) -> list[str]:
+        self._require_open()
+        return [f.url for f in self._files]  # type: ignore[union-attr]
+
+    @property
+    def file_indices(self) -> list[FileIndex]:
+        self._require_open()
+        return self._indices
+
+    @property
+    def file_starts(self) -> np.ndarray:
+        """Global index of each file's first record, plus the total."""
+        self._require_open()
+        return self._starts
+
+    def __len__(self) -> int:
+        self._require_open()
+        return int(self._starts[-1])
+
+    # -- reading ----------------------------------------------------------------------
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global record indices → (file, chunk, index within chunk), vectorized."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"record {bad} out of range: the source has {n} records")
+        files = np.searchsorted(self._starts, idx, side="right") - 1
+        chunks = np.empty_like(idx)
+        within = np.empty_like(idx)
+        for f in np.unique(files).tolist():
+            sel = files == f
+            chunks[sel], within[sel] = self._indices[f].locate(idx[sel] - self._starts[f])
+        return files, chunks, within
+
+    async def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The records at `indices`, in that order."""
+        await self.aopen()
+        files, chunks, within = self.locate(indices)
+        decoded = await self.read_chunks(files, chunks)
+        return [decoded[(f, c)].record(j)
+                for f, c, j in zip(files.tolist(), chunks.tolist(), within.tolist())]
+
+    async def read_chunks(self, files, chunks) -> dict[tuple[int, int], ChunkRecords]:
+        """Fetch and decode the distinct (file, chunk) pairs named; each read once."""
+        await self.aopen()
+        keys = sorted(set(zip(np.asarray(files).tolist(), np.asarray(chunks).tolist())))
+        out: dict[tuple[int, int], ChunkRecords] = {}
+        missing = []
+        for key in keys:
+            hit = self.cache.get(key) if self._cacheable(key[0]) else None
+            if hit is None:
+                missing.append(key)
+            else:
+                out[key] = hit
+        if not missing:
+            return out
+        ranges = [self._indices[f].chunk_range(c) for f, c in missing]
+        plan = plan_reads([f for f, _ in missing], [r[0] for r in ranges],
+                          [r[1] for r in ranges], max_gap=self.max_gap,
+                          max_merged=self.max_merged)
+        urls = [self._files[f].url for f in plan.read_file.tolist()]  # type: ignore[index]
+        raws = await self.storage.read_many(
+            list(zip(urls, plan.read_start.tolist(), plan.read_end.tolist()))
+        )
+        work = [(key, memoryview(raws[r])[o : o + n], start)
+                for key, r, o, n, (start, _) in zip(missing, plan.item_read.tolist(),
+                                                    plan.item_offset.tolist(),
+                                                    plan.item_length.tolist(), ranges)]
+        if sum(len(w[1]) for w in work) > _DECODE_IN_THREAD_BYTES:
+            decoded = await asyncio.to_thread(self._decode_all, work)
+        else:
+            decoded = self._decode_all(work)
+        for key, records in zip(missing, decoded):
+            if self._cacheable(key[0]):
+                self.cache.put(key, records)
+            out[key] = records
+        return out
+
+    def _cacheable(self, f: int) -> bool:
+        return self._indices[f].group_size > 1
+
+    def _decode_all(self, work) -> list[ChunkRecords]:
+        return [self._decode(key, raw, start) for key, raw, start in work]
+
+    def _decode(self, key: tuple[int, int], raw, start: int) -> ChunkRecords:
+        f, c = key
+        index = self._indices[f]
+        _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=c)
+        if len(records) != int(index.chunk_records[c]):
+            raise ArrayRecordFormatError(
+                f"chunk holds {len(records)} records, the footer says "
+                f"{int(index.chunk_records[c])}", path=index.path, chunk=c, offset=start,
+                hint="the file is corrupted; re-create or re-upload it",
+            )
+        return records
+
+    # -- sync API ---------------------------------------------------------------------
+
+    def read_chunk(self, file: int, chunk: int) -> ChunkRecords:
+        """All records of one chunk of one file (sync)."""
+        self._require_open()
+        return self._sync(self.read_chunks([file], [chunk]))[(file, chunk)]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self._sync(self.read(range(*key.indices(len(self)))))
+        if isinstance(key, (list, tuple, np.ndarray, range)):
+            return self._sync(self.read(key))
+        i = int(key)
+        if i < 0:
+            i += len(self)
+        return self._sync(self.read([i]))[0]
+
+    def __iter__(self):
+        n = len(self)
+        step = 4096
+        for lo in range(0, n, step):
+            yield from self[lo : min(n, lo + step)]
+
+    # -- closing ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Release this loop's I/O resources (call from the loop you read on)."""
+        if self._owns_storage:
+            await self.storage.aclose()
+
+    def _sync(self, coro):
+        self._used_sync = True
+        return run_sync(coro, user=self)
+
+    def close(self) -> None:
+        """Release the I/O resources the sync API used (and the background loop, if last)."""
+        if not self._used_sync:
+            return
+        self._used_sync = False
+        if self._owns_storage:
+            run_sync(self.storage.aclose())
+        release(self)
+
+    def __enter__(self) -> ArrayRecordSource:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ArrayRecordSource:
+        try:
+            await self.aopen()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = (f"{len(self._files)} files, {int(self._starts[-1]):,} records"
+                 if self._files is not None else "not opened")
+        more = ", ..." if len(self._patterns) > 1 else ""
+        return f"ArrayRecordSource({self._patterns[0]!r}{more}; {state})"

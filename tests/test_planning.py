@@ -1,0 +1,80 @@
+"""Property tests of the read planner: exact coverage, caps, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioloader.planning import plan_reads
+
+ranges = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(0, 3_000)),
+    max_size=200,
+)
+
+
+@settings(max_examples=300)
+@given(ranges, st.integers(0, 5_000), st.integers(1, 20_000))
+def test_every_range_is_covered_exactly(items, max_gap, max_merged):
+    files = [f for f, _, _ in items]
+    starts = [s for _, s, _ in items]
+    ends = [s + n for _, s, n in items]
+    plan = plan_reads(files, starts, ends, max_gap=max_gap, max_merged=max_merged)
+    # Each requested range lies wholly inside its read, in the right file.
+    for i in range(len(items)):
+        r = plan.item_read[i]
+        assert plan.read_file[r] == files[i]
+        lo = plan.read_start[r] + plan.item_offset[i]
+        assert lo == starts[i]
+        assert lo + plan.item_length[i] == ends[i] <= plan.read_end[r]
+        assert plan.item_offset[i] >= 0
+    # Reads are sorted, disjoint per file, and respect the cap unless one range alone is bigger.
+    for r in range(plan.num_reads):
+        size = plan.read_end[r] - plan.read_start[r]
+        members = np.flatnonzero(plan.item_read == r)
+        assert len(members) > 0
+        biggest = max(ends[i] - starts[i] for i in members)
+        overlapping = any(
+            starts[i] < ends[j] and starts[j] < ends[i] and i != j
+            for i in members for j in members
+        )
+        assert size <= max_merged or len(members) == 1 or biggest > max_merged or overlapping
+        if r:
+            prev = (plan.read_file[r - 1], plan.read_end[r - 1])
+            assert (plan.read_file[r], plan.read_start[r]) >= prev
+
+
+@given(ranges)
+def test_zero_gap_zero_cap_merges_only_touching(items):
+    files = [f for f, _, _ in items]
+    starts = [s for _, s, _ in items]
+    ends = [s + n for _, s, n in items]
+    plan = plan_reads(files, starts, ends, max_gap=0, max_merged=1 << 40)
+    for r in range(1, plan.num_reads):
+        if plan.read_file[r] == plan.read_file[r - 1]:
+            assert plan.read_start[r] > plan.read_end[r - 1]
+
+
+def test_contiguous_chunks_merge_into_one_read():
+    starts = [64, 164, 300, 1000]
+    ends = [164, 300, 1000, 1200]
+    plan = plan_reads([0] * 4, starts[::-1], ends[::-1], max_gap=0)
+    assert plan.num_reads == 1
+    assert (plan.read_start[0], plan.read_end[0]) == (64, 1200)
+    assert plan.item_offset.tolist() == [936, 236, 100, 0]
+
+
+def test_duplicates_share_a_read_and_cap_splits():
+    plan = plan_reads([0, 0, 0], [0, 0, 100], [50, 50, 150], max_gap=1000, max_merged=120)
+    assert plan.num_reads == 2
+    assert plan.item_read.tolist() == [0, 0, 1]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError):
+        plan_reads([0], [10], [5])
+    with pytest.raises(ValueError):
+        plan_reads([0, 1], [0], [1])
+    assert plan_reads([], [], []).num_reads == 0
