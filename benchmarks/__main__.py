@@ -1,0 +1,77 @@
+"""`python -m benchmarks run [--quick] [--only NAME]`: run the registered benchmarks, print tables.
+
+One entry point so every figure in RESULTS.md comes from a command anyone can rerun
+(`make bench`, `make bench-quick`). Progress goes to stderr; the machine line and the markdown
+tables go to stdout (and to --output, if given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .common import DEFAULT_DATA_DIR, format_table, load_all, log, machine_info
+
+
+def build_parser(names: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=(
+            "aioloader against its peers, side by side in one run. Every figure is the median "
+            "[min–max] over repeats; contenders alternate within each repeat (A, B, A, B...) and "
+            "the ratio aioloader ÷ peer is taken per repeat, because absolute figures on shared "
+            "machines drift by ±25%."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="benchmarks: " + ", ".join(names) + "\n\nexamples:\n"
+               "  python -m benchmarks run --quick             # everything, small (< 2 min)\n"
+               "  python -m benchmarks run --only format       # one benchmark, full size\n"
+               "  python -m benchmarks run --output results.md # also write the tables",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run benchmarks and print their tables",
+                         description="Run benchmarks and print their tables (markdown).")
+    run.add_argument("--quick", action="store_true",
+                     help="small datasets and 3 repeats: a smoke test, < 2 minutes")
+    run.add_argument("--only", action="append", choices=names, metavar="NAME",
+                     help=f"run only this benchmark (repeatable); one of: {', '.join(names)}")
+    run.add_argument("--repeats", type=int, default=None, metavar="N",
+                     help="timed repeats per measurement (default 7, or 3 with --quick)")
+    run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                     help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
+    run.add_argument("--output", type=Path, default=None, metavar="FILE",
+                     help="also write the machine line, command and tables to FILE")
+    sub.add_parser("list", help="list the registered benchmarks")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    registry = load_all()
+    args = build_parser(sorted(registry)).parse_args(argv)
+    if args.command == "list":
+        for bench in registry.values():
+            print(f"{bench.name:12} {bench.description} (peer: {bench.peer})")
+        return 0
+    if args.repeats is not None and args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)
+    header = [f"Machine: {machine_info()}", "", f"Command: `{command}`", ""]
+    print("\n".join(header), flush=True)
+    parts = list(header)
+    start = time.perf_counter()
+    for name in args.only or list(registry):
+        bench = registry[name]
+        table = format_table(bench, bench.run(args))
+        print(table + "\n", flush=True)
+        parts += [table, ""]
+    log(f"all done in {time.perf_counter() - start:.0f} s")
+    if args.output:
+        args.output.write_text("\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
