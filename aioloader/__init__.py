@@ -4,7 +4,24 @@ Only the public names live here; see DESIGN.md for the layers behind them.
 """
 
 from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
+from .dataset import Dataset
+from .loader import Loader
+from .source import ArrayRecordSource
+from .storage import RetryPolicy, StorageError
+from .transforms import TransformError
+from .workers import WorkerError
 
 __version__ = "0.1.0"
 
-__all__ = ["ArrayRecordFormatError", "ArrayRecordWriter", "__version__"]
+__all__ = [
+    "ArrayRecordFormatError",
+    "ArrayRecordSource",
+    "ArrayRecordWriter",
+    "Dataset",
+    "Loader",
+    "RetryPolicy",
+    "StorageError",
+    "TransformError",
+    "WorkerError",
+    "__version__",
+]

@@ -264,18 +264,8 @@ class ArrayRecordSource:
                 out[key] = hit
         if not missing:
             return out
-        ranges = [self._indices[f].chunk_range(c) for f, c in missing]
-        plan = plan_reads([f for f, _ in missing], [r[0] for r in ranges],
-                          [r[1] for r in ranges], max_gap=self.max_gap,
-                          max_merged=self.max_merged)
-        urls = [self._files[f].url for f in plan.read_file.tolist()]  # type: ignore[index]
-        raws = await self.storage.read_many(
-            list(zip(urls, plan.read_start.tolist(), plan.read_end.tolist()))
-        )
-        work = [(key, memoryview(raws[r])[o : o + n], start)
-                for key, r, o, n, (start, _) in zip(missing, plan.item_read.tolist(),
-                                                    plan.item_offset.tolist(),
-                                                    plan.item_length.tolist(), ranges)]
+        raw = await self.fetch_raw(missing)
+        work = [(key, *raw[key]) for key in missing]
         if sum(len(w[1]) for w in work) > _DECODE_IN_THREAD_BYTES:
             decoded = await asyncio.to_thread(self._decode_all, work)
         else:
@@ -285,6 +275,41 @@ class ArrayRecordSource:
                 self.cache.put(key, records)
             out[key] = records
         return out
+
+    async def fetch_raw(
+        self, keys: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], tuple[memoryview, int]]:
+        """The physical bytes of each (file, chunk), with its file offset; merged reads."""
+        await self.aopen()
+        keys = list(dict.fromkeys(keys))
+        ranges = [self._indices[f].chunk_range(c) for f, c in keys]
+        plan = plan_reads([f for f, _ in keys], [r[0] for r in ranges],
+                          [r[1] for r in ranges], max_gap=self.max_gap,
+                          max_merged=self.max_merged)
+        urls = [self._files[f].url for f in plan.read_file.tolist()]  # type: ignore[index]
+        raws = await self.storage.read_many(
+            list(zip(urls, plan.read_start.tolist(), plan.read_end.tolist()))
+        )
+        return {
+            key: (memoryview(raws[r])[o : o + n], start)
+            for key, r, o, n, (start, _) in zip(keys, plan.item_read.tolist(),
+                                                plan.item_offset.tolist(),
+                                                plan.item_length.tolist(), ranges)
+        }
+
+    @property
+    def chunk_starts(self) -> np.ndarray:
+        """Global index of the first record of every chunk of every file, plus the total."""
+        self._require_open()
+        parts = [ix.record_starts[:-1] + start
+                 for ix, start in zip(self._indices, self._starts[:-1].tolist())]
+        return np.concatenate([*parts, self._starts[-1:]]).astype(np.int64)
+
+    @property
+    def max_group_size(self) -> int:
+        self._require_open()
+        return max((int(ix.chunk_records.max()) if ix.num_chunks else 1)
+                   for ix in self._indices) if self._indices else 1
 
     def _cacheable(self, f: int) -> bool:
         return self._indices[f].group_size > 1

@@ -35,6 +35,19 @@ def _sockets() -> set[tuple]:
     return {(c.fd, c.laddr, c.raddr) for c in conns if c.status != psutil.CONN_TIME_WAIT}
 
 
+def _children(me: psutil.Process) -> set[int]:
+    # Python's multiprocessing resource tracker is started once per interpreter by the first
+    # process pool and lives until exit; it is the stdlib's, not a worker we leaked.
+    out = set()
+    for p in me.children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 # fsspec runs one process-wide IO loop thread for its sync wrappers (used by the tests'
 # own LocalGCS.fs() helper); it is fsspec's, started once, and never ours to stop.
 _FOREIGN_THREADS = {"fsspecIO"}
@@ -44,7 +57,7 @@ def _snapshot() -> dict[str, set]:
     me = psutil.Process()
     return {
         "threads": {t.ident for t in threading.enumerate() if t.name not in _FOREIGN_THREADS},
-        "children": {p.pid for p in me.children(recursive=True)},
+        "children": _children(me),
         "shm": _shm(),
         "sockets": _sockets(),
     }

@@ -1,0 +1,215 @@
+"""`Dataset`: the declarative, immutable, picklable description of a pipeline.
+
+Each verb returns a new `Dataset`; nothing runs until `.loader()`. The description splits in
+three parts that run in different places: index ops (shuffle, repeat, shard, slicing) are pure
+functions of a position (`sampling`); record ops (map, random_map, filter) and the batching
+step (batch or pack, plus maps after it) run in worker processes (`workers`); the loader
+schedules it all (`loader`). Names follow Grain where they mean the same thing.
+
+Record ops commute with index ops (they act on one record at a time), so they may be called
+in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack` are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
+from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp
+
+if TYPE_CHECKING:
+    from .loader import Loader
+    from .source import ArrayRecordSource
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where the records come from (picklable: workers and checkpoints can rebuild it)."""
+
+    paths: tuple[str, ...]
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    verify: str = "headers"
+
+
+@dataclass(frozen=True)
+class JaxProcessShard:
+    """`shard_by_jax_process()`: resolved to a `Shard` when the loader starts."""
+
+    drop_remainder: bool = True
+
+
+@dataclass(frozen=True)
+class Dataset:
+    source: SourceSpec
+    index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
+    record_ops: tuple[RecordOp, ...] = ()
+    batching: BatchOp | PackOp | None = None
+    pack_batch: BatchOp | None = None  # batch() after pack()
+    batch_ops: tuple[MapOp, ...] = ()  # map() after batch()
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_arrayrecord(
+        cls,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        verify: str = "headers",
+    ) -> Dataset:
+        """Records of ArrayRecord files: a path, URL, glob, or a list of them."""
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        return cls(SourceSpec(tuple(os.fspath(p) for p in paths),
+                              dict(storage_options or {}), verify))
+
+    @classmethod
+    def from_source(cls, source: ArrayRecordSource) -> Dataset:
+        """Records of an existing `ArrayRecordSource` (its paths and options are reused)."""
+        return cls(SourceSpec(tuple(source._patterns), dict(source.storage.storage_options),
+                              source.verify))
+
+    # -- index ops --------------------------------------------------------------------
+
+    def _index(self, op: IndexOp | JaxProcessShard) -> Dataset:
+        if self.batching is not None:
+            raise ValueError(f"{type(op).__name__.lower()}() must come before batch()/pack(): "
+                             "it reorders records, not batches")
+        return replace(self, index_ops=(*self.index_ops, op))
+
+    def shuffle(self, seed: int, *, strategy: str = "exact", window: int = 16) -> Dataset:
+        """Exact global shuffle (a keyed permutation, re-keyed every epoch).
+
+        `strategy="block"` shuffles chunks globally and records within windows of `window`
+        chunks: far fewer reads for files written with a large group size.
+        """
+        if strategy not in ("exact", "block"):
+            raise ValueError("strategy must be 'exact' or 'block'")
+        return self._index(Shuffle(int(seed), strategy, window if strategy == "block" else 0))
+
+    def block_shuffle(self, seed: int, window: int = 16) -> Dataset:
+        """Shorthand for `shuffle(seed, strategy="block", window=window)`."""
+        return self.shuffle(seed, strategy="block", window=window)
+
+    def repeat(self, num_epochs: int | None = None) -> Dataset:
+        """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch."""
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError("num_epochs must be >= 1 or None")
+        return self._index(Repeat(num_epochs))
+
+    def shard(self, index: int, count: int, *, contiguous: bool = False,
+              drop_remainder: bool = False) -> Dataset:
+        """Keep shard `index` of `count` (strided by default)."""
+        if not 0 <= index < count:
+            raise ValueError(f"shard index {index} not in [0, {count})")
+        return self._index(Shard(index, count, contiguous, drop_remainder))
+
+    def shard_by_jax_process(self, *, drop_remainder: bool = True) -> Dataset:
+        """Shard by `jax.process_index()` of `jax.process_count()` (resolved at load time)."""
+        return self._index(JaxProcessShard(drop_remainder))
+
+    def __getitem__(self, key: slice) -> Dataset:
+        if not isinstance(key, slice):
+            raise TypeError("index a Dataset with a slice, e.g. ds[:1000] or ds[::2]")
+        if key.step == 0:
+            raise ValueError("slice step cannot be zero")
+        return self._index(Slice(key.start, key.stop, key.step))
+
+    # -- record ops -------------------------------------------------------------------
+
+    def _record(self, op: RecordOp) -> Dataset:
+        if self.batching is not None:
+            if isinstance(op, MapOp):
+                return replace(self, batch_ops=(*self.batch_ops, op))
+            raise ValueError(f"{type(op).__name__} after batch()/pack() is not supported; "
+                             "apply it before batching")
+        return replace(self, record_ops=(*self.record_ops, op))
+
+    def map(self, fn: Callable[[Any], Any]) -> Dataset:
+        """Apply `fn` to every record (or, after batch(), to every batch)."""
+        return self._record(MapOp(fn))
+
+    def random_map(self, fn: Callable[[Any, Any], Any], *, seed: int | None = None) -> Dataset:
+        """Apply `fn(element, rng)`; rng is a `np.random.Generator` keyed on the record."""
+        if seed is None:
+            seed = next((op.seed for op in self.index_ops if isinstance(op, Shuffle)), 0)
+        return self._record(RandomMapOp(fn, int(seed)))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> Dataset:
+        """Keep records for which `predicate` is true."""
+        return self._record(FilterOp(predicate))
+
+    # -- batching ---------------------------------------------------------------------
+
+    def batch(self, batch_size: int, *, drop_remainder: bool = False) -> Dataset:
+        """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays)."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        op = BatchOp(int(batch_size), drop_remainder)
+        if isinstance(self.batching, PackOp) and self.pack_batch is None:
+            return replace(self, pack_batch=op)
+        if self.batching is not None:
+            raise ValueError("batch() was already applied")
+        return replace(self, batching=op)
+
+    def pack(self, length_struct: Mapping[str, int], *, num_packing_bins: int) -> Dataset:
+        """First-fit packing into rows of fixed lengths, with `*_segment_ids`/`*_positions`.
+
+        Yields packed rows; follow with `.batch(n)` to stack them.
+        """
+        if self.batching is not None:
+            raise ValueError("pack() must come before batch()")
+        if num_packing_bins < 1 or any(v < 1 for v in length_struct.values()):
+            raise ValueError("lengths and num_packing_bins must be >= 1")
+        return replace(self, batching=PackOp(dict(length_struct), int(num_packing_bins)))
+
+    # -- running ----------------------------------------------------------------------
+
+    def loader(self, **options: Any) -> Loader:
+        """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
+
+        Options: workers (processes; 0 runs inline), prefetch (batches kept ready),
+        io_concurrency, memory_budget (bytes in flight), state (from `get_state()`).
+        """
+        from .loader import Loader
+
+        return Loader(self, **options)
+
+    def check_picklable(self) -> None:
+        """Raise a clear error when a transform cannot be sent to worker processes."""
+        for op in (*self.record_ops, *self.batch_ops):
+            try:
+                pickle.dumps(op)
+            except Exception as exc:
+                raise TypeError(
+                    f"{op.describe()} cannot be pickled for worker processes ({exc}); define "
+                    "the function at module level (not a lambda or closure), or use workers=0"
+                ) from None
+
+    def describe(self) -> list[str]:
+        """The pipeline, one stage per line."""
+        lines = [f"source({', '.join(self.source.paths)})"]
+        lines += [_describe_index(op) for op in self.index_ops]
+        lines += [op.describe() for op in self.record_ops]
+        if self.batching is not None:
+            lines.append(self.batching.describe())
+        if self.pack_batch is not None:
+            lines.append(self.pack_batch.describe())
+        lines += [op.describe() + " [per batch]" for op in self.batch_ops]
+        return lines
+
+
+def _describe_index(op: Any) -> str:
+    if isinstance(op, Shuffle):
+        return f"shuffle(seed={op.seed}{', block' if op.strategy == 'block' else ''})"
+    if isinstance(op, Repeat):
+        return f"repeat({op.num_epochs if op.num_epochs is not None else 'forever'})"
+    if isinstance(op, Shard):
+        return f"shard({op.index}/{op.count})"
+    if isinstance(op, JaxProcessShard):
+        return "shard_by_jax_process()"
+    return f"slice[{op.start}:{op.stop}:{op.step}]"

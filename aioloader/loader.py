@@ -1,0 +1,549 @@
+"""The running pipeline: asyncio stages, the async iterator, checkpointable state, stats.
+
+Work is cut into tasks over consecutive output positions. A task looks up its record
+indices (`sampling`), fetches the bytes it needs through the shared `Storage` (merged range
+reads, many in flight), and hands them to the decode pool, which returns a finished batch
+(or, with filter/pack, the surviving elements of a window). Up to `prefetch` tasks run at
+once, and results are delivered strictly in task order, whatever finishes first: the output
+is a pure function of the dataset, the seed and the shard.
+
+State is where the consumer is: the output position of the next task, plus, when filter or
+pack make batches uneven, how many elements (or packed rows) of that task were already
+delivered. It is a few integers, JSON-able, and resumes bit-for-bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .aioutil import background_loop, release, run_sync
+from .packing import pack_first_fit
+from .sampling import IndexPlan, Shard, Shuffle
+from .source import ArrayRecordSource
+from .stats import PipelineStats
+from .storage import RetryPolicy, Storage
+from .transforms import BatchOp, FilterOp, PackOp, apply_batch_ops, collate
+from .workers import Pipeline, Pool, Result, Task
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+log = logging.getLogger("aioloader")
+STATE_VERSION = 1
+DEFAULT_WINDOW = 256
+
+
+def _resolve_index_ops(ops: tuple) -> list:
+    from .dataset import JaxProcessShard
+
+    out = []
+    for op in ops:
+        if isinstance(op, JaxProcessShard):
+            from .jax import process_index_and_count
+
+            index, count = process_index_and_count()
+            op = Shard(index, count, contiguous=False, drop_remainder=op.drop_remainder)
+        out.append(op)
+    return out
+
+
+class Loader:
+    """A running pipeline over a `Dataset`. Create it with `Dataset.loader()`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        workers: int = 0,
+        prefetch: int = 4,
+        io_concurrency: int = 64,
+        memory_budget: int = 512 << 20,
+        state: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        window: int | None = None,
+        slot_size: int = 32 << 20,
+    ) -> None:
+        if workers < 0 or prefetch < 1:
+            raise ValueError("workers must be >= 0 and prefetch >= 1")
+        if workers:
+            dataset.check_picklable()
+        self.dataset = dataset
+        self.workers = workers
+        self.prefetch = prefetch
+        self.io_concurrency = io_concurrency
+        self.memory_budget = memory_budget
+        self.retry = retry
+        self.slot_size = slot_size
+        batching = dataset.batching
+        self._batch_mode = (isinstance(batching, BatchOp)
+                            and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
+        default_unit = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
+        self._unit = int(window or default_unit) if not self._batch_mode else default_unit
+        self._state = {"position": 0, "skip": 0, "rows": 0}
+        if state is not None:
+            self._apply_state(state)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_task: asyncio.Future | None = None
+        self._closed = False
+        self._source: ArrayRecordSource | None = None
+        self._pool: Pool | None = None
+        self._plan: IndexPlan | None = None
+        self._stats = PipelineStats(workers=workers, prefetch=prefetch,
+                                    graph=dataset.describe())
+        self._finalizer: weakref.finalize | None = None
+        self._reset_run_state()
+
+    # -- state ------------------------------------------------------------------------
+
+    def _fingerprint(self) -> list[str]:
+        return self.dataset.describe()
+
+    def get_state(self) -> dict[str, Any]:
+        """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
+        return {"version": STATE_VERSION, **self._state, "unit": self._unit,
+                "pipeline": self._fingerprint()}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not "
+                             f"{STATE_VERSION}: it was saved by another aioloader version")
+        if state.get("pipeline", self._fingerprint()) != self._fingerprint():
+            raise ValueError("this state was saved by a different pipeline:\n  "
+                             + " -> ".join(state["pipeline"]) + "\nis not\n  "
+                             + " -> ".join(self._fingerprint()))
+        unit = int(state.get("unit", self._unit))
+        if unit != self._unit:
+            if self._batch_mode:
+                raise ValueError(f"state was saved with batch size {unit}, not {self._unit}")
+            self._unit = unit
+        self._state = {k: int(state.get(k, 0)) for k in ("position", "skip", "rows")}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (from `get_state()`); restarts work in progress."""
+        self._apply_state(state)
+        if self._start_task is not None and self._start_task.done() and not self._closed:
+            self._restart_producer()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("a Loader runs on one event loop; this one started on another")
+        return loop
+
+    async def start(self) -> None:
+        """Open the files and start prefetching (idempotent)."""
+        if self._closed:
+            raise RuntimeError("this loader is closed")
+        self._bind_loop()
+        if self._start_task is None:
+            self._start_task = asyncio.ensure_future(self._start())
+        await self._start_task
+
+    def start_prefetch(self) -> None:
+        """Start opening files and fetching now, e.g. while the model restores.
+
+        In async code it schedules the start on the running loop; otherwise on the
+        background loop of the sync API. Returns at once.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._used_sync = True
+            loop = background_loop()
+            run_sync(_noop(), user=self)  # register as a user of the background loop
+            asyncio.run_coroutine_threadsafe(self.start(), loop)
+            return
+        if self._start_task is None:
+            self._bind_loop()
+            self._start_task = asyncio.ensure_future(self._start())
+
+    async def _start(self) -> None:
+        ds = self.dataset
+        storage = Storage(concurrency=self.io_concurrency,
+                          max_inflight_bytes=self.memory_budget,
+                          retry=self.retry, storage_options=dict(ds.source.storage_options))
+        src = ArrayRecordSource(list(ds.source.paths), storage=storage, verify=ds.source.verify)
+        self._source = src
+        await src.aopen()
+        ops = _resolve_index_ops(ds.index_ops)
+        needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
+        self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
+        self._raw_mode = src.max_group_size == 1
+        pipeline = Pipeline(
+            record_ops=ds.record_ops,
+            batch=ds.batching if self._batch_mode else None,  # type: ignore[arg-type]
+            batch_ops=ds.batch_ops if self._batch_mode else (),
+            verify=ds.source.verify,
+        )
+        self._pool = Pool(pipeline, self.workers, slots=max(2, self.workers * 2 + 1),
+                          slot_size=self.slot_size)
+        self._pool.warm_up()
+        self._finalizer = weakref.finalize(self, _shutdown_pool, self._pool)
+        self._restart_producer()
+
+    def _reset_run_state(self) -> None:
+        self._results: dict[int, asyncio.Future] = {}
+        self._consumed_tasks = 0
+        self._end_task: int | None = None
+        self._changed: asyncio.Event | None = None
+        self._producer: asyncio.Task | None = None
+        self._workers_tasks: set[asyncio.Task] = set()
+        self._buffer: deque = deque()  # stream mode: (window position, j, element)
+        self._rows: deque = deque()  # pack mode: (block position, block skip, row, row data)
+        self._windows_done = False
+        self._run_start = dict(self._state)
+
+    def _restart_producer(self) -> None:
+        self._cancel_work()
+        self._reset_run_state()
+        self._changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.prefetch)
+        self._producer = asyncio.ensure_future(self._produce())
+
+    def _cancel_work(self) -> None:
+        for t in [self._producer, *self._workers_tasks]:
+            if t is not None and not t.done():
+                t.cancel()
+        for fut in self._results.values():  # results nobody will read: don't log them
+            if fut.done() and not fut.cancelled():
+                fut.exception()
+            else:
+                fut.cancel()
+
+    async def aclose(self) -> None:
+        """Stop everything: tasks, worker processes, shared memory, connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_work()
+        pending = [t for t in [self._producer, *self._workers_tasks] if t is not None]
+        if self._start_task is not None and not self._start_task.done():
+            self._start_task.cancel()
+            pending.append(self._start_task)
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._finalizer is not None:
+            self._finalizer()
+        elif self._pool is not None:
+            self._pool.close()
+        if self._source is not None:
+            await self._source.storage.aclose()
+
+    def close(self) -> None:
+        """Close from sync code (also called when a `for` loop over the loader ends)."""
+        if self._closed:
+            return
+        if self._loop is None:
+            self._closed = True
+            release(self)
+            return
+        if self._loop is background_loop.__globals__["_loop"]:
+            run_sync(self.aclose())
+            release(self)
+        elif self._loop.is_running():
+            raise RuntimeError("this loader runs on another event loop: use `await aclose()`")
+        else:
+            self._loop.run_until_complete(self.aclose())
+
+    async def __aenter__(self) -> Loader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- producing --------------------------------------------------------------------
+
+    def _task_range(self, k: int) -> tuple[int, int] | None:
+        assert self._plan is not None
+        lo = self._run_start["position"] + k * self._unit
+        hi = lo + self._unit
+        length = self._plan.length
+        if length is not None:
+            if lo >= length:
+                return None
+            hi = min(hi, length)
+            if self._batch_mode and hi - lo < self._unit and \
+                    self.dataset.batching.drop_remainder:  # type: ignore[union-attr]
+                return None
+        return lo, hi
+
+    async def _produce(self) -> None:
+        loop = asyncio.get_running_loop()
+        k = 0
+        try:
+            while True:
+                span = self._task_range(k)
+                if span is None:
+                    self._end_task = k
+                    return
+                await self._slots.acquire()
+                fut = loop.create_future()
+                self._results[k] = fut
+                t = asyncio.ensure_future(self._run_task(k, *span, fut))
+                self._workers_tasks.add(t)
+                t.add_done_callback(self._workers_tasks.discard)
+                self._changed.set()  # type: ignore[union-attr]
+                k += 1
+        finally:
+            if self._changed is not None:
+                self._changed.set()
+
+    async def _run_task(self, k: int, lo: int, hi: int, fut: asyncio.Future) -> None:
+        try:
+            fut.set_result(await self._do_task(k, lo, hi))
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except BaseException as exc:
+            fut.set_exception(exc)
+        finally:
+            self._changed.set()  # type: ignore[union-attr]
+
+    async def _do_task(self, k: int, lo: int, hi: int) -> Result:
+        src, plan, pool = self._source, self._plan, self._pool
+        assert src is not None and plan is not None and pool is not None
+        st = self._stats
+        t0 = st.fetch.begin()
+        positions = np.arange(lo, hi, dtype=np.int64)
+        records, epochs = plan.lookup(positions)
+        files, chunks, within = src.locate(records)
+        if self._raw_mode:
+            keys = list(zip(files.tolist(), chunks.tolist()))
+            raw = await src.fetch_raw(keys)
+            paths = [ix.path for ix in src.file_indices]
+            task = Task(k, records, epochs,
+                        raws=[bytes(raw[key][0]) for key in keys],
+                        raw_starts=[raw[key][1] for key in keys],
+                        raw_paths=[paths[f] for f in files.tolist()],
+                        raw_within=within.tolist())
+        else:
+            decoded = await src.read_chunks(files, chunks)
+            task = Task(k, records, epochs,
+                        records=[decoded[(f, c)].record(j) for f, c, j in
+                                 zip(files.tolist(), chunks.tolist(), within.tolist())])
+        st.fetch.end(t0)
+        t1 = st.process.begin()
+        try:
+            result = await pool.run(task, describe=f"task {k} (output positions {lo}..{hi - 1})")
+        finally:
+            st.process.end(t1)
+        st.records += hi - lo
+        st.elements += result.count
+        return result
+
+    # -- consuming --------------------------------------------------------------------
+
+    async def _next_result(self) -> Result | None:
+        """The next task's result in task order; None after the last task."""
+        k = self._consumed_tasks
+        while k not in self._results:
+            if self._end_task is not None and k >= self._end_task:
+                return None
+            if self._producer is not None and self._producer.done() and \
+                    self._producer.exception() is not None:
+                raise self._producer.exception()  # type: ignore[misc]
+            self._changed.clear()  # type: ignore[union-attr]
+            await self._changed.wait()  # type: ignore[union-attr]
+        fut = self._results.pop(k)
+        try:
+            return await fut
+        finally:
+            self._consumed_tasks += 1
+            self._slots.release()
+
+    def __aiter__(self) -> Loader:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        await self.start()
+        st = self._stats
+        t0 = time.perf_counter()
+        st.ready_samples += 1
+        st.ready_total += sum(1 for f in self._results.values() if f.done())
+        try:
+            if self._batch_mode:
+                batch = await self._next_batch_mode()
+            else:
+                batch = await self._next_stream_mode()
+        finally:
+            st.wait_seconds += time.perf_counter() - t0
+        st.batches += 1
+        if st.first_batch_seconds is None:
+            st.first_batch_seconds = time.perf_counter() - st.started
+        if os.environ.get("AIOLOADER_DEBUG") and st.batches % 100 == 0:
+            log.warning("aioloader stats:\n%s", self.stats())
+        return batch
+
+    async def _next_batch_mode(self) -> Any:
+        result = await self._next_result()
+        if result is None:
+            raise StopAsyncIteration
+        self._state = {"position": self._run_start["position"]
+                       + self._consumed_tasks * self._unit, "skip": 0, "rows": 0}
+        return result.payload
+
+    async def _fill(self) -> bool:
+        """Append the next window's surviving elements to the buffer; False at the end."""
+        if self._windows_done:
+            return False
+        k = self._consumed_tasks
+        result = await self._next_result()
+        if result is None:
+            self._windows_done = True
+            return False
+        pos = self._run_start["position"] + k * self._unit
+        skip = self._run_start["skip"] if k == 0 else 0
+        for j, element in enumerate(result.payload):
+            if j >= skip:
+                self._buffer.append((pos, j, element))
+        return True
+
+    async def _next_element(self) -> tuple[int, int, Any] | None:
+        while not self._buffer:
+            if not await self._fill():
+                return None
+        return self._buffer.popleft()
+
+    async def _next_stream_mode(self) -> Any:
+        ds = self.dataset
+        if isinstance(ds.batching, PackOp):
+            return await self._next_packed()
+        if ds.batching is None:
+            item = await self._next_element()
+            if item is None:
+                raise StopAsyncIteration
+            pos, j, element = item
+            self._state = {"position": pos, "skip": j + 1, "rows": 0}
+            return element
+        size, drop = ds.batching.size, ds.batching.drop_remainder
+        items = []
+        while len(items) < size:
+            item = await self._next_element()
+            if item is None:
+                break
+            items.append(item)
+        if not items or (drop and len(items) < size):
+            raise StopAsyncIteration
+        t0 = self._stats.assemble.begin()
+        batch = apply_batch_ops(ds.batch_ops, collate([e for _, _, e in items]))
+        self._stats.assemble.end(t0)
+        pos, j, _ = items[-1]
+        self._state = {"position": pos, "skip": j + 1, "rows": 0}
+        return batch
+
+    async def _next_row(self) -> tuple[tuple[int, int, int], Any] | None:
+        """Next packed row and the state after it: (block position, block skip, rows done)."""
+        op: PackOp = self.dataset.batching  # type: ignore[assignment]
+        while not self._rows:
+            # Pack a block from the buffered elements; fetch windows until it is complete.
+            final = False
+            while True:
+                items = list(self._buffer)
+                block, used = pack_first_fit([e for _, _, e in items], op.length_struct,
+                                             op.num_packing_bins, final=final)
+                if block is not None:
+                    break
+                if final:
+                    return None
+                if not await self._fill():
+                    final = True
+            t0 = self._stats.assemble.begin()
+            bpos, bskip, _ = items[0]
+            for _ in range(used):
+                self._buffer.popleft()
+            skip_rows = self._state_rows_to_skip(bpos, bskip)
+            key = next(iter(op.length_struct))
+            nonempty = np.flatnonzero(block[key + "_segment_ids"].reshape(
+                op.num_packing_bins, -1).max(axis=1) > 0)
+            for r_i, r in enumerate(nonempty.tolist()):
+                if r_i < skip_rows:
+                    continue
+                row = {name: arr[r] for name, arr in block.items()}
+                self._rows.append(((bpos, bskip, r_i + 1), row))
+            self._stats.assemble.end(t0)
+        return self._rows.popleft()
+
+    def _state_rows_to_skip(self, bpos: int, bskip: int) -> int:
+        start = self._run_start
+        if (bpos, bskip) == (start["position"], start["skip"]) and not self._packed_once:
+            self._packed_once = True
+            return start["rows"]
+        return 0
+
+    async def _next_packed(self) -> Any:
+        ds = self.dataset
+        if not hasattr(self, "_packed_once"):
+            self._packed_once = False
+        want = ds.pack_batch.size if ds.pack_batch is not None else 1
+        rows = []
+        while len(rows) < want:
+            item = await self._next_row()
+            if item is None:
+                break
+            rows.append(item)
+        if not rows or (ds.pack_batch is not None and ds.pack_batch.drop_remainder
+                        and len(rows) < want):
+            raise StopAsyncIteration
+        (bpos, bskip, done), _ = rows[-1]
+        self._state = {"position": bpos, "skip": bskip, "rows": done}
+        if ds.pack_batch is None:
+            return apply_batch_ops(ds.batch_ops, rows[0][1])
+        return apply_batch_ops(ds.batch_ops, collate([r for _, r in rows]))
+
+    # -- sync API ---------------------------------------------------------------------
+
+    def __iter__(self):
+        return self._sync_batches()
+
+    def _sync_batches(self):
+        self._used_sync = True
+        try:
+            while True:
+                try:
+                    batch = run_sync(self.__anext__(), user=self)
+                except StopAsyncIteration:
+                    return
+                yield batch
+        finally:
+            self.close()
+
+    # -- figures ----------------------------------------------------------------------
+
+    def stats(self) -> PipelineStats:
+        """Per-stage figures so far (`print()` it for a table)."""
+        st = self._stats
+        if self._source is not None:
+            io = self._source.storage.stats.as_dict()
+            io["records_per_read"] = st.records / io["reads"] if io.get("reads") else 0.0
+            st.io = io
+            cache = self._source.cache
+            st.cache = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
+        return st
+
+
+async def _noop() -> None:
+    return None
+
+
+def _shutdown_pool(pool: Pool) -> None:
+    pool.close()

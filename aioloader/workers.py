@@ -1,0 +1,307 @@
+"""The decode pool: worker processes that turn fetched chunks into finished batches.
+
+A task carries the raw chunk bytes (or already decoded records) for one batch or window; the
+worker decodes, runs the record transforms, and collates inside the process, so that only
+finished batches come back. Their arrays travel through a shared-memory arena: one file in
+/dev/shm (private permissions, unique name) cut into slots that are reused for the life of
+the pool, so no segment is created or unlinked per batch; the parent copies a batch out and
+frees its slot. A batch that does not fit its slot travels inline instead.
+
+Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
+runs the same task code on one thread of the parent, for debugging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import multiprocessing
+import os
+import pickle
+import secrets
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .arrayrecord.index import decode_chunk
+from .transforms import (
+    DROP,
+    BatchOp,
+    MapOp,
+    RecordOp,
+    apply_batch_ops,
+    apply_record_ops,
+    collate,
+)
+
+
+class WorkerError(RuntimeError):
+    """A worker process died; the message says which batch it was working on."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What every worker runs (sent once, when the pool starts)."""
+
+    record_ops: tuple[RecordOp, ...]
+    batch: BatchOp | None  # collate in the worker; None: return elements (filter/pack mode)
+    batch_ops: tuple[MapOp, ...]
+    verify: str = "headers"
+
+
+@dataclass
+class Task:
+    """One unit of work: the records of one batch (or window), in output order.
+
+    Either `raws` (physical chunk bytes, one per record, with their file offset, path and
+    the record's index within the chunk) or `records` (decoded bytes) is set.
+    """
+
+    task_id: int
+    indices: np.ndarray  # global record index of each record
+    epochs: np.ndarray
+    raws: list[bytes] | None = None
+    raw_starts: list[int] = field(default_factory=list)
+    raw_paths: list[str] = field(default_factory=list)
+    raw_within: list[int] = field(default_factory=list)
+    records: list[bytes] | None = None
+    slot: int = -1
+
+
+@dataclass
+class Result:
+    task_id: int
+    payload: Any  # a batch (arrays may be _ShmRef), a list of elements, or None if all dropped
+    count: int  # elements that survived the filters
+    slot: int = -1
+
+
+@dataclass(frozen=True)
+class _ShmRef:
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+# -- the code that runs in a worker ---------------------------------------------------
+
+_pipeline: Pipeline | None = None
+_arena: mmap.mmap | None = None
+_slot_size = 0
+
+
+def _init_worker(pipeline_bytes: bytes, arena_path: str | None, slot_size: int) -> None:
+    global _pipeline, _arena, _slot_size
+    _pipeline = pickle.loads(pipeline_bytes)
+    _slot_size = slot_size
+    if arena_path is not None:
+        fd = os.open(arena_path, os.O_RDWR)
+        try:
+            _arena = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+
+
+def _records_of(task: Task, verify: str) -> list[bytes]:
+    if task.records is not None:
+        return task.records
+    out = []
+    assert task.raws is not None
+    for raw, start, path, j in zip(task.raws, task.raw_starts, task.raw_paths, task.raw_within):
+        _, records = decode_chunk(raw, start, verify=verify, path=path)
+        out.append(records.record(j))
+    return out
+
+
+def run_task(task: Task, pipeline: Pipeline | None = None, arena: Any = None,
+             slot_size: int = 0) -> Result:
+    """Decode, transform and (in batch mode) collate one task."""
+    pipeline = pipeline or _pipeline
+    assert pipeline is not None, "worker not initialised"
+    records = _records_of(task, pipeline.verify)
+    elements = []
+    idx, ep = task.indices.tolist(), task.epochs.tolist()
+    paths = task.raw_paths or [""] * len(records)
+    for record, i, e, path in zip(records, idx, ep, paths):
+        out = apply_record_ops(pipeline.record_ops, record, i, e, f" in {path}" if path else "")
+        if out is not DROP:
+            elements.append(out)
+    if pipeline.batch is None:
+        return Result(task.task_id, elements, len(elements))
+    if not elements:
+        return Result(task.task_id, None, 0)
+    batch = apply_batch_ops(pipeline.batch_ops, collate(elements))
+    arena = arena if arena is not None else _arena
+    if arena is not None and task.slot >= 0:
+        batch = _to_arena(batch, arena, task.slot * (slot_size or _slot_size),
+                          slot_size or _slot_size)
+    return Result(task.task_id, batch, len(elements), task.slot)
+
+
+def _to_arena(batch: Any, arena: Any, base: int, size: int) -> Any:
+    """Copy the batch's arrays into the slot at `base`; keep it inline if it does not fit."""
+    leaves: list[np.ndarray] = []
+    _collect(batch, leaves)
+    need = sum(_aligned(a.nbytes) for a in leaves)
+    if need > size:
+        return batch
+    pos = base
+    refs = {}
+    for a in leaves:
+        view = np.ndarray(a.shape, dtype=a.dtype, buffer=arena, offset=pos)
+        view[...] = a
+        refs[id(a)] = _ShmRef(pos, a.dtype.str, a.shape)
+        pos += _aligned(a.nbytes)
+    return _replace(batch, lambda a: refs.get(id(a), a))
+
+
+def _aligned(n: int) -> int:
+    return (n + 63) & ~63
+
+
+def _collect(tree: Any, out: list) -> None:
+    if isinstance(tree, dict):
+        for v in tree.values():
+            _collect(v, out)
+    elif isinstance(tree, (tuple, list)):
+        for v in tree:
+            _collect(v, out)
+    elif isinstance(tree, np.ndarray) and tree.dtype != object:
+        out.append(tree)
+
+
+def _replace(tree: Any, fn) -> Any:
+    if isinstance(tree, dict):
+        return {k: _replace(v, fn) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_replace(v, fn) for v in tree)
+    if isinstance(tree, list):
+        return [_replace(v, fn) for v in tree]
+    if isinstance(tree, (np.ndarray, _ShmRef)):
+        return fn(tree)
+    return tree
+
+
+# -- the parent's side ----------------------------------------------------------------
+
+
+class Arena:
+    """The parent's shared-memory file: `slots` reusable slots of `slot_size` bytes."""
+
+    def __init__(self, slots: int, slot_size: int) -> None:
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.path = os.path.join(root, f"aioloader-{os.getpid()}-{secrets.token_hex(6)}")
+        self.slot_size = slot_size
+        self.free = list(range(slots))
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, slots * slot_size)
+            self.map = mmap.mmap(fd, slots * slot_size)
+        finally:
+            os.close(fd)
+
+    def materialize(self, batch: Any) -> Any:
+        """Copy a batch's arrays out of the arena (so its slot can be reused)."""
+        def load(ref: Any) -> Any:
+            if not isinstance(ref, _ShmRef):
+                return ref
+            view = np.ndarray(ref.shape, dtype=np.dtype(ref.dtype), buffer=self.map,
+                              offset=ref.offset)
+            return view.copy()
+
+        return _replace(batch, load)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a view still exported: unlink regardless
+            self.map.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class Pool:
+    """Runs tasks in `workers` processes (or inline on one thread when workers == 0)."""
+
+    def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
+                 slot_size: int = 32 << 20) -> None:
+        self.pipeline = pipeline
+        self.workers = workers
+        self.arena: Arena | None = None
+        self._slot_waiters: list[asyncio.Future] = []
+        if workers == 0:
+            self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
+            return
+        self.arena = Arena(slots, slot_size)
+        try:
+            self._executor = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(pickle.dumps(pipeline), self.arena.path, slot_size),
+            )
+        except BaseException:
+            self.arena.close()
+            raise
+
+    def warm_up(self) -> None:
+        """Start the worker processes now (spawning takes a while) instead of on first use."""
+        if self.workers:
+            for _ in range(self.workers):
+                self._executor.submit(os.getpid)
+
+    async def _take_slot(self) -> int:
+        assert self.arena is not None
+        while not self.arena.free:
+            fut = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(fut)
+            await fut
+        return self.arena.free.pop()
+
+    def _give_slot(self, slot: int) -> None:
+        if slot < 0 or self.arena is None:
+            return
+        self.arena.free.append(slot)
+        while self._slot_waiters:
+            fut = self._slot_waiters.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                break
+
+    async def run(self, task: Task, describe: str = "") -> Result:
+        """Run one task; arrays come back materialized (slot already freed)."""
+        loop = asyncio.get_running_loop()
+        if self.workers == 0:
+            return await loop.run_in_executor(self._executor, run_task, task, self.pipeline)
+        if self.pipeline.batch is not None:
+            task.slot = await self._take_slot()
+        try:
+            result = await asyncio.wrap_future(self._executor.submit(run_task, task))
+            if result.payload is not None and self.pipeline.batch is not None:
+                result.payload = self.arena.materialize(result.payload)  # type: ignore[union-attr]
+            return result
+        except BrokenProcessPool:
+            raise WorkerError(
+                f"a worker process died while processing {describe or f'task {task.task_id}'}"
+                f"{self._exit_codes()}; the loader cannot continue (restart it from the last "
+                "state; if a transform crashes the interpreter, run with workers=0 to debug)"
+            ) from None
+        finally:
+            self._give_slot(task.slot)
+
+    def _exit_codes(self) -> str:
+        procs = getattr(self._executor, "_processes", None) or {}
+        codes = [p.exitcode for p in list(procs.values()) if p.exitcode not in (None, 0)]
+        if not codes:
+            return ""
+        signals = [f"signal {-c}" for c in codes if c < 0]
+        return f" ({', '.join(signals) if signals else f'exit code {codes[0]}'})"
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None

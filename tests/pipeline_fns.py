@@ -1,0 +1,54 @@
+"""Module-level transforms for pipeline tests (worker processes import them by name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+
+
+def decode(record: bytes) -> dict:
+    item = json.loads(record)
+    return {"id": np.int64(item["id"]), "tokens": np.asarray(item["tokens"], dtype=np.int32)}
+
+
+def just_id(element: dict) -> np.int64:
+    return element["id"]
+
+
+def augment(element: dict, rng: np.random.Generator) -> dict:
+    return {**element, "noise": rng.integers(0, 1 << 30)}
+
+
+def keep_even(element: dict) -> bool:
+    return int(element["id"]) % 2 == 0
+
+
+def only_tokens(element: dict) -> dict:
+    return {"tokens": element["tokens"]}
+
+
+def fail_on_13(element: dict) -> dict:
+    if int(element["id"]) == 13:
+        raise ValueError("thirteen is unlucky")
+    return element
+
+
+def crash_on_13(element: dict) -> dict:
+    if int(element["id"]) == 13:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return element
+
+
+def ids_of(batch) -> list[int]:
+    return np.asarray(batch["id"]).tolist()
+
+
+def only_id_noise(element: dict) -> dict:
+    return {"id": element["id"], "noise": element["noise"]}
+
+
+def only_id_noise_det(element: dict) -> dict:
+    return {"id": element["id"]}

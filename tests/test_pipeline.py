@@ -1,0 +1,216 @@
+"""The pipeline end to end: determinism, resume, coverage, sharding, errors, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aioloader as al
+from aioloader.testing import local_gcs
+from aioloader.transforms import TransformError
+from aioloader.workers import WorkerError
+
+from . import pipeline_fns as fns
+
+N = 700
+
+
+def _write(root, n=N, shards=3, group=1):
+    rng = random.Random(0)
+    paths = []
+    for k in range(shards):
+        path = root / f"train-{k:05d}-of-{shards:05d}.array_record"
+        with al.ArrayRecordWriter(path, group_size=group) as w:
+            for i in range(k, n, shards):
+                tokens = [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+                w.write(json.dumps({"id": i, "tokens": tokens}).encode())
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return _write(tmp_path_factory.mktemp("data"))
+
+
+def _ids(batches):
+    return [i for b in batches for i in fns.ids_of(b)]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+async def collect(ds, **kw):
+    async with ds.loader(**kw) as it:
+        return [b async for b in it]
+
+
+def base(paths):
+    return (al.Dataset.from_arrayrecord(paths).shuffle(7).repeat(2).map(fns.decode)
+            .random_map(fns.augment).map(fns.only_id_noise).batch(32))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_same_batches_for_any_worker_count(data, workers):
+    ds = base(data)
+    ref = await collect(ds, workers=0)
+    assert len(ref) == (2 * N + 31) // 32
+    _same(await collect(ds, workers=workers, prefetch=3), ref)
+
+
+async def test_same_batches_for_io_concurrency_and_gs_with_latency(data):
+    ds = base(data)
+    ref = await collect(ds, io_concurrency=64)
+    _same(await collect(ds, io_concurrency=1), ref)
+    with local_gcs(latency_ms=5, jitter_ms=5) as gcs:
+        urls = [gcs.upload(p, f"d/{p.rsplit('/', 1)[1]}") for p in data]
+        remote = (al.Dataset.from_arrayrecord(urls, storage_options=gcs.storage_options)
+                  .shuffle(7).repeat(2).map(fns.decode).random_map(fns.augment)
+                  .map(fns.only_id_noise).batch(32))
+        _same(await collect(remote, io_concurrency=16, workers=1), ref)
+
+
+async def test_epochs_cover_every_record_once_and_reshuffle(data):
+    ds = (al.Dataset.from_arrayrecord(data).shuffle(3).repeat(3).map(fns.decode)
+          .map(fns.only_id_noise_det).batch(100))
+    ids = _ids(await collect(ds))
+    epochs = [ids[e * N:(e + 1) * N] for e in range(3)]
+    for e in epochs:
+        assert sorted(e) == list(range(N))
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert ids != sorted(ids)
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+async def test_shards_are_disjoint_and_cover(data, contiguous):
+    seen = []
+    for k in range(3):
+        ds = (al.Dataset.from_arrayrecord(data).shuffle(1).shard(k, 3, contiguous=contiguous)
+              .map(fns.decode).map(fns.only_id_noise_det).batch(64))
+        seen.append(_ids(await collect(ds)))
+    assert sorted(i for s in seen for i in s) == list(range(N))
+    assert all(set(a).isdisjoint(b) for a in seen for b in seen if a is not b)
+
+
+def test_sync_api_matches_async(data):
+    ds = base(data)
+    sync = list(ds.loader(workers=1))
+    _same(sync, asyncio.run(collect(ds)))
+
+
+async def test_filter_and_unbatched_elements(data):
+    ds = al.Dataset.from_arrayrecord(data).shuffle(5).map(fns.decode).filter(fns.keep_even)
+    elements = await collect(ds.map(fns.just_id))
+    assert sorted(int(e) for e in elements) == list(range(0, N, 2))
+    batches = await collect(ds.map(fns.only_id_noise_det).batch(50, drop_remainder=True),
+                            workers=1)
+    assert all(len(b["id"]) == 50 for b in batches)
+    assert len(batches) == (N // 2) // 50
+
+
+async def test_pack_keeps_every_token(data):
+    ds = (al.Dataset.from_arrayrecord(data).map(fns.decode).map(fns.only_tokens)
+          .pack({"tokens": 64}, num_packing_bins=4).batch(8))
+    batches = await collect(ds)
+    total = sum(int((b["tokens_segment_ids"] > 0).sum()) for b in batches)
+    with al.ArrayRecordSource(data) as src:
+        expected = sum(len(fns.decode(r)["tokens"]) for r in src[:])
+    assert total == expected
+    assert all(b["tokens"].shape[1:] == (64,) for b in batches)
+
+
+PIPELINES = {
+    "batch": lambda d: base(d),
+    "filter": lambda d: (al.Dataset.from_arrayrecord(d).shuffle(2).repeat(2).map(fns.decode)
+                         .filter(fns.keep_even).map(fns.only_id_noise_det).batch(16)),
+    "pack": lambda d: (al.Dataset.from_arrayrecord(d).shuffle(4).map(fns.decode)
+                       .map(fns.only_tokens).pack({"tokens": 50}, num_packing_bins=3)
+                       .batch(4)),
+}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(sorted(PIPELINES)), stop=st.integers(0, 60))
+def test_resume_is_exact(data, kind, stop):
+    ds = PIPELINES[kind](data)
+    full = list(ds.loader())
+    it = ds.loader(prefetch=2)
+    batches = iter(it)
+    head = []
+    for batch in batches:
+        head.append(batch)
+        if len(head) >= stop:
+            break
+    state = json.loads(json.dumps(it.get_state()))
+    it.close()
+    rest = list(ds.loader(state=state, workers=0))
+    assert len(head) + len(rest) == len(full)
+    _same(head + rest, full)
+
+
+async def test_transform_error_names_the_record(data):
+    ds = (al.Dataset.from_arrayrecord(data).map(fns.decode).map(fns.fail_on_13)
+          .map(fns.only_id_noise_det).batch(10))
+    for workers in (0, 1):
+        with pytest.raises(TransformError,
+                           match=r"fail_on_13.*unlucky on record 238 .*train-00001-of"):
+            await collect(ds, workers=workers)
+
+
+async def test_worker_crash_is_reported_without_hanging(data):
+    ds = (al.Dataset.from_arrayrecord(data).map(fns.decode).map(fns.crash_on_13)
+          .map(fns.only_id_noise_det).batch(10))
+    with pytest.raises(WorkerError, match=r"worker process died.*signal 9"):
+        await asyncio.wait_for(collect(ds, workers=1), 30)
+
+
+def test_unpicklable_transform_is_refused_with_workers(data):
+    ds = al.Dataset.from_arrayrecord(data).map(lambda r: r)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        ds.loader(workers=1)
+    assert len(list(ds.loader(workers=0))) == N
+
+
+def test_break_exception_and_gc_leave_nothing(data):
+    ds = base(data)
+    for _ in ds.loader(workers=2):
+        break
+    with pytest.raises(RuntimeError, match="boom"):
+        for _ in ds.loader(workers=1):
+            raise RuntimeError("boom")
+    it = iter(ds.loader(workers=1))
+    next(it)
+    del it
+    gc.collect()
+
+
+async def test_stats_table(data):
+    async with base(data).loader(workers=1) as it:
+        async for _ in it:
+            pass
+        text = str(it.stats())
+        d = it.stats().as_dict()
+    assert "records/s" in text and "decode+transform" in text and "shuffle(seed=7)" in text
+    assert d["records"] == 2 * N and d["batches"] == (2 * N + 31) // 32
+    assert d["time_to_first_batch_s"] is not None and d["io"]["reads"] > 0
+
+
+async def test_start_prefetch_overlaps(data):
+    it = base(data).loader()
+    it.start_prefetch()
+    await asyncio.sleep(0.2)
+    async with it:
+        first = await it.__anext__()
+    assert len(first["id"]) == 32
