@@ -192,7 +192,9 @@ class Dataset:
 
     def describe(self) -> list[str]:
         """The pipeline, one stage per line."""
-        lines = [f"source({', '.join(self.source.paths)})"]
+        paths = self.source.paths
+        more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
+        lines = [f"source({paths[0]}{more})"]
         lines += [_describe_index(op) for op in self.index_ops]
         lines += [op.describe() for op in self.record_ops]
         if self.batching is not None:

@@ -214,3 +214,24 @@ async def test_start_prefetch_overlaps(data):
     async with it:
         first = await it.__anext__()
     assert len(first["id"]) == 32
+
+
+def test_runs_under_uvloop_and_anyio(data):
+    ds = base(data)
+    ref = asyncio.run(collect(ds))
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    try:
+        _same(loop.run_until_complete(collect(ds, workers=1)), ref)
+    finally:
+        loop.close()
+    anyio = pytest.importorskip("anyio")
+    _same(anyio.run(collect, ds), ref)
+
+
+def test_keyboard_interrupt_in_consumer_closes_everything(data):
+    ds = base(data)
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(ds.loader(workers=1)):
+            if i == 2:
+                raise KeyboardInterrupt
