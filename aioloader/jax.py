@@ -1,13 +1,237 @@
-"""JAX integration: process sharding now; device placement and Orbax come with issue 5.
+"""JAX integration: batches as sharded `jax.Array`s, multi-host assembly, Orbax checkpoints.
 
-This is the only module that imports jax, and only when it is used.
+This is the only module that imports jax (and orbax), and the package imports without them.
+
+Loading strategy. Of the four ways to feed a sharded computation (seed 003): (1) every
+process loads the global batch and keeps its devices' slices; (2) one pipeline per device;
+(3) one consolidated pipeline per process, assembled into global arrays; (4) load on one
+process and scatter — aioloader implements (3): each process runs one pipeline over its
+shard (`shard_by_jax_process()`), and `to_jax(sharding)` builds the global array with
+`jax.make_array_from_process_local_data`. For a ('data', 'model') mesh the sharding
+`NamedSharding(mesh, P('data'))` replicates rows over 'model', so devices of one model
+replica see the same rows and different replicas different rows.
+
+Lockstep. Collectives hang if one process stops early. With `batch(drop_remainder=True)`
+and `shard_by_jax_process()` (equal shards by default) every process yields the same number
+of batches; otherwise `pad_final=True` pads every process to the longest shard's step count,
+with zero rows and a boolean `mask` entry (dict batches), and without either the iterator
+refuses to start on multi-process runs.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import numpy as np
+
 
 def process_index_and_count() -> tuple[int, int]:
     """This process's index and the process count of the JAX runtime."""
-    import jax
-
     return jax.process_index(), jax.process_count()
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic))
+
+
+def put_batch(batch: Any, sharding: Any = None) -> Any:
+    """Place the array leaves of a batch on devices (non-array leaves are left as they are)."""
+    multi = sharding is not None and jax.process_count() > 1
+
+    def place(x: Any) -> Any:
+        if not _is_array(x):
+            return x
+        if sharding is None:
+            return jax.device_put(x)
+        if multi:
+            return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        return jax.device_put(x, sharding)
+
+    return jax.tree_util.tree_map(place, batch, is_leaf=lambda x: isinstance(x, list))
+
+
+def _rows(batch: Any) -> int:
+    leaves = [x for x in jax.tree_util.tree_leaves(batch) if _is_array(x)]
+    return int(leaves[0].shape[0]) if leaves else 0
+
+
+def _pad(batch: Any, rows: int) -> Any:
+    """Pad a dict batch to `rows` rows with zeros and a `mask` that marks real rows."""
+    if not isinstance(batch, dict):
+        raise TypeError("pad_final=True needs dict batches (it adds a 'mask' entry)")
+    have = _rows(batch)
+
+    def pad(x: Any) -> Any:
+        if not _is_array(x):
+            return x
+        x = np.asarray(x)
+        extra = np.zeros((rows - x.shape[0], *x.shape[1:]), dtype=x.dtype)
+        return np.concatenate([x, extra])
+
+    out = {k: pad(v) for k, v in batch.items()}
+    out["mask"] = np.arange(rows) < have
+    return out
+
+
+class _Placement:
+    """Shared logic of the sync and async device iterators."""
+
+    def __init__(self, loader: Any, sharding: Any, prefetch_to_device: int,
+                 pad_final: bool) -> None:
+        self.loader = loader
+        self.sharding = sharding
+        self.depth = max(1, prefetch_to_device)
+        self.pad_final = pad_final
+        self.steps: int | None = None  # lockstep target when padding
+        self.done = 0
+        self.template: Any = None
+        self.ready: collections.deque = collections.deque()  # (arrays, loader state after)
+        self.state: dict[str, Any] = loader.get_state()
+
+    def get_state(self) -> dict[str, Any]:
+        """The loader state after the last batch this iterator *returned* (not prefetched)."""
+        return self.state
+
+    def pop(self) -> Any:
+        arrays, self.state = self.ready.popleft()
+        return arrays
+
+    async def setup(self) -> None:
+        multi = jax.process_count() > 1
+        batching = self.loader.dataset.batching
+        drop = getattr(batching, "drop_remainder", False)
+        if self.pad_final:
+            self.steps = await self.loader.num_batches(longest_shard=True)
+            self.size = batching.size
+        elif multi and not drop:
+            raise ValueError(
+                "on multi-process runs every process must yield the same number of equal "
+                "batches: use batch(..., drop_remainder=True), or to_jax(pad_final=True)"
+            )
+
+    def finish(self, batch: Any) -> tuple[Any, dict[str, Any]]:
+        if self.pad_final:
+            batch = _pad(batch, self.size)
+            self.template = batch
+        self.done += 1
+        return put_batch(batch, self.sharding), self.loader.get_state()
+
+    def filler(self) -> Any | None:
+        """An all-padding batch while this process is behind the lockstep count."""
+        if self.steps is None or self.done >= self.steps or self.template is None:
+            return None
+        self.done += 1
+        empty = {k: (np.zeros_like(v) if _is_array(v) else v)
+                 for k, v in self.template.items()}
+        return put_batch(empty, self.sharding), self.loader.get_state()
+
+
+class DeviceIterator(_Placement):
+    """`for arrays in loader.to_jax(sharding)`: device placement one step ahead."""
+
+    def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
+                 pad_final: bool = False) -> None:
+        super().__init__(loader, sharding, prefetch_to_device, pad_final)
+        self._batches = None
+
+    def __iter__(self) -> DeviceIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._batches is None:
+            from .aioutil import run_sync
+
+            run_sync(self.setup(), user=self.loader)
+            self._batches = iter(self.loader)
+        while len(self.ready) < self.depth:
+            try:
+                self.ready.append(self.finish(next(self._batches)))
+            except StopIteration:
+                filler = self.filler()
+                if filler is None:
+                    break
+                self.ready.append(filler)
+        if not self.ready:
+            raise StopIteration
+        return self.pop()
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class AsyncDeviceIterator(_Placement):
+    """`async for arrays in loader.to_jax_async(sharding)`."""
+
+    def __aiter__(self) -> AsyncDeviceIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.done == 0 and not self.ready:
+            await self.setup()
+        while len(self.ready) < self.depth:
+            try:
+                self.ready.append(self.finish(await self.loader.__anext__()))
+            except StopAsyncIteration:
+                filler = self.filler()
+                if filler is None:
+                    break
+                self.ready.append(filler)
+        if not self.ready:
+            raise StopAsyncIteration
+        return self.pop()
+
+
+# -- Orbax ------------------------------------------------------------------------------
+
+try:
+    import orbax.checkpoint as ocp
+    from etils import epath
+except ImportError:  # orbax is optional
+    ocp = None
+
+if ocp is not None:
+
+    class LoaderCheckpointHandler(ocp.CheckpointHandler):
+        """Saves each process's loader state as `process_{i}-of-{n}.json`.
+
+        Restoring on a different process count (elastic resume) reads process 0's file: the
+        states of all processes describe the same global step.
+        """
+
+        def save(self, directory: epath.Path, args: LoaderSave) -> None:
+            state = args.loader.get_state() if hasattr(args.loader, "get_state") \
+                else dict(args.loader)
+            i, n = process_index_and_count()
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"process_{i}-of-{n}.json").write_text(json.dumps(state))
+
+        def restore(self, directory: epath.Path, args: LoaderRestore | None = None) -> Any:
+            i, n = process_index_and_count()
+            path = directory / f"process_{i}-of-{n}.json"
+            if not path.exists():
+                found = sorted(directory.glob("process_0-of-*.json"))
+                if not found:
+                    raise FileNotFoundError(f"no loader state in {directory}")
+                path = found[0]
+            state = json.loads(path.read_text())
+            if args is not None and args.loader is not None:
+                args.loader.set_state(state)
+            return state
+
+    @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
+    @dataclasses.dataclass
+    class LoaderSave(ocp.args.CheckpointArgs):
+        """`ocp.args` for saving a loader's state beside the model."""
+
+        loader: Any
+
+    @ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)
+    @dataclasses.dataclass
+    class LoaderRestore(ocp.args.CheckpointArgs):
+        """`ocp.args` for restoring; applies the state to `loader` when given."""
+
+        loader: Any = None

@@ -41,18 +41,12 @@ STATE_VERSION = 1
 DEFAULT_WINDOW = 256
 
 
-def _resolve_index_ops(ops: tuple) -> list:
+def _resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
+    """Index ops with `shard_by_jax_process()` turned into a block-dealt `Shard`."""
     from .dataset import JaxProcessShard
 
-    out = []
-    for op in ops:
-        if isinstance(op, JaxProcessShard):
-            from .jax import process_index_and_count
-
-            index, count = process_index_and_count()
-            op = Shard(index, count, contiguous=False, drop_remainder=op.drop_remainder)
-        out.append(op)
-    return out
+    return [Shard(procs[0], procs[1], drop_remainder=op.drop_remainder, block=block)
+            if isinstance(op, JaxProcessShard) and procs is not None else op for op in ops]
 
 
 class Loader:
@@ -87,6 +81,13 @@ class Loader:
                             and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
         default_unit = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
         self._unit = int(window or default_unit) if not self._batch_mode else default_unit
+        from .dataset import JaxProcessShard
+
+        self._procs: tuple[int, int] | None = None
+        if any(isinstance(op, JaxProcessShard) for op in dataset.index_ops):
+            from .jax import process_index_and_count
+
+            self._procs = process_index_and_count()
         self._state = {"position": 0, "skip": 0, "rows": 0}
         if state is not None:
             self._apply_state(state)
@@ -103,13 +104,23 @@ class Loader:
 
     # -- state ------------------------------------------------------------------------
 
+    @property
+    def process_count(self) -> int:
+        return self._procs[1] if self._procs else 1
+
     def _fingerprint(self) -> list[str]:
-        return self.dataset.describe()
+        """The pipeline as text; with process sharding, the global batch instead of the local."""
+        lines = self.dataset.describe()
+        b = self.dataset.batching
+        if self._procs and isinstance(b, BatchOp):
+            lines = [f"batch(global {b.size * self._procs[1]})" if ln == b.describe() else ln
+                     for ln in lines]
+        return lines
 
     def get_state(self) -> dict[str, Any]:
         """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
         return {"version": STATE_VERSION, **self._state, "unit": self._unit,
-                "pipeline": self._fingerprint()}
+                "process_count": self.process_count, "pipeline": self._fingerprint()}
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
@@ -119,12 +130,25 @@ class Loader:
             raise ValueError("this state was saved by a different pipeline:\n  "
                              + " -> ".join(state["pipeline"]) + "\nis not\n  "
                              + " -> ".join(self._fingerprint()))
+        new = {k: int(state.get(k, 0)) for k in ("position", "skip", "rows")}
         unit = int(state.get("unit", self._unit))
-        if unit != self._unit:
+        saved_procs = int(state.get("process_count", 1))
+        if saved_procs != self.process_count:
+            # Elastic resume: every global batch is the next unit*count positions of the
+            # stream (block-dealt shards), so the step count carries over.
+            if not self._batch_mode or new["skip"] or unit * saved_procs != \
+                    self._unit * self.process_count:
+                raise ValueError(
+                    f"state from {saved_procs} processes cannot resume on "
+                    f"{self.process_count}: elastic resume needs batch() without filter/pack "
+                    "and the same global batch size"
+                )
+            new["position"] = new["position"] // unit * self._unit
+        elif unit != self._unit:
             if self._batch_mode:
                 raise ValueError(f"state was saved with batch size {unit}, not {self._unit}")
             self._unit = unit
-        self._state = {k: int(state.get(k, 0)) for k in ("position", "skip", "rows")}
+        self._state = new
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from `state` (from `get_state()`); restarts work in progress."""
@@ -177,7 +201,8 @@ class Loader:
         src = ArrayRecordSource(list(ds.source.paths), storage=storage, verify=ds.source.verify)
         self._source = src
         await src.aopen()
-        ops = _resolve_index_ops(ds.index_ops)
+        block = ds.batching.size if isinstance(ds.batching, BatchOp) else 1
+        ops = _resolve_index_ops(ds.index_ops, self._procs, block)
         needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
         self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
         self._raw_mode = src.max_group_size == 1
@@ -526,6 +551,45 @@ class Loader:
                 yield batch
         finally:
             self.close()
+
+    # -- device placement -------------------------------------------------------------
+
+    def to_jax(self, sharding: Any = None, *, prefetch_to_device: int = 2,
+               pad_final: bool = False) -> Any:
+        """Iterate pytrees of `jax.Array`s placed by `sharding` (see `aioloader.jax`)."""
+        from .jax import DeviceIterator
+
+        return DeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
+                              pad_final=pad_final)
+
+    def to_jax_async(self, sharding: Any = None, *, prefetch_to_device: int = 2,
+                     pad_final: bool = False) -> Any:
+        """The `async for` form of `to_jax`."""
+        from .jax import AsyncDeviceIterator
+
+        return AsyncDeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
+                                   pad_final=pad_final)
+
+    async def num_batches(self, *, longest_shard: bool = False) -> int | None:
+        """Batches this loader yields from its start state (None if endless).
+
+        `longest_shard=True` counts for the longest process shard instead: the number of
+        steps every process must take to stay in lockstep.
+        """
+        await self.start()
+        plan = self._plan
+        assert plan is not None and self._source is not None
+        if longest_shard and self._procs:
+            block = self.dataset.batching.size  # type: ignore[union-attr]
+            ops = _resolve_index_ops(self.dataset.index_ops, (0, self._procs[1]), block)
+            plan = IndexPlan(len(self._source), ops, plan.chunk_starts)
+        if plan.length is None:
+            return None
+        if not self._batch_mode:
+            raise ValueError("num_batches() needs batch() without filter or pack")
+        left = max(0, plan.length - self._run_start["position"])
+        drop = self.dataset.batching.drop_remainder  # type: ignore[union-attr]
+        return left // self._unit if drop else -(-left // self._unit)
 
     # -- figures ----------------------------------------------------------------------
 

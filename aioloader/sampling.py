@@ -443,7 +443,11 @@ class Shard:
     """Take shard `index` of `count`.
 
     Strided (default): parent positions `index, index + count, ...` (works on infinite
-    parents). Contiguous: the index-th of `count` near-equal blocks, the first `L % count` one
+    parents); with `block=b`, blocks of b consecutive positions are dealt out in turn (shard i
+    takes positions [i*b, (i+1)*b) of every round of b*count) — with b = the per-process
+    batch size, every global batch is the next b*count positions of the parent, whatever the
+    process count, which is what makes elastic resume possible.
+    Contiguous: the index-th of `count` near-equal blocks, the first `L % count` one
     longer (like `numpy.array_split`; finite parents only). `drop_remainder=True` gives every
     shard `L // count` positions (lockstep across hosts). Shards are disjoint; without
     drop_remainder they cover the parent.
@@ -453,10 +457,14 @@ class Shard:
     count: int
     contiguous: bool = False
     drop_remainder: bool = False
+    block: int = 1
 
     def __post_init__(self) -> None:
         _int_field(self, "index")
         _int_field(self, "count")
+        _int_field(self, "block")
+        if self.block < 1 or (self.contiguous and self.block != 1):
+            raise ValueError(f"Shard block must be >= 1 (and 1 when contiguous), got {self.block}")
         if self.count < 1:
             raise ValueError(f"Shard count must be >= 1, got {self.count}")
         if not 0 <= self.index < self.count:
@@ -475,9 +483,11 @@ class Shard:
             return self._block(parent_len)[1]
         if parent_len is None:
             return None
+        b = self.block
+        rounds, rest = divmod(parent_len, b * self.count)
         if self.drop_remainder:
-            return parent_len // self.count
-        return len(range(self.index, parent_len, self.count))
+            return rounds * b
+        return rounds * b + min(max(rest - self.index * b, 0), b)
 
     def parent(
         self,
@@ -488,10 +498,14 @@ class Shard:
     ) -> tuple[np.ndarray, np.ndarray]:
         if self.contiguous:
             return self._block(parent_len)[0] + positions, epochs
-        limit = (np.iinfo(np.int64).max - self.index) // self.count
+        limit = (np.iinfo(np.int64).max - (self.index + 1) * self.block) // self.count
         if positions.size and int(positions.max()) > limit:
             raise IndexError(f"{self!r}: position {int(positions.max())} overflows int64")
-        return self.index + positions * self.count, epochs
+        if self.block == 1:
+            return self.index + positions * self.count, epochs
+        b = self.block
+        rounds, within = np.divmod(positions, b)
+        return rounds * (b * self.count) + self.index * b + within, epochs
 
 
 IndexOp = Slice | Shuffle | Repeat | Shard

@@ -387,3 +387,24 @@ def test_exact_shuffle_is_not_trivially_biased():
     assert 280 < np.mean(disp) < 390
     assert np.max(np.abs(corr)) < 0.15
     assert np.mean(adjacent) < 0.01
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 500), st.integers(1, 5), st.integers(1, 9), st.booleans())
+def test_block_shards_deal_whole_blocks_and_cover(n, count, block, drop):
+    """Shards dealt in blocks: disjoint, cover (unless drop), and round r of every shard is
+    the r-th run of block*count parent positions."""
+    seen = []
+    for index in range(count):
+        plan = IndexPlan(n, [Shard(index, count, block=block, drop_remainder=drop)])
+        got = plan.lookup(np.arange(plan.length or 0))[0].tolist() if plan.length else []
+        for p, g in enumerate(got):
+            assert g == (p // block) * block * count + index * block + p % block
+        seen.append(got)
+    flat = sorted(x for s in seen for x in s)
+    assert len(flat) == len(set(flat))
+    if drop:
+        assert len({len(s) for s in seen}) == 1
+        assert flat == list(range((n // (block * count)) * block * count))
+    else:
+        assert flat == list(range(n))
