@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import os
 import threading
+
+# Four CPU devices for the in-process JAX tests (meshes with 'data' and 'model' axes);
+# must be set before jax is first imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import time
 
 import psutil
