@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioloader.arrayrecord import ArrayRecordFormatError, parse_options
+from aioloader.arrayrecord import ArrayRecordFormatError, ChunkRecords, parse_options
 from aioloader.arrayrecord.chunk import decode_simple, encode_simple
-from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD, Compression
+from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD, Compression, decompress_block
 from aioloader.arrayrecord.layout import (
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
@@ -20,9 +20,10 @@ from aioloader.arrayrecord.layout import (
     encode_chunk,
     padding_chunk,
     physical_chunk,
+    physical_pieces,
     strip_block_headers,
 )
-from aioloader.arrayrecord.varint import decode_varints, encode_varint, read_varint
+from aioloader.arrayrecord.varint import decode_varints, encode_varint, encode_varints, read_varint
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 
@@ -153,3 +154,148 @@ def test_options_canonical_form(text, canonical):
 def test_bad_options_raise_valueerror(bad):
     with pytest.raises(ValueError):
         parse_options(bad)
+
+
+# -- fast paths: each must agree with the general code it short-cuts -----------------------
+
+
+def _read_varint_reference(buf, pos, end=None):
+    """The plain loop `read_varint` used to be; its fast paths must agree with it."""
+    if end is None:
+        end = len(buf)
+    result = shift = 0
+    for i in range(pos, min(end, pos + 10)):
+        byte = buf[i]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & 0xFFFFFFFFFFFFFFFF, i + 1
+        shift += 7
+    raise ArrayRecordFormatError("10 bytes" if end - pos >= 10 else "runs past", offset=pos)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=14), st.integers(0, 14), st.one_of(st.none(), st.integers(0, 14)))
+def test_read_varint_fast_paths_match_the_loop(blob, pos, end):
+    if end is not None:
+        end = min(end, len(blob))
+    try:
+        want = _read_varint_reference(blob, pos, end)
+    except ArrayRecordFormatError as err:
+        with pytest.raises(ArrayRecordFormatError) as info:
+            read_varint(blob, pos, end)
+        assert (info.value.what.startswith("varint longer")) == ("10 bytes" in err.what)
+        assert info.value.offset == err.offset
+    else:
+        assert read_varint(memoryview(blob), pos, end) == want
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_encode_varint_matches_vectorized(value):
+    assert encode_varint(value) == encode_varints([value])
+
+
+def _one_record_chunk(record: bytes, compression: Compression):
+    data, decoded = encode_simple([record], compression)
+    return decode_simple(ChunkHeader(len(data), 0, CHUNK_SIMPLE, 1, decoded), data)
+
+
+@pytest.mark.parametrize("compression", CODEC_PARAMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("record", [b"", b"x", bytes(range(256)) * 5])
+def test_one_record_chunk_behaves_like_explicit_bounds(record, compression):
+    one = _one_record_chunk(record, compression)
+    full = ChunkRecords(one.values, np.array([0, len(one.values)], dtype=np.int64))
+    assert len(one) == len(full) == 1
+    for j in (0, -1, -2):
+        assert one.record(j) == full.record(j)
+        assert bytes(one.view(j)) == bytes(full.view(j))
+    with pytest.raises(IndexError):
+        one.record(1)
+    assert one.records() == full.records() == [record]
+    assert one.bounds.dtype == np.int64 and one.bounds.tolist() == [0, len(record)]
+    assert one.record(0) == record  # the fast path again, after .bounds was built
+    assert bytes(memoryview(one.values)) == record
+    with pytest.raises(AttributeError):
+        one.values = b""  # type: ignore[misc]
+
+
+def test_one_record_zstd_chunk_returns_the_decoded_bytes_without_a_copy():
+    one = _one_record_chunk(bytes(range(256)) * 40, Compression(ZSTD, 3))
+    assert one.record(0) is one.values.obj
+    assert one.records()[0] is one.values.obj
+    view = one.view(0)
+    view.release()  # releasing a view the caller got must not break the chunk
+    assert one.record(0) == bytes(range(256)) * 40
+
+
+def _zstd_block_without_content_size(raw: bytes, claimed: int | None = None) -> bytes:
+    import zstandard
+
+    stream = zstandard.ZstdCompressor(write_content_size=False).compress(raw)
+    assert zstandard.frame_content_size(stream) == -1
+    return encode_varint(len(raw) if claimed is None else claimed) + stream
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 200_000])
+def test_zstd_frame_without_content_size_decodes(size):
+    raw = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    out = decompress_block(ZSTD, _zstd_block_without_content_size(raw), size, size)
+    assert bytes(out) == raw
+
+
+@pytest.mark.parametrize("claimed", [0, 1, 999, 1001])
+def test_zstd_frame_without_content_size_that_lies_is_an_error(claimed):
+    raw = b"a" * 1000
+    block = _zstd_block_without_content_size(raw, claimed)
+    with pytest.raises(ArrayRecordFormatError):
+        decompress_block(ZSTD, block, claimed, claimed)
+
+
+def test_zstd_frame_without_content_size_never_allocates_past_the_claim():
+    import tracemalloc
+
+    block = _zstd_block_without_content_size(bytes(64 << 20), 100_000)  # decodes to 64 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ArrayRecordFormatError):
+            decompress_block(ZSTD, block, 100_000, 100_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 20_000), max_size=100), st.sampled_from(CODEC_PARAMS))
+def test_encode_simple_matches_the_general_layout(lengths, compression):
+    records = [bytes([n % 251]) * n for n in lengths]
+    sizes_block = compression.compress_block(encode_varints(lengths))
+    want = (bytes((compression.codec,)) + encode_varint(len(sizes_block)) + sizes_block
+            + compression.compress_block(b"".join(records)))
+    assert encode_simple(records, compression) == (want, sum(lengths))
+
+
+@settings(max_examples=200)
+@given(
+    begin=st.one_of(st.just(64), st.integers(0, 3 * BLOCK_SIZE)),
+    data_size=st.one_of(st.integers(0, 300), st.integers(60_000, 200_000)),
+    num_records=st.integers(0, 100_000),
+    cut=st.integers(0, 200_000),
+)
+def test_physical_pieces_join_to_physical_chunk(begin, data_size, num_records, cut):
+    if 0 < begin % BLOCK_SIZE <= BLOCK_HEADER_SIZE:
+        begin += BLOCK_HEADER_SIZE  # not a position a chunk can start at
+    data = bytes(range(256)) * (data_size // 256) + bytes(data_size % 256)
+    logical = encode_chunk(CHUNK_SIMPLE, data, num_records, 0)
+    cut = min(cut, len(logical))
+    whole = physical_chunk(begin, logical, num_records)
+    assert b"".join(physical_pieces(begin, (logical[:cut], logical[cut:]), num_records)) == whole
+    assert b"".join(physical_pieces(begin, (logical,), num_records)) == whole
+
+
+def test_chunk_header_is_an_immutable_record():
+    h = ChunkHeader(1, 2, CHUNK_SIMPLE, 4, 5)
+    assert ChunkHeader.parse(h.pack()) == h
+    assert (h.data_size, h.data_hash, h.chunk_type, h.num_records, h.decoded_data_size) == (
+        1, 2, CHUNK_SIMPLE, 4, 5)
+    with pytest.raises(AttributeError):
+        h.data_size = 3  # type: ignore[misc]

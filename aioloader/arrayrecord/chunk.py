@@ -6,11 +6,11 @@ zero-copy slices; it never loops over records in Python. See ARRAYRECORD_FORMAT.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
-from .codecs import Compression, decompress_block
+from .codecs import NONE, Compression, _decompress, decompress_block
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .hashing import highwayhash64
 from .layout import CHUNK_SIMPLE, CHUNK_TRANSPOSED, ChunkHeader
@@ -29,32 +29,77 @@ TRANSPOSE_HINT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class ChunkRecords:
-    """The records of one decoded chunk: record j is `values[bounds[j]:bounds[j+1]]`."""
+    """The records of one decoded chunk: record j is `values[bounds[j]:bounds[j+1]]`.
 
-    values: memoryview
-    bounds: np.ndarray  # int64, num_records + 1 entries, starting at 0
+    `ChunkRecords(values, bounds)` with `bounds` an int64 array of `num_records + 1` entries
+    starting at 0. A one-record chunk (group_size 1, the common case) is built without a bounds
+    array (it is made on first use of `.bounds`), and its `record(0)` returns the decompressed
+    `bytes` object itself instead of copying it. `values` and `bounds` are read-only.
+    """
+
+    __slots__ = ("_bounds", "_single", "_values", "_whole")
+
+    def __init__(self, values: memoryview, bounds: np.ndarray) -> None:
+        self._values = values
+        self._bounds = bounds
+        self._single = False
+        self._whole = None
+
+    @classmethod
+    def _one(cls, values: memoryview, whole: bytes | None) -> ChunkRecords:
+        """One record spanning all of `values`; `whole` is the same bytes, if it is `bytes`."""
+        self = _new(cls)
+        self._values = values
+        self._bounds = None
+        self._single = True
+        self._whole = whole
+        return self
+
+    values = property(attrgetter("_values"), doc="The decoded values block (a memoryview).")
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """Record boundaries: int64, num_records + 1 entries, starting at 0."""
+        b = self._bounds
+        if b is None:
+            b = self._bounds = np.array([0, len(self._values)], dtype=np.int64)
+        return b
 
     def __len__(self) -> int:
-        return len(self.bounds) - 1
+        return 1 if self._single else len(self._bounds) - 1
+
+    def __repr__(self) -> str:
+        return f"ChunkRecords(values={self._values!r}, bounds={self.bounds!r})"
 
     def record(self, j: int) -> bytes:
-        return bytes(self.values[self.bounds[j] : self.bounds[j + 1]])
+        if self._single and j == 0:
+            whole = self._whole
+            return whole if whole is not None else bytes(self._values)
+        b = self.bounds
+        return bytes(self._values[b[j] : b[j + 1]])
 
     def view(self, j: int) -> memoryview:
-        return self.values[self.bounds[j] : self.bounds[j + 1]]
+        if self._single and j == 0:
+            return self._values[:]
+        b = self.bounds
+        return self._values[b[j] : b[j + 1]]
 
     def records(self) -> list[bytes]:
-        v, b = self.values, self.bounds.tolist()
+        if self._single:
+            return [self.record(0)]
+        v, b = self._values, self._bounds.tolist()
         return [bytes(v[b[j] : b[j + 1]]) for j in range(len(b) - 1)]
+
+
+_new = object.__new__
 
 
 def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
     """Decode the data of a simple chunk whose header was already parsed."""
-    if header.chunk_type == CHUNK_TRANSPOSED:
-        raise ArrayRecordFormatError("transposed chunk", hint=TRANSPOSE_HINT)
     if header.chunk_type != CHUNK_SIMPLE:
+        if header.chunk_type == CHUNK_TRANSPOSED:
+            raise ArrayRecordFormatError("transposed chunk", hint=TRANSPOSE_HINT)
         raise ArrayRecordFormatError(
             f"chunk type 0x{header.chunk_type:02x} where a simple chunk ('r') was expected"
         )
@@ -62,16 +107,19 @@ def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
     if len(data) < 2:
         raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
     codec = data[0]
-    sizes_len, pos = read_varint(data, 1)
+    sizes_len, pos = data[1], 2
+    if sizes_len >= 0x80:  # a one-byte varint (< 128) is the common case
+        sizes_len, pos = read_varint(data, 1)
     if pos + sizes_len > len(data):
         raise ArrayRecordFormatError(
             f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
         )
-    values = decompress_block(
-        codec, data[pos + sizes_len :], header.decoded_data_size, header.decoded_data_size
-    )
+    decoded_size = header.decoded_data_size
     if n == 1:  # group_size 1: the only record is the whole values block
-        return ChunkRecords(values, np.array([0, len(values)], dtype=np.int64))
+        out = _decompress(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+        values = out if codec == NONE else memoryview(out)
+        return ChunkRecords._one(values, out if type(out) is bytes else None)
+    values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
     sizes = decompress_block(codec, data[pos : pos + sizes_len], None, n * MAX_VARINT64_BYTES)
     lengths = decode_varints(sizes, n)
     bounds = np.zeros(n + 1, dtype=np.int64)
@@ -90,11 +138,19 @@ def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
 def encode_simple(records: list, compression: Compression) -> tuple[bytes, int]:
     """Encode records as simple-chunk data; return (data, decoded_data_size)."""
     lengths = [len(r) for r in records]
+    if len(lengths) <= 64:  # skip NumPy for small groups; same bytes as encode_varints
+        sizes = (bytes(lengths) if not lengths or max(lengths) < 0x80
+                 else b"".join([encode_varint(n) for n in lengths]))
+    else:
+        sizes = encode_varints(lengths)
+    sizes_block = compression.compress_block(sizes)
+    head = bytes((compression.codec,)) + encode_varint(len(sizes_block)) + sizes_block
+    if compression.codec == NONE:  # the values block is the records themselves: one copy
+        data = b"".join([head, *records])
+        return data, len(data) - len(head)
     values = b"".join(records)
-    sizes_block = compression.compress_block(encode_varints(lengths))
-    values_block = compression.compress_block(values)
-    data = bytes((compression.codec,)) + encode_varint(len(sizes_block)) + sizes_block
-    return data + values_block, len(values)
+    prefix, stream = compression._compress_parts(values)
+    return b"".join((head, prefix, stream)), len(values)
 
 
 def verify_data(header: ChunkHeader, data) -> None:

@@ -29,6 +29,7 @@ CODEC_NAMES = {NONE: "uncompressed", BROTLI: "brotli", ZSTD: "zstd", SNAPPY: "sn
 _MAX_RATIO = {NONE: 1, SNAPPY: 24, ZSTD: 1 << 16}
 
 _local = threading.local()
+_frame_content_size = zstandard.frame_content_size
 
 
 def _zstd_decompressor() -> zstandard.ZstdDecompressor:
@@ -55,6 +56,11 @@ class Compression:
         """Encode one block (sizes or values) of a simple chunk."""
         if self.codec == NONE:
             return bytes(data)
+        prefix, stream = self._compress_parts(data)
+        return prefix + stream
+
+    def _compress_parts(self, data) -> tuple[bytes, bytes]:
+        """A compressed block as (length prefix, codec stream), to save concatenating them."""
         if self.codec == ZSTD:
             key = (self.level, self.window_log)
             cache = getattr(_local, "zstd_c", None)
@@ -72,7 +78,7 @@ class Compression:
                                                    else self.level))
         else:
             stream = bytes(cramjam.snappy.compress_raw(bytes(data)))
-        return encode_varint(len(data)) + stream
+        return encode_varint(len(data)), stream
 
 
 def decompress_block(codec: int, block, expected: int | None, max_size: int):
@@ -80,6 +86,13 @@ def decompress_block(codec: int, block, expected: int | None, max_size: int):
 
     `max_size` bounds the decoded length when it is not known exactly.
     """
+    out = _decompress(codec, block, expected, max_size)
+    return out if codec == NONE else memoryview(out)
+
+
+def _decompress(codec: int, block, expected: int | None, max_size: int):
+    """`decompress_block`, but returning the codec's own output object (`bytes` for zstd, a
+    slice of `block` for uncompressed) rather than a memoryview of it."""
     if codec == NONE:
         if expected is not None and len(block) != expected:
             raise ArrayRecordFormatError(
@@ -105,8 +118,24 @@ def decompress_block(codec: int, block, expected: int | None, max_size: int):
             f"{CODEC_NAMES[codec]} block of {len(stream)} bytes cannot decode to {size} bytes"
         )
     try:
-        if codec == ZSTD:
-            out = _zstd_decode(stream, size)
+        if codec == ZSTD:  # inline: the hot path for zstd files
+            declared = _frame_content_size(stream)
+            try:
+                dctx = _local.zstd
+            except AttributeError:
+                dctx = _zstd_decompressor()
+            if declared >= 0:
+                if declared != size:
+                    raise ArrayRecordFormatError(
+                        f"zstd frame declares {declared} bytes, block prefix says {size}"
+                    )
+                out = dctx.decompress(stream)  # allocates exactly `declared`
+            else:
+                # No content size in the frame: zstandard then allocates exactly
+                # `max_output_size` and raises ZstdError rather than write past it, and copies
+                # nothing. It refuses 0 here, so an empty block asks for 1 (a 1-byte result
+                # then fails the length check below).
+                out = dctx.decompress(stream, max_output_size=size or 1)
         elif codec == BROTLI:
             out = cramjam.brotli.decompress(stream, output_len=size)
         else:
@@ -122,24 +151,8 @@ def decompress_block(codec: int, block, expected: int | None, max_size: int):
         raise ArrayRecordFormatError(
             f"{CODEC_NAMES[codec]} stream does not decode: {exc}"
         ) from None
-    out = memoryview(out)
     if len(out) != size:
         raise ArrayRecordFormatError(
             f"{CODEC_NAMES[codec]} block decoded to {len(out)} bytes, prefix says {size}"
         )
-    return out
-
-
-def _zstd_decode(stream, size: int) -> bytes:
-    declared = zstandard.frame_content_size(stream)
-    dctx = _zstd_decompressor()
-    if declared >= 0:
-        if declared != size:
-            raise ArrayRecordFormatError(
-                f"zstd frame declares {declared} bytes, block prefix says {size}"
-            )
-        return dctx.decompress(stream)
-    # No content size in the frame: stream, and never read past what the prefix allows.
-    with dctx.stream_reader(bytes(stream)) as reader:
-        out = reader.read(size + 1)
     return out

@@ -23,6 +23,7 @@ from .layout import (
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
     ChunkHeader,
+    _parse_chunk_header,
     check_block_header,
     strip_block_headers,
 )
@@ -191,9 +192,14 @@ def decode_chunk(
 
     Trailing bytes (padding chunks, the next chunk) are ignored.
     """
+    check_headers = verify != "none"
     try:
-        logical = strip_block_headers(raw, start, verify=verify != "none", path=path)
-        header = ChunkHeader.parse(logical, verify=verify != "none", offset=start)
+        logical = memoryview(raw)
+        in_block = start % BLOCK_SIZE
+        # Inline `strip_block_headers`' zero-copy case: the range lies inside one block.
+        if in_block < BLOCK_HEADER_SIZE or in_block + len(logical) > BLOCK_SIZE:
+            logical = strip_block_headers(logical, start, verify=check_headers, path=path)
+        header = _parse_chunk_header(ChunkHeader, logical, check_headers, None, start)
         end = CHUNK_HEADER_SIZE + header.data_size
         if len(logical) < end:
             raise ArrayRecordFormatError(

@@ -9,7 +9,7 @@ block offset is >= 24); writers lay logical bytes out physically with `chunk_end
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .hashing import highwayhash64
@@ -27,6 +27,7 @@ CHUNK_TRANSPOSED = 0x74  # 't'
 
 _HEADER = struct.Struct("<QQQQQ")
 _BLOCK = struct.Struct("<QQQ")
+_tuple_new = tuple.__new__
 
 
 def remaining_in_block(pos: int) -> int:
@@ -100,8 +101,7 @@ def block_header(pos: int, chunk_begin: int, chunk_stop: int) -> bytes:
     return struct.pack("<Q", highwayhash64(body)) + body
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkHeader:
+class ChunkHeader(NamedTuple):
     """The fixed 40-byte header in front of every chunk."""
 
     data_size: int
@@ -114,17 +114,7 @@ class ChunkHeader:
     def parse(
         cls, raw, *, verify: bool = True, path: str | None = None, offset: int | None = None
     ) -> ChunkHeader:
-        if len(raw) < CHUNK_HEADER_SIZE:
-            raise ArrayRecordFormatError(
-                f"chunk header truncated ({len(raw)} of {CHUNK_HEADER_SIZE} bytes)",
-                path=path, offset=offset, hint=CORRUPT_HINT,
-            )
-        header_hash, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(raw)
-        if verify and highwayhash64(raw[8:CHUNK_HEADER_SIZE]) != header_hash:
-            raise ArrayRecordFormatError(
-                "chunk header hash mismatch", path=path, offset=offset, hint=CORRUPT_HINT
-            )
-        return cls(data_size, data_hash, type_count & 0xFF, type_count >> 8, decoded)
+        return _parse_chunk_header(cls, raw, verify, path, offset)
 
     def pack(self) -> bytes:
         body = struct.pack(
@@ -135,6 +125,21 @@ class ChunkHeader:
             self.decoded_data_size,
         )
         return struct.pack("<Q", highwayhash64(body)) + body
+
+
+def _parse_chunk_header(cls, raw, verify, path, offset) -> ChunkHeader:
+    """`ChunkHeader.parse` with positional arguments (the per-chunk hot path)."""
+    if len(raw) < CHUNK_HEADER_SIZE:
+        raise ArrayRecordFormatError(
+            f"chunk header truncated ({len(raw)} of {CHUNK_HEADER_SIZE} bytes)",
+            path=path, offset=offset, hint=CORRUPT_HINT,
+        )
+    header_hash, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(raw)
+    if verify and highwayhash64(raw[8:CHUNK_HEADER_SIZE]) != header_hash:
+        raise ArrayRecordFormatError(
+            "chunk header hash mismatch", path=path, offset=offset, hint=CORRUPT_HINT
+        )
+    return _tuple_new(cls, (data_size, data_hash, type_count & 0xFF, type_count >> 8, decoded))
 
 
 def encode_chunk(chunk_type: int, data: bytes, num_records: int, decoded_size: int) -> bytes:
@@ -149,23 +154,41 @@ def physical_chunk(begin: int, logical: bytes, num_records: int) -> bytes:
     Inserts a block header at every boundary the chunk crosses and zero-fills up to
     `chunk_end` (a chunk is at least `num_records` bytes long).
     """
-    stop = chunk_end(begin, len(logical) - CHUNK_HEADER_SIZE, num_records)
-    out = bytearray()
+    return b"".join(physical_pieces(begin, (logical,), num_records))
+
+
+def physical_pieces(begin: int, logical_parts, num_records: int) -> list:
+    """`physical_chunk` of the logical chunk `b"".join(logical_parts)`, as a list of pieces
+    (block headers, zero-copy views of the parts, zero fill) to write one after another."""
+    parts = [v for v in (memoryview(p).cast("B") for p in logical_parts) if len(v)]
+    length = sum(map(len, parts))
+    stop = chunk_end(begin, length - CHUNK_HEADER_SIZE, num_records)
+    in_block = begin % BLOCK_SIZE
+    if in_block and stop - begin <= BLOCK_SIZE - in_block:  # no block boundary to cross
+        if stop - begin > length:
+            parts.append(bytes(stop - begin - length))
+        return parts
+    out: list = []
     pos = begin
-    taken = 0
+    k, taken = 0, 0  # the part being laid out, and how much of it is already out
     while pos < stop:
         if pos % BLOCK_SIZE == 0:
-            out += block_header(pos, begin, stop)
+            out.append(block_header(pos, begin, stop))
             pos += BLOCK_HEADER_SIZE
             continue
         room = min(BLOCK_SIZE - pos % BLOCK_SIZE, stop - pos)
-        piece = logical[taken : taken + room]
-        out += piece
-        if len(piece) < room:
-            out += bytes(room - len(piece))
-        taken += len(piece)
         pos += room
-    return bytes(out)
+        while room and k < len(parts):
+            part = parts[k]
+            take = min(room, len(part) - taken)
+            out.append(part if take == len(part) else part[taken : taken + take])
+            taken += take
+            room -= take
+            if taken == len(part):
+                k, taken = k + 1, 0
+        if room:
+            out.append(bytes(room))
+    return out
 
 
 def padding_chunk(pos: int) -> bytes:

@@ -18,6 +18,8 @@ def encode_varint(value: int) -> bytes:
     """Encode one unsigned integer (< 2**64)."""
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -32,7 +34,19 @@ def read_varint(buf, pos: int, end: int | None = None) -> tuple[int, int]:
         end = len(buf)
     result = 0
     shift = 0
-    for i in range(pos, min(end, pos + MAX_VARINT64_BYTES)):
+    first = pos
+    if pos < end:  # one or two bytes (< 16 KiB), the common cases, without the loop
+        byte = buf[pos]
+        if byte < 0x80:
+            return byte, pos + 1
+        if pos + 1 < end:
+            second = buf[pos + 1]
+            if second < 0x80:
+                return (byte & 0x7F) | (second << 7), pos + 2
+            result = (byte & 0x7F) | ((second & 0x7F) << 7)
+            shift = 14
+            first = pos + 2
+    for i in range(first, min(end, pos + MAX_VARINT64_BYTES)):
         byte = buf[i]
         result |= (byte & 0x7F) << shift
         if byte < 0x80:

@@ -13,7 +13,8 @@ from typing import IO, Any
 
 from .chunk import encode_simple
 from .codecs import Compression
-from .layout import CHUNK_SIMPLE, encode_chunk, padding_chunk, physical_chunk
+from .hashing import highwayhash64
+from .layout import CHUNK_SIMPLE, ChunkHeader, padding_chunk, physical_pieces
 from .options import WriterOptions, parse_options
 from .proto import encode_footer_entry, encode_metadata, encode_postscript
 
@@ -22,6 +23,9 @@ SIGNATURE = bytes.fromhex(
     "91bac23c9287e1a90000000000000000e19f13c0e9b1c372"
     "73000000000000000000000000000000"
 )
+
+
+_JOIN_BELOW = 1 << 20  # chunks smaller than this are joined into one write
 
 
 def _open(target: str | os.PathLike | IO[bytes]) -> tuple[IO[bytes], bool]:
@@ -114,16 +118,24 @@ class ArrayRecordWriter:
         self._file.write(raw)
         self._pos += len(raw)
 
-    def _emit_chunk(self, logical: bytes, num_records: int) -> int:
+    def _emit_chunk(self, data: bytes, num_records: int, decoded: int) -> int:
+        """Write a simple chunk holding `data`; return where it begins."""
         begin = self._pos
-        self._emit(physical_chunk(begin, logical, num_records))
+        header = ChunkHeader(len(data), highwayhash64(data), CHUNK_SIMPLE, num_records, decoded)
+        # Large chunks go out piece by piece (views of `data`, block headers in between), so
+        # the data is not copied again; for small ones one copy costs less than a few writes.
+        pieces = physical_pieces(begin, (header.pack(), data), num_records)
+        if len(data) < _JOIN_BELOW:
+            self._emit(b"".join(pieces))
+        else:
+            for piece in pieces:
+                self._emit(piece)
         return begin
 
     def _flush_group(self) -> None:
         records, self._group = self._group, []
         data, decoded = encode_simple(records, self._compression)
-        begin = self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, len(records), decoded),
-                                 len(records))
+        begin = self._emit_chunk(data, len(records), decoded)
         self._chunks.append(encode_footer_entry(begin, decoded, len(records)))
         self._num_records += len(records)
         if self.options.pad_to_block_boundary:
@@ -136,10 +148,9 @@ class ArrayRecordWriter:
         ]
         data, decoded = encode_simple(footer_records, self._compression)
         footer_offset = self._pos
-        self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, len(footer_records), decoded),
-                         len(footer_records))
+        self._emit_chunk(data, len(footer_records), decoded)
         self._emit(padding_chunk(self._pos))
         post = encode_postscript(footer_offset)
         data, decoded = encode_simple([post] * 3, Compression(0, None, None))
-        self._emit_chunk(encode_chunk(CHUNK_SIMPLE, data, 3, decoded), 3)
+        self._emit_chunk(data, 3, decoded)
         self._emit(padding_chunk(self._pos))
