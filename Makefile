@@ -26,9 +26,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 demo: $(STAMP)
-	$(PY) examples/write_sample.py data/sample --records 100000 --shards 4
-	$(VENV)/bin/aioloader inspect data/sample/train-00000-of-00004.array_record
-	$(VENV)/bin/aioloader cat data/sample/train-00000-of-00004.array_record --range 0:2
+	$(PY) examples/train_from_bucket.py --steps 300 --records 100000
 
 bench: $(STAMP)
 	$(PY) -m benchmarks run

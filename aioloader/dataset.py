@@ -173,7 +173,9 @@ class Dataset:
         """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
 
         Options: workers (processes; 0 runs inline), prefetch (batches kept ready),
-        io_concurrency, memory_budget (bytes in flight), state (from `get_state()`).
+        io_concurrency (requests in flight), memory_budget (bytes in flight), state (from
+        `get_state()`), retry (`RetryPolicy`), max_gap (merge reads across gaps up to this
+        many bytes; default 16 KiB local, 256 KiB cloud).
         """
         from .loader import Loader
 

@@ -64,6 +64,7 @@ class Loader:
         retry: RetryPolicy | None = None,
         window: int | None = None,
         slot_size: int = 32 << 20,
+        max_gap: int | None = None,
     ) -> None:
         if workers < 0 or prefetch < 1:
             raise ValueError("workers must be >= 0 and prefetch >= 1")
@@ -76,6 +77,7 @@ class Loader:
         self.memory_budget = memory_budget
         self.retry = retry
         self.slot_size = slot_size
+        self.max_gap = max_gap
         batching = dataset.batching
         self._batch_mode = (isinstance(batching, BatchOp)
                             and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
@@ -100,6 +102,7 @@ class Loader:
         self._stats = PipelineStats(workers=workers, prefetch=prefetch,
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
+        self._used_sync = False  # driven from the background loop of the sync API
         self._reset_run_state()
 
     # -- state ------------------------------------------------------------------------
@@ -198,7 +201,8 @@ class Loader:
         storage = Storage(concurrency=self.io_concurrency,
                           max_inflight_bytes=self.memory_budget,
                           retry=self.retry, storage_options=dict(ds.source.storage_options))
-        src = ArrayRecordSource(list(ds.source.paths), storage=storage, verify=ds.source.verify)
+        src = ArrayRecordSource(list(ds.source.paths), storage=storage, verify=ds.source.verify,
+                                max_gap=self.max_gap)
         self._source = src
         await src.aopen()
         block = ds.batching.size if isinstance(ds.batching, BatchOp) else 1
@@ -269,17 +273,21 @@ class Loader:
         """Close from sync code (also called when a `for` loop over the loader ends)."""
         if self._closed:
             return
-        if self._loop is None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Never started, or its loop is gone (interpreter exit): free what is ours.
             self._closed = True
+            if self._finalizer is not None:
+                self._finalizer()
             release(self)
             return
-        if self._loop is background_loop.__globals__["_loop"]:
+        if self._used_sync:
             run_sync(self.aclose())
             release(self)
-        elif self._loop.is_running():
+        elif loop.is_running():
             raise RuntimeError("this loader runs on another event loop: use `await aclose()`")
         else:
-            self._loop.run_until_complete(self.aclose())
+            loop.run_until_complete(self.aclose())
 
     async def __aenter__(self) -> Loader:
         await self.start()

@@ -16,33 +16,22 @@ import time
 
 import aioloader
 
-WORDS = [
-    "market",
-    "stocks",
-    "team",
-    "season",
-    "game",
-    "election",
-    "minister",
-    "court",
-    "model",
-    "chip",
-    "cloud",
-    "data",
-    "engine",
-    "river",
-    "storm",
-    "city",
-    "league",
-    "profit",
-    "vote",
-    "launch",
+# Four topics (the labels) with their own words, plus common words: a model can learn it.
+TOPICS = [
+    ["market", "stocks", "profit", "shares", "bank", "trade", "investors", "economy"],
+    ["team", "season", "game", "league", "coach", "score", "players", "match"],
+    ["election", "minister", "vote", "court", "parliament", "policy", "party", "law"],
+    ["model", "chip", "cloud", "data", "engine", "software", "launch", "device"],
 ]
+COMMON = ["the", "a", "of", "in", "on", "city", "river", "storm", "report", "today", "new",
+          "week", "year"]
 
 
 def record(i: int, rng: random.Random) -> bytes:
-    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 160)))
-    return json.dumps({"id": i, "label": i % 4, "text": text}).encode()
+    label = i % 4
+    words = [rng.choice(TOPICS[label]) if rng.random() < 0.3 else rng.choice(COMMON)
+             for _ in range(rng.randint(20, 160))]
+    return json.dumps({"id": i, "label": label, "text": " ".join(words)}).encode()
 
 
 def main() -> None:

@@ -13,7 +13,8 @@ from . import pipeline_fns as fns
 from .test_pipeline import _write
 
 jax = pytest.importorskip("jax")
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+NamedSharding = jax.sharding.NamedSharding
+P = jax.sharding.PartitionSpec
 
 
 @pytest.fixture(scope="module")
