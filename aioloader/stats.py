@@ -95,6 +95,8 @@ class PipelineStats:
                      "ready on average")
         rows = [("stage", "items", "busy s", "busy %", "peak in flight")]
         for s in (self.fetch, self.process, self.assemble):
+            if not s.items:
+                continue
             rows.append((s.name, f"{s.items:,}", f"{s.seconds:.2f}",
                          f"{100 * s.seconds / elapsed:.0f}%", str(s.peak_in_flight)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -54,8 +54,9 @@ def _children(me: psutil.Process) -> set[int]:
 
 
 # fsspec runs one process-wide IO loop thread for its sync wrappers (used by the tests'
-# own LocalGCS.fs() helper); it is fsspec's, started once, and never ours to stop.
-_FOREIGN_THREADS = {"fsspecIO"}
+# own LocalGCS.fs() helper and by writes to gs:// URLs), and gcsfs one that closes the sessions
+# of its cached sync filesystems; both are theirs, started once, and never ours to stop.
+_FOREIGN_THREADS = {"fsspecIO", "gcsfs-deferred-close"}
 
 
 def _snapshot() -> dict[str, set]:
