@@ -7,7 +7,7 @@ from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
 from .dataset import Dataset
 from .loader import Loader
 from .source import ArrayRecordSource
-from .storage import RetryPolicy, StorageError
+from .storage import ObjectChangedError, RetryPolicy, StorageError, StoreUnavailableError
 from .transforms import TransformError
 from .workers import WorkerError
 
@@ -19,8 +19,10 @@ __all__ = [
     "ArrayRecordWriter",
     "Dataset",
     "Loader",
+    "ObjectChangedError",
     "RetryPolicy",
     "StorageError",
+    "StoreUnavailableError",
     "TransformError",
     "WorkerError",
     "__version__",

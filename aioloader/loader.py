@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .aioutil import background_loop, release, run_sync
+from .arrayrecord import ArrayRecordFormatError
 from .packing import pack_first_fit
 from .sampling import IndexPlan, Shard, Shuffle
 from .source import ArrayRecordSource
 from .stats import PipelineStats
-from .storage import RetryPolicy, Storage
+from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp, PackOp, apply_batch_ops, collate
 from .workers import Pipeline, Pool, Result, Task
 
@@ -176,7 +177,11 @@ class Loader:
         self._bind_loop()
         if self._start_task is None:
             self._start_task = asyncio.ensure_future(self._start())
-        await self._start_task
+        try:
+            await self._start_task
+        except BaseException:
+            await self.aclose()  # a loader that failed to start holds nothing open
+            raise
 
     def start_prefetch(self) -> None:
         """Start opening files and fetching now, e.g. while the model restores.
@@ -354,33 +359,46 @@ class Loader:
         src, plan, pool = self._source, self._plan, self._pool
         assert src is not None and plan is not None and pool is not None
         st = self._stats
-        t0 = st.fetch.begin()
-        positions = np.arange(lo, hi, dtype=np.int64)
-        records, epochs = plan.lookup(positions)
+        records, epochs = plan.lookup(np.arange(lo, hi, dtype=np.int64))
         files, chunks, within = src.locate(records)
+        try:
+            t0 = st.fetch.begin()
+            try:
+                task = await self._build_task(k, records, epochs, files, chunks, within)
+            finally:
+                st.fetch.end(t0)
+            t1 = st.process.begin()
+            try:
+                result = await pool.run(task, describe=f"task {k} (output positions "
+                                                       f"{lo}..{hi - 1})")
+            finally:
+                st.process.end(t1)
+        except (ArrayRecordFormatError, StorageError) as err:
+            # A file rewritten under us shows up as corrupt bytes or short reads: say so.
+            raise await src.explain(err, set(files.tolist())) from None
+        st.records += hi - lo
+        st.elements += result.count
+        return result
+
+    async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray,
+                          files: np.ndarray, chunks: np.ndarray, within: np.ndarray) -> Task:
+        """Fetch what task `k` needs: raw chunks (one record each) or decoded records."""
+        src = self._source
+        assert src is not None
         if self._raw_mode:
             keys = list(zip(files.tolist(), chunks.tolist()))
             raw = await src.fetch_raw(keys)
             paths = [ix.path for ix in src.file_indices]
-            task = Task(k, records, epochs,
+            return Task(k, records, epochs,
                         raws=[bytes(raw[key][0]) for key in keys],
                         raw_starts=[raw[key][1] for key in keys],
                         raw_paths=[paths[f] for f in files.tolist()],
-                        raw_within=within.tolist())
-        else:
-            decoded = await src.read_chunks(files, chunks)
-            task = Task(k, records, epochs,
-                        records=[decoded[(f, c)].record(j) for f, c, j in
-                                 zip(files.tolist(), chunks.tolist(), within.tolist())])
-        st.fetch.end(t0)
-        t1 = st.process.begin()
-        try:
-            result = await pool.run(task, describe=f"task {k} (output positions {lo}..{hi - 1})")
-        finally:
-            st.process.end(t1)
-        st.records += hi - lo
-        st.elements += result.count
-        return result
+                        raw_within=within.tolist(),
+                        raw_chunks=chunks.tolist())
+        decoded = await src.read_chunks(files, chunks)
+        return Task(k, records, epochs,
+                    records=[decoded[(f, c)].record(j) for f, c, j in
+                             zip(files.tolist(), chunks.tolist(), within.tolist())])
 
     # -- consuming --------------------------------------------------------------------
 
@@ -407,6 +425,9 @@ class Loader:
 
     async def __anext__(self) -> Any:
         if self._closed:
+            if self._start_task is not None and self._start_task.done() and \
+                    not self._start_task.cancelled() and self._start_task.exception():
+                raise self._start_task.exception()  # type: ignore[misc]
             raise StopAsyncIteration
         await self.start()
         st = self._stats

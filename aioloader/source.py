@@ -25,7 +25,16 @@ from .aioutil import release, run_sync
 from .arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex, open_index
 from .arrayrecord.index import decode_chunk
 from .planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, plan_reads
-from .storage import ObjectInfo, Storage, has_glob, is_local, redact
+from .storage import (
+    ObjectChangedError,
+    ObjectInfo,
+    Storage,
+    StorageError,
+    StoreUnavailableError,
+    has_glob,
+    is_local,
+    redact,
+)
 
 LOCAL_TAIL = 1 << 18
 CLOUD_TAIL = 1 << 20  # one round trip opens files of up to ~300k chunks
@@ -92,7 +101,8 @@ class ArrayRecordSource:
         local = all(is_local(p) for p in self._patterns)
         self.max_gap = max_gap if max_gap is not None else (LOCAL_MAX_GAP if local
                                                              else CLOUD_MAX_GAP)
-        self.max_merged = max_merged
+        # A merged read must fit the byte budget with room for others in flight.
+        self.max_merged = max(1, min(max_merged, self.storage.max_inflight_bytes // 4))
         self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
         self._files: list[ObjectInfo] | None = None
         self._indices: list[FileIndex] = []
@@ -140,7 +150,10 @@ class ArrayRecordSource:
             return [await self.storage.info(pattern)]
 
         groups = await asyncio.gather(*(expand(p) for p in self._patterns))
-        return [info for group in groups for info in group]
+        files = [info for group in groups for info in group]
+        for info in files:
+            self.storage.pin(info)
+        return files
 
     async def _open_file(self, info: ObjectInfo) -> FileIndex:
         cached = self._load_cached_index(info)
@@ -264,12 +277,15 @@ class ArrayRecordSource:
                 out[key] = hit
         if not missing:
             return out
-        raw = await self.fetch_raw(missing)
-        work = [(key, *raw[key]) for key in missing]
-        if sum(len(w[1]) for w in work) > _DECODE_IN_THREAD_BYTES:
-            decoded = await asyncio.to_thread(self._decode_all, work)
-        else:
-            decoded = self._decode_all(work)
+        try:
+            raw = await self.fetch_raw(missing)
+            work = [(key, *raw[key]) for key in missing]
+            if sum(len(w[1]) for w in work) > _DECODE_IN_THREAD_BYTES:
+                decoded = await asyncio.to_thread(self._decode_all, work)
+            else:
+                decoded = self._decode_all(work)
+        except (ArrayRecordFormatError, StorageError) as err:
+            raise await self.explain(err, {f for f, _ in missing}) from None
         for key, records in zip(missing, decoded):
             if self._cacheable(key[0]):
                 self.cache.put(key, records)
@@ -296,6 +312,28 @@ class ArrayRecordSource:
                                                 plan.item_offset.tolist(),
                                                 plan.item_length.tolist(), ranges)
         }
+
+    async def explain(self, err: Exception, files) -> Exception:
+        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened."""
+        if isinstance(err, (ObjectChangedError, StoreUnavailableError)):
+            return err  # already precise, or the store is not answering: don't ask it again
+        for f in sorted(files):
+            old = self._files[f]  # type: ignore[index]
+            try:
+                now = await asyncio.wait_for(self.storage.info(old.url),
+                                             self.storage.retry.timeout)
+            except FileNotFoundError:
+                return ObjectChangedError(f"{redact(old.url)} was deleted after it was opened "
+                                          f"({err})")
+            except (OSError, asyncio.TimeoutError):
+                return err
+            if (now.size, now.version) != (old.size, old.version):
+                return ObjectChangedError(
+                    f"{redact(old.url)} changed after it was opened (size {old.size} -> "
+                    f"{now.size}, version {old.version} -> {now.version}); re-open the "
+                    f"dataset to read the new contents ({err})"
+                )
+        return err
 
     @property
     def chunk_starts(self) -> np.ndarray:

@@ -39,6 +39,14 @@ class StorageError(OSError):
     """A range read or lookup that failed for good (after retries, or not retriable)."""
 
 
+class ObjectChangedError(StorageError, FileNotFoundError):
+    """A file or object was rewritten or deleted after it was opened."""
+
+
+class StoreUnavailableError(StorageError, TimeoutError):
+    """The store kept failing or did not answer within the retry policy's deadline."""
+
+
 class ObjectInfo(NamedTuple):
     """What opening a file needs: its size, and a version that changes when it is rewritten."""
 
@@ -161,7 +169,9 @@ def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
 
 
 class _GCSBackend:
-    def __init__(self, options: dict[str, Any], concurrency: int, policy: RetryPolicy) -> None:
+    def __init__(self, options: dict[str, Any], concurrency: int, policy: RetryPolicy,
+                 pins: dict[str, str]) -> None:
+        self.pins = pins
         import aiohttp
         import gcsfs
 
@@ -199,8 +209,10 @@ class _GCSBackend:
     async def read(self, path: str, start: int, end: int) -> bytes:
         headers = {"Range": f"bytes={start}-{end - 1}"}
         self.fs.credentials.apply(headers)
+        generation = self.pins.get(self._key(path)) or None
         try:
-            async with self.session.get(self.fs.url(path), headers=headers) as resp:
+            async with self.session.get(self.fs.url(path, generation=generation),
+                                        headers=headers) as resp:
                 status = resp.status
                 if status in (200, 206):
                     body = await resp.read()
@@ -213,7 +225,13 @@ class _GCSBackend:
         except self._aiohttp.ClientError as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
         if status == 404:
-            raise FileNotFoundError(f"no such object: gs://{path.removeprefix('gs://')}")
+            url = self._key(path)
+            if generation:
+                raise ObjectChangedError(
+                    f"{url} was replaced or deleted after it was opened (generation "
+                    f"{generation} is gone); re-open the dataset to read the new object"
+                )
+            raise FileNotFoundError(f"no such object: {url}")
         if status in (401, 403):
             raise PermissionError(f"HTTP {status} reading gs://{path.removeprefix('gs://')}: "
                                   f"{text} (check credentials or storage_options['token'])")
@@ -299,6 +317,7 @@ class Storage:
         self.storage_options = dict(storage_options or {})
         self.stats = IOStats()
         self._rng = random.Random(seed)
+        self._pins: dict[str, str] = {}
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
 
     # -- plumbing ---------------------------------------------------------------------
@@ -322,7 +341,8 @@ class Storage:
             if key == "file":
                 backend = _LocalBackend(min(32, self.concurrency))
             elif key in ("gs", "gcs"):
-                backend = _GCSBackend(self.storage_options, self.concurrency, self.retry)
+                backend = _GCSBackend(self.storage_options, self.concurrency, self.retry,
+                                      self._pins)
             else:
                 backend = _FsspecBackend(key, self.storage_options)
             state.backends[key] = backend
@@ -330,23 +350,38 @@ class Storage:
 
     # -- public -----------------------------------------------------------------------
 
+    def pin(self, info: ObjectInfo) -> None:
+        """Read this object at the version it had when listed (gs:// generations); a later
+        rewrite then fails loudly with `ObjectChangedError` instead of mixing versions."""
+        if not is_local(info.url) and info.version:
+            self._pins[info.url] = info.version
+
+    async def _bounded(self, what: str, url: str, coro: Any) -> Any:
+        """Metadata calls go through the client's own retries; bound them by our deadline."""
+        try:
+            return await asyncio.wait_for(coro, self.retry.deadline)
+        except asyncio.TimeoutError:
+            raise StoreUnavailableError(f"{redact(url)}: {what} got no answer within "
+                               f"{self.retry.deadline:g} s (the store is unavailable)") from None
+
     async def info(self, url: str) -> ObjectInfo:
         backend, path = self._backend(url)
         try:
-            return await backend.info(path)
+            return await self._bounded("looking up its size", url, backend.info(path))
         except FileNotFoundError:
             raise FileNotFoundError(f"{redact(url)}: no such file or object") from None
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         """Files matching `pattern`, sorted by URL, with their sizes (one listing)."""
         backend, path = self._backend(pattern)
-        return await backend.glob(path)
+        return await self._bounded("listing", pattern, backend.glob(path))
 
     async def read(self, url: str, start: int, end: int) -> bytes:
         """Bytes `[start, end)` of `url`, retried on transient failures."""
         n = end - start
         if n <= 0:
             return b""
+        self._check_budget(url, start, end)
         backend, path = self._backend(url)
         state = self._state()
         policy, stats = self.retry, self.stats
@@ -371,6 +406,9 @@ class Storage:
                         cause = f"no answer within {policy.timeout:g} s"
                     except (ConnectionError, TimeoutError) as exc:
                         cause = f"{type(exc).__name__}: {exc}"
+                    except ObjectChangedError:
+                        stats.failures += 1
+                        raise
                     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
                         stats.failures += 1
                         raise type(exc)(f"{redact(url)} [{start}, {end}): {exc}") from None
@@ -393,7 +431,7 @@ class Storage:
                 spent = time.monotonic() - began
                 if attempt >= policy.attempts or spent + delay > policy.deadline:
                     stats.failures += 1
-                    raise StorageError(
+                    raise StoreUnavailableError(
                         f"{redact(url)}: reading bytes [{start}, {end}) failed after "
                         f"{attempt} attempts in {spent:.1f} s; last: {cause} (the store is "
                         "unavailable or overloaded; retry later, or raise RetryPolicy "
@@ -403,6 +441,14 @@ class Storage:
                 await asyncio.sleep(delay)
         finally:
             await state.budget.release(n)
+
+    def _check_budget(self, url: str, start: int, end: int) -> None:
+        if end - start > self.max_inflight_bytes:
+            raise StorageError(
+                f"{redact(url)}: one read of bytes [{start}, {end}) ({end - start:,} bytes) is "
+                f"larger than the memory budget ({self.max_inflight_bytes:,} bytes); raise "
+                "memory_budget, or rewrite the file with a smaller group_size"
+            )
 
     async def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Several reads at once, results in request order.
@@ -430,6 +476,8 @@ class Storage:
 
     async def _read_local(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
         backend, _ = self._backend("file://")
+        for u, s, e in items:
+            self._check_budget(u, s, e)
         paths = [(u.removeprefix("file://"), s, e) for u, s, e in items]
         total = sum(e - s for _, s, e in paths)
         state, stats = self._state(), self.stats

@@ -69,6 +69,7 @@ class Task:
     raw_starts: list[int] = field(default_factory=list)
     raw_paths: list[str] = field(default_factory=list)
     raw_within: list[int] = field(default_factory=list)
+    raw_chunks: list[int] = field(default_factory=list)
     records: list[bytes] | None = None
     slot: int = -1
 
@@ -112,8 +113,10 @@ def _records_of(task: Task, verify: str) -> list[bytes]:
         return task.records
     out = []
     assert task.raws is not None
-    for raw, start, path, j in zip(task.raws, task.raw_starts, task.raw_paths, task.raw_within):
-        _, records = decode_chunk(raw, start, verify=verify, path=path)
+    chunks = task.raw_chunks or [None] * len(task.raws)
+    for raw, start, path, j, c in zip(task.raws, task.raw_starts, task.raw_paths,
+                                      task.raw_within, chunks):
+        _, records = decode_chunk(raw, start, verify=verify, path=path, chunk=c)
         out.append(records.record(j))
     return out
 
