@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import os
 import socket
@@ -191,9 +192,137 @@ def test_delay_line_in_a_child_process() -> None:
             assert _get(conn, f"/download/storage/v1/b/{gcs.bucket}/o/d?alt=media")[0] == 429
         finally:
             conn.close()
+        gcs.set_faults(reset_rate=1.0)  # the new fault kinds reach the child too
+        with pytest.raises(ConnectionResetError):
+            _raw_get(gcs, "d")
         stats = gcs.proxy_stats
-        assert stats.requests >= 2 and stats.faults == 1
+        assert stats.requests >= 3 and stats.faults == 1 and stats.resets == 1
     assert child.poll() is not None
+
+
+def _raw_get(gcs, name: str, timeout: float = 5.0) -> bytes:
+    """One GET on a fresh socket; everything the server sent until it closed."""
+    host, port = _hostport(gcs.endpoint)
+    path = f"/download/storage/v1/b/{gcs.bucket}/o/{name}?alt=media"
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def test_reset_rate_one_resets_every_connection_without_an_answer() -> None:
+    with local_gcs(reset_rate=1.0) as gcs:
+        assert gcs.endpoint != gcs.server_endpoint  # a reset rate alone starts the delay line
+        gcs.upload_bytes(b"payload", "p")
+        for _ in range(3):  # a raw socket sees an RST (ECONNRESET), not a clean close
+            with pytest.raises(ConnectionResetError):
+                _raw_get(gcs, "p")
+        conn = http.client.HTTPConnection(*_hostport(gcs.endpoint), timeout=5)
+        try:  # http.client: RemoteDisconnected or ECONNRESET, both ConnectionResetError
+            with pytest.raises(ConnectionResetError):
+                _get(conn, f"/download/storage/v1/b/{gcs.bucket}/o/p?alt=media")
+        finally:
+            conn.close()
+        stats = gcs.proxy_stats
+        assert (stats.requests, stats.downloads, stats.resets, stats.faults) == (4, 4, 4, 0)
+        gcs.set_faults()
+        assert _raw_get(gcs, "p").endswith(b"\r\n\r\npayload")
+        assert gcs.fs().ls(gcs.bucket) == [f"{gcs.bucket}/p"]  # metadata: not a download
+        stats = gcs.proxy_stats
+        assert stats.downloads == 5 and stats.requests > 5 and stats.resets == 4
+
+
+async def _aiohttp_get(url: str) -> bytes:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return await resp.read()
+
+
+def test_reset_rate_is_a_seeded_fraction_and_aiohttp_sees_a_disconnect() -> None:
+    import aiohttp
+
+    with local_gcs(proxy=True, seed=3) as gcs:
+        gcs.upload_bytes(b"payload", "p")
+        gcs.set_faults(reset_rate=0.25)
+        outcomes = []
+        for _ in range(80):
+            try:
+                outcomes.append(_raw_get(gcs, "p").endswith(b"payload"))
+            except ConnectionResetError:
+                outcomes.append(False)
+        resets = gcs.proxy_stats.resets
+        assert outcomes.count(False) == resets and 8 <= resets <= 35
+        gcs.set_faults(reset_rate=1.0)  # what the loader's HTTP client sees: retriable
+        url = f"{gcs.endpoint}/download/storage/v1/b/{gcs.bucket}/o/p?alt=media"
+        with pytest.raises((aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+            asyncio.run(_aiohttp_get(url))
+    with local_gcs(proxy=True, seed=3) as again:  # same seed, same choices
+        again.upload_bytes(b"payload", "p")
+        again.set_faults(reset_rate=0.25)
+        for _ in range(80):
+            with contextlib.suppress(ConnectionResetError):
+                _raw_get(again, "p")
+        assert again.proxy_stats.resets == resets
+
+
+def test_slow_body_forwards_the_head_then_holds_the_body() -> None:
+    slow_s = 0.4
+    with local_gcs(slow_rate=1.0, slow_s=slow_s) as gcs:
+        gcs.upload_bytes(b"x" * 5000, "s")
+        path = f"/download/storage/v1/b/{gcs.bucket}/o/s?alt=media"
+        conn = http.client.HTTPConnection(*_hostport(gcs.endpoint), timeout=5)
+        try:
+            t0 = time.perf_counter()
+            conn.request("GET", path)
+            resp = conn.getresponse()  # the head is not held back
+            t_head = time.perf_counter()
+            assert resp.status == 200
+            assert resp.read() == b"x" * 5000
+            t_body = time.perf_counter()
+            assert t_head - t0 < slow_s / 2
+            assert t_body - t_head >= slow_s * 0.95
+            assert gcs.proxy_stats.slowed == 1
+            gcs.set_faults()  # the same keep-alive connection is fast again
+            t0 = time.perf_counter()
+            assert _get(conn, path) == (200, b"x" * 5000)
+            assert time.perf_counter() - t0 < slow_s / 2
+        finally:
+            conn.close()
+        gcs.set_faults(slow_rate=1.0, slow_s=slow_s)
+        t0 = time.perf_counter()
+        assert gcs.fs().cat_file(gcs.url("s"), 10, 20) == b"x" * 10  # ranged, through gcsfs
+        assert time.perf_counter() - t0 >= slow_s * 0.95
+        stats = gcs.proxy_stats
+        assert stats.slowed >= 2 and stats.faults == stats.resets == 0
+
+
+def test_fault_kinds_are_exclusive_and_validated() -> None:
+    with local_gcs(proxy=True) as gcs:
+        for bad in ({"reset_rate": 1.5}, {"slow_rate": -0.1}, {"slow_s": -1.0}):
+            with pytest.raises(ValueError):
+                gcs.set_faults(**bad)
+        gcs.upload_bytes(b"payload", "p")
+        # reset wins over an error status: the request is never answered
+        gcs.set_faults(error_rate=1.0, reset_rate=1.0, slow_rate=1.0, slow_s=5.0)
+        with pytest.raises(ConnectionResetError):
+            _raw_get(gcs, "p")
+        stats = gcs.proxy_stats
+        assert (stats.resets, stats.faults, stats.slowed) == (1, 0, 0)
+        # an error status wins over a slow body: the proxy's own reply is never held
+        gcs.set_faults(error_rate=1.0, slow_rate=1.0, slow_s=5.0)
+        conn = http.client.HTTPConnection(*_hostport(gcs.endpoint), timeout=5)
+        try:
+            t0 = time.perf_counter()
+            assert _get(conn, f"/download/storage/v1/b/{gcs.bucket}/o/p?alt=media")[0] in (
+                503, 429)
+            assert time.perf_counter() - t0 < 2
+        finally:
+            conn.close()
+        assert gcs.proxy_stats.slowed == 0
 
 
 def test_set_faults_needs_a_delay_line() -> None:
@@ -225,6 +354,18 @@ def test_request_framing_survives_any_split() -> None:
     actions = line._parse(_Conn(), stream)
     assert [kind for kind, _ in actions] == ["reply"] * 3  # bodies dropped, never forwarded
     assert all(data.startswith(b"HTTP/1.1 503 ") for _, data in actions)
+
+    line = _DelayLine(0, 0.0, 0.0, None, _Faults(reset_rate=1.0), seed=0)
+    conn = _Conn()
+    assert line._parse(conn, stream) == [("reset", b"")]  # nothing forwarded, nothing after
+    assert line._parse(conn, stream) == []
+    assert line.stats.requests == 1  # resets are counted when they happen, after the latency
+
+    line = _DelayLine(0, 0.0, 0.0, None, _Faults(slow_rate=1.0, slow_s=0.25), seed=0)
+    actions = line._parse(_Conn(), stream)
+    assert [kind for kind, _ in actions] == ["slow", "up"] * 3  # marked before its head
+    assert b"".join(data for kind, data in actions if kind == "up") == stream
+    assert {float(data) for kind, data in actions if kind == "slow"} == {0.25}
 
     line = _DelayLine(0, 0.0, 0.0, None, _Faults(error_rate=1.0), seed=0)
     tls = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"

@@ -152,23 +152,40 @@ class LocalGCS:
         error_rate: float = 0.0,
         statuses: Sequence[int] = (503, 429),
         stall: bool = False,
+        *,
+        reset_rate: float = 0.0,
+        slow_rate: float = 0.0,
+        slow_s: float = 1.0,
     ) -> None:
-        """Change fault injection now, for requests that arrive from here on.
+        """Change fault injection now, for requests that arrive from here on (replaces all).
 
         ``error_rate``: fraction of requests the proxy answers itself with one of ``statuses``
-        (empty body, connection kept alive). ``stall``: accept connections and requests but never
-        answer them — a bucket that stops answering; connections that stalled stay silent.
+        (empty body, connection kept alive). ``reset_rate``: fraction of requests whose
+        connection the proxy resets instead (RST, nothing written: the client sees a connection
+        reset or a server disconnect). ``slow_rate``: fraction of the forwarded requests whose
+        response body is held back ``slow_s`` seconds after the response head (the slow-body
+        tail). ``stall``: accept connections and requests but never answer them — a bucket that
+        stops answering; connections that stalled stay silent. Each request gets at most one
+        fault (stall, then reset, then error status, then slow body), chosen by the seeded RNG.
+        Counters: :attr:`proxy_stats` ``faults``, ``resets``, ``slowed``, ``stalled``.
         """
         if self._proxy is None:
             raise RuntimeError(
                 "this local_gcs() has no delay line; start it with proxy=True (or with "
-                "latency/jitter/error_rate/bandwidth) to control faults"
+                "latency/jitter/bandwidth or a fault rate) to control faults"
             )
-        if not 0.0 <= error_rate <= 1.0:
-            raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
+        for name, rate in (("error_rate", error_rate), ("reset_rate", reset_rate),
+                           ("slow_rate", slow_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
         if error_rate > 0 and not statuses:
             raise ValueError("statuses must not be empty when error_rate > 0")
-        self._proxy.faults = _Faults(float(error_rate), tuple(int(s) for s in statuses), stall)
+        if slow_s < 0:
+            raise ValueError(f"slow_s must be >= 0, got {slow_s}")
+        self._proxy.faults = _Faults(
+            float(error_rate), tuple(int(s) for s in statuses), bool(stall),
+            reset_rate=float(reset_rate), slow_rate=float(slow_rate), slow_s=float(slow_s),
+        )
 
     @property
     def proxy_stats(self) -> ProxyStats:
@@ -192,12 +209,17 @@ def local_gcs(
     proxy: bool | None = None,
     proxy_process: bool = False,
     seed: int = 0,
+    reset_rate: float = 0.0,
+    slow_rate: float = 0.0,
+    slow_s: float = 1.0,
 ) -> Iterator[LocalGCS]:
     """Run a local GCS bucket for the duration of the ``with`` block.
 
     ``latency_ms`` (+ exponential ``jitter_ms``) delays every request; ``bandwidth_bytes_per_s``
     caps each connection's download; ``error_rate`` answers that fraction of requests with
-    503/429. Any of them (or ``proxy=True``) puts the delay line in front of the server, on a
+    503/429, ``reset_rate`` resets that fraction's connections, ``slow_rate`` holds that
+    fraction of response bodies ``slow_s`` seconds (see :meth:`LocalGCS.set_faults`).
+    Any of them (or ``proxy=True``) puts the delay line in front of the server, on a
     background thread, or with ``proxy_process=True`` in a child process (use that for
     benchmarks: in a thread the proxy competes with the client for the GIL).
     ``root=DIR`` keeps objects on disk in ``DIR`` between runs (default: in memory). ``seed``
@@ -210,7 +232,8 @@ def local_gcs(
     if bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s <= 0:
         raise ValueError("bandwidth_bytes_per_s must be > 0 or None")
     if proxy is None:
-        proxy = bool(latency_ms or jitter_ms or error_rate or bandwidth_bytes_per_s)
+        proxy = bool(latency_ms or jitter_ms or error_rate or bandwidth_bytes_per_s
+                     or reset_rate or slow_rate)
     proxy = proxy or proxy_process
     server = _Server(root)
     delay_line: _DelayLine | _DelayLineProcess | None = None
@@ -228,7 +251,8 @@ def local_gcs(
             )
             delay_line.start()
             gcs._proxy = delay_line
-            gcs.set_faults(error_rate=error_rate)
+            gcs.set_faults(error_rate=error_rate, reset_rate=reset_rate, slow_rate=slow_rate,
+                           slow_s=slow_s)
         env = {
             "STORAGE_EMULATOR_HOST": gcs.endpoint,
             "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.endpoint,

@@ -7,10 +7,13 @@ each request costs at least one ``latency``; responses stream straight back, opt
 token-bucket capped per connection. Bytes are forwarded unchanged, so keep-alive passes through;
 the proxy only tracks request boundaries (request line, headers, ``Content-Length`` body) in the
 client→server direction, which lets it count requests and, on demand, answer a seeded fraction
-of them itself with 503/429 or swallow them (a bucket that stops answering). A connection whose
-bytes do not look like HTTP/1.x (TLS, chunked request bodies, huge headers) falls back to plain
-forwarding. Faulted replies are written without waiting for upstream responses, which is exact
-for clients that do not pipeline requests (aiohttp, urllib, requests, http.client).
+of them itself with 503/429, reset their connection (RST, nothing written), swallow them (a
+bucket that stops answering), or hold the body of their response for a while after its head
+(the slow-body tail). A connection whose bytes do not look like HTTP/1.x (TLS, chunked request
+bodies, huge headers) falls back to plain forwarding. Faulted replies and resets happen without
+waiting for upstream responses, and a slowed response is the first one to come back after its
+request went upstream: both are exact for clients that do not pipeline requests (aiohttp,
+urllib, requests, http.client).
 
 For benchmarks, :class:`_DelayLineProcess` runs the same delay line in a child process: in a
 thread it shares the GIL with the client it measures (at 30 ms and 256 in flight that cost gcsfs
@@ -28,6 +31,8 @@ import contextlib
 import dataclasses
 import json
 import random
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -60,8 +65,11 @@ class ProxyStats:
 
     connections: int = 0
     requests: int = 0  # HTTP requests seen (request heads parsed), faulted ones included
+    downloads: int = 0  # those of them that ask for object bytes (``alt=media``): range reads
     faults: int = 0  # requests answered by the proxy with an error status
     stalled: int = 0  # requests swallowed while stalling
+    resets: int = 0  # requests whose connection the proxy reset instead of answering
+    slowed: int = 0  # responses whose body the proxy held back after forwarding the head
     bytes_up: int = 0  # client → server bytes forwarded
     bytes_down: int = 0  # server → client bytes forwarded
     passthrough: int = 0  # connections that stopped parsing HTTP (non-HTTP or chunked body)
@@ -72,6 +80,13 @@ class _Faults:
     error_rate: float = 0.0
     statuses: tuple[int, ...] = (503, 429)
     stall: bool = False
+    reset_rate: float = 0.0  # fraction of requests whose connection is reset (RST)
+    slow_rate: float = 0.0  # fraction of responses whose body is held for slow_s
+    slow_s: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> _Faults:
+        return cls(**{**d, "statuses": tuple(d["statuses"])})
 
 
 class _Conn:
@@ -83,7 +98,17 @@ class _Conn:
         self.buf = bytearray()
         self.body_left = 0
         self.dropping = False  # the current request was answered by the proxy: drop its body
-        self.mode = "http"  # "http" | "passthrough" | "stalled"
+        self.mode = "http"  # "http" | "passthrough" | "stalled" | "reset"
+
+
+class _Down:
+    """Server→client state of one connection: the hold for the next response's body."""
+
+    __slots__ = ("head", "slow_s")
+
+    def __init__(self) -> None:
+        self.slow_s = 0.0  # > 0: hold the body of the next response this long after its head
+        self.head = bytearray()  # that response's head, while it is still incomplete
 
 
 class _DelayLine:
@@ -183,10 +208,11 @@ class _DelayLine:
                 _HOST, self.upstream_port, limit=_READ_SIZE * 4
             )
             queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None] = asyncio.Queue()
+            down = _Down()
             pumps = [
                 asyncio.create_task(self._client_to_queue(c_reader, queue)),
-                asyncio.create_task(self._queue_to_server(queue, s_writer, c_writer)),
-                asyncio.create_task(self._server_to_client(s_reader, c_writer)),
+                asyncio.create_task(self._queue_to_server(queue, s_writer, c_writer, down)),
+                asyncio.create_task(self._server_to_client(s_reader, c_writer, down)),
             ]
             try:
                 # The connection ends when the server side ends, or when the client has left
@@ -230,6 +256,7 @@ class _DelayLine:
         queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None],
         s_writer: asyncio.StreamWriter,
         c_writer: asyncio.StreamWriter,
+        down: _Down,
     ) -> None:
         loop = asyncio.get_running_loop()
         while (item := await queue.get()) is not None:
@@ -241,9 +268,16 @@ class _DelayLine:
                     s_writer.write(data)
                     await s_writer.drain()
                     self._counts["bytes_up"] += len(data)
-                else:  # "reply": the proxy answers this request itself
+                elif kind == "reply":  # the proxy answers this request itself
                     c_writer.write(data)
                     await c_writer.drain()
+                elif kind == "slow":  # the next response (to the request that follows) is slow
+                    down.slow_s = float(data.decode())
+                    down.head = bytearray()
+                else:  # "reset": drop the connection with an RST, nothing written
+                    self._counts["resets"] += 1
+                    _reset(c_writer)
+                    return
         if s_writer.can_write_eof():
             with contextlib.suppress(OSError):
                 s_writer.write_eof()
@@ -252,12 +286,28 @@ class _DelayLine:
         await asyncio.sleep(_STOP_TIMEOUT_S)
 
     async def _server_to_client(
-        self, reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter, down: _Down
     ) -> None:
         loop = asyncio.get_running_loop()
         rate = self.bandwidth
         free_at = loop.time()  # token bucket: when the link is free again
         while data := await reader.read(_READ_SIZE if rate is None else min(_READ_SIZE, 64 * 1024)):
+            if down.slow_s > 0:
+                # The slow-body tail: forward the response head, then hold the body.
+                down.head += data
+                end = down.head.find(b"\r\n\r\n")
+                if end < 0 and len(down.head) <= _MAX_HEAD:
+                    continue  # wait for the rest of the head
+                cut = end + 4 if end >= 0 else len(down.head)
+                head, data = bytes(down.head[:cut]), bytes(down.head[cut:])
+                hold, down.slow_s, down.head = down.slow_s, 0.0, bytearray()
+                c_writer.write(head)
+                await c_writer.drain()
+                self._counts["bytes_down"] += len(head)
+                self._counts["slowed"] += 1
+                await asyncio.sleep(hold)
+                if not data:
+                    continue
             if rate is not None:
                 free_at = max(free_at, loop.time()) + len(data) / rate
                 if (wait := free_at - loop.time()) > 0:
@@ -270,7 +320,7 @@ class _DelayLine:
         """Split ``data`` at request boundaries into forward/reply actions, deciding faults."""
         if conn.mode == "passthrough":
             return [("up", data)]
-        if conn.mode == "stalled":
+        if conn.mode in ("stalled", "reset"):
             return []
         actions: list[tuple[str, bytes]] = []
         buf = conn.buf
@@ -294,12 +344,19 @@ class _DelayLine:
             if body is None:
                 return self._to_passthrough(conn, actions, pos)
             self._counts["requests"] += 1
+            if b"alt=media" in head[: head.find(b"\r\n")]:
+                self._counts["downloads"] += 1
             faults = self.faults
             if faults.stall:
                 self._counts["stalled"] += 1
                 conn.mode = "stalled"
                 conn.buf = bytearray()
                 return actions
+            if faults.reset_rate > 0 and self._rng.random() < faults.reset_rate:
+                conn.mode = "reset"  # counted when the reset happens, after the latency
+                conn.buf = bytearray()
+                actions.append(("reset", b""))
+                return _coalesce(actions)
             pos = end + 4
             conn.body_left = body
             conn.dropping = faults.error_rate > 0 and self._rng.random() < faults.error_rate
@@ -307,6 +364,8 @@ class _DelayLine:
                 self._counts["faults"] += 1
                 actions.append(("reply", _error_reply(self._rng.choice(faults.statuses))))
             else:
+                if faults.slow_rate > 0 and self._rng.random() < faults.slow_rate:
+                    actions.append(("slow", repr(faults.slow_s).encode()))
                 actions.append(("up", head))
         del buf[:pos]
         return _coalesce(actions)
@@ -405,16 +464,15 @@ class _DelayLineProcess:
 def _delay_line_main(config_json: str) -> None:
     """Child side of :class:`_DelayLineProcess`: serve until stdin closes."""
     cfg = json.loads(config_json)
-    faults = cfg.pop("faults")
-    line = _DelayLine(**cfg, faults=_Faults(faults["error_rate"], tuple(faults["statuses"]),
-                                            faults["stall"]))
+    faults = _Faults.from_dict(cfg.pop("faults"))
+    line = _DelayLine(**cfg, faults=faults)
     line.start()
     try:
         print(json.dumps({"port": line.port}), flush=True)
         for raw in sys.stdin:
             msg = json.loads(raw)
             if msg.pop("op") == "faults":
-                line.faults = _Faults(msg["error_rate"], tuple(msg["statuses"]), msg["stall"])
+                line.faults = _Faults.from_dict(msg)
                 print("{}", flush=True)
             else:
                 print(json.dumps(dataclasses.asdict(line.stats)), flush=True)
@@ -465,9 +523,18 @@ def _coalesce(actions: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     for kind, data in actions:
         if out and kind == "up" and out[-1][0] == "up":
             out[-1] = ("up", out[-1][1] + data)
-        elif data:
+        elif data or kind == "reset":
             out.append((kind, data))
     return out
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close the connection abruptly: SO_LINGER 0 makes the close an RST, not a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--delay-line"]:
