@@ -187,6 +187,10 @@ class _GCSBackend:
                                           sock_read=policy.timeout),
             auto_decompress=False,
         )
+        # aiohttp silently re-sends an idempotent request once when its connection drops;
+        # every retry must go through our RetryPolicy (backoff, deadline, stats) instead.
+        if hasattr(self.session, "_retry_connection"):
+            self.session._retry_connection = False
 
     @staticmethod
     def _key(path: str) -> str:

@@ -17,10 +17,13 @@ import asyncio
 import contextlib
 import mmap
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import secrets
 import tempfile
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -100,12 +103,33 @@ def _init_worker(pipeline_bytes: bytes, arena_path: str | None, slot_size: int) 
     global _pipeline, _arena, _slot_size
     _pipeline = pickle.loads(pipeline_bytes)
     _slot_size = slot_size
+    _watch_parent(arena_path)
     if arena_path is not None:
         fd = os.open(arena_path, os.O_RDWR)
         try:
             _arena = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
+
+
+def _watch_parent(arena_path: str | None) -> None:
+    """Exit (and free the arena) if the parent dies without closing us, e.g. on SIGKILL.
+
+    Spawned workers would otherwise wait forever on the pool's queue, holding the shared
+    memory and the resource tracker alive.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        if arena_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(arena_path)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="aioloader-parent-watch", daemon=True).start()
 
 
 def _records_of(task: Task, verify: str) -> list[bytes]:
@@ -235,6 +259,7 @@ class Pool:
         self.workers = workers
         self.arena: Arena | None = None
         self._slot_waiters: list[asyncio.Future] = []
+        self._procs: list = []
         if workers == 0:
             self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
             return
@@ -255,6 +280,7 @@ class Pool:
         if self.workers:
             for _ in range(self.workers):
                 self._executor.submit(os.getpid)
+            self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
 
     async def _take_slot(self) -> int:
         assert self.arena is not None
@@ -296,8 +322,16 @@ class Pool:
             self._give_slot(task.slot)
 
     def _exit_codes(self) -> str:
-        procs = getattr(self._executor, "_processes", None) or {}
-        codes = [p.exitcode for p in list(procs.values()) if p.exitcode not in (None, 0)]
+        """How the dead worker died, e.g. ' (signal 9)'; waits briefly for its exit status."""
+        procs = self._procs or list((getattr(self._executor, "_processes", None) or {})
+                                    .values())
+        deadline = time.monotonic() + 1.0
+        codes: list[int] = []
+        while procs and time.monotonic() < deadline:
+            codes = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if codes:
+                break
+            time.sleep(0.02)
         if not codes:
             return ""
         signals = [f"signal {-c}" for c in codes if c < 0]
