@@ -203,6 +203,17 @@ class Loader:
 
     async def _start(self) -> None:
         ds = self.dataset
+        # Spawn the workers first: their interpreters start while the files open.
+        pipeline = Pipeline(
+            record_ops=ds.record_ops,
+            batch=ds.batching if self._batch_mode else None,  # type: ignore[arg-type]
+            batch_ops=ds.batch_ops if self._batch_mode else (),
+            verify=ds.source.verify,
+        )
+        self._pool = Pool(pipeline, self.workers, slots=max(2, self.workers * 2 + 1),
+                          slot_size=self.slot_size)
+        self._finalizer = weakref.finalize(self, _shutdown_pool, self._pool)
+        self._pool.warm_up()
         storage = Storage(concurrency=self.io_concurrency,
                           max_inflight_bytes=self.memory_budget,
                           retry=self.retry, storage_options=dict(ds.source.storage_options))
@@ -215,16 +226,6 @@ class Loader:
         needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
         self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
         self._raw_mode = src.max_group_size == 1
-        pipeline = Pipeline(
-            record_ops=ds.record_ops,
-            batch=ds.batching if self._batch_mode else None,  # type: ignore[arg-type]
-            batch_ops=ds.batch_ops if self._batch_mode else (),
-            verify=ds.source.verify,
-        )
-        self._pool = Pool(pipeline, self.workers, slots=max(2, self.workers * 2 + 1),
-                          slot_size=self.slot_size)
-        self._pool.warm_up()
-        self._finalizer = weakref.finalize(self, _shutdown_pool, self._pool)
         self._restart_producer()
 
     def _reset_run_state(self) -> None:

@@ -20,6 +20,9 @@ import numpy as np
 LOCAL_MAX_GAP = 16 << 10
 CLOUD_MAX_GAP = 256 << 10
 DEFAULT_MAX_MERGED = 8 << 20
+# ... but never read more than this many times the bytes actually needed: on a small
+# dataset every gap is small, and reading it all for each batch wastes the network.
+DEFAULT_MAX_AMPLIFICATION = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +56,14 @@ def plan_reads(
     *,
     max_gap: int = LOCAL_MAX_GAP,
     max_merged: int = DEFAULT_MAX_MERGED,
+    max_amplification: float = DEFAULT_MAX_AMPLIFICATION,
 ) -> ReadPlan:
     """Merge the ranges `[starts[i], ends[i])` of `files[i]`; O(n log n).
 
-    A range longer than `max_merged` is read on its own and never split.
+    Ranges that touch or overlap always merge. Across a gap, a range joins the current read
+    only if the gap is at most `max_gap`, the read stays within `max_merged` bytes, and it
+    stays within `max_amplification` times the bytes the ranges in it need. A range longer
+    than `max_merged` is read on its own and never split.
     """
     files = np.asarray(files, dtype=np.int64)
     starts = np.asarray(starts, dtype=np.int64)
@@ -66,29 +73,33 @@ def plan_reads(
         raise ValueError("files, starts and ends must have the same length")
     if n and (ends < starts).any():
         raise ValueError("a range ends before it starts")
-    if max_gap < 0 or max_merged <= 0:
-        raise ValueError("max_gap must be >= 0 and max_merged > 0")
+    if max_gap < 0 or max_merged <= 0 or max_amplification < 1:
+        raise ValueError("max_gap must be >= 0, max_merged > 0, max_amplification >= 1")
     order = np.lexsort((ends, starts, files))
     f, s, e = files[order].tolist(), starts[order].tolist(), ends[order].tolist()
     read_file: list[int] = []
     read_start: list[int] = []
     read_end: list[int] = []
     item_read = np.empty(n, dtype=np.int64)
-    cur_file, cur_start, cur_end = -1, 0, 0
+    cur_file, cur_start, cur_end, useful = -1, 0, 0, 0
     for k in range(n):
         fk, sk, ek = f[k], s[k], e[k]
-        if (
-            fk != cur_file
-            or sk - cur_end > max_gap
-            or (max(ek, cur_end) - cur_start > max_merged and sk >= cur_end)
-        ):
+        new_end = max(ek, cur_end)
+        adds = new_end - max(sk, cur_end) if ek > cur_end else 0
+        joins = fk == cur_file and (
+            sk <= cur_end
+            or (sk - cur_end <= max_gap
+                and new_end - cur_start <= max_merged
+                and new_end - cur_start <= max_amplification * (useful + adds))
+        )
+        if joins:
+            cur_end, useful = new_end, useful + adds
+        else:
             if read_file:
                 read_end.append(cur_end)
             read_file.append(fk)
             read_start.append(sk)
-            cur_file, cur_start, cur_end = fk, sk, ek
-        else:
-            cur_end = max(cur_end, ek)
+            cur_file, cur_start, cur_end, useful = fk, sk, ek, ek - sk
         item_read[order[k]] = len(read_file) - 1
     if n:
         read_end.append(cur_end)

@@ -87,6 +87,14 @@ class IOStats:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
 
 
+async def _within(coro: Any, seconds: float) -> Any:
+    """`await coro`, or TimeoutError after `seconds`; on 3.11+ without wait_for's extra task."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await coro
+    return await asyncio.wait_for(coro, seconds)  # pragma: no cover - Python 3.10
+
+
 def redact(url: str) -> str:
     """Hide credentials embedded in a URL (`scheme://user:secret@host`)."""
     return re.sub(r"(://)[^/@]+@", r"\1***@", url)
@@ -109,22 +117,45 @@ class _Transient(Exception):
 
 
 class _ByteBudget:
-    """Waits until `n` more bytes fit under the budget (one oversized read may run alone)."""
+    """Waits until `n` more bytes fit under the budget (one oversized read may run alone).
+
+    The uncontended path takes no lock and never yields: it runs once per range read.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._cond = asyncio.Condition()
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
 
     async def acquire(self, n: int) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+        if not self._waiters and self._fits(n):
             self.used += n
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.used -= n  # granted just as we were cancelled: give it back
+                self._wake()
+            else:
+                self._waiters = [w for w in self._waiters if w[1] is not fut]
+            raise
 
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, fut = self._waiters.pop(0)
+            if not fut.done():
+                self.used += n
+                fut.set_result(None)
 
 
 class _LocalBackend:
@@ -401,8 +432,7 @@ class Storage:
                     stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
                     t0 = time.monotonic()
                     try:
-                        data = await asyncio.wait_for(backend.read(path, start, end),
-                                                      policy.timeout)
+                        data = await _within(backend.read(path, start, end), policy.timeout)
                         cause = None
                     except _Transient as exc:
                         cause = exc.cause
@@ -444,7 +474,7 @@ class Storage:
                 stats.retries += 1
                 await asyncio.sleep(delay)
         finally:
-            await state.budget.release(n)
+            state.budget.release(n)
 
     def _check_budget(self, url: str, start: int, end: int) -> None:
         if end - start > self.max_inflight_bytes:
@@ -508,7 +538,7 @@ class Storage:
             stats.bytes += total
             return datas
         finally:
-            await state.budget.release(total)
+            state.budget.release(total)
 
     async def aclose(self) -> None:
         """Release this loop's sessions, descriptors and threads."""

@@ -16,12 +16,13 @@ ranges = st.lists(
 
 
 @settings(max_examples=300)
-@given(ranges, st.integers(0, 5_000), st.integers(1, 20_000))
-def test_every_range_is_covered_exactly(items, max_gap, max_merged):
+@given(ranges, st.integers(0, 5_000), st.integers(1, 20_000), st.floats(1.0, 10.0))
+def test_every_range_is_covered_exactly(items, max_gap, max_merged, amplification):
     files = [f for f, _, _ in items]
     starts = [s for _, s, _ in items]
     ends = [s + n for _, s, n in items]
-    plan = plan_reads(files, starts, ends, max_gap=max_gap, max_merged=max_merged)
+    plan = plan_reads(files, starts, ends, max_gap=max_gap, max_merged=max_merged,
+                      max_amplification=amplification)
     # Each requested range lies wholly inside its read, in the right file.
     for i in range(len(items)):
         r = plan.item_read[i]
@@ -41,6 +42,11 @@ def test_every_range_is_covered_exactly(items, max_gap, max_merged):
             for i in members for j in members
         )
         assert size <= max_merged or len(members) == 1 or biggest > max_merged or overlapping
+        # Bytes read beyond what the ranges need stay bounded (gaps only bridged when cheap).
+        covered = np.zeros(size, dtype=bool)
+        for i in members:
+            covered[starts[i] - plan.read_start[r] : ends[i] - plan.read_start[r]] = True
+        assert size <= amplification * covered.sum() + 1e-9
         if r:
             prev = (plan.read_file[r - 1], plan.read_end[r - 1])
             assert (plan.read_file[r], plan.read_start[r]) >= prev
@@ -51,7 +57,8 @@ def test_zero_gap_zero_cap_merges_only_touching(items):
     files = [f for f, _, _ in items]
     starts = [s for _, s, _ in items]
     ends = [s + n for _, s, n in items]
-    plan = plan_reads(files, starts, ends, max_gap=0, max_merged=1 << 40)
+    plan = plan_reads(files, starts, ends, max_gap=0, max_merged=1 << 40,
+                      max_amplification=1e9)
     for r in range(1, plan.num_reads):
         if plan.read_file[r] == plan.read_file[r - 1]:
             assert plan.read_start[r] > plan.read_end[r - 1]
@@ -70,6 +77,14 @@ def test_duplicates_share_a_read_and_cap_splits():
     plan = plan_reads([0, 0, 0], [0, 0, 100], [50, 50, 150], max_gap=1000, max_merged=120)
     assert plan.num_reads == 2
     assert plan.item_read.tolist() == [0, 0, 1]
+
+
+def test_sparse_ranges_are_not_bridged_beyond_the_amplification_cap():
+    # 10-byte ranges 100 bytes apart: bridging would read ~10x what is needed.
+    starts = list(range(0, 1000, 100))
+    ends = [s + 10 for s in starts]
+    assert plan_reads([0] * 10, starts, ends, max_gap=1000, max_amplification=4).num_reads == 10
+    assert plan_reads([0] * 10, starts, ends, max_gap=1000, max_amplification=20).num_reads == 1
 
 
 def test_bad_input():
