@@ -260,8 +260,7 @@ class Pool:
         self.arena: Arena | None = None
         self._slot_waiters: list[asyncio.Future] = []
         self._procs: list = []
-        self._warm: list = []  # one no-op per worker: done once that worker is up
-        self._inline: ThreadPoolExecutor | None = None
+
         if workers == 0:
             self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
             return
@@ -280,7 +279,8 @@ class Pool:
     def warm_up(self) -> None:
         """Start the worker processes now (spawning takes a while) instead of on first use."""
         if self.workers:
-            self._warm = [self._executor.submit(os.getpid) for _ in range(self.workers)]
+            for _ in range(self.workers):
+                self._executor.submit(os.getpid)
             self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
 
     async def _take_slot(self) -> int:
@@ -306,12 +306,6 @@ class Pool:
         loop = asyncio.get_running_loop()
         if self.workers == 0:
             return await loop.run_in_executor(self._executor, run_task, task, self.pipeline)
-        if self._warm and not any(f.done() for f in self._warm):
-            # No worker has finished starting (a fresh interpreter takes ~0.2 s): run the
-            # first tasks here on a thread, so the first batch does not wait for spawning.
-            if self._inline is None:
-                self._inline = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
-            return await loop.run_in_executor(self._inline, run_task, task, self.pipeline)
         if self.pipeline.batch is not None:
             task.slot = await self._take_slot()
         try:
@@ -346,8 +340,6 @@ class Pool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
-        if self._inline is not None:
-            self._inline.shutdown(wait=True, cancel_futures=True)
         if self.arena is not None:
             self.arena.close()
             self.arena = None

@@ -26,8 +26,10 @@ import aioloader.testing  # noqa: F401
 
 
 def _shm() -> set[str]:
+    """Our shared-memory arenas (named after this pid: other processes on the machine, e.g.
+    a benchmark run, have their own)."""
     try:
-        return set(os.listdir("/dev/shm"))
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{os.getpid()}-")}
     except OSError:
         return set()
 
