@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aioloader.permutation import _epoch_keys
 from aioloader.sampling import (
     IndexPlan,
     Repeat,
     Shard,
     Shuffle,
     Slice,
-    _epoch_keys,
     block_shuffle,
     epoch_key,
     feistel_permute,
