@@ -6,13 +6,8 @@ names its exact range (no hidden size lookups), transient failures (408, 429, 5x
 timeouts) are retried with jittered exponential backoff under a per-request deadline, and a
 read that cannot succeed raises `StorageError` naming the URL, range, attempts and last cause.
 
-Backends:
-- local paths: `os.pread` on a cached descriptor, in a thread pool we size ourselves;
-- gs://: gcsfs for listing, metadata and credentials, but range GETs on our own aiohttp
-  session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
-  cannot be turned off per instance; reading through it would hide retries from our stats
-  and stretch a 503 into seconds. Our session also lifts the 100-connection cap;
-- any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
+How each kind of store performs one attempt is in `backends`; this module is the policy on
+top: limits, retries, deadlines and the I/O stats.
 
 Loop-bound resources (sessions, semaphores) are kept per event loop, so the same `Storage`
 works from the caller's loop and from the background loop of the sync API.
@@ -21,38 +16,38 @@ works from the caller's loop and from the background loop of the sync API.
 from __future__ import annotations
 
 import asyncio
-import glob as globlib
-import os
 import random
 import re
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+from .backends import (
+    FsspecBackend,
+    GCSBackend,
+    LocalBackend,
+    ObjectChangedError,
+    ObjectInfo,
+    StorageError,
+    StoreUnavailableError,
+    Transient,
+)
+
+__all__ = [
+    "IOStats",
+    "ObjectChangedError",
+    "ObjectInfo",
+    "RetryPolicy",
+    "Storage",
+    "StorageError",
+    "StoreUnavailableError",
+    "has_glob",
+    "is_local",
+    "redact",
+]
+
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class StorageError(OSError):
-    """A range read or lookup that failed for good (after retries, or not retriable)."""
-
-
-class ObjectChangedError(StorageError, FileNotFoundError):
-    """A file or object was rewritten or deleted after it was opened."""
-
-
-class StoreUnavailableError(StorageError, TimeoutError):
-    """The store kept failing or did not answer within the retry policy's deadline."""
-
-
-class ObjectInfo(NamedTuple):
-    """What opening a file needs: its size, and a version that changes when it is rewritten."""
-
-    url: str
-    size: int
-    version: str
 
 
 @dataclass(frozen=True)
@@ -108,14 +103,6 @@ def has_glob(pattern: str) -> bool:
     return bool(_GLOB_CHARS.search(pattern))
 
 
-class _Transient(Exception):
-    """A failure worth retrying; `cause` is what the error message reports."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
-
-
 class _ByteBudget:
     """Waits until `n` more bytes fit under the budget (one oversized read may run alone).
 
@@ -156,173 +143,6 @@ class _ByteBudget:
             if not fut.done():
                 self.used += n
                 fut.set_result(None)
-
-
-class _LocalBackend:
-    def __init__(self, threads: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aioloader-pread")
-        self._fds: dict[str, int] = {}
-
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return fd
-
-    async def info(self, path: str) -> ObjectInfo:
-        st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
-        return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
-
-    async def glob(self, pattern: str) -> list[ObjectInfo]:
-        paths = sorted(p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
-        return list(await asyncio.gather(*(self.info(p) for p in paths)))
-
-    async def read(self, path: str, start: int, end: int) -> bytes:
-        fd = self._fd(path)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, os.pread, fd, end - start, start
-        )
-
-    async def read_batch(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Several preads in one thread-pool job: one hop instead of one per range."""
-        fds = [(self._fd(path), start, end) for path, start, end in items]
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _pread_all, fds)
-
-    async def aclose(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        self._pool.shutdown(wait=True)
-
-
-def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
-    return [os.pread(fd, end - start, start) for fd, start, end in items]
-
-
-class _GCSBackend:
-    def __init__(self, options: dict[str, Any], concurrency: int, policy: RetryPolicy,
-                 pins: dict[str, str]) -> None:
-        self.pins = pins
-        import aiohttp
-        import gcsfs
-
-        opts = dict(options)
-        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
-            opts["token"] = "anon"  # emulators take no credentials
-        self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
-                                      loop=asyncio.get_running_loop(), **opts)
-        self._aiohttp = aiohttp
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout,
-                                          sock_read=policy.timeout),
-            auto_decompress=False,
-        )
-        # aiohttp silently re-sends an idempotent request once when its connection drops;
-        # every retry must go through our RetryPolicy (backoff, deadline, stats) instead.
-        if hasattr(self.session, "_retry_connection"):
-            self.session._retry_connection = False
-
-    @staticmethod
-    def _key(path: str) -> str:
-        return path if path.startswith("gs://") else "gs://" + path
-
-    async def info(self, path: str) -> ObjectInfo:
-        meta = await self.fs._info(path)
-        if meta.get("type") == "directory":
-            raise IsADirectoryError(path)
-        return ObjectInfo(self._key(path), int(meta["size"]),
-                          str(meta.get("generation") or meta.get("etag") or ""))
-
-    async def glob(self, pattern: str) -> list[ObjectInfo]:
-        found = await self.fs._glob(pattern, detail=True)
-        return sorted(
-            (ObjectInfo(self._key(name), int(m["size"]), str(m.get("generation") or ""))
-             for name, m in found.items() if m.get("type", "file") == "file"),
-        )
-
-    async def read(self, path: str, start: int, end: int) -> bytes:
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        self.fs.credentials.apply(headers)
-        generation = self.pins.get(self._key(path)) or None
-        try:
-            async with self.session.get(self.fs.url(path, generation=generation),
-                                        headers=headers) as resp:
-                status = resp.status
-                if status in (200, 206):
-                    body = await resp.read()
-                    if status == 200 and len(body) > end - start:
-                        body = body[start:end]  # server ignored the range
-                    if len(body) != end - start:
-                        raise _Transient(f"short body ({len(body)} of {end - start} bytes)")
-                    return body
-                text = (await resp.read())[:200].decode("utf-8", "replace")
-        except self._aiohttp.ClientError as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-        if status == 404:
-            url = self._key(path)
-            if generation:
-                raise ObjectChangedError(
-                    f"{url} was replaced or deleted after it was opened (generation "
-                    f"{generation} is gone); re-open the dataset to read the new object"
-                )
-            raise FileNotFoundError(f"no such object: {url}")
-        if status in (401, 403):
-            raise PermissionError(f"HTTP {status} reading gs://{path.removeprefix('gs://')}: "
-                                  f"{text} (check credentials or storage_options['token'])")
-        if status in RETRY_STATUSES:
-            raise _Transient(f"HTTP {status}")
-        raise StorageError(f"HTTP {status}: {text}")
-
-    async def aclose(self) -> None:
-        await self.session.close()
-        if getattr(self.fs, "_session", None) is not None:
-            await self.fs.session.close()
-
-
-class _FsspecBackend:
-    def __init__(self, protocol: str, options: dict[str, Any]) -> None:
-        import fsspec
-
-        cls = fsspec.get_filesystem_class(protocol)
-        self.is_async = bool(getattr(cls, "async_impl", False))
-        kw: dict[str, Any] = {"skip_instance_cache": True, **options}
-        if self.is_async:
-            kw.update(asynchronous=True, loop=asyncio.get_running_loop())
-        self.fs = cls(**kw)
-        self.protocol = protocol
-
-    def _url(self, path: str) -> str:
-        return path if "://" in path else f"{self.protocol}://{path}"
-
-    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
-        if self.is_async:
-            return await getattr(self.fs, "_" + name)(*args, **kw)
-        return await asyncio.to_thread(getattr(self.fs, name), *args, **kw)
-
-    async def info(self, path: str) -> ObjectInfo:
-        meta = await self._call("info", path)
-        version = meta.get("generation") or meta.get("ETag") or meta.get("mtime") or ""
-        return ObjectInfo(self._url(path), int(meta["size"]), str(version))
-
-    async def glob(self, pattern: str) -> list[ObjectInfo]:
-        found = await self._call("glob", pattern, detail=True)
-        return sorted(ObjectInfo(self._url(n), int(m["size"]), str(m.get("mtime", "")))
-                      for n, m in found.items() if m.get("type", "file") == "file")
-
-    async def read(self, path: str, start: int, end: int) -> bytes:
-        try:
-            return await self._call("cat_file", path, start=start, end=end)
-        except (FileNotFoundError, PermissionError, IsADirectoryError):
-            raise
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-
-    async def aclose(self) -> None:
-        close = getattr(self.fs, "close_session", None) if self.is_async else None
-        session = getattr(self.fs, "_session", None)
-        if close is not None and session is not None and hasattr(session, "close"):
-            await session.close()
 
 
 class _LoopState:
@@ -374,12 +194,12 @@ class Storage:
         backend = state.backends.get(key)
         if backend is None:
             if key == "file":
-                backend = _LocalBackend(min(32, self.concurrency))
+                backend = LocalBackend(min(32, self.concurrency))
             elif key in ("gs", "gcs"):
-                backend = _GCSBackend(self.storage_options, self.concurrency, self.retry,
-                                      self._pins)
+                backend = GCSBackend(self.storage_options, self.concurrency,
+                                     self.retry.timeout, self._pins)
             else:
-                backend = _FsspecBackend(key, self.storage_options)
+                backend = FsspecBackend(key, self.storage_options)
             state.backends[key] = backend
         return backend, path
 
@@ -434,7 +254,7 @@ class Storage:
                     try:
                         data = await _within(backend.read(path, start, end), policy.timeout)
                         cause = None
-                    except _Transient as exc:
+                    except Transient as exc:
                         cause = exc.cause
                     except asyncio.TimeoutError:
                         cause = f"no answer within {policy.timeout:g} s"

@@ -1,0 +1,221 @@
+"""Storage backends: how one range read, size lookup or listing is done on each kind of store.
+
+- local paths: `os.pread` on a cached descriptor, in a thread pool we size ourselves, with
+  batched preads (one thread hop for many page-cache reads);
+- gs://: gcsfs for listing, metadata and credentials, but range GETs on our own aiohttp
+  session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
+  cannot be turned off per instance; reading through it would hide retries from our stats
+  and stretch a 503 into seconds. Our session also lifts the 100-connection cap, and reads
+  are pinned to the object generation seen at open;
+- any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
+
+A backend makes one attempt and classifies failure: `Transient` (worth retrying) or a final
+error. Limits, retries and stats are `storage.Storage`'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob as globlib
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class StorageError(OSError):
+    """A range read or lookup that failed for good (after retries, or not retriable)."""
+
+
+class ObjectChangedError(StorageError, FileNotFoundError):
+    """A file or object was rewritten or deleted after it was opened."""
+
+
+class StoreUnavailableError(StorageError, TimeoutError):
+    """The store kept failing or did not answer within the retry policy's deadline."""
+
+
+class ObjectInfo(NamedTuple):
+    """What opening a file needs: its size, and a version that changes when it is rewritten."""
+
+    url: str
+    size: int
+    version: str
+
+
+class Transient(Exception):
+    """A failure worth retrying; `cause` is what the error message reports."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+
+class LocalBackend:
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aioloader-pread")
+        self._fds: dict[str, int] = {}
+
+    def _fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return fd
+
+    async def info(self, path: str) -> ObjectInfo:
+        st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
+        return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
+
+    async def glob(self, pattern: str) -> list[ObjectInfo]:
+        paths = sorted(p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
+        return list(await asyncio.gather(*(self.info(p) for p in paths)))
+
+    async def read(self, path: str, start: int, end: int) -> bytes:
+        fd = self._fd(path)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, os.pread, fd, end - start, start
+        )
+
+    async def read_batch(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Several preads in one thread-pool job: one hop instead of one per range."""
+        fds = [(self._fd(path), start, end) for path, start, end in items]
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _pread_all, fds)
+
+    async def aclose(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._pool.shutdown(wait=True)
+
+
+def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
+    return [os.pread(fd, end - start, start) for fd, start, end in items]
+
+
+class GCSBackend:
+    def __init__(self, options: dict[str, Any], concurrency: int, timeout: float,
+                 pins: dict[str, str]) -> None:
+        self.pins = pins
+        import aiohttp
+        import gcsfs
+
+        opts = dict(options)
+        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
+            opts["token"] = "anon"  # emulators take no credentials
+        self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
+                                      loop=asyncio.get_running_loop(), **opts)
+        self._aiohttp = aiohttp
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                          sock_read=timeout),
+            auto_decompress=False,
+        )
+        # aiohttp silently re-sends an idempotent request once when its connection drops;
+        # every retry must go through our RetryPolicy (backoff, deadline, stats) instead.
+        if hasattr(self.session, "_retry_connection"):
+            self.session._retry_connection = False
+
+    @staticmethod
+    def _key(path: str) -> str:
+        return path if path.startswith("gs://") else "gs://" + path
+
+    async def info(self, path: str) -> ObjectInfo:
+        meta = await self.fs._info(path)
+        if meta.get("type") == "directory":
+            raise IsADirectoryError(path)
+        return ObjectInfo(self._key(path), int(meta["size"]),
+                          str(meta.get("generation") or meta.get("etag") or ""))
+
+    async def glob(self, pattern: str) -> list[ObjectInfo]:
+        found = await self.fs._glob(pattern, detail=True)
+        return sorted(
+            (ObjectInfo(self._key(name), int(m["size"]), str(m.get("generation") or ""))
+             for name, m in found.items() if m.get("type", "file") == "file"),
+        )
+
+    async def read(self, path: str, start: int, end: int) -> bytes:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        self.fs.credentials.apply(headers)
+        generation = self.pins.get(self._key(path)) or None
+        try:
+            async with self.session.get(self.fs.url(path, generation=generation),
+                                        headers=headers) as resp:
+                status = resp.status
+                if status in (200, 206):
+                    body = await resp.read()
+                    if status == 200 and len(body) > end - start:
+                        body = body[start:end]  # server ignored the range
+                    if len(body) != end - start:
+                        raise Transient(f"short body ({len(body)} of {end - start} bytes)")
+                    return body
+                text = (await resp.read())[:200].decode("utf-8", "replace")
+        except self._aiohttp.ClientError as exc:
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
+        if status == 404:
+            url = self._key(path)
+            if generation:
+                raise ObjectChangedError(
+                    f"{url} was replaced or deleted after it was opened (generation "
+                    f"{generation} is gone); re-open the dataset to read the new object"
+                )
+            raise FileNotFoundError(f"no such object: {url}")
+        if status in (401, 403):
+            raise PermissionError(f"HTTP {status} reading gs://{path.removeprefix('gs://')}: "
+                                  f"{text} (check credentials or storage_options['token'])")
+        if status in RETRY_STATUSES:
+            raise Transient(f"HTTP {status}")
+        raise StorageError(f"HTTP {status}: {text}")
+
+    async def aclose(self) -> None:
+        await self.session.close()
+        if getattr(self.fs, "_session", None) is not None:
+            await self.fs.session.close()
+
+
+class FsspecBackend:
+    def __init__(self, protocol: str, options: dict[str, Any]) -> None:
+        import fsspec
+
+        cls = fsspec.get_filesystem_class(protocol)
+        self.is_async = bool(getattr(cls, "async_impl", False))
+        kw: dict[str, Any] = {"skip_instance_cache": True, **options}
+        if self.is_async:
+            kw.update(asynchronous=True, loop=asyncio.get_running_loop())
+        self.fs = cls(**kw)
+        self.protocol = protocol
+
+    def _url(self, path: str) -> str:
+        return path if "://" in path else f"{self.protocol}://{path}"
+
+    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        if self.is_async:
+            return await getattr(self.fs, "_" + name)(*args, **kw)
+        return await asyncio.to_thread(getattr(self.fs, name), *args, **kw)
+
+    async def info(self, path: str) -> ObjectInfo:
+        meta = await self._call("info", path)
+        version = meta.get("generation") or meta.get("ETag") or meta.get("mtime") or ""
+        return ObjectInfo(self._url(path), int(meta["size"]), str(version))
+
+    async def glob(self, pattern: str) -> list[ObjectInfo]:
+        found = await self._call("glob", pattern, detail=True)
+        return sorted(ObjectInfo(self._url(n), int(m["size"]), str(m.get("mtime", "")))
+                      for n, m in found.items() if m.get("type", "file") == "file")
+
+    async def read(self, path: str, start: int, end: int) -> bytes:
+        try:
+            return await self._call("cat_file", path, start=start, end=end)
+        except (FileNotFoundError, PermissionError, IsADirectoryError):
+            raise
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
+
+    async def aclose(self) -> None:
+        close = getattr(self.fs, "close_session", None) if self.is_async else None
+        session = getattr(self.fs, "_session", None)
+        if close is not None and session is not None and hasattr(session, "close"):
+            await session.close()
