@@ -19,19 +19,18 @@ import logging
 import os
 import time
 import weakref
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .aioutil import background_loop, release, run_sync
 from .arrayrecord import ArrayRecordFormatError
-from .packing import pack_first_fit
+from .assembly import Assembler
 from .sampling import IndexPlan, Shard, Shuffle
 from .source import ArrayRecordSource
 from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
-from .transforms import BatchOp, FilterOp, PackOp, apply_batch_ops, collate
+from .transforms import BatchOp, FilterOp
 from .workers import Pipeline, Pool, Result, Task
 
 if TYPE_CHECKING:
@@ -235,10 +234,11 @@ class Loader:
         self._changed: asyncio.Event | None = None
         self._producer: asyncio.Task | None = None
         self._workers_tasks: set[asyncio.Task] = set()
-        self._buffer: deque = deque()  # stream mode: (window position, j, element)
-        self._rows: deque = deque()  # pack mode: (block position, block skip, row, row data)
-        self._windows_done = False
         self._run_start = dict(self._state)
+        ds = self.dataset
+        self._assembler = None if self._batch_mode else Assembler(
+            ds.batching, ds.pack_batch, ds.batch_ops, self._run_start, self._next_window,
+            self._stats.assemble)
 
     def _restart_producer(self) -> None:
         self._cancel_work()
@@ -457,113 +457,18 @@ class Loader:
                        + self._consumed_tasks * self._unit, "skip": 0, "rows": 0}
         return result.payload
 
-    async def _fill(self) -> bool:
-        """Append the next window's surviving elements to the buffer; False at the end."""
-        if self._windows_done:
-            return False
+    async def _next_window(self) -> tuple[int, list[Any]] | None:
+        """Stream mode: the next task's window position and surviving elements."""
         k = self._consumed_tasks
         result = await self._next_result()
         if result is None:
-            self._windows_done = True
-            return False
-        pos = self._run_start["position"] + k * self._unit
-        skip = self._run_start["skip"] if k == 0 else 0
-        for j, element in enumerate(result.payload):
-            if j >= skip:
-                self._buffer.append((pos, j, element))
-        return True
-
-    async def _next_element(self) -> tuple[int, int, Any] | None:
-        while not self._buffer:
-            if not await self._fill():
-                return None
-        return self._buffer.popleft()
+            return None
+        return self._run_start["position"] + k * self._unit, result.payload
 
     async def _next_stream_mode(self) -> Any:
-        ds = self.dataset
-        if isinstance(ds.batching, PackOp):
-            return await self._next_packed()
-        if ds.batching is None:
-            item = await self._next_element()
-            if item is None:
-                raise StopAsyncIteration
-            pos, j, element = item
-            self._state = {"position": pos, "skip": j + 1, "rows": 0}
-            return element
-        size, drop = ds.batching.size, ds.batching.drop_remainder
-        items = []
-        while len(items) < size:
-            item = await self._next_element()
-            if item is None:
-                break
-            items.append(item)
-        if not items or (drop and len(items) < size):
-            raise StopAsyncIteration
-        t0 = self._stats.assemble.begin()
-        batch = apply_batch_ops(ds.batch_ops, collate([e for _, _, e in items]))
-        self._stats.assemble.end(t0)
-        pos, j, _ = items[-1]
-        self._state = {"position": pos, "skip": j + 1, "rows": 0}
-        return batch
-
-    async def _next_row(self) -> tuple[tuple[int, int, int], Any] | None:
-        """Next packed row and the state after it: (block position, block skip, rows done)."""
-        op: PackOp = self.dataset.batching  # type: ignore[assignment]
-        while not self._rows:
-            # Pack a block from the buffered elements; fetch windows until it is complete.
-            final = False
-            while True:
-                items = list(self._buffer)
-                block, used = pack_first_fit([e for _, _, e in items], op.length_struct,
-                                             op.num_packing_bins, final=final)
-                if block is not None:
-                    break
-                if final:
-                    return None
-                if not await self._fill():
-                    final = True
-            t0 = self._stats.assemble.begin()
-            bpos, bskip, _ = items[0]
-            for _ in range(used):
-                self._buffer.popleft()
-            skip_rows = self._state_rows_to_skip(bpos, bskip)
-            key = next(iter(op.length_struct))
-            nonempty = np.flatnonzero(block[key + "_segment_ids"].reshape(
-                op.num_packing_bins, -1).max(axis=1) > 0)
-            for r_i, r in enumerate(nonempty.tolist()):
-                if r_i < skip_rows:
-                    continue
-                row = {name: arr[r] for name, arr in block.items()}
-                self._rows.append(((bpos, bskip, r_i + 1), row))
-            self._stats.assemble.end(t0)
-        return self._rows.popleft()
-
-    def _state_rows_to_skip(self, bpos: int, bskip: int) -> int:
-        start = self._run_start
-        if (bpos, bskip) == (start["position"], start["skip"]) and not self._packed_once:
-            self._packed_once = True
-            return start["rows"]
-        return 0
-
-    async def _next_packed(self) -> Any:
-        ds = self.dataset
-        if not hasattr(self, "_packed_once"):
-            self._packed_once = False
-        want = ds.pack_batch.size if ds.pack_batch is not None else 1
-        rows = []
-        while len(rows) < want:
-            item = await self._next_row()
-            if item is None:
-                break
-            rows.append(item)
-        if not rows or (ds.pack_batch is not None and ds.pack_batch.drop_remainder
-                        and len(rows) < want):
-            raise StopAsyncIteration
-        (bpos, bskip, done), _ = rows[-1]
-        self._state = {"position": bpos, "skip": bskip, "rows": done}
-        if ds.pack_batch is None:
-            return apply_batch_ops(ds.batch_ops, rows[0][1])
-        return apply_batch_ops(ds.batch_ops, collate([r for _, r in rows]))
+        assert self._assembler is not None
+        out, self._state = await self._assembler.next()
+        return out
 
     # -- sync API ---------------------------------------------------------------------
 
