@@ -391,7 +391,7 @@ class Loader:
             raw = await src.fetch_raw(keys)
             paths = [ix.path for ix in src.file_indices]
             return Task(k, records, epochs,
-                        raws=[bytes(raw[key][0]) for key in keys],
+                        raws=[raw[key][0] for key in keys],  # views; the pool places them
                         raw_starts=[raw[key][1] for key in keys],
                         raw_paths=[paths[f] for f in files.tolist()],
                         raw_within=within.tolist(),

@@ -2,10 +2,12 @@
 
 A task carries the raw chunk bytes (or already decoded records) for one batch or window; the
 worker decodes, runs the record transforms, and collates inside the process, so that only
-finished batches come back. Their arrays travel through a shared-memory arena: one file in
+finished batches come back. Bytes travel through a shared-memory arena both ways: one file in
 /dev/shm (private permissions, unique name) cut into slots that are reused for the life of
-the pool, so no segment is created or unlinked per batch; the parent copies a batch out and
-frees its slot. A batch that does not fit its slot travels inline instead.
+the pool, so no segment is created or unlinked per batch. A slot has an input half (the raw
+chunks the parent fetched, instead of pickling them through a pipe) and an output half (the
+batch's arrays); the parent copies the batch out and frees the slot. What does not fit its
+half travels inline instead.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
 runs the same task code on one thread of the parent, for debugging.
@@ -74,6 +76,7 @@ class Task:
     raw_within: list[int] = field(default_factory=list)
     raw_chunks: list[int] = field(default_factory=list)
     records: list[bytes] | None = None
+    raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
     slot: int = -1
 
 
@@ -136,9 +139,13 @@ def _records_of(task: Task, verify: str) -> list[bytes]:
     if task.records is not None:
         return task.records
     out = []
-    assert task.raws is not None
-    chunks = task.raw_chunks or [None] * len(task.raws)
-    for raw, start, path, j, c in zip(task.raws, task.raw_starts, task.raw_paths,
+    if task.raw_spans is not None:
+        view = memoryview(_arena)  # type: ignore[arg-type]
+        raws: list = [view[o : o + n] for o, n in task.raw_spans]
+    else:
+        raws = task.raws  # type: ignore[assignment]
+    chunks = task.raw_chunks or [None] * len(raws)
+    for raw, start, path, j, c in zip(raws, task.raw_starts, task.raw_paths,
                                       task.raw_within, chunks):
         _, records = decode_chunk(raw, start, verify=verify, path=path, chunk=c)
         out.append(records.record(j))
@@ -165,8 +172,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, arena: Any = None,
     batch = apply_batch_ops(pipeline.batch_ops, collate(elements))
     arena = arena if arena is not None else _arena
     if arena is not None and task.slot >= 0:
-        batch = _to_arena(batch, arena, task.slot * (slot_size or _slot_size),
-                          slot_size or _slot_size)
+        size = slot_size or _slot_size
+        batch = _to_arena(batch, arena, task.slot * 2 * size, size)
     return Result(task.task_id, batch, len(elements), task.slot)
 
 
@@ -218,7 +225,8 @@ def _replace(tree: Any, fn) -> Any:
 
 
 class Arena:
-    """The parent's shared-memory file: `slots` reusable slots of `slot_size` bytes."""
+    """The parent's shared-memory file: `slots` reusable slots, each an output half and an
+    input half of `slot_size` bytes (pages are only allocated when touched)."""
 
     def __init__(self, slots: int, slot_size: int) -> None:
         root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -227,10 +235,23 @@ class Arena:
         self.free = list(range(slots))
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, slots * slot_size)
-            self.map = mmap.mmap(fd, slots * slot_size)
+            os.ftruncate(fd, slots * 2 * slot_size)
+            self.map = mmap.mmap(fd, slots * 2 * slot_size)
         finally:
             os.close(fd)
+
+    def place_inputs(self, slot: int, raws: list) -> list[tuple[int, int]] | None:
+        """Copy raw chunks into the slot's input half; None if they do not fit."""
+        if sum(len(r) for r in raws) > self.slot_size:
+            return None
+        pos = (2 * slot + 1) * self.slot_size
+        spans = []
+        for r in raws:
+            n = len(r)
+            self.map[pos : pos + n] = r
+            spans.append((pos, n))
+            pos += n
+        return spans
 
     def materialize(self, batch: Any) -> Any:
         """Copy a batch's arrays out of the arena (so its slot can be reused)."""
@@ -306,8 +327,13 @@ class Pool:
         loop = asyncio.get_running_loop()
         if self.workers == 0:
             return await loop.run_in_executor(self._executor, run_task, task, self.pipeline)
-        if self.pipeline.batch is not None:
-            task.slot = await self._take_slot()
+        task.slot = await self._take_slot()
+        if task.raws is not None:
+            spans = self.arena.place_inputs(task.slot, task.raws)  # type: ignore[union-attr]
+            if spans is not None:
+                task.raw_spans, task.raws = spans, None
+            else:  # too big for the slot: pickle them through the pipe
+                task.raws = [bytes(r) for r in task.raws]
         try:
             result = await asyncio.wrap_future(self._executor.submit(run_task, task))
             if result.payload is not None and self.pipeline.batch is not None:
