@@ -27,7 +27,7 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="benchmarks: " + ", ".join(names) + "\n\nexamples:\n"
-               "  python -m benchmarks run --quick             # everything, small (< 2 min)\n"
+               "  python -m benchmarks run --quick             # everything, small (< 10 min)\n"
                "  python -m benchmarks run --only format       # one benchmark, full size\n"
                "  python -m benchmarks run --output results.md # also write the tables",
     )
@@ -35,11 +35,12 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run benchmarks and print their tables",
                          description="Run benchmarks and print their tables (markdown).")
     run.add_argument("--quick", action="store_true",
-                     help="small datasets and 3 repeats: a smoke test, < 2 minutes")
+                     help="small datasets and fewer repeats: a smoke test, < 10 minutes")
     run.add_argument("--only", action="append", choices=names, metavar="NAME",
                      help=f"run only this benchmark (repeatable); one of: {', '.join(names)}")
     run.add_argument("--repeats", type=int, default=None, metavar="N",
-                     help="timed repeats per measurement (default 7, or 3 with --quick)")
+                     help="timed repeats per measurement (default: 7 for format, 5 for "
+                          "pipelines, fewer for the slow peers; 3 or fewer with --quick)")
     run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                      help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
     run.add_argument("--output", type=Path, default=None, metavar="FILE",

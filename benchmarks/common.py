@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ import numpy as np
 # -- registry -------------------------------------------------------------------------------
 
 #: Modules that register benchmarks when imported; later workloads append theirs here.
-MODULES = ("benchmarks.bench_format",)
+MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline")
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,32 @@ def dataset(args: Any, kind: str, n: int, group_size: int = 1,
     return path
 
 
+def sharded_dataset(args: Any, kind: str, n: int, shards: int, group_size: int = 1,
+                    options: str = "zstd:3") -> list[Path]:
+    """`n` `kind` records cut into `shards` consecutive files (shard k holds records
+    [k*n/shards, (k+1)*n/shards)), written by array_record's writer; cached like `dataset`."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    tag = options.replace(":", "").replace(",", "-")
+    folder = data_dir(args) / f"{kind}-n{n}-s{shards}-g{group_size}-{tag}-v{GEN_VERSION}"
+    paths = [folder / f"{kind}-{k:05d}-of-{shards:05d}.array_record" for k in range(shards)]
+    if (folder / ".complete").exists():
+        return paths
+    records = _records_from_cache(args, kind, n) or GENERATORS[kind](n)
+    log(f"writing {folder.name}/ ({shards} shards)")
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = [k * n // shards for k in range(shards + 1)]
+    for k, path in enumerate(paths):
+        tmp = path.with_suffix(".tmp")
+        writer = ArrayRecordWriter(str(tmp), f"group_size:{group_size},{options}")
+        for r in records[bounds[k] : bounds[k + 1]]:
+            writer.write(r)
+        writer.close()
+        os.replace(tmp, path)
+    (folder / ".complete").touch()
+    return paths
+
+
 def _records_from_cache(args: Any, kind: str, n: int) -> list[bytes] | None:
     from array_record.python.array_record_module import ArrayRecordReader
 
@@ -192,11 +219,18 @@ class Runs:
         return statistics.median(c / w for c, w in zip(self.cpu, self.wall, strict=True))
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process plus its children that exited and were reaped (worker
+    processes and child interpreters count against the contender that started them)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
+
+
 def _timed(fn: Callable[[], object]) -> tuple[float, float]:
     gc.collect()
-    cpu, wall = time.process_time(), time.perf_counter()
+    cpu, wall = cpu_seconds(), time.perf_counter()
     result = fn()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     del result  # freed outside the timed region
     return wall, cpu
 
@@ -240,7 +274,7 @@ class Row:
     unit: str
     ours: Stats | None
     peer: Stats | None = None
-    ratio: Stats | None = None  # aioloader ÷ peer, paired per repeat
+    ratio: Stats | None = None  # aioloader's advantage, paired per repeat: > 1 is better
     mb: tuple[float, float | None] | None = None  # MB/s medians (ours, peer)
     cores: tuple[float, float | None] | None = None  # CPU ÷ wall medians (ours, peer)
     cpu_ratio: Stats | None = None  # the same ratio per CPU-second, paired per repeat
@@ -284,13 +318,16 @@ def _cell(s: Stats | None, ratio: bool = False) -> str:
 
 def format_table(bench: Benchmark, rows: Sequence[Row]) -> str:
     """A markdown table: medians with [min–max] over repeats, and the paired ratios (wall
-    clock, and per CPU-second, which discounts the peer's helper threads)."""
+    clock, and per CPU-second, which discounts the peer's helper threads).
+
+    The ratio column is aioloader's advantage: aioloader ÷ peer for throughputs, peer ÷
+    aioloader for costs (seconds, bytes); > 1 means aioloader is better either way."""
     peer = bench.peer
     lines = [
         f"### {bench.name}: {bench.description}",
         "",
         f"| workload | unit | aioloader | {peer} | MB/s aioloader / {peer} "
-        f"| cores busy aioloader / {peer} | aioloader ÷ {peer} | per CPU-second |",
+        f"| cores busy aioloader / {peer} | aioloader vs {peer} (× better) | per CPU-second |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

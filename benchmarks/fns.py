@@ -1,0 +1,28 @@
+"""Module-level transforms the pipeline benchmarks share with worker processes.
+
+aioloader's workers are spawned processes that import transforms by name, so they live here,
+in a module that imports nothing heavy; Grain runs the very same functions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+IMAGE_SHAPE = (128, 128, 4)
+
+
+def decode_text(record: bytes) -> dict:
+    """The text workload's decode: `json.loads` of a ~1 KiB record."""
+    return json.loads(record)
+
+
+def identity(record: bytes) -> bytes:
+    """The "no decode" variant: the record's bytes as they are."""
+    return record
+
+
+def decode_image(record: bytes) -> np.ndarray:
+    """The image workload's decode: a zero-copy (128, 128, 4) uint8 view of the record."""
+    return np.frombuffer(record, dtype=np.uint8).reshape(IMAGE_SHAPE)
