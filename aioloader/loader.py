@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aioloader")
 STATE_VERSION = 1
+SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 DEFAULT_WINDOW = 256
 
 
@@ -103,6 +105,7 @@ class Loader:
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
         self._used_sync = False  # driven from the background loop of the sync API
+        self._delivered: dict[str, int] | None = None  # sync API: after the last batch given
         self._reset_run_state()
 
     # -- state ------------------------------------------------------------------------
@@ -122,7 +125,8 @@ class Loader:
 
     def get_state(self) -> dict[str, Any]:
         """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
-        return {"version": STATE_VERSION, **self._state, "unit": self._unit,
+        state = self._delivered if self._delivered is not None else self._state
+        return {"version": STATE_VERSION, **state, "unit": self._unit,
                 "process_count": self.process_count, "pipeline": self._fingerprint()}
 
     def _apply_state(self, state: dict[str, Any]) -> None:
@@ -152,6 +156,7 @@ class Loader:
                 raise ValueError(f"state was saved with batch size {unit}, not {self._unit}")
             self._unit = unit
         self._state = new
+        self._delivered = None
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from `state` (from `get_state()`); restarts work in progress."""
@@ -476,15 +481,45 @@ class Loader:
         return self._sync_batches()
 
     def _sync_batches(self):
+        """The plain iterator: a pump on the background loop fills a `queue.Queue`.
+
+        A ready batch is taken without a round trip to the loop thread (which would have to
+        win the GIL back first); the state is the one after the last batch handed out.
+        """
         self._used_sync = True
+        run_sync(_noop(), user=self)  # keep the background loop alive until close()
+        loop = background_loop()
+        handoff: queue.Queue = queue.Queue()
+        credits: list[asyncio.Semaphore] = []
+
+        async def pump() -> None:
+            credits.append(asyncio.Semaphore(SYNC_HANDOFF_DEPTH))
+            try:
+                while True:
+                    await credits[0].acquire()
+                    try:
+                        batch = await self.__anext__()
+                    except StopAsyncIteration:
+                        handoff.put(("end", None, None))
+                        return
+                    handoff.put(("item", batch, dict(self._state)))
+            except BaseException as exc:
+                handoff.put(("error", exc, None))
+                raise
+
+        pumping = asyncio.run_coroutine_threadsafe(pump(), loop)
         try:
             while True:
-                try:
-                    batch = run_sync(self.__anext__(), user=self)
-                except StopAsyncIteration:
+                kind, value, state = handoff.get()
+                if kind == "end":
                     return
-                yield batch
+                if kind == "error":
+                    raise value
+                self._delivered = state
+                loop.call_soon_threadsafe(credits[0].release)
+                yield value
         finally:
+            pumping.cancel()
             self.close()
 
     # -- device placement -------------------------------------------------------------
