@@ -175,7 +175,10 @@ class _DelayLine:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        server = await asyncio.start_server(self._accept, _HOST, 0, limit=_READ_SIZE * 4)
+        # A deep accept backlog: clients open hundreds of connections at once, and with the
+        # default (100) the kernel drops SYNs, each costing the client a 1 s retransmit.
+        server = await asyncio.start_server(self._accept, _HOST, 0, limit=_READ_SIZE * 4,
+                                            backlog=4096)
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
