@@ -60,9 +60,7 @@ def run_sync(
 
     `user` (an object with a `close()`) keeps the loop alive until `release(user)`.
     """
-    loop = background_loop()
-    if user is not None:
-        _users.add(user)
+    loop = acquire(user) if user is not None else background_loop()
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -77,6 +75,15 @@ def run_sync(
     except BaseException:
         future.cancel()
         raise
+
+
+def acquire(user: object) -> asyncio.AbstractEventLoop:
+    """Start (if needed) and return the background loop; `user` keeps it alive until
+    `release(user)`."""
+    loop = background_loop()
+    with _lock:
+        _users.add(user)
+    return loop
 
 
 def release(user: object) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .aioutil import background_loop, release, run_sync
+from .aioutil import acquire, release, run_sync
 from .arrayrecord import ArrayRecordFormatError
 from .assembly import Assembler
 from .sampling import IndexPlan, Shard, Shuffle
@@ -197,8 +197,7 @@ class Loader:
             asyncio.get_running_loop()
         except RuntimeError:
             self._used_sync = True
-            loop = background_loop()
-            run_sync(_noop(), user=self)  # register as a user of the background loop
+            loop = acquire(self)
             asyncio.run_coroutine_threadsafe(self.start(), loop)
             return
         if self._start_task is None:
@@ -487,8 +486,7 @@ class Loader:
         win the GIL back first); the state is the one after the last batch handed out.
         """
         self._used_sync = True
-        run_sync(_noop(), user=self)  # keep the background loop alive until close()
-        loop = background_loop()
+        loop = acquire(self)  # the background loop stays up until close()
         handoff: queue.Queue = queue.Queue()
         credits: list[asyncio.Semaphore] = []
 
@@ -573,10 +571,6 @@ class Loader:
             cache = self._source.cache
             st.cache = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         return st
-
-
-async def _noop() -> None:
-    return None
 
 
 def _shutdown_pool(pool: Pool) -> None:

@@ -358,13 +358,8 @@ class ArrayRecordSource:
     def _decode(self, key: tuple[int, int], raw, start: int) -> ChunkRecords:
         f, c = key
         index = self._indices[f]
-        _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=c)
-        if len(records) != int(index.chunk_records[c]):
-            raise ArrayRecordFormatError(
-                f"chunk holds {len(records)} records, the footer says "
-                f"{int(index.chunk_records[c])}", path=index.path, chunk=c, offset=start,
-                hint="the file is corrupted; re-create or re-upload it",
-            )
+        _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=c,
+                                  expected_records=int(index.chunk_records[c]))
         return records
 
     # -- sync API ---------------------------------------------------------------------

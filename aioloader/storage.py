@@ -90,6 +90,11 @@ async def _within(coro: Any, seconds: float) -> Any:
     return await asyncio.wait_for(coro, seconds)  # pragma: no cover - Python 3.10
 
 
+def _short_read(url: str, start: int, end: int, got: int) -> StorageError:
+    return StorageError(f"{redact(url)}: asked for bytes [{start}, {end}), got {got} (the file "
+                        "is shorter than when it was opened: re-open it)")
+
+
 def redact(url: str) -> str:
     """Hide credentials embedded in a URL (`scheme://user:secret@host`)."""
     return re.sub(r"(://)[^/@]+@", r"\1***@", url)
@@ -272,10 +277,7 @@ class Storage:
                 if cause is None:
                     if len(data) != n:
                         stats.failures += 1
-                        raise StorageError(
-                            f"{redact(url)}: asked for bytes [{start}, {end}), got {len(data)}"
-                            " (the file is shorter than when it was opened: re-open it)"
-                        )
+                        raise _short_read(url, start, end, len(data))
                     stats.reads += 1
                     stats.bytes += n
                     return data
@@ -350,10 +352,7 @@ class Storage:
             for (url, start, end), data in zip(items, datas):
                 if len(data) != end - start:
                     stats.failures += 1
-                    raise StorageError(
-                        f"{redact(url)}: asked for bytes [{start}, {end}), got {len(data)}"
-                        " (the file is shorter than when it was opened: re-open it)"
-                    )
+                    raise _short_read(url, start, end, len(data))
             stats.reads += len(paths)
             stats.bytes += total
             return datas

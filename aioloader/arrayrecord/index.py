@@ -187,10 +187,12 @@ def decode_chunk(
     verify: str = "headers",
     path: str | None = None,
     chunk: int | None = None,
+    expected_records: int | None = None,
 ) -> tuple[ChunkHeader, ChunkRecords]:
     """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
 
-    Trailing bytes (padding chunks, the next chunk) are ignored.
+    Trailing bytes (padding chunks, the next chunk) are ignored. With `expected_records` (the
+    footer's count), a chunk holding another number of records is an error.
     """
     check_headers = verify != "none"
     try:
@@ -210,7 +212,13 @@ def decode_chunk(
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
-        return header, decode_simple(header, data)
+        records = decode_simple(header, data)
+        if expected_records is not None and len(records) != expected_records:
+            raise ArrayRecordFormatError(
+                f"chunk holds {len(records)} records, the footer says {expected_records}",
+                offset=start, hint=CORRUPT_HINT,
+            )
+        return header, records
     except ArrayRecordFormatError as err:
         if err.offset is None:
             err = ArrayRecordFormatError(err.what, path=err.path, offset=start,

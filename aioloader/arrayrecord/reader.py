@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .chunk import ChunkRecords
-from .errors import ArrayRecordFormatError
 from .index import DEFAULT_TAIL, FileIndex, _check_verify, decode_chunk, read_index
 
 Fetch = Callable[[int, int], bytes]
@@ -43,14 +42,8 @@ class RangeReader:
         """Fetch and decode one data chunk."""
         start, end = self.index.chunk_range(chunk)
         raw = self._fetch(start, end - start)
-        _, records = decode_chunk(raw, start, verify=self.verify, path=self.path, chunk=chunk)
-        expected = int(self.index.chunk_records[chunk])
-        if len(records) != expected:
-            raise ArrayRecordFormatError(
-                f"chunk holds {len(records)} records, the footer says {expected}",
-                path=self.path, chunk=chunk, offset=start,
-                hint="the file is corrupted; re-create or re-upload it",
-            )
+        _, records = decode_chunk(raw, start, verify=self.verify, path=self.path, chunk=chunk,
+                                  expected_records=int(self.index.chunk_records[chunk]))
         return records
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
