@@ -229,6 +229,7 @@ class Loader:
         needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
         self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
         self._raw_mode = src.max_group_size == 1
+        self._local = src.all_local
         self._restart_producer()
 
     def _reset_run_state(self) -> None:
@@ -365,11 +366,10 @@ class Loader:
         assert src is not None and plan is not None and pool is not None
         st = self._stats
         records, epochs = plan.lookup(np.arange(lo, hi, dtype=np.int64))
-        files, chunks, within = src.locate(records)
         try:
             t0 = st.fetch.begin()
             try:
-                task = await self._build_task(k, records, epochs, files, chunks, within)
+                task = await self._build_task(k, records, epochs)
             finally:
                 st.fetch.end(t0)
             t1 = st.process.begin()
@@ -380,26 +380,27 @@ class Loader:
                 st.process.end(t1)
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
-            raise await src.explain(err, set(files.tolist())) from None
+            raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
+        if result.reads:
+            io = src.storage.stats
+            io.requests += result.reads
+            io.reads += result.reads
+            io.bytes += result.bytes_read
         st.records += hi - lo
         st.elements += result.count
         return result
 
-    async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray,
-                          files: np.ndarray, chunks: np.ndarray, within: np.ndarray) -> Task:
-        """Fetch what task `k` needs: raw chunks (one record each) or decoded records."""
+    async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray) -> Task:
+        """What task `k` needs: where its records' chunks are (the worker reads local files
+        itself), their fetched bytes (remote files), or decoded records (group size > 1)."""
         src = self._source
         assert src is not None
         if self._raw_mode:
-            keys = list(zip(files.tolist(), chunks.tolist()))
-            raw = await src.fetch_raw(keys)
-            paths = [ix.path for ix in src.file_indices]
-            return Task(k, records, epochs,
-                        raws=[raw[key][0] for key in keys],  # views; the pool places them
-                        raw_starts=[raw[key][1] for key in keys],
-                        raw_paths=[paths[f] for f in files.tolist()],
-                        raw_within=within.tolist(),
-                        raw_chunks=chunks.tolist())
+            refs = src.chunk_refs(records)
+            if self._local:
+                return Task(k, records, epochs, refs=refs)
+            return Task(k, records, epochs, refs=refs, raws=await src.fetch_refs(refs))
+        files, chunks, within = src.locate(records)
         decoded = await src.read_chunks(files, chunks)
         return Task(k, records, epochs,
                     records=[decoded[(f, c)].record(j) for f, c, j in

@@ -49,6 +49,26 @@ class ReadPlan:
         return int((self.read_end - self.read_start).sum())
 
 
+@dataclass(frozen=True)
+class ChunkRefs:
+    """Where the chunk of each of a list of records lies (parallel arrays, one per record).
+
+    `file` indexes `paths`; `start`/`end` are the chunk's physical byte range; `chunk` is its
+    number in its file (for error messages), `within` the record's place in the chunk.
+    """
+
+    paths: list[str]
+    file: np.ndarray
+    chunk: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    within: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+
+
 def plan_reads(
     files,
     starts,

@@ -17,6 +17,7 @@ import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,13 @@ import numpy as np
 from .aioutil import release, run_sync
 from .arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex, open_index
 from .arrayrecord.index import decode_chunk
-from .planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, plan_reads
+from .planning import (
+    CLOUD_MAX_GAP,
+    DEFAULT_MAX_MERGED,
+    LOCAL_MAX_GAP,
+    ChunkRefs,
+    plan_reads,
+)
 from .storage import (
     ObjectChangedError,
     ObjectInfo,
@@ -71,6 +78,37 @@ class ChunkCache:
             self.bytes -= len(old.values)
 
 
+@dataclass(frozen=True)
+class _ChunkTable:
+    """Every chunk of every file in one table, so a batch is located with one search.
+
+    Global chunk g is chunk `g - first_chunk[file[g]]` of file `file[g]`; a per-record cost
+    independent of the number of files and chunks (unlike a per-file loop).
+    """
+
+    record_starts: np.ndarray  # global index of each chunk's first record, plus the total
+    file: np.ndarray
+    first_chunk: np.ndarray
+    offsets: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def build(cls, indices: Sequence[FileIndex], starts: np.ndarray) -> _ChunkTable:
+        counts = [ix.num_chunks for ix in indices]
+        first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        if not indices:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(np.zeros(1, np.int64), empty, first, empty, empty)
+        rec = [ix.record_starts[:-1] + s for ix, s in zip(indices, starts[:-1].tolist())]
+        return cls(
+            record_starts=np.concatenate([*rec, starts[-1:]]).astype(np.int64),
+            file=np.repeat(np.arange(len(indices), dtype=np.int64), counts),
+            first_chunk=first,
+            offsets=np.concatenate([ix.chunk_offsets for ix in indices]).astype(np.int64),
+            ends=np.concatenate([ix.chunk_ends for ix in indices]).astype(np.int64),
+        )
+
+
 class ArrayRecordSource:
     """Random access to the records of one or more ArrayRecord files.
 
@@ -107,6 +145,7 @@ class ArrayRecordSource:
         self._files: list[ObjectInfo] | None = None
         self._indices: list[FileIndex] = []
         self._starts = np.zeros(1, dtype=np.int64)
+        self._table: _ChunkTable | None = None
         self._open_lock: asyncio.Lock | None = None
         self._used_sync = False
 
@@ -240,20 +279,43 @@ class ArrayRecordSource:
 
     # -- reading ----------------------------------------------------------------------
 
-    def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Global record indices → (file, chunk, index within chunk), vectorized."""
+    def _chunks_of(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Global record indices → (global chunk, index within chunk), vectorized."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         n = len(self)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise IndexError(f"record {bad} out of range: the source has {n} records")
-        files = np.searchsorted(self._starts, idx, side="right") - 1
-        chunks = np.empty_like(idx)
-        within = np.empty_like(idx)
-        for f in np.unique(files).tolist():
-            sel = files == f
-            chunks[sel], within[sel] = self._indices[f].locate(idx[sel] - self._starts[f])
-        return files, chunks, within
+        if self._table is None:
+            self._table = _ChunkTable.build(self._indices, self._starts)
+        g = np.searchsorted(self._table.record_starts, idx, side="right") - 1
+        return g, idx - self._table.record_starts[g]
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global record indices → (file, chunk, index within chunk), vectorized."""
+        g, within = self._chunks_of(indices)
+        t = self._table
+        assert t is not None
+        files = t.file[g]
+        return files, g - t.first_chunk[files], within
+
+    def chunk_refs(self, indices) -> ChunkRefs:
+        """Where each record's chunk lies: what a worker needs to read and decode it."""
+        g, within = self._chunks_of(indices)
+        t = self._table
+        assert t is not None
+        files = t.file[g]
+        used, local_file = np.unique(files, return_inverse=True)
+        urls = [self._files[f].url for f in used.tolist()]  # type: ignore[index]
+        return ChunkRefs(paths=urls, file=local_file.astype(np.int64),
+                         chunk=g - t.first_chunk[files], start=t.offsets[g], end=t.ends[g],
+                         within=within)
+
+    @property
+    def all_local(self) -> bool:
+        """Every file is on a local disk (workers may then read records themselves)."""
+        self._require_open()
+        return all(is_local(f.url) for f in self._files)  # type: ignore[union-attr]
 
     async def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The records at `indices`, in that order."""
@@ -298,20 +360,32 @@ class ArrayRecordSource:
         """The physical bytes of each (file, chunk), with its file offset; merged reads."""
         await self.aopen()
         keys = list(dict.fromkeys(keys))
+        files = np.array([f for f, _ in keys], dtype=np.int64)
         ranges = [self._indices[f].chunk_range(c) for f, c in keys]
-        plan = plan_reads([f for f, _ in keys], [r[0] for r in ranges],
-                          [r[1] for r in ranges], max_gap=self.max_gap,
+        views = await self.fetch_ranges(files, np.array([r[0] for r in ranges], np.int64),
+                                        np.array([r[1] for r in ranges], np.int64))
+        return {key: (view, start) for key, view, (start, _) in zip(keys, views, ranges)}
+
+    async def fetch_refs(self, refs: ChunkRefs) -> list[memoryview]:
+        """The physical bytes of each record's chunk in `refs` (merged reads)."""
+        urls = self.urls
+        index = {u: i for i, u in enumerate(urls)}
+        files = np.array([index[u] for u in refs.paths], dtype=np.int64)[refs.file]
+        return await self.fetch_ranges(files, refs.start, refs.end)
+
+    async def fetch_ranges(self, files: np.ndarray, starts: np.ndarray,
+                           ends: np.ndarray) -> list[memoryview]:
+        """Byte ranges of files (by number), read through merged range reads."""
+        plan = plan_reads(files, starts, ends, max_gap=self.max_gap,
                           max_merged=self.max_merged)
         urls = [self._files[f].url for f in plan.read_file.tolist()]  # type: ignore[index]
         raws = await self.storage.read_many(
             list(zip(urls, plan.read_start.tolist(), plan.read_end.tolist()))
         )
-        return {
-            key: (memoryview(raws[r])[o : o + n], start)
-            for key, r, o, n, (start, _) in zip(keys, plan.item_read.tolist(),
-                                                plan.item_offset.tolist(),
-                                                plan.item_length.tolist(), ranges)
-        }
+        views = [memoryview(r) for r in raws]
+        return [views[r][o : o + n] for r, o, n in zip(plan.item_read.tolist(),
+                                                       plan.item_offset.tolist(),
+                                                       plan.item_length.tolist())]
 
     async def explain(self, err: Exception, files) -> Exception:
         """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened."""
@@ -339,9 +413,9 @@ class ArrayRecordSource:
     def chunk_starts(self) -> np.ndarray:
         """Global index of the first record of every chunk of every file, plus the total."""
         self._require_open()
-        parts = [ix.record_starts[:-1] + start
-                 for ix, start in zip(self._indices, self._starts[:-1].tolist())]
-        return np.concatenate([*parts, self._starts[-1:]]).astype(np.int64)
+        if self._table is None:
+            self._table = _ChunkTable.build(self._indices, self._starts)
+        return self._table.record_starts
 
     @property
     def max_group_size(self) -> int:

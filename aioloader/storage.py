@@ -90,7 +90,8 @@ async def _within(coro: Any, seconds: float) -> Any:
     return await asyncio.wait_for(coro, seconds)  # pragma: no cover - Python 3.10
 
 
-def _short_read(url: str, start: int, end: int, got: int) -> StorageError:
+def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
+    """A read that came back short: the file shrank since it was opened."""
     return StorageError(f"{redact(url)}: asked for bytes [{start}, {end}), got {got} (the file "
                         "is shorter than when it was opened: re-open it)")
 
@@ -277,7 +278,7 @@ class Storage:
                 if cause is None:
                     if len(data) != n:
                         stats.failures += 1
-                        raise _short_read(url, start, end, len(data))
+                        raise short_read_error(url, start, end, len(data))
                     stats.reads += 1
                     stats.bytes += n
                     return data
@@ -352,7 +353,7 @@ class Storage:
             for (url, start, end), data in zip(items, datas):
                 if len(data) != end - start:
                     stats.failures += 1
-                    raise _short_read(url, start, end, len(data))
+                    raise short_read_error(url, start, end, len(data))
             stats.reads += len(paths)
             stats.bytes += total
             return datas

@@ -83,9 +83,12 @@ def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random
 
 
 def apply_record_ops(
-    ops: Sequence[RecordOp], element: Any, index: int, epoch: int, where: str = ""
+    ops: Sequence[RecordOp], element: Any, index: int, epoch: int, path: str = ""
 ) -> Any:
-    """Run the record ops on one element; DROP if a filter removed it."""
+    """Run the record ops on one element; DROP if a filter removed it.
+
+    `path` (the record's file) only goes into the error message.
+    """
     for pos, op in enumerate(ops):
         try:
             if isinstance(op, MapOp):
@@ -97,7 +100,7 @@ def apply_record_ops(
         except Exception as exc:
             raise TransformError(
                 f"{op.describe()} raised {type(exc).__name__}: {exc} on record {index} "
-                f"(epoch {epoch}){where}\n--- original traceback ---\n"
+                f"(epoch {epoch}){f' in {path}' if path else ''}\n--- original traceback ---\n"
                 + "".join(traceback.format_exception(exc))
             ) from None
     return element

@@ -28,12 +28,14 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .arrayrecord.index import decode_chunk
+from .planning import ChunkRefs
+from .storage import ObjectChangedError, short_read_error
 from .transforms import (
     DROP,
     BatchOp,
@@ -63,18 +65,16 @@ class Pipeline:
 class Task:
     """One unit of work: the records of one batch (or window), in output order.
 
-    Either `raws` (physical chunk bytes, one per record, with their file offset, path and
-    the record's index within the chunk) or `records` (decoded bytes) is set.
+    Either `refs` (where each record's chunk lies; with `raws` the fetched chunk bytes, or
+    none when the files are local and the worker reads them itself) or `records` (decoded
+    bytes) is set.
     """
 
     task_id: int
     indices: np.ndarray  # global record index of each record
     epochs: np.ndarray
-    raws: list[bytes] | None = None
-    raw_starts: list[int] = field(default_factory=list)
-    raw_paths: list[str] = field(default_factory=list)
-    raw_within: list[int] = field(default_factory=list)
-    raw_chunks: list[int] = field(default_factory=list)
+    refs: ChunkRefs | None = None
+    raws: list | None = None  # physical chunk bytes, parallel to refs
     records: list[bytes] | None = None
     raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
     slot: int = -1
@@ -86,6 +86,8 @@ class Result:
     payload: Any  # a batch (arrays may be _ShmRef), a list of elements, or None if all dropped
     count: int  # elements that survived the filters
     slot: int = -1
+    reads: int = 0  # local reads the worker made itself, and their bytes
+    bytes_read: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,46 +137,101 @@ def _watch_parent(arena_path: str | None) -> None:
     threading.Thread(target=watch, name="aioloader-parent-watch", daemon=True).start()
 
 
-def _records_of(task: Task, verify: str) -> list[bytes]:
+class LocalFiles:
+    """Descriptors of the local files a worker reads records from, each opened once.
+
+    Reading in the worker, not the parent, keeps the parent's per-record work to a few
+    vectorized lookups: the reads run in parallel across workers.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self.reads = 0
+        self.bytes = 0
+
+    def _fd(self, url: str) -> int:
+        fd = self._fds.get(url)
+        if fd is None:
+            path = url.removeprefix("file://")
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise ObjectChangedError(f"{path} was deleted after it was opened: re-open "
+                                         "the dataset") from None
+            self._fds[url] = fd
+        return fd
+
+    def read(self, refs: ChunkRefs) -> list[bytes]:
+        fds = [self._fd(u) for u in refs.paths]
+        pread = os.pread
+        out = [pread(fds[f], e - s, s) for f, s, e in
+               zip(refs.file.tolist(), refs.start.tolist(), refs.end.tolist())]
+        want = refs.end - refs.start
+        got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
+        if (got != want).any():
+            k = int(np.flatnonzero(got != want)[0])
+            raise short_read_error(refs.paths[int(refs.file[k])], int(refs.start[k]),
+                                   int(refs.end[k]), int(got[k]))
+        self.reads += len(out)
+        self.bytes += int(want.sum())
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+_files = LocalFiles()
+
+
+def _records_of(task: Task, verify: str, files: LocalFiles) -> list[bytes]:
     if task.records is not None:
         return task.records
-    out = []
+    refs = task.refs
+    assert refs is not None
     if task.raw_spans is not None:
         view = memoryview(_arena)  # type: ignore[arg-type]
         raws: list = [view[o : o + n] for o, n in task.raw_spans]
+    elif task.raws is not None:
+        raws = task.raws
     else:
-        raws = task.raws  # type: ignore[assignment]
-    chunks = task.raw_chunks or [None] * len(raws)
-    for raw, start, path, j, c in zip(raws, task.raw_starts, task.raw_paths,
-                                      task.raw_within, chunks):
-        _, records = decode_chunk(raw, start, verify=verify, path=path, chunk=c)
+        raws = files.read(refs)
+    out = []
+    paths = refs.paths
+    for raw, f, start, c, j in zip(raws, refs.file.tolist(), refs.start.tolist(),
+                                   refs.chunk.tolist(), refs.within.tolist()):
+        _, records = decode_chunk(raw, start, verify=verify, path=paths[f], chunk=c)
         out.append(records.record(j))
     return out
 
 
-def run_task(task: Task, pipeline: Pipeline | None = None, arena: Any = None,
-             slot_size: int = 0) -> Result:
+def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | None = None
+             ) -> Result:
     """Decode, transform and (in batch mode) collate one task."""
     pipeline = pipeline or _pipeline
     assert pipeline is not None, "worker not initialised"
-    records = _records_of(task, pipeline.verify)
+    files = files or _files
+    reads, nbytes = files.reads, files.bytes
+    records = _records_of(task, pipeline.verify, files)
+    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     elements = []
     idx, ep = task.indices.tolist(), task.epochs.tolist()
-    paths = task.raw_paths or [""] * len(records)
+    refs = task.refs
+    paths = ([refs.paths[f] for f in refs.file.tolist()] if refs is not None
+             else [""] * len(records))
     for record, i, e, path in zip(records, idx, ep, paths):
-        out = apply_record_ops(pipeline.record_ops, record, i, e, f" in {path}" if path else "")
+        out = apply_record_ops(pipeline.record_ops, record, i, e, path)
         if out is not DROP:
             elements.append(out)
     if pipeline.batch is None:
-        return Result(task.task_id, elements, len(elements))
+        return Result(task.task_id, elements, len(elements), **io)
     if not elements:
-        return Result(task.task_id, None, 0)
+        return Result(task.task_id, None, 0, **io)
     batch = apply_batch_ops(pipeline.batch_ops, collate(elements))
-    arena = arena if arena is not None else _arena
-    if arena is not None and task.slot >= 0:
-        size = slot_size or _slot_size
-        batch = _to_arena(batch, arena, task.slot * 2 * size, size)
-    return Result(task.task_id, batch, len(elements), task.slot)
+    if _arena is not None and task.slot >= 0:
+        batch = _to_arena(batch, _arena, task.slot * 2 * _slot_size, _slot_size)
+    return Result(task.task_id, batch, len(elements), task.slot, **io)
 
 
 def _to_arena(batch: Any, arena: Any, base: int, size: int) -> Any:
@@ -282,6 +339,7 @@ class Pool:
         self._slot_waiters: list[asyncio.Future] = []
         self._procs: list = []
 
+        self._files = LocalFiles()  # the inline worker's (workers == 0)
         if workers == 0:
             self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
             return
@@ -326,7 +384,8 @@ class Pool:
         """Run one task; arrays come back materialized (slot already freed)."""
         loop = asyncio.get_running_loop()
         if self.workers == 0:
-            return await loop.run_in_executor(self._executor, run_task, task, self.pipeline)
+            return await loop.run_in_executor(self._executor, run_task, task, self.pipeline,
+                                              self._files)
         task.slot = await self._take_slot()
         if task.raws is not None:
             spans = self.arena.place_inputs(task.slot, task.raws)  # type: ignore[union-attr]
@@ -366,6 +425,7 @@ class Pool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._files.close()
         if self.arena is not None:
             self.arena.close()
             self.arena = None
