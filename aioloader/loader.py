@@ -213,7 +213,9 @@ class Loader:
             batch_ops=ds.batch_ops if self._batch_mode else (),
             verify=ds.source.verify,
         )
-        self._pool = Pool(pipeline, self.workers, slots=max(2, self.workers * 2 + 1),
+        # Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few
+        # the consumer holds (its step, device prefetch); beyond that a batch goes by value.
+        self._pool = Pool(pipeline, self.workers, slots=self.prefetch + SYNC_HANDOFF_DEPTH + 4,
                           slot_size=self.slot_size)
         self._finalizer = weakref.finalize(self, _shutdown_pool, self._pool)
         self._pool.warm_up()

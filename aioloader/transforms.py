@@ -106,16 +106,19 @@ def apply_record_ops(
     return element
 
 
-def collate(elements: Sequence[Any], path: str = "element") -> Any:
+def collate(elements: Sequence[Any], path: str = "element",
+            alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
+            ) -> Any:
     """Stack a list of same-structured elements into one batch (dicts, tuples, arrays).
 
-    Numbers and arrays become stacked NumPy arrays; bytes and str stay lists.
+    Numbers and arrays become stacked NumPy arrays; bytes and str stay lists. `alloc(shape,
+    dtype)` may supply the memory a stacked array is written into (None: allocate).
     """
     first = elements[0]
     if isinstance(first, Mapping):
-        return {k: collate([e[k] for e in elements], f"{path}[{k!r}]") for k in first}
+        return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc) for k in first}
     if isinstance(first, tuple) and not hasattr(first, "_fields"):
-        return tuple(collate([e[i] for e in elements], f"{path}[{i}]")
+        return tuple(collate([e[i] for e in elements], f"{path}[{i}]", alloc)
                      for i in range(len(first)))
     if isinstance(first, (bytes, str, bytearray, memoryview)):
         return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
@@ -126,7 +129,10 @@ def collate(elements: Sequence[Any], path: str = "element") -> Any:
             f"batch() needs {path} to have one shape, got {sorted(shapes)[:4]}: pad or trim "
             "it in a map() before batch(), or use pack() for variable-length sequences"
         )
-    return np.stack(arrays)
+    out = None
+    if alloc is not None:
+        out = alloc((len(arrays), *arrays[0].shape), np.result_type(*{a.dtype for a in arrays}))
+    return np.stack(arrays) if out is None else np.stack(arrays, out=out)
 
 
 def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:

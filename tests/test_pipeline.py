@@ -235,3 +235,47 @@ def test_keyboard_interrupt_in_consumer_closes_everything(data):
         for i, _ in enumerate(ds.loader(workers=1)):
             if i == 2:
                 raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_batches_are_lent_without_copy_and_never_overwritten(data, workers):
+    """A batch comes back as views of its shared-memory slot; the slot is reused only after
+    the batch is dropped, so batches a consumer keeps never change under it."""
+    ds = base(data)
+    ref = await collect(ds, workers=0, prefetch=1)  # reference values
+    async with ds.loader(workers=workers, prefetch=2) as it:
+        kept, copies = [], []
+        async for k, batch in aenumerate(it):
+            if k % 3 == 0:  # keep every third batch (and a copy to compare with later)
+                kept.append(batch)
+                copies.append({key: np.array(v) for key, v in batch.items()})
+        # every kept batch is still intact after all later batches were produced
+        for b, c in zip(kept, copies):
+            for key in c:
+                np.testing.assert_array_equal(b[key], c[key])
+        _same(copies, ref[::3])
+        assert any(isinstance(b["id"].base, np.ndarray) for b in kept), \
+            "no batch came back as a view of its slot"
+        arena = it._pool.arena
+        slots = arena.map.size() // (2 * arena.slot_size)
+        assert len(arena.free) < slots  # the kept batches hold theirs
+        del batch, kept, b
+        await asyncio.sleep(0)  # done-callbacks still queued on the loop hold the last result
+        gc.collect()
+        assert sorted(arena.free) == list(range(slots))  # all back, none twice
+
+
+async def aenumerate(it):
+    k = 0
+    async for x in it:
+        yield k, x
+        k += 1
+
+
+async def test_a_consumer_keeping_every_batch_never_stalls(data):
+    """More batches held than the arena has slots: the rest come by value, nothing waits."""
+    ds = base(data)
+    ref = await collect(ds, workers=0)
+    batches = await asyncio.wait_for(collect(ds, workers=1, prefetch=2), 60)
+    _same(batches, ref)
+    assert len(batches) > 2 + 2 + 6  # more than the slots
