@@ -91,6 +91,7 @@ class _ChunkTable:
     first_chunk: np.ndarray
     offsets: np.ndarray
     ends: np.ndarray
+    one_record_chunks: bool  # every chunk holds one record (group_size 1): no search needed
 
     @classmethod
     def build(cls, indices: Sequence[FileIndex], starts: np.ndarray) -> _ChunkTable:
@@ -98,14 +99,16 @@ class _ChunkTable:
         first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         if not indices:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(np.zeros(1, np.int64), empty, first, empty, empty)
+            return cls(np.zeros(1, np.int64), empty, first, empty, empty, True)
         rec = [ix.record_starts[:-1] + s for ix, s in zip(indices, starts[:-1].tolist())]
+        record_starts = np.concatenate([*rec, starts[-1:]]).astype(np.int64)
         return cls(
-            record_starts=np.concatenate([*rec, starts[-1:]]).astype(np.int64),
+            record_starts=record_starts,
             file=np.repeat(np.arange(len(indices), dtype=np.int64), counts),
             first_chunk=first,
             offsets=np.concatenate([ix.chunk_offsets for ix in indices]).astype(np.int64),
             ends=np.concatenate([ix.chunk_ends for ix in indices]).astype(np.int64),
+            one_record_chunks=bool((np.diff(record_starts) == 1).all()),
         )
 
 
@@ -288,8 +291,11 @@ class ArrayRecordSource:
             raise IndexError(f"record {bad} out of range: the source has {n} records")
         if self._table is None:
             self._table = _ChunkTable.build(self._indices, self._starts)
-        g = np.searchsorted(self._table.record_starts, idx, side="right") - 1
-        return g, idx - self._table.record_starts[g]
+        t = self._table
+        if t.one_record_chunks:  # group_size 1 everywhere: chunk g holds record g
+            return idx, np.zeros_like(idx)
+        g = np.searchsorted(t.record_starts, idx, side="right") - 1
+        return g, idx - t.record_starts[g]
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Global record indices → (file, chunk, index within chunk), vectorized."""
