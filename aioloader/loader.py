@@ -27,6 +27,7 @@ import numpy as np
 from .aioutil import acquire, release, run_sync
 from .arrayrecord import ArrayRecordFormatError
 from .assembly import Assembler
+from .planning import ChunkRefs
 from .sampling import IndexPlan, Shard, Shuffle
 from .source import ArrayRecordSource
 from .stats import PipelineStats
@@ -41,6 +42,7 @@ log = logging.getLogger("aioloader")
 STATE_VERSION = 1
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 DEFAULT_WINDOW = 256
+LOOKAHEAD_TASKS = 8
 
 
 def _resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
@@ -242,6 +244,7 @@ class Loader:
         self._producer: asyncio.Task | None = None
         self._workers_tasks: set[asyncio.Task] = set()
         self._run_start = dict(self._state)
+        self._ahead: tuple | None = None  # see _lookup
         ds = self.dataset
         self._assembler = None if self._batch_mode else Assembler(
             ds.batching, ds.pack_batch, ds.batch_ops, self._run_start, self._next_window,
@@ -367,11 +370,11 @@ class Loader:
         src, plan, pool = self._source, self._plan, self._pool
         assert src is not None and plan is not None and pool is not None
         st = self._stats
-        records, epochs = plan.lookup(np.arange(lo, hi, dtype=np.int64))
+        records, epochs, refs = self._lookup(lo, hi)
         try:
             t0 = st.fetch.begin()
             try:
-                task = await self._build_task(k, records, epochs)
+                task = await self._build_task(k, records, epochs, refs)
             finally:
                 st.fetch.end(t0)
             t1 = st.process.begin()
@@ -392,13 +395,34 @@ class Loader:
         st.elements += result.count
         return result
 
-    async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray) -> Task:
+    def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs | None]:
+        """Record indices, epochs and (raw mode) chunk refs of output positions `lo..hi-1`.
+
+        Computed for LOOKAHEAD_TASKS tasks at a time: the permutation and the chunk table
+        are vectorized, and most of their cost on one batch is per call, not per record.
+        Tasks start in order, so the window is hit; a miss only recomputes (pure).
+        """
+        plan, src = self._plan, self._source
+        assert plan is not None and src is not None
+        w = self._ahead
+        if w is None or not (w[0] <= lo and hi <= w[1]):
+            stop = lo + self._unit * LOOKAHEAD_TASKS
+            if plan.length is not None:
+                stop = min(stop, plan.length)
+            stop = max(stop, hi)
+            records, epochs = plan.lookup(np.arange(lo, stop, dtype=np.int64))
+            refs = src.chunk_refs(records) if self._raw_mode else None
+            w = self._ahead = (lo, stop, records, epochs, refs)
+        a, b = lo - w[0], hi - w[0]
+        return w[2][a:b], w[3][a:b], (w[4].take(a, b) if w[4] is not None else None)
+
+    async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray,
+                          refs: ChunkRefs | None) -> Task:
         """What task `k` needs: where its records' chunks are (the worker reads local files
         itself), their fetched bytes (remote files), or decoded records (group size > 1)."""
         src = self._source
         assert src is not None
-        if self._raw_mode:
-            refs = src.chunk_refs(records)
+        if refs is not None:
             if self._local:
                 return Task(k, records, epochs, refs=refs)
             return Task(k, records, epochs, refs=refs, raws=await src.fetch_refs(refs))

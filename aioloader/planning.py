@@ -67,6 +67,13 @@ class ChunkRefs:
     def __len__(self) -> int:
         return len(self.file)
 
+    def take(self, lo: int, hi: int) -> ChunkRefs:
+        """Records `lo..hi-1`, naming only the files they use."""
+        used, inverse = np.unique(self.file[lo:hi], return_inverse=True)
+        return ChunkRefs([self.paths[u] for u in used.tolist()], inverse.astype(np.int64),
+                         self.chunk[lo:hi], self.start[lo:hi], self.end[lo:hi],
+                         self.within[lo:hi])
+
 
 
 def plan_reads(

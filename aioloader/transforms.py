@@ -122,6 +122,17 @@ def collate(elements: Sequence[Any], path: str = "element",
                      for i in range(len(first)))
     if isinstance(first, (bytes, str, bytearray, memoryview)):
         return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
+    if type(first) in (int, float, bool):  # Python numbers (e.g. from JSON): one C loop
+        try:
+            stacked = np.array(elements)
+        except ValueError:  # mixed with sequences: the general path explains
+            stacked = np.empty(0, dtype=object)
+        if stacked.ndim == 1 and stacked.dtype != object:
+            out = alloc(stacked.shape, stacked.dtype) if alloc is not None else None
+            if out is None:
+                return stacked
+            out[...] = stacked
+            return out
     arrays = [np.asarray(e) for e in elements]
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1:
