@@ -89,12 +89,17 @@ async def test_record_bigger_than_the_memory_budget(tmp_path):
     assert [list(b) for b in await _drain(ds, memory_budget=4 << 20)] != []
 
 
-async def test_local_file_rewritten_after_open(tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])  # the parent reads, or the worker does
+@pytest.mark.parametrize("how", ["rewritten", "shrunk"])
+async def test_local_file_changed_after_open(tmp_path, workers, how):
     paths = _write(tmp_path, n=200, shards=1)
     ds = _ids_pipeline(paths)
-    async with ds.loader(prefetch=1) as it:
+    async with ds.loader(prefetch=1, workers=workers) as it:
         await it.__anext__()
-        write_theirs(paths[0], make_records(500, 200, seed=9), "group_size:1")
+        if how == "rewritten":
+            write_theirs(paths[0], make_records(500, 200, seed=9), "group_size:1")
+        else:
+            os.truncate(paths[0], 4096)  # cuts records of later batches
         with pytest.raises(ObjectChangedError, match=r"train-00000.*changed after it was"):
             async for _ in it:
                 pass
