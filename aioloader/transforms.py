@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-DROP = object()  # a record removed by a filter
-
 
 class TransformError(RuntimeError):
     """A user transform raised; the message names the op, the record and the cause."""
@@ -82,28 +80,46 @@ def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random
     return np.random.Generator(np.random.Philox(key=seed % 2**128, counter=counter))
 
 
-def apply_record_ops(
-    ops: Sequence[RecordOp], element: Any, index: int, epoch: int, path: str = ""
-) -> Any:
-    """Run the record ops on one element; DROP if a filter removed it.
+def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[int],
+                     epochs: Sequence[int], paths: Sequence[str] | None = None) -> list:
+    """Run the record ops over a batch of elements, op by op; filtered ones are dropped.
 
-    `path` (the record's file) only goes into the error message.
+    `indices`/`epochs` key `random_map`'s generators; `paths` (each record's file) only go
+    into error messages. One loop per op keeps the per-record cost to the user's function.
     """
+    keep = list(range(len(elements)))  # positions (in the input) of the surviving elements
     for pos, op in enumerate(ops):
+        k = 0
+        out: list = []
+        append = out.append
         try:
             if isinstance(op, MapOp):
-                element = op.fn(element)
+                fn = op.fn
+                for k, x in enumerate(elements):  # noqa: B007 (k names the record on error)
+                    append(fn(x))
             elif isinstance(op, RandomMapOp):
-                element = op.fn(element, record_rng(op.seed, epoch, index, pos))
-            elif not op.pred(element):
-                return DROP
+                fn, seed = op.fn, op.seed
+                for k, x in enumerate(elements):
+                    i = keep[k]
+                    append(fn(x, record_rng(seed, epochs[i], indices[i], pos)))
+            else:
+                pred = op.pred
+                kept = []
+                for k, x in enumerate(elements):
+                    if pred(x):
+                        append(x)
+                        kept.append(keep[k])
+                keep = kept
         except Exception as exc:
+            i = keep[k]
+            where = f" in {paths[i]}" if paths and paths[i] else ""
             raise TransformError(
-                f"{op.describe()} raised {type(exc).__name__}: {exc} on record {index} "
-                f"(epoch {epoch}){f' in {path}' if path else ''}\n--- original traceback ---\n"
+                f"{op.describe()} raised {type(exc).__name__}: {exc} on record {indices[i]} "
+                f"(epoch {epochs[i]}){where}\n--- original traceback ---\n"
                 + "".join(traceback.format_exception(exc))
             ) from None
-    return element
+        elements = out
+    return elements
 
 
 def collate(elements: Sequence[Any], path: str = "element",

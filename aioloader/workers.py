@@ -40,7 +40,6 @@ from .arrayrecord.index import decode_chunk
 from .planning import ChunkRefs
 from .storage import ObjectChangedError, short_read_error
 from .transforms import (
-    DROP,
     BatchOp,
     MapOp,
     RecordOp,
@@ -239,15 +238,10 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     reads, nbytes = files.reads, files.bytes
     records = _records_of(task, pipeline.verify, files, arena)
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
-    elements = []
-    idx, ep = task.indices.tolist(), task.epochs.tolist()
     refs = task.refs
-    paths = ([refs.paths[f] for f in refs.file.tolist()] if refs is not None
-             else [""] * len(records))
-    for record, i, e, path in zip(records, idx, ep, paths):
-        out = apply_record_ops(pipeline.record_ops, record, i, e, path)
-        if out is not DROP:
-            elements.append(out)
+    paths = [refs.paths[f] for f in refs.file.tolist()] if refs is not None else None
+    elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
+                                task.epochs.tolist(), paths)
     if pipeline.batch is None:
         return Result(task.task_id, elements, len(elements), **io)
     if not elements:
