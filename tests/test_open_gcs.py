@@ -8,6 +8,7 @@ lookup. Every figure is counted by the delay line in front of fake-gcs-server ov
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 import pytest
@@ -161,3 +162,81 @@ async def test_opening_gets_are_retried_and_counted(gcs, shards):
         assert storage.stats.requests == seen["requests"] == FILES + seen["faults"]
     finally:
         await storage.aclose()
+
+
+# -- answers fake-gcs-server never gives ------------------------------------------------------
+# Real GCS may answer a suffix range longer than the object with 200 and the whole body, and an
+# empty object with 416; some GCS-compatible servers send no x-goog-generation. fake-gcs-server
+# always answers 206 with the generation, so these run against a small real HTTP server that
+# answers the download and metadata endpoints the way such a server would.
+
+
+@contextlib.asynccontextmanager
+async def _odd_server(objects: dict[str, bytes], mode: str):
+    from aiohttp import web
+
+    requests: list[str] = []
+
+    async def download(request: web.Request) -> web.Response:
+        requests.append("download")
+        body = objects.get(request.match_info["name"])
+        if body is None:
+            return web.Response(status=404, text="Not Found")
+        if mode == "416" and not body:
+            return web.Response(status=416, text="The requested range cannot be satisfied.")
+        headers = {} if mode == "no-generation" else {"x-goog-generation": "7"}
+        rng = request.headers.get("Range", "")
+        if mode == "200" or not rng:
+            return web.Response(status=200, body=body, headers=headers)
+        first, last = rng.removeprefix("bytes=").split("-")
+        start, end = (len(body) - int(last), len(body)) if not first else (
+            int(first), int(last) + 1)
+        start = max(0, start)
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
+        return web.Response(status=206, body=body[start:end], headers=headers)
+
+    async def metadata(request: web.Request) -> web.Response:
+        requests.append("metadata")
+        name = request.match_info["name"]
+        if name not in objects:
+            return web.Response(status=404, text="Not Found")
+        return web.json_response({"kind": "storage#object", "bucket": "b", "name": name,
+                                  "size": str(len(objects[name])), "generation": "7"})
+
+    app = web.Application()
+    app.router.add_get("/download/storage/v1/b/b/o/{name}", download)
+    app.router.add_get("/storage/v1/b/b/o/{name}", metadata)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield {"token": "anon", "endpoint_url": f"http://127.0.0.1:{port}"}, requests
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("mode", ["200", "416", "no-generation"])
+async def test_whole_body_empty_object_and_missing_generation(shards, mode):
+    path, records = shards[0]
+    objects = {"small.ar": path.read_bytes(), "empty.ar": b""}
+    async with _odd_server(objects, mode) as (opts, requests):
+        storage = Storage(storage_options=opts)
+        try:
+            src = await ArrayRecordSource.open("gs://b/small.ar", storage=storage)
+            # 200 with the whole body: one request opens it. Without a generation the
+            # metadata is asked for (then the tail is read again): the pin is never skipped.
+            assert requests == (["download", "metadata", "download"]
+                                if mode == "no-generation" else ["download"])
+            (info,) = src._files
+            assert (info.size, info.version) == (len(objects["small.ar"]), "7")
+            assert storage._pins["gs://b/small.ar"] == "7"
+            assert await src.read([0, len(records) - 1]) == [records[0], records[-1]]
+            requests.clear()
+            with pytest.raises(ArrayRecordFormatError, match=r"gs://b/empty\.ar.*too small"):
+                await ArrayRecordSource.open("gs://b/empty.ar", storage=storage)
+            # 416 (real GCS, empty object): one GET, then the size from the metadata
+            assert requests == (["download", "metadata"] if mode != "200" else ["download"])
+        finally:
+            await storage.aclose()
