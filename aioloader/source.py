@@ -1,7 +1,8 @@
 """`ArrayRecordSource`: a set of ArrayRecord files as one indexed record space.
 
 Opening lists the files (one listing for a glob), then reads every file's tail — postscript
-and footer together in one speculative range read — all files in parallel. Reading a batch
+and footer together in one speculative range read — all files in parallel; a gs:// file named
+without a glob takes one request (a suffix-range GET also gives its size and generation). Reading a batch
 maps global indices to (file, chunk), plans merged byte ranges, fetches them concurrently
 through one `Storage`, and decodes each needed chunk once. Decoded chunks of files with
 group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
