@@ -2,10 +2,10 @@
 
 Opening lists the files (one listing for a glob), then reads every file's tail — postscript
 and footer together in one speculative range read — all files in parallel; a gs:// file named
-without a glob takes one request (a suffix-range GET also gives its size and generation). Reading a batch
-maps global indices to (file, chunk), plans merged byte ranges, fetches them concurrently
-through one `Storage`, and decodes each needed chunk once. Decoded chunks of files with
-group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
+without a glob takes one request (a suffix-range GET also gives its size and generation).
+Reading a batch maps global indices to (file, chunk), plans merged byte ranges, fetches them
+concurrently through one `Storage`, and decodes each needed chunk once. Decoded chunks of files
+with group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
 
 The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
 it works in scripts and in notebooks that run their own loop.
