@@ -136,7 +136,8 @@ class GCSBackend:
 
     @staticmethod
     def _key(path: str) -> str:
-        return path if path.startswith("gs://") else "gs://" + path
+        """The object's canonical URL (gcsfs lists `bucket/name`; `gcs://` is an alias)."""
+        return path if path.startswith("gs://") else "gs://" + path.removeprefix("gcs://")
 
     async def info(self, path: str) -> ObjectInfo:
         meta = await self.fs._info(path)

@@ -240,3 +240,16 @@ async def test_whole_body_empty_object_and_missing_generation(shards, mode):
             assert requests == (["download", "metadata"] if mode != "200" else ["download"])
         finally:
             await storage.aclose()
+
+
+async def test_gcs_alias_opens_as_gs(gcs, shards):
+    path, records = shards[0]
+    url = gcs.upload(path, "alias/a.ar")
+    src = await ArrayRecordSource.open(url.replace("gs://", "gcs://"),
+                                       storage_options=gcs.storage_options)
+    try:
+        assert src.urls == [url]  # not gs://gcs://...
+        assert src.storage._pins[url]
+        assert await src.read([2]) == [records[2]]
+    finally:
+        await src.aclose()
