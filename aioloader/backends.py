@@ -207,11 +207,11 @@ class GCSBackend:
             size, body = len(body), body[-n:] if len(body) > n else body
         elif status == 206:
             m = _CONTENT_RANGE.fullmatch(content_range.strip())
-            if m is None:
-                raise StorageError(f"{self._key(path)}: a suffix-range GET answered 206 with "
-                                   f"Content-Range {content_range!r}, not 'bytes a-b/size' "
-                                   "(is the endpoint really GCS?)")
-            size = int(m["size"])
+            size = int(m["size"]) if m else -1
+            if m is None or (int(m["first"]), int(m["last"])) != (size - min(n, size), size - 1):
+                raise StorageError(f"{self._key(path)}: asked for the last {n} bytes, the answer "
+                                   f"was 206 with Content-Range {content_range!r} (not the tail: "
+                                   "is the endpoint a GCS-compatible server?)")
             if len(body) != min(n, size):
                 raise Transient(f"short body ({len(body)} of {min(n, size)} bytes)")
         else:

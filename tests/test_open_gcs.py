@@ -16,7 +16,7 @@ import pytest
 from aioloader import source as source_mod
 from aioloader.arrayrecord import ArrayRecordFormatError
 from aioloader.source import ArrayRecordSource
-from aioloader.storage import ObjectChangedError, RetryPolicy, Storage
+from aioloader.storage import ObjectChangedError, RetryPolicy, Storage, StorageError
 from aioloader.testing import ProxyStats, local_gcs
 
 from .arrayrecord_util import make_records, write_theirs
@@ -42,7 +42,8 @@ def shards(tmp_path_factory):
         out.append((path, records))
     big = root / "big.ar"
     records = make_records(1000, 2500, seed=99)
-    write_theirs(big, records, "group_size:1")
+    write_theirs(big, records, "group_size:1,uncompressed")
+    assert big.stat().st_size > 2 * source_mod.CLOUD_TAIL
     out.append((big, records))
     return out
 
@@ -192,6 +193,8 @@ async def _odd_server(objects: dict[str, bytes], mode: str):
         start, end = (len(body) - int(last), len(body)) if not first else (
             int(first), int(last) + 1)
         start = max(0, start)
+        if mode == "head-not-tail":  # a server that reads "bytes=-N" as the first N bytes
+            start, end = 0, min(len(body), int(last))
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
         return web.Response(status=206, body=body[start:end], headers=headers)
 
@@ -253,3 +256,15 @@ async def test_gcs_alias_opens_as_gs(gcs, shards):
         assert await src.read([2]) == [records[2]]
     finally:
         await src.aclose()
+
+
+async def test_a_206_that_is_not_the_tail_is_a_clear_error(shards):
+    path, _ = shards[-1]  # bigger than the 1 MiB asked for
+    async with _odd_server({"big.ar": path.read_bytes()}, "head-not-tail") as (opts, _):
+        storage = Storage(storage_options=opts)
+        try:
+            with pytest.raises(StorageError, match=r"gs://b/big\.ar: asked for the last "
+                                                   r"1048576 bytes.*Content-Range 'bytes 0-"):
+                await ArrayRecordSource.open("gs://b/big.ar", storage=storage)
+        finally:
+            await storage.aclose()
