@@ -6,7 +6,9 @@
   session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
   cannot be turned off per instance; reading through it would hide retries from our stats
   and stretch a 503 into seconds. Our session also lifts the 100-connection cap, and reads
-  are pinned to the object generation seen at open;
+  are pinned to the object generation seen at open. Opening an object by name is one
+  suffix-range GET: its response carries the tail bytes, the size (`Content-Range`) and the
+  generation (`x-goog-generation`), where gcsfs's `info()` costs ~3 metadata requests;
 - any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
 
 A backend makes one attempt and classifies failure: `Transient` (worth retrying) or a final
@@ -18,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import glob as globlib
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# "bytes 0-99/100"; an empty object on fake-gcs-server: "bytes 0--1/0".
+_CONTENT_RANGE = re.compile(r"bytes (?P<first>-?\d+)-(?P<last>-?\d+)/(?P<size>\d+)")
 
 
 class StorageError(OSError):
@@ -43,6 +48,13 @@ class ObjectInfo(NamedTuple):
     url: str
     size: int
     version: str
+
+
+class Tail(NamedTuple):
+    """An object's size and version with its last `len(data)` bytes, from one request."""
+
+    info: ObjectInfo
+    data: bytes
 
 
 class Transient(Exception):
@@ -101,6 +113,7 @@ class GCSBackend:
         self.pins = pins
         import aiohttp
         import gcsfs
+        import yarl
 
         opts = dict(options)
         if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
@@ -108,6 +121,8 @@ class GCSBackend:
         self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
                                       loop=asyncio.get_running_loop(), **opts)
         self._aiohttp = aiohttp
+        self._yarl_url = yarl.URL
+        self._urls: dict[tuple[str, str | None], yarl.URL] = {}
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
@@ -121,7 +136,8 @@ class GCSBackend:
 
     @staticmethod
     def _key(path: str) -> str:
-        return path if path.startswith("gs://") else "gs://" + path
+        """The object's canonical URL (gcsfs lists `bucket/name`; `gcs://` is an alias)."""
+        return path if path.startswith("gs://") else "gs://" + path.removeprefix("gcs://")
 
     async def info(self, path: str) -> ObjectInfo:
         meta = await self.fs._info(path)
@@ -137,12 +153,21 @@ class GCSBackend:
              for name, m in found.items() if m.get("type", "file") == "file"),
         )
 
+    def _http_url(self, path: str, generation: str | None) -> Any:
+        """The download URL, parsed once per object and generation: gcsfs's `url()` (path
+        splitting, quoting) and yarl's parsing cost more than the rest of our per-GET code."""
+        url = self._urls.get((path, generation))
+        if url is None:
+            url = self._urls[(path, generation)] = self._yarl_url(
+                self.fs.url(path, generation=generation))
+        return url
+
     async def read(self, path: str, start: int, end: int) -> bytes:
         headers = {"Range": f"bytes={start}-{end - 1}"}
         self.fs.credentials.apply(headers)
         generation = self.pins.get(self._key(path)) or None
         try:
-            async with self.session.get(self.fs.url(path, generation=generation),
+            async with self.session.get(self._http_url(path, generation),
                                         headers=headers) as resp:
                 status = resp.status
                 if status in (200, 206):
@@ -155,20 +180,62 @@ class GCSBackend:
                 text = (await resp.read())[:200].decode("utf-8", "replace")
         except self._aiohttp.ClientError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from None
+        raise self._failure(path, status, text, generation)
+
+    async def read_tail(self, path: str, n: int) -> Tail | None:
+        """Size, generation and the last `n` bytes (all of a smaller object) in one GET.
+
+        None when the answer cannot give them (416: an empty object on real GCS; no
+        `x-goog-generation` header): the caller then asks `info()` and reads as usual.
+        """
+        headers = {"Range": f"bytes=-{n}"}
+        self.fs.credentials.apply(headers)
+        try:
+            async with self.session.get(self._http_url(path, None), headers=headers) as resp:
+                status = resp.status
+                if status in (200, 206):
+                    body = await resp.read()
+                    generation = resp.headers.get("x-goog-generation", "")
+                    content_range = resp.headers.get("Content-Range", "")
+                else:
+                    text = (await resp.read())[:200].decode("utf-8", "replace")
+        except self._aiohttp.ClientError as exc:
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
+        if status == 416:
+            return None
+        if status == 200:  # the whole object: smaller than n, or the range was ignored
+            size, body = len(body), body[-n:] if len(body) > n else body
+        elif status == 206:
+            m = _CONTENT_RANGE.fullmatch(content_range.strip())
+            size = int(m["size"]) if m else -1
+            if m is None or (int(m["first"]), int(m["last"])) != (size - min(n, size), size - 1):
+                raise StorageError(f"{self._key(path)}: asked for the last {n} bytes, the answer "
+                                   f"was 206 with Content-Range {content_range!r} (not the tail: "
+                                   "is the endpoint a GCS-compatible server?)")
+            if len(body) != min(n, size):
+                raise Transient(f"short body ({len(body)} of {min(n, size)} bytes)")
+        else:
+            raise self._failure(path, status, text, None)
+        if not generation:
+            return None
+        return Tail(ObjectInfo(self._key(path), size, generation), body)
+
+    def _failure(self, path: str, status: int, text: str, generation: str | None) -> Exception:
+        """The error for a non-2xx answer (`Transient` when worth retrying)."""
+        url = self._key(path)
         if status == 404:
-            url = self._key(path)
             if generation:
-                raise ObjectChangedError(
+                return ObjectChangedError(
                     f"{url} was replaced or deleted after it was opened (generation "
                     f"{generation} is gone); re-open the dataset to read the new object"
                 )
-            raise FileNotFoundError(f"no such object: {url}")
+            return FileNotFoundError(f"no such object: {url}")
         if status in (401, 403):
-            raise PermissionError(f"HTTP {status} reading gs://{path.removeprefix('gs://')}: "
-                                  f"{text} (check credentials or storage_options['token'])")
+            return PermissionError(f"HTTP {status} reading {url}: {text} (check credentials "
+                                   "or storage_options['token'])")
         if status in RETRY_STATUSES:
-            raise Transient(f"HTTP {status}")
-        raise StorageError(f"HTTP {status}: {text}")
+            return Transient(f"HTTP {status}")
+        return StorageError(f"HTTP {status} from {url}: {text}")
 
     async def aclose(self) -> None:
         await self.session.close()

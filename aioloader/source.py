@@ -1,10 +1,11 @@
 """`ArrayRecordSource`: a set of ArrayRecord files as one indexed record space.
 
 Opening lists the files (one listing for a glob), then reads every file's tail — postscript
-and footer together in one speculative range read — all files in parallel. Reading a batch
-maps global indices to (file, chunk), plans merged byte ranges, fetches them concurrently
-through one `Storage`, and decodes each needed chunk once. Decoded chunks of files with
-group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
+and footer together in one speculative range read — all files in parallel; a gs:// file named
+without a glob takes one request (a suffix-range GET also gives its size and generation).
+Reading a batch maps global indices to (file, chunk), plans merged byte ranges, fetches them
+concurrently through one `Storage`, and decodes each needed chunk once. Decoded chunks of files
+with group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
 
 The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
 it works in scripts and in notebooks that run their own loop.
@@ -46,6 +47,19 @@ from .storage import (
 LOCAL_TAIL = 1 << 18
 CLOUD_TAIL = 1 << 20  # one round trip opens files of up to ~300k chunks
 _DECODE_IN_THREAD_BYTES = 1 << 20
+
+
+async def _gather_all(coros) -> list[Any]:
+    """`asyncio.gather`, but the first failure cancels and awaits the rest, so none is still
+    running (and using the storage being closed) when the error reaches the caller."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class ChunkCache:
@@ -173,40 +187,57 @@ class ArrayRecordSource:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if self._files is None:
-                files = await self._list()
-                indices = await asyncio.gather(*(self._open_file(f) for f in files))
+                groups = await _gather_all(self._open_pattern(p) for p in self._patterns)
+                files = [info for group in groups for info, _ in group]
+                indices = [index for group in groups for _, index in group]
                 counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
                 self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-                self._indices = list(indices)
+                self._indices = indices
                 self._files = files
 
-    async def _list(self) -> list[ObjectInfo]:
-        async def expand(pattern: str) -> list[ObjectInfo]:
-            if has_glob(pattern):
-                found = await self.storage.glob(pattern)
-                if not found:
-                    raise FileNotFoundError(
-                        f"no files match {redact(pattern)!r} (check the path and pattern)"
-                    )
-                return found
-            return [await self.storage.info(pattern)]
+    async def _open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
+        """Open the files `pattern` names, in order, each pinned to the version first seen.
 
-        groups = await asyncio.gather(*(expand(p) for p in self._patterns))
-        files = [info for group in groups for info in group]
-        for info in files:
+        A glob is one listing (sizes and generations included), then one tail read per file.
+        A single name is one request on gs:// (a suffix-range GET gives size, generation and
+        tail together), and a size lookup then a tail read elsewhere; its tail is parsed as
+        soon as it arrives, so thousands of named files never hold their tails all at once.
+        """
+        if has_glob(pattern):
+            files = await self._list(pattern)
+            return list(zip(files, await _gather_all(self._open_file(f) for f in files)))
+        info, tail = await self.storage.read_tail(
+            pattern, LOCAL_TAIL if is_local(pattern) else CLOUD_TAIL)
+        self.storage.pin(info)
+        return [(info, await self._open_file(info, tail))]
+
+    async def _list(self, pattern: str) -> list[ObjectInfo]:
+        """The files a glob matches, pinned; no per-file lookups (the listing has it all)."""
+        found = await self.storage.glob(pattern)
+        if not found:
+            raise FileNotFoundError(
+                f"no files match {redact(pattern)!r} (check the path and pattern)"
+            )
+        for info in found:
             self.storage.pin(info)
-        return files
+        return found
 
-    async def _open_file(self, info: ObjectInfo) -> FileIndex:
+    async def _open_file(self, info: ObjectInfo, tail: bytes | None = None) -> FileIndex:
+        """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read."""
         cached = self._load_cached_index(info)
         if cached is not None:
             return cached
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
                            tail=LOCAL_TAIL if is_local(info.url) else CLOUD_TAIL)
+        tail_at = info.size - len(tail) if tail is not None else info.size
         try:
             offset, length = next(steps)
             while True:
-                data = await self.storage.read(info.url, offset, offset + length)
+                if tail is not None and tail_at <= offset and offset + length <= info.size:
+                    data = (tail if length == len(tail) else
+                            memoryview(tail)[offset - tail_at : offset - tail_at + length])
+                else:
+                    data = await self.storage.read(info.url, offset, offset + length)
                 offset, length = steps.send(data)
         except StopIteration as done:
             index = done.value
