@@ -15,6 +15,7 @@ delivered. It is a few integers, JSON-able, and resumes bit-for-bit.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -33,7 +34,7 @@ from .source import ArrayRecordSource
 from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp
-from .workers import Pipeline, Pool, Result, Task
+from .workers import Pipeline, Pool, Result, Task, array_leaves
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -43,6 +44,8 @@ STATE_VERSION = 1
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 DEFAULT_WINDOW = 256
 LOOKAHEAD_TASKS = 8
+TASK_RECORDS = 1024  # batches are grouped into tasks of about this many records...
+MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
 
 
 def _resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
@@ -106,6 +109,8 @@ class Loader:
         self._stats = PipelineStats(workers=workers, prefetch=prefetch,
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
+        self._batches_per_task = 1  # grows after the first batch (see _adapt_task_size)
+        self._task_size_chosen = False
         self._used_sync = False  # driven from the background loop of the sync API
         self._delivered: dict[str, int] | None = None  # sync API: after the last batch given
         self._reset_run_state()
@@ -239,6 +244,8 @@ class Loader:
     def _reset_run_state(self) -> None:
         self._results: dict[int, asyncio.Future] = {}
         self._consumed_tasks = 0
+        self._spans: dict[int, tuple[int, int]] = {}  # task -> its output positions
+        self._ready: collections.deque = collections.deque()  # (batch, position after it)
         self._end_task: int | None = None
         self._changed: asyncio.Event | None = None
         self._producer: asyncio.Task | None = None
@@ -320,36 +327,46 @@ class Loader:
 
     # -- producing --------------------------------------------------------------------
 
-    def _task_range(self, k: int) -> tuple[int, int] | None:
+    def _task_span(self, lo: int) -> tuple[int, int] | None:
+        """Output positions `[lo, hi)` of the task starting at `lo`; None past the end.
+
+        In batch mode a task covers `_batches_per_task` whole batches (the last one may be
+        partial, unless drop_remainder); in stream mode one window.
+        """
         assert self._plan is not None
-        lo = self._run_start["position"] + k * self._unit
-        hi = lo + self._unit
+        unit = self._unit
+        hi = lo + unit * (self._batches_per_task if self._batch_mode else 1)
         length = self._plan.length
         if length is not None:
             if lo >= length:
                 return None
             hi = min(hi, length)
-            if self._batch_mode and hi - lo < self._unit and \
-                    self.dataset.batching.drop_remainder:  # type: ignore[union-attr]
-                return None
+            if self._batch_mode and self.dataset.batching.drop_remainder:  # type: ignore[union-attr]
+                hi = lo + (hi - lo) // unit * unit
+                if hi == lo:
+                    return None
         return lo, hi
 
     async def _produce(self) -> None:
         loop = asyncio.get_running_loop()
         k = 0
+        lo = self._run_start["position"]
         try:
             while True:
-                span = self._task_range(k)
+                await self._slots.acquire()
+                span = self._task_span(lo)  # after the wait: the batches per task may grow
                 if span is None:
+                    self._slots.release()
                     self._end_task = k
                     return
-                await self._slots.acquire()
                 fut = loop.create_future()
                 self._results[k] = fut
+                self._spans[k] = span
                 t = asyncio.ensure_future(self._run_task(k, *span, fut))
                 self._workers_tasks.add(t)
                 t.add_done_callback(self._workers_tasks.discard)
                 self._changed.set()  # type: ignore[union-attr]
+                lo = span[1]
                 k += 1
         finally:
             if self._changed is not None:
@@ -406,7 +423,7 @@ class Loader:
         assert plan is not None and src is not None
         w = self._ahead
         if w is None or not (w[0] <= lo and hi <= w[1]):
-            stop = lo + self._unit * LOOKAHEAD_TASKS
+            stop = lo + self._unit * self._batches_per_task * LOOKAHEAD_TASKS
             if plan.length is not None:
                 stop = min(stop, plan.length)
             stop = max(stop, hi)
@@ -481,12 +498,33 @@ class Loader:
         return batch
 
     async def _next_batch_mode(self) -> Any:
-        result = await self._next_result()
-        if result is None:
-            raise StopAsyncIteration
-        self._state = {"position": self._run_start["position"]
-                       + self._consumed_tasks * self._unit, "skip": 0, "rows": 0}
-        return result.payload
+        while not self._ready:
+            k = self._consumed_tasks
+            result = await self._next_result()
+            if result is None:
+                raise StopAsyncIteration
+            lo = self._spans.pop(k)[0]
+            self._adapt_task_size(result.payload)
+            for j, batch in enumerate(result.payload or ()):
+                self._ready.append((batch, lo + (j + 1) * self._unit))
+        batch, position = self._ready.popleft()
+        self._state = {"position": position, "skip": 0, "rows": 0}
+        return batch
+
+    def _adapt_task_size(self, batches: list | None) -> None:
+        """After the first batch: small batches from local files go several to a task (the
+        per-task cost of scheduling and the process hop then amortizes), as long as they fit
+        a slot. From a bucket the reads dominate, and bigger tasks would only queue more
+        reads behind io_concurrency (stretching a stalled store's time to error)."""
+        if self._task_size_chosen or not batches:
+            return
+        self._task_size_chosen = True
+        if not self._local:
+            return
+        nbytes = sum(a.nbytes for a in array_leaves(batches[0])) + 4096
+        self._batches_per_task = max(1, min(MAX_BATCHES_PER_TASK,
+                                            TASK_RECORDS // self._unit,
+                                            self.slot_size // nbytes))
 
     async def _next_window(self) -> tuple[int, list[Any]] | None:
         """Stream mode: the next task's window position and surviving elements."""
@@ -494,7 +532,7 @@ class Loader:
         result = await self._next_result()
         if result is None:
             return None
-        return self._run_start["position"] + k * self._unit, result.payload
+        return self._spans.pop(k)[0], result.payload
 
     async def _next_stream_mode(self) -> Any:
         assert self._assembler is not None

@@ -85,7 +85,7 @@ class Task:
 @dataclass
 class Result:
     task_id: int
-    payload: Any  # a batch (arrays may be _ShmRef), a list of elements, or None if all dropped
+    payload: Any  # batch mode: a list of batches (arrays may be _ShmRef); else the elements
     count: int  # elements that survived the filters
     slot: int = -1
     reads: int = 0  # local reads the worker made itself, and their bytes
@@ -244,17 +244,18 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
                                 task.epochs.tolist(), paths)
     if pipeline.batch is None:
         return Result(task.task_id, elements, len(elements), **io)
-    if not elements:
-        return Result(task.task_id, None, 0, **io)
+    # Batch mode: the task's elements are one or more whole batches (the last may be short).
+    size = pipeline.batch.size
+    groups = [elements[i : i + size] for i in range(0, len(elements), size)]
     if arena is None or task.slot < 0:
-        return Result(task.task_id, apply_batch_ops(pipeline.batch_ops, collate(elements)),
-                      len(elements), **io)
+        return Result(task.task_id, [apply_batch_ops(pipeline.batch_ops, collate(g))
+                                     for g in groups], len(elements), **io)
     alloc = _SlotAlloc(arena, task.slot * 2 * slot_size, slot_size)
-    batch = apply_batch_ops(pipeline.batch_ops, collate(elements, alloc=alloc))
-    placed = alloc.export(batch)
-    if placed is None:  # does not fit the slot: the batch travels by value
+    batches = [apply_batch_ops(pipeline.batch_ops, collate(g, alloc=alloc)) for g in groups]
+    placed = alloc.export(batches)
+    if placed is None:  # does not fit the slot: the batches travel by value
         slot = -1
-        placed = _replace(batch, np.copy) if inline else batch
+        placed = _replace(batches, np.copy) if inline else batches
     else:
         slot = task.slot
     return Result(task.task_id, placed, len(elements), slot, **io)
@@ -318,6 +319,13 @@ def _collect(tree: Any, out: list) -> None:
                 _collect(v, out)
     elif isinstance(tree, np.ndarray) and tree.dtype != object:
         out.append(tree)
+
+
+def array_leaves(tree: Any) -> list[np.ndarray]:
+    """The NumPy arrays (not object arrays) in a batch's tree of dicts, tuples and lists."""
+    out: list[np.ndarray] = []
+    _collect(tree, out)
+    return out
 
 
 def _replace(tree: Any, fn) -> Any:

@@ -279,3 +279,25 @@ async def test_a_consumer_keeping_every_batch_never_stalls(data):
     batches = await asyncio.wait_for(collect(ds, workers=1, prefetch=2), 60)
     _same(batches, ref)
     assert len(batches) > 2 + 2 + 6  # more than the slots
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_small_batches_share_tasks_without_changing_batches_or_state(data, drop, workers):
+    """Small batches are grouped several to a task; batches, their order and the state after
+    each one are as if every batch were its own task, and every state resumes exactly."""
+    ds = (al.Dataset.from_arrayrecord(data).shuffle(3).map(fns.decode)
+          .map(fns.only_id_noise_det).batch(32, drop_remainder=drop))
+    batches, states = [], []
+    async with ds.loader(workers=workers, prefetch=2) as it:
+        async for b in it:
+            batches.append({k: np.array(v) for k, v in b.items()})
+            states.append(it.get_state())
+        assert it._batches_per_task > 1  # the grouping under test did happen
+    full = N // 32 if drop else -(-N // 32)
+    assert len(batches) == full
+    assert [s["position"] for s in states] == [32 * (j + 1) for j in range(full)]
+    ids = _ids(batches)
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == (full * 32 if drop else N)
+    for j in (0, 4, 9, full - 2):  # resume after batch j: inside a task and at its edges
+        _same(await collect(ds, workers=workers, state=states[j]), batches[j + 1:])
