@@ -1,15 +1,17 @@
 """The running pipeline: asyncio stages, the async iterator, checkpointable state, stats.
 
 Work is cut into tasks over consecutive output positions. A task looks up its record
-indices (`sampling`), fetches the bytes it needs through the shared `Storage` (merged range
-reads, many in flight), and hands them to the decode pool, which returns a finished batch
-(or, with filter/pack, the surviving elements of a window). Up to `prefetch` tasks run at
-once, and results are delivered strictly in task order, whatever finishes first: the output
-is a pure function of the dataset, the seed and the shard.
+indices (`sampling`) and where their chunks lie, fetches remote bytes through the shared
+`Storage` (merged range reads, many in flight; local files the worker reads itself), and
+hands it to the decode pool, which returns finished batches (or, with filter/pack, the
+surviving elements of a window). A task is one batch at first; small batches from local
+files then go several to a task, so the per-task cost amortizes. Up to `prefetch` tasks run
+at once, and results are delivered strictly in task order, whatever finishes first: the
+output is a pure function of the dataset, the seed and the shard.
 
-State is where the consumer is: the output position of the next task, plus, when filter or
-pack make batches uneven, how many elements (or packed rows) of that task were already
-delivered. It is a few integers, JSON-able, and resumes bit-for-bit.
+State is where the consumer is: the output position after the last batch delivered, plus,
+when filter or pack make batches uneven, how many elements (or packed rows) of that task
+were already delivered. It is a few integers, JSON-able, and resumes bit-for-bit.
 """
 
 from __future__ import annotations
