@@ -24,6 +24,8 @@ import pytest
 
 import aioloader.testing  # noqa: F401
 
+from .procs import worker_pids
+
 
 def _shm() -> set[str]:
     """Our shared-memory arenas (named after this pid: other processes on the machine, e.g.
@@ -43,16 +45,7 @@ def _sockets() -> set[tuple]:
 
 
 def _children(me: psutil.Process) -> set[int]:
-    # Python's multiprocessing resource tracker is started once per interpreter by the first
-    # process pool and lives until exit; it is the stdlib's, not a worker we leaked.
-    out = set()
-    for p in me.children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.Error:
-            continue
-    return out
+    return worker_pids(me)  # multiprocessing's resource tracker and forkserver excluded
 
 
 # fsspec runs one process-wide IO loop thread for its sync wrappers (used by the tests'

@@ -153,7 +153,7 @@ def exit_without_close(paths: list[str], fall_over: bool) -> int:
     _KEEP.extend([loader, it])  # alive until interpreter exit, never closed
     batch = next(it)
     me = psutil.Process()
-    children = [{"pid": p.pid, "cmdline": " ".join(p.cmdline())}
+    children = [{"pid": p.pid, "ppid": p.ppid(), "cmdline": " ".join(p.cmdline())}
                 for p in me.children(recursive=True)]
     shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{me.pid}-"))
     print(json.dumps({"pid": me.pid, "ids": ids_of(batch), "children": children, "shm": shm}),
