@@ -220,10 +220,27 @@ class Runs:
 
 
 def cpu_seconds() -> float:
-    """CPU seconds of this process plus its children that exited and were reaped (worker
-    processes and child interpreters count against the contender that started them)."""
+    """CPU seconds of this process, its children that exited and were reaped, and every live
+    multiprocessing descendant with what it reaped (worker processes and child interpreters
+    count against the contender that started them).
+
+    Live descendants matter because workers forked by a forkserver are its children, not
+    ours: their time reaches us only while they run. Take the closing sample while a loader's
+    workers are still alive.
+    """
+    import psutil
+
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + kids.ru_utime + kids.ru_stime
+    total = time.process_time() + kids.ru_utime + kids.ru_stime
+    for p in psutil.Process().children(recursive=True):
+        try:  # multiprocessing's processes only: not the emulator or the delay line
+            if "multiprocessing" not in " ".join(p.cmdline()):
+                continue
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, float]:
