@@ -74,6 +74,7 @@ class Loader:
         window: int | None = None,
         slot_size: int = 32 << 20,
         max_gap: int | None = None,
+        resident_bytes: int = 1 << 30,
     ) -> None:
         if workers < 0 or prefetch < 1:
             raise ValueError("workers must be >= 0 and prefetch >= 1")
@@ -87,6 +88,7 @@ class Loader:
         self.retry = retry
         self.slot_size = slot_size
         self.max_gap = max_gap
+        self.resident_bytes = resident_bytes
         batching = dataset.batching
         self._batch_mode = (isinstance(batching, BatchOp)
                             and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
@@ -232,7 +234,7 @@ class Loader:
                           max_inflight_bytes=self.memory_budget,
                           retry=self.retry, storage_options=dict(ds.source.storage_options))
         src = ArrayRecordSource(list(ds.source.paths), storage=storage, verify=ds.source.verify,
-                                max_gap=self.max_gap)
+                                max_gap=self.max_gap, resident_bytes=self.resident_bytes)
         self._source = src
         await src.aopen()
         block = ds.batching.size if isinstance(ds.batching, BatchOp) else 1
@@ -292,6 +294,7 @@ class Loader:
         elif self._pool is not None:
             self._pool.close()
         if self._source is not None:
+            await self._source.aclose()
             await self._source.storage.aclose()
 
     def close(self) -> None:
@@ -514,14 +517,15 @@ class Loader:
         return batch
 
     def _adapt_task_size(self, batches: list | None) -> None:
-        """After the first batch: small batches from local files go several to a task (the
-        per-task cost of scheduling and the process hop then amortizes), as long as they fit
-        a slot. From a bucket the reads dominate, and bigger tasks would only queue more
-        reads behind io_concurrency (stretching a stalled store's time to error)."""
+        """After the first batch: small batches from local files (or a remote dataset kept in
+        memory) go several to a task (the per-task cost of scheduling and the process hop
+        then amortizes), as long as they fit a slot. Read record by record from a bucket,
+        the reads dominate, and bigger tasks would only queue more reads behind
+        io_concurrency (stretching a stalled store's time to error)."""
         if self._task_size_chosen or not batches:
             return
         self._task_size_chosen = True
-        if not self._local:
+        if not self._local and (self._source is None or self._source.resident is None):
             return
         nbytes = sum(a.nbytes for a in array_leaves(batches[0])) + 4096
         self._batches_per_task = max(1, min(MAX_BATCHES_PER_TASK,
@@ -637,6 +641,9 @@ class Loader:
             st.io = io
             cache = self._source.cache
             st.cache = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
+            kept = self._source.resident
+            if kept is not None:
+                st.cache.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
         return st
 
 

@@ -33,6 +33,7 @@ from .planning import (
     ChunkRefs,
     plan_reads,
 )
+from .resident import SEGMENT_BYTES, ResidentFiles
 from .storage import (
     ObjectChangedError,
     ObjectInfo,
@@ -144,6 +145,7 @@ class ArrayRecordSource:
         max_gap: int | None = None,
         max_merged: int = DEFAULT_MAX_MERGED,
         index_cache_dir: str | os.PathLike | None = None,
+        resident_bytes: int = 0,
     ) -> None:
         self._patterns = ([os.fspath(paths)] if isinstance(paths, (str, os.PathLike))
                           else [os.fspath(p) for p in paths])
@@ -159,6 +161,8 @@ class ArrayRecordSource:
         # A merged read must fit the byte budget with room for others in flight.
         self.max_merged = max(1, min(max_merged, self.storage.max_inflight_bytes // 4))
         self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
+        self.resident_bytes = resident_bytes
+        self.resident: ResidentFiles | None = None  # see aioloader.resident
         self._files: list[ObjectInfo] | None = None
         self._indices: list[FileIndex] = []
         self._starts = np.zeros(1, dtype=np.int64)
@@ -194,6 +198,17 @@ class ArrayRecordSource:
                 self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
                 self._indices = indices
                 self._files = files
+                self._keep_resident(files)
+
+    def _keep_resident(self, files: list[ObjectInfo]) -> None:
+        """Fetch a remote dataset that fits `resident_bytes` in segments, and keep it."""
+        total = sum(f.size for f in files)
+        if not files or any(is_local(f.url) for f in files) or not \
+                0 < total <= self.resident_bytes:
+            return
+        segment = max(1, min(SEGMENT_BYTES, self.storage.max_inflight_bytes // 4))
+        self.resident = ResidentFiles([f.url for f in files], [f.size for f in files],
+                                      self.storage.read, segment)
 
     async def _open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
         """Open the files `pattern` names, in order, each pinned to the version first seen.
@@ -207,9 +222,13 @@ class ArrayRecordSource:
             files = await self._list(pattern)
             return list(zip(files, await _gather_all(self._open_file(f) for f in files)))
         info, tail = await self.storage.read_tail(
-            pattern, LOCAL_TAIL if is_local(pattern) else CLOUD_TAIL)
+            pattern, self._tail_bytes(pattern))
         self.storage.pin(info)
         return [(info, await self._open_file(info, tail))]
+
+    def _tail_bytes(self, url: str) -> int:
+        """How much of a file's end to read speculatively at open (within the byte budget)."""
+        return min(LOCAL_TAIL if is_local(url) else CLOUD_TAIL, self.storage.max_inflight_bytes)
 
     async def _list(self, pattern: str) -> list[ObjectInfo]:
         """The files a glob matches, pinned; no per-file lookups (the listing has it all)."""
@@ -228,7 +247,7 @@ class ArrayRecordSource:
         if cached is not None:
             return cached
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
-                           tail=LOCAL_TAIL if is_local(info.url) else CLOUD_TAIL)
+                           tail=self._tail_bytes(info.url))
         tail_at = info.size - len(tail) if tail is not None else info.size
         try:
             offset, length = next(steps)
@@ -342,6 +361,11 @@ class ArrayRecordSource:
         t = self._table
         assert t is not None
         files = t.file[g]
+        sizes = t.ends[g] - t.offsets[g]
+        if sizes.size and int(sizes.max()) > self.storage.max_inflight_bytes:
+            k = int(sizes.argmax())  # the worker would read it: refuse it here, as Storage does
+            self.storage.check_budget(self._files[int(files[k])].url,  # type: ignore[index]
+                                      int(t.offsets[g[k]]), int(t.ends[g[k]]))
         used, local_file = np.unique(files, return_inverse=True)
         urls = [self._files[f].url for f in used.tolist()]  # type: ignore[index]
         return ChunkRefs(paths=urls, file=local_file.astype(np.int64),
@@ -412,7 +436,19 @@ class ArrayRecordSource:
 
     async def fetch_ranges(self, files: np.ndarray, starts: np.ndarray,
                            ends: np.ndarray) -> list[memoryview]:
-        """Byte ranges of files (by number), read through merged range reads."""
+        """Byte ranges of files (by number): from resident segments when the dataset is
+        kept in memory, else through merged range reads."""
+        if self.resident is not None:
+            views = await self.resident.views(files, starts, ends)
+            if views is not None:
+                return views
+        views = await self._read_ranges(files, starts, ends)
+        if self.resident is not None:
+            self.resident.start(files, starts, ends)  # first reads done: segments may come
+        return views
+
+    async def _read_ranges(self, files: np.ndarray, starts: np.ndarray,
+                           ends: np.ndarray) -> list[memoryview]:
         plan = plan_reads(files, starts, ends, max_gap=self.max_gap,
                           max_merged=self.max_merged)
         urls = [self._files[f].url for f in plan.read_file.tolist()]  # type: ignore[index]
@@ -500,6 +536,8 @@ class ArrayRecordSource:
 
     async def aclose(self) -> None:
         """Release this loop's I/O resources (call from the loop you read on)."""
+        if self.resident is not None:
+            await self.resident.aclose()
         if self._owns_storage:
             await self.storage.aclose()
 
@@ -512,8 +550,7 @@ class ArrayRecordSource:
         if not self._used_sync:
             return
         self._used_sync = False
-        if self._owns_storage:
-            run_sync(self.storage.aclose())
+        run_sync(self.aclose())
         release(self)
 
     def __enter__(self) -> ArrayRecordSource:

@@ -117,4 +117,8 @@ class PipelineStats:
         if cache.get("hits", 0) or cache.get("misses", 0):
             lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
                          f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
+        if cache.get("resident_segments"):
+            lines.append(f"kept in memory: {cache['resident_bytes'] / 1e6:,.1f} MB in "
+                         f"{cache['resident_segments']:,} segments (the whole dataset fits "
+                         "resident_bytes; later epochs read no bytes)")
         return "\n".join(lines)

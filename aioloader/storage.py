@@ -242,7 +242,7 @@ class Storage:
         n = end - start
         if n <= 0:
             return b""
-        self._check_budget(url, start, end)
+        self.check_budget(url, start, end)
         backend, path = self._backend(url)
         data = await self._attempts(url, n, (start, end), backend.read, path, start, end)
         if len(data) != n:
@@ -334,7 +334,8 @@ class Storage:
         finally:
             state.budget.release(n)
 
-    def _check_budget(self, url: str, start: int, end: int) -> None:
+    def check_budget(self, url: str, start: int, end: int) -> None:
+        """Refuse a read that could never fit the byte budget (it would wait forever)."""
         if end - start > self.max_inflight_bytes:
             raise StorageError(
                 f"{redact(url)}: one read of bytes [{start}, {end}) ({end - start:,} bytes) is "
@@ -369,7 +370,7 @@ class Storage:
     async def _read_local(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
         backend, _ = self._backend("file://")
         for u, s, e in items:
-            self._check_budget(u, s, e)
+            self.check_budget(u, s, e)
         paths = [(u.removeprefix("file://"), s, e) for u, s, e in items]
         total = sum(e - s for _, s, e in paths)
         state, stats = self._state(), self.stats

@@ -81,7 +81,8 @@ def _run(ds: al.Dataset, gcs, faults: dict | None = None, **kw) -> tuple[list, d
     before = gcs.proxy_stats
     batches = []
     try:
-        it = ds.loader(workers=0, io_concurrency=64, prefetch=8, retry=RETRY, max_gap=0, **kw)
+        it = ds.loader(workers=0, io_concurrency=64, prefetch=8, retry=RETRY, max_gap=0,
+                       resident_bytes=0, **kw)
         for batch in it:  # the loop closes the loader
             batches.append(batch)
             if faults and len(batches) == 1:
@@ -164,7 +165,8 @@ async def test_bucket_that_stops_answering_raises_within_the_deadline_then_resum
 
         async def consume() -> None:
             nonlocal state, stalled_at
-            async with ds.loader(workers=0, prefetch=2, retry=retry, max_gap=0) as it:
+            async with ds.loader(workers=0, prefetch=2, retry=retry, max_gap=0,
+                                 resident_bytes=0) as it:
                 async for batch in it:
                     head.append(rc.ids_of(batch))
                     state = json.loads(json.dumps(it.get_state()))
@@ -184,7 +186,8 @@ async def test_bucket_that_stops_answering_raises_within_the_deadline_then_resum
         assert stall_after <= len(head) < len(small_ref)
 
         gcs.set_faults(stall=False)
-        async with ds.loader(workers=0, retry=retry, max_gap=0, state=state) as it:
+        async with ds.loader(workers=0, retry=retry, max_gap=0, state=state,
+                             resident_bytes=0) as it:
             rest = [rc.ids_of(b) async for b in it]
     assert head + rest == small_ref  # the union is the uninterrupted epoch, exactly
     print(f"\nstall: StorageError {took:.2f} s after the bucket stopped answering "

@@ -82,7 +82,7 @@ async def test_not_arrayrecord_and_empty_glob(tmp_path):
 
 async def test_record_bigger_than_the_memory_budget(tmp_path):
     path = tmp_path / "big.ar"
-    write_theirs(path, make_records(300_000, 3), "group_size:1")
+    write_theirs(path, make_records(300_000, 3), "group_size:1,uncompressed")  # 300 KB chunks
     ds = al.Dataset.from_arrayrecord(str(path)).map(len).batch(3)
     with pytest.raises(StorageError, match=r"big\.ar.*larger than the memory budget"):
         await _drain(ds, memory_budget=100_000)
