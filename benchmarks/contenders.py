@@ -13,7 +13,8 @@ prefetch threads would keep working in the parent), and memory figures (a clean 
 Spec keys: lib ("aioloader" | "grain"), paths, decode (a name in `benchmarks.fns`), seed,
 shuffle ("exact" | "block" | None), window, limit (first N shuffled positions), epochs,
 batch (0: unbatched), max_batches, max_seconds, step (seconds of simulated training per batch),
-workers, prefetch, io_concurrency, max_gap, storage_options (aioloader), threads (Grain's
+workers, prefetch, io_concurrency, max_gap, memory_budget, resident_bytes, storage_options
+(aioloader), threads (Grain's
 ReadOptions.num_threads), api ("sync" | "async", aioloader).
 """
 
@@ -118,7 +119,8 @@ def _aio_dataset(spec: dict[str, Any]):
 
 
 def _aio_options(spec: dict[str, Any]) -> dict[str, Any]:
-    keys = ("workers", "prefetch", "io_concurrency", "max_gap", "memory_budget")
+    keys = ("workers", "prefetch", "io_concurrency", "max_gap", "memory_budget",
+            "resident_bytes")
     return {k: spec[k] for k in keys if spec.get(k) is not None}
 
 
