@@ -10,9 +10,10 @@ in a segment is needed the whole segment is fetched, and it stays for the life o
 source, so a later epoch costs no request at all. What is read, and so the batches, is
 unchanged: only how the bytes arrive.
 
-The first reads still go record by record, and only once they are done do segments start
-coming (`start`): the time to the first batch does not wait for whole segments, nor compete
-with them. After that, reads await their segments. A failed segment is forgotten, so a
+The very first read still goes record by record, alone, and only once it is done do
+segments start coming (`start`): the time to the first batch neither waits for whole
+segments nor competes with them. Reads that arrive meanwhile wait for that start, then,
+like every later read, for their segments. A failed segment is forgotten, so a
 later read fetches it again.
 """
 
@@ -54,6 +55,8 @@ class ResidentFiles:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.bytes = 0  # resident now
         self.started = False  # segments are coming: from now on, reads wait for them
+        self._direct = False  # the first read is being made directly
+        self._go: asyncio.Event | None = None  # set by `start`
 
     @property
     def num_segments(self) -> int:
@@ -69,11 +72,19 @@ class ResidentFiles:
         """Bytes `[starts[i], ends[i])` of file `files[i]`, from resident segments,
         fetching those not yet asked for.
 
-        None before `start` was first called (or on another event loop): read the ranges
-        directly, then call `start`.
+        None for the first read (and on another event loop): read the ranges directly,
+        then call `start`, which the reads arriving meanwhile wait for.
         """
-        if not self.started or self._loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop, self._go = loop, asyncio.Event()
+        elif self._loop is not loop:
             return None
+        if not self.started:
+            if not self._direct:
+                self._direct = True
+                return None
+            await self._go.wait()  # type: ignore[union-attr]
         starts = np.asarray(starts, dtype=np.int64)
         ends = np.asarray(ends, dtype=np.int64)
         g0, g1, need = self._segments(files, starts, ends)
@@ -95,10 +106,12 @@ class ResidentFiles:
         return out
 
     def start(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """Start fetching the segments of these ranges (read directly just now); from now
-        on `views` serves every read."""
-        self._loop = asyncio.get_running_loop()
+        """Start fetching the segments of these ranges (just read directly, or failed to
+        be); from now on `views` serves every read."""
+        if self._loop is not asyncio.get_running_loop() or self.started:
+            return
         self.started = True
+        self._go.set()  # type: ignore[union-attr]
         self._fetch(self._segments(files, starts, ends)[2])
 
     def _segments(self, files, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

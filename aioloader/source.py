@@ -5,7 +5,8 @@ and footer together in one speculative range read — all files in parallel; a g
 without a glob takes one request (a suffix-range GET also gives its size and generation).
 Reading a batch maps global indices to (file, chunk), plans merged byte ranges, fetches them
 concurrently through one `Storage`, and decodes each needed chunk once. Decoded chunks of files
-with group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once.
+with group size > 1 stay in a byte-bounded LRU cache, so records of one chunk decode once. A
+small remote dataset may instead be kept in memory whole (`resident`).
 
 The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
 it works in scripts and in notebooks that run their own loop.
@@ -131,7 +132,9 @@ class ArrayRecordSource:
     """Random access to the records of one or more ArrayRecord files.
 
     `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
-    records are numbered across files in that order (globs sorted).
+    records are numbered across files in that order (globs sorted). With `resident_bytes`
+    (off by default here; the loader's default is 1 GiB) a remote dataset up to that size is
+    fetched in segments and kept in memory after the first read (`aioloader.resident`).
     """
 
     def __init__(
@@ -442,10 +445,11 @@ class ArrayRecordSource:
             views = await self.resident.views(files, starts, ends)
             if views is not None:
                 return views
-        views = await self._read_ranges(files, starts, ends)
-        if self.resident is not None:
-            self.resident.start(files, starts, ends)  # first reads done: segments may come
-        return views
+            try:
+                return await self._read_ranges(files, starts, ends)
+            finally:  # the first read is done (or failed): segments may come now
+                self.resident.start(files, starts, ends)
+        return await self._read_ranges(files, starts, ends)
 
     async def _read_ranges(self, files: np.ndarray, starts: np.ndarray,
                            ends: np.ndarray) -> list[memoryview]:

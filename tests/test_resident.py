@@ -168,10 +168,13 @@ def test_views_are_the_bytes_asked_for(sizes, segment, picks):
         kept = ResidentFiles(urls, sizes, read, segment)
         files, starts, ends = (np.array(x, dtype=np.int64).reshape(-1)
                                for x in zip(*ranges)) if ranges else [np.zeros(0, np.int64)] * 3
-        assert await kept.views(files, starts, ends) is None  # first reads go direct
-        assert not reads  # ... and fetch no segment
+        assert await kept.views(files, starts, ends) is None  # the first read goes direct
+        assert not reads  # ... and fetches no segment
+        waiting = asyncio.ensure_future(kept.views(files, starts, ends))
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and not reads  # the next waits for the first to end
         kept.start(files[:1], starts[:1], ends[:1])
-        got = await kept.views(files, starts, ends)
+        got = await waiting
         assert [bytes(v) for v in got] == [blobs[f][s:e] for f, s, e in ranges]
         assert len(reads) == len(set(reads))  # each segment fetched once
         for _url, s, e in reads:
