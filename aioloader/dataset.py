@@ -175,7 +175,9 @@ class Dataset:
         Options: workers (processes; 0 runs inline), prefetch (batches kept ready),
         io_concurrency (requests in flight), memory_budget (bytes in flight), state (from
         `get_state()`), retry (`RetryPolicy`), max_gap (merge reads across gaps up to this
-        many bytes; default 16 KiB local, 256 KiB cloud).
+        many bytes; default 16 KiB local, 256 KiB cloud), resident_bytes (a remote dataset
+        up to this size is fetched in segments and kept in memory; default 1 GiB, 0: read
+        record by record).
         """
         from .loader import Loader
 

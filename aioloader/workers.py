@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrayrecord.index import decode_chunk
+from .arrayrecord.index import decode_records
 from .planning import ChunkRefs
 from .storage import ObjectChangedError, short_read_error
 from .transforms import (
@@ -213,13 +213,9 @@ def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any) -> list[
         raws = task.raws
     else:
         raws = files.read(refs)
-    out = []
-    paths = refs.paths
-    for raw, f, start, c, j in zip(raws, refs.file.tolist(), refs.start.tolist(),
-                                   refs.chunk.tolist(), refs.within.tolist()):
-        _, records = decode_chunk(raw, start, verify=verify, path=paths[f], chunk=c)
-        out.append(records.record(j))
-    return out
+    return decode_records(raws, refs.start.tolist(), refs.within.tolist(), verify=verify,
+                          paths=[refs.paths[f] for f in refs.file.tolist()],
+                          chunks=refs.chunk.tolist())
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | None = None,

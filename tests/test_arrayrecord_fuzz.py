@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import aioloader
 from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader
 from aioloader.arrayrecord.hashing import highwayhash64
+from aioloader.arrayrecord.index import decode_chunk, decode_records
 from aioloader.arrayrecord.layout import BLOCK_SIZE, ChunkHeader, chunk_end, strip_block_headers
 
 CODECS = ["uncompressed", "zstd:3", "snappy", "brotli:4"]
@@ -176,3 +177,28 @@ def test_corrupted_data_caught_by_verify_all_only():
     with pytest.raises(ArrayRecordFormatError, match="data hash") as info:
         RangeReader(fetch, len(damaged), path="bad.ar", verify="all")[1]
     assert "bad.ar" in str(info.value) and "chunk 1" in str(info.value)
+
+
+def _one(fn):
+    try:
+        return ("ok", fn())
+    except ArrayRecordFormatError as err:
+        return ("error", str(err))
+
+
+@settings(max_examples=400, **common)
+@given(st.sampled_from(["uncompressed", "zstd:3"]), mutation,
+       st.sampled_from(["none", "headers", "all"]))
+def test_batched_decode_agrees_with_decode_chunk(codec, m, verify):
+    """The workers' batched decoder (its inline path for one-record chunks) returns exactly
+    what `decode_chunk` returns, or the same error, on every chunk of a damaged file."""
+    data = mutate(codec, 1, *m)
+    positions = chunk_header_positions(codec, 1)
+    for at in positions[1:]:  # every data chunk (the first is the file signature)
+        start = at - 24 if at % BLOCK_SIZE == 24 else at  # where its physical range begins
+        raw = data[start : start + 1024]
+        got = _one(lambda raw=raw, start=start: decode_records(
+            [raw], [start], [0], verify=verify, paths=["fuzz.ar"], chunks=[7])[0])
+        want = _one(lambda raw=raw, start=start: decode_chunk(
+            raw, start, verify=verify, path="fuzz.ar", chunk=7)[1].record(0))
+        assert got == want
