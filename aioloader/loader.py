@@ -408,8 +408,8 @@ class Loader:
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
-        if result.reads:
-            io = src.storage.stats
+        if result.reads and self._local:  # the worker's reads of local files (not of a
+            io = src.storage.stats        # remote dataset's copy in memory)
             io.requests += result.reads
             io.reads += result.reads
             io.bytes += result.bytes_read
@@ -440,13 +440,17 @@ class Loader:
 
     async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray,
                           refs: ChunkRefs | None) -> Task:
-        """What task `k` needs: where its records' chunks are (the worker reads local files
-        itself), their fetched bytes (remote files), or decoded records (group size > 1)."""
+        """What task `k` needs: where its records' chunks are (the worker reads local files,
+        and the memory copies of a remote dataset kept in memory, itself), their fetched
+        bytes (remote files), or decoded records (group size > 1)."""
         src = self._source
         assert src is not None
         if refs is not None:
             if self._local:
                 return Task(k, records, epochs, refs=refs)
+            kept = await src.resident_refs(refs)  # a remote dataset kept in memory
+            if kept is not None:
+                return Task(k, records, epochs, refs=kept)
             return Task(k, records, epochs, refs=refs, raws=await src.fetch_refs(refs))
         files, chunks, within = src.locate(records)
         decoded = await src.read_chunks(files, chunks)

@@ -10,6 +10,7 @@ plan says which read holds it and at what offset.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +54,9 @@ class ReadPlan:
 class ChunkRefs:
     """Where the chunk of each of a list of records lies (parallel arrays, one per record).
 
-    `file` indexes `paths`; `start`/`end` are the chunk's physical byte range; `chunk` is its
-    number in its file (for error messages), `within` the record's place in the chunk.
+    `file` indexes `paths` (where to read); `start`/`end` are the chunk's physical byte
+    range; `chunk` is its number in its file, `within` the record's place in the chunk.
+    `names` (default: `paths`) are what errors call the files, when `paths` are copies.
     """
 
     paths: list[str]
@@ -63,16 +65,26 @@ class ChunkRefs:
     start: np.ndarray
     end: np.ndarray
     within: np.ndarray
+    names: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.file)
 
+    def name(self, f: int) -> str:
+        return (self.names or self.paths)[f]
+
     def take(self, lo: int, hi: int) -> ChunkRefs:
         """Records `lo..hi-1`, naming only the files they use."""
         used, inverse = np.unique(self.file[lo:hi], return_inverse=True)
+        names = [self.names[u] for u in used.tolist()] if self.names is not None else None
         return ChunkRefs([self.paths[u] for u in used.tolist()], inverse.astype(np.int64),
                          self.chunk[lo:hi], self.start[lo:hi], self.end[lo:hi],
-                         self.within[lo:hi])
+                         self.within[lo:hi], names)
+
+    def read_from(self, paths: list[str]) -> ChunkRefs:
+        """The same records, read from `paths` instead (copies of the files), still named
+        by the originals in errors."""
+        return dataclasses.replace(self, paths=paths, names=self.names or self.paths)
 
 
 

@@ -15,11 +15,19 @@ segments start coming (`start`): the time to the first batch neither waits for w
 segments nor competes with them. Reads that arrive meanwhile wait for that start, then,
 like every later read, for their segments. A failed segment is forgotten, so a
 later read fetches it again.
+
+Each file lands in a memory file of its own size (Linux: `memfd_create`, not limited by
+/dev/shm and gone with the last descriptor; elsewhere an anonymous map). Reads in this
+process are views of it; worker processes open it as `/proc/<pid>/fd/<n>` and read their
+records themselves, as they do local files, so the parent handles no record bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import mmap
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +58,15 @@ class ResidentFiles:
         self.seg_end = np.minimum(self.seg_start + segment,
                                   np.asarray(sizes, dtype=np.int64)[self.seg_file])
         self._state = np.zeros(n, dtype=np.int8)
-        self._data: list[bytes | None] = [None] * n
+        self._fds: list[int | None] = []
+        self._maps: list[mmap.mmap | None] = []
+        self.worker_paths: list[str] | None = [] if _memfd_paths() else None
+        try:
+            for k, size in enumerate(sizes):
+                self._map(k, int(size))
+        except BaseException:
+            self._release()
+            raise
         self._fetching: dict[int, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.bytes = 0  # resident now
@@ -58,9 +74,25 @@ class ResidentFiles:
         self._direct = False  # the first read is being made directly
         self._go: asyncio.Event | None = None  # set by `start`
 
+    def _map(self, k: int, size: int) -> None:
+        """Memory for file `k`: a memory file workers can open, or an anonymous map."""
+        fd = None
+        if self.worker_paths is not None:
+            fd = os.memfd_create(f"aioloader-{k}", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            self.worker_paths.append(f"/proc/{os.getpid()}/fd/{fd}")
+        self._fds.append(fd)
+        self._maps.append(None if size == 0 else
+                          mmap.mmap(-1 if fd is None else fd, size))
+
+    @property
+    def unclaimed(self) -> bool:
+        """No read has started yet: the next `views` call makes the first, direct read."""
+        return not self.started and not self._direct
+
     @property
     def num_segments(self) -> int:
-        return len(self._data)
+        return len(self._state)
 
     @property
     def resident(self) -> int:
@@ -75,35 +107,33 @@ class ResidentFiles:
         None for the first read (and on another event loop): read the ranges directly,
         then call `start`, which the reads arriving meanwhile wait for.
         """
+        files = np.asarray(files, dtype=np.int64)
+        if not await self.ensure(files, starts, ends):
+            return None
+        maps = self._maps
+        return [memoryview(maps[f])[s:e] if e > s else memoryview(b"")  # type: ignore[arg-type]
+                for f, s, e in zip(files.tolist(), np.asarray(starts).tolist(),
+                                   np.asarray(ends).tolist())]
+
+    async def ensure(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
+        """Wait until the ranges are resident (fetching their segments); False for the
+        first read (and on another event loop): read it directly, then call `start`."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop, self._go = loop, asyncio.Event()
         elif self._loop is not loop:
-            return None
+            return False
         if not self.started:
             if not self._direct:
                 self._direct = True
-                return None
+                return False
             await self._go.wait()  # type: ignore[union-attr]
-        starts = np.asarray(starts, dtype=np.int64)
-        ends = np.asarray(ends, dtype=np.int64)
-        g0, g1, need = self._segments(files, starts, ends)
+        need = self._segments(files, starts, ends)
         self._fetch(need)
         absent = need[self._state[need] != _RESIDENT]
         if absent.size:
             await self._wait(absent.tolist())
-        offsets = (starts % self.segment).tolist()  # segments start at multiples of it
-        lengths = (ends - starts).tolist()
-        data = self._data
-        out = []
-        empty = memoryview(b"")
-        for a, b, o, n in zip(g0.tolist(), g1.tolist(), offsets, lengths):
-            if n == 0:
-                out.append(empty)
-                continue
-            buf = data[a] if a == b else b"".join(data[a : b + 1])  # type: ignore[arg-type]
-            out.append(memoryview(buf)[o : o + n])  # type: ignore[arg-type]
-        return out
+        return True
 
     def start(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         """Start fetching the segments of these ranges (just read directly, or failed to
@@ -112,10 +142,10 @@ class ResidentFiles:
             return
         self.started = True
         self._go.set()  # type: ignore[union-attr]
-        self._fetch(self._segments(files, starts, ends)[2])
+        self._fetch(self._segments(files, starts, ends))
 
-    def _segments(self, files, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each range's first and last segment, and every segment any range needs."""
+    def _segments(self, files, starts, ends) -> np.ndarray:
+        """Every segment the ranges need."""
         files = np.asarray(files, dtype=np.int64)
         starts = np.asarray(starts, dtype=np.int64)
         ends = np.asarray(ends, dtype=np.int64)
@@ -124,8 +154,7 @@ class ResidentFiles:
         used = ends > starts  # an empty range needs no segment
         counts = (g1 - g0 + 1)[used]  # a range (a large chunk) may cover many segments
         skip = np.repeat(np.cumsum(counts) - counts, counts)
-        need = np.unique(np.repeat(g0[used], counts) + np.arange(int(counts.sum())) - skip)
-        return g0, g1, need
+        return np.unique(np.repeat(g0[used], counts) + np.arange(int(counts.sum())) - skip)
 
     def _fetch(self, segments: np.ndarray) -> None:
         for g in segments[self._state[segments] == _MISSING].tolist():
@@ -141,11 +170,14 @@ class ResidentFiles:
 
     def _landed(self, g: int, task: asyncio.Task) -> None:
         self._fetching.pop(g, None)
+        if not self._maps:  # released (closing) while this read was finishing
+            return
         if task.cancelled() or task.exception() is not None:
             self._state[g] = _MISSING  # a later read asks again
             return
         data = task.result()
-        self._data[g] = data
+        f, start = int(self.seg_file[g]), int(self.seg_start[g])
+        self._maps[f][start : start + len(data)] = data  # type: ignore[index]
         self._state[g] = _RESIDENT
         self.bytes += len(data)
 
@@ -168,6 +200,21 @@ class ResidentFiles:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fetching.clear()
-        self._data = [None] * len(self._data)
         self._state[:] = _MISSING
         self.bytes = 0
+        self._release()
+
+    def _release(self) -> None:
+        for m in self._maps:
+            if m is not None:
+                with contextlib.suppress(BufferError):  # views still held: unmapped with them
+                    m.close()
+        for fd in self._fds:
+            if fd is not None:
+                os.close(fd)
+        self._maps, self._fds = [], []
+
+
+def _memfd_paths() -> bool:
+    """Whether workers can open our memory files (Linux: memfd and /proc/<pid>/fd)."""
+    return hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")

@@ -430,11 +430,26 @@ class ArrayRecordSource:
                                         np.array([r[1] for r in ranges], np.int64))
         return {key: (view, start) for key, view, (start, _) in zip(keys, views, ranges)}
 
+    async def resident_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
+        """`refs` read from the in-memory copies of the files, once their segments are in
+        (worker processes read those themselves); None when the dataset is not kept in
+        memory that way, or this is the first read (fetch it with `fetch_refs`)."""
+        kept = self.resident
+        if kept is None or kept.worker_paths is None or kept.unclaimed:
+            return None
+        number = self._file_numbers()
+        used = np.array([number[u] for u in refs.paths], dtype=np.int64)
+        if not await kept.ensure(used[refs.file], refs.start, refs.end):
+            return None  # another event loop
+        return refs.read_from([kept.worker_paths[f] for f in used.tolist()])
+
+    def _file_numbers(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.urls)}
+
     async def fetch_refs(self, refs: ChunkRefs) -> list[memoryview]:
         """The physical bytes of each record's chunk in `refs` (merged reads)."""
-        urls = self.urls
-        index = {u: i for i, u in enumerate(urls)}
-        files = np.array([index[u] for u in refs.paths], dtype=np.int64)[refs.file]
+        number = self._file_numbers()
+        files = np.array([number[u] for u in refs.paths], dtype=np.int64)[refs.file]
         return await self.fetch_ranges(files, refs.start, refs.end)
 
     async def fetch_ranges(self, files: np.ndarray, starts: np.ndarray,

@@ -186,7 +186,7 @@ class LocalFiles:
         got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
         if (got != want).any():
             k = int(np.flatnonzero(got != want)[0])
-            raise short_read_error(refs.paths[int(refs.file[k])], int(refs.start[k]),
+            raise short_read_error(refs.name(int(refs.file[k])), int(refs.start[k]),
                                    int(refs.end[k]), int(got[k]))
         self.reads += len(out)
         self.bytes += int(want.sum())
@@ -214,7 +214,7 @@ def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any) -> list[
     else:
         raws = files.read(refs)
     return decode_records(raws, refs.start.tolist(), refs.within.tolist(), verify=verify,
-                          paths=[refs.paths[f] for f in refs.file.tolist()],
+                          paths=[refs.name(f) for f in refs.file.tolist()],
                           chunks=refs.chunk.tolist())
 
 
@@ -235,7 +235,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     records = _records_of(task, pipeline.verify, files, arena)
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     refs = task.refs
-    paths = [refs.paths[f] for f in refs.file.tolist()] if refs is not None else None
+    paths = [refs.name(f) for f in refs.file.tolist()] if refs is not None else None
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)
     if pipeline.batch is None:

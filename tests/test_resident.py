@@ -93,6 +93,8 @@ async def test_later_epochs_read_nothing(bucket):
         seen = []
         async for b in it:
             seen.append((len(b), gcs.proxy_stats.downloads))
+        table = str(it.stats())
+    assert "kept in memory" in table and "segments" in table
     epoch = -(-N // BATCH)
     assert len(seen) == 3 * epoch
     after_first_epoch = seen[epoch][1]
