@@ -666,12 +666,17 @@ def listen_overflows() -> int | None:
     return None
 
 
-def _kept_in_memory_row(aio: Any, grain: list[dict[str, Any]], label: str, args: Any) -> Row:
+def _kept_in_memory_rows(aio: Any, grain: list[dict[str, Any]], label: str,
+                         args: Any) -> list[Row]:
     """aioloader as configured by default on this dataset (140 MB: it fits resident_bytes,
     so files come in 4 MiB segments and stay in memory), one whole epoch timed from building
-    the pipeline: opening, fetching every segment and decoding included. Grain's rate is its
-    steady one after its first batch (one GET per record: the rate does not change over an
-    epoch), which favours Grain."""
+    the pipeline: opening, fetching every segment and decoding included.
+
+    Grain reads one GET per record, so its rate is flat over an epoch, and a whole epoch of
+    it takes minutes: it is taken from its measured run (first batch, then its steady rate).
+    Two rows: against Grain's epoch with its start-up counted, as ours is (like for like);
+    and against its steady rate alone, start-up left out (which favours Grain).
+    """
     ok = [r for r in grain if "error" not in r]
     runs, won = [], {1: 0, 2: 0}
     for _ in range(reps(args, 3, 2)):
@@ -680,17 +685,27 @@ def _kept_in_memory_row(aio: Any, grain: list[dict[str, Any]], label: str, args:
         w = max(by, key=lambda w: by[w]["rate"])
         won[w] += 1
         runs.append(by[w])
+    n = runs[0]["records"]
     steady = [{"wall": r["wall"] - r["ttfb"], "cpu": r["cpu"], "records": r["records"] - BATCH}
               for r in ok]
-    return throughput_row(
-        f"{label}, vs Grain, one epoch, dataset kept in memory", _runs(runs),
-        _runs(steady) if len(steady) == len(runs) else None, 1.0, "rec/s", TEXT_BYTES,
-        f"aioloader defaults (resident_bytes 1 GiB ≥ the dataset, io_concurrency 64), "
-        f"best of workers 1/2 per repeat (won: w1 {won[1]}, w2 {won[2]}), "
-        f"{runs[0]['records']:,} records incl. opening and fetching; Grain gs:// "
-        f"threads=16, its rate after its first batch; "
-        f"{_median([r['io'].get('records_per_read', 0) for r in runs]):.0f} records per read, "
-        f"time to first batch {fmt(_median([r['ttfb'] for r in runs]))} s")
+    epoch = [{"wall": r["ttfb"] + (n - BATCH) * (r["wall"] - r["ttfb"]) / (r["records"] - BATCH),
+              "cpu": r["cpu"] / r["records"] * n, "records": n} for r in ok]
+    same = len(ok) == len(runs)
+    ours = (f"aioloader defaults (resident_bytes 1 GiB ≥ the dataset, io_concurrency 64), "
+            f"best of workers 1/2 per repeat (won: w1 {won[1]}, w2 {won[2]}), {n:,} records "
+            f"incl. opening and fetching, "
+            f"{_median([r['io'].get('records_per_read', 0) for r in runs]):.0f} records per "
+            f"read, time to first batch {fmt(_median([r['ttfb'] for r in runs]))} s")
+    return [
+        throughput_row(f"{label}, one epoch, dataset kept in memory, vs Grain's epoch", _runs(runs),
+                       _runs(epoch) if same else None, 1.0, "rec/s", TEXT_BYTES,
+                       f"{ours}; Grain gs:// threads=16: its first batch, then {n - BATCH:,} "
+                       "records at its measured steady rate"),
+        throughput_row(f"{label}, one epoch, dataset kept in memory, vs Grain's steady rate",
+                       _runs(runs), _runs(steady) if same else None, 1.0, "rec/s", TEXT_BYTES,
+                       "the same runs; Grain's rate after its first batch (its start-up "
+                       "left out, ours counted)"),
+    ]
 
 
 def _upload(gcs: Any, paths: list[Path], prefix: str) -> list[str]:
@@ -748,7 +763,7 @@ def _cloud_latency(args: Any, latency: float, jitter: float, text20: list[Path],
                     f"aioloader io_concurrency={conc}; Grain: n/a ({reason})"))
         best = "io256" if _median([r["rate"] for r in res["io256"]]) >= \
             _median([r["rate"] for r in res["io64"]]) else "io64"
-        rows.append(_kept_in_memory_row(aio, res["grain"], label, args))
+        rows.extend(_kept_in_memory_rows(aio, res["grain"], label, args))
         rows.append(throughput_row(
             f"{label}, vs ThreadPoolExecutor(64) + gcsfs cat_file", _runs(res[best]),
             _runs(res["threads"]), 1.0, "rec/s", TEXT_BYTES,
