@@ -41,7 +41,8 @@ _MISSING, _FETCHING, _RESIDENT = 0, 1, 2
 
 
 class ResidentFiles:
-    """Segments of a set of files, fetched on first use through `read(url, start, end)`."""
+    """A set of files in memory, each filled segment by segment on first use through
+    `read(url, start, end)`; `worker_paths` (Linux) name them for other processes."""
 
     def __init__(self, urls: Sequence[str], sizes: Sequence[int], read: Any,
                  segment: int = SEGMENT_BYTES) -> None:
