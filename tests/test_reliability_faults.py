@@ -319,6 +319,17 @@ def _our_children() -> set[int]:
     return worker_pids(psutil.Process())
 
 
+def _describe(me: psutil.Process) -> list[tuple]:
+    """Every descendant with its parent and command line (for an assertion message)."""
+    out = []
+    for p in me.children(recursive=True):
+        try:
+            out.append((p.pid, p.ppid(), " ".join(p.cmdline())[:80], p.status()))
+        except psutil.Error as exc:
+            out.append((p.pid, type(exc).__name__))
+    return out
+
+
 @pytest.mark.parametrize(("how", "fn", "signum"), [
     ("sigkill", rc.kill_on_id, signal.SIGKILL),
     ("segfault", rc.segfault_on_id, signal.SIGSEGV),
@@ -334,13 +345,16 @@ def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, 
     before = _our_children()
     it = ds.loader(workers=1, prefetch=2)
     batches = iter(it)
-    got = [rc.ids_of(next(batches))]  # the worker is up: its start-up is not timed
-    workers = _our_children() - before
-    assert len(workers) == 1
-    with pytest.raises(al.WorkerError) as info:
-        for batch in batches:  # the for loop closes the loader on the error
-            got.append(rc.ids_of(batch))
-    raised = time.time()
+    try:
+        got = [rc.ids_of(next(batches))]  # the worker is up: its start-up is not timed
+        workers = _our_children() - before
+        assert len(workers) == 1, (before, _describe(psutil.Process()))
+        with pytest.raises(al.WorkerError) as info:
+            for batch in batches:  # the for loop closes the loader on the error
+                got.append(rc.ids_of(batch))
+        raised = time.time()
+    finally:
+        it.close()  # a failure here must not leave the pool (and its arena) to later tests
     took = raised - float(stamp.read_text())
     assert took < 2.0, f"WorkerError {took:.2f} s after the crash"
     msg = str(info.value)
