@@ -56,7 +56,8 @@ class ChunkRefs:
 
     `file` indexes `paths` (where to read); `start`/`end` are the chunk's physical byte
     range; `chunk` is its number in its file, `within` the record's place in the chunk.
-    `names` (default: `paths`) are what errors call the files, when `paths` are copies.
+    `names` (default: `paths`) are what errors call the files when `paths` are copies, and
+    `shift[f]` (default 0) is where file f's byte 0 sits in its copy.
     """
 
     paths: list[str]
@@ -66,6 +67,7 @@ class ChunkRefs:
     end: np.ndarray
     within: np.ndarray
     names: list[str] | None = None
+    shift: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.file)
@@ -76,15 +78,18 @@ class ChunkRefs:
     def take(self, lo: int, hi: int) -> ChunkRefs:
         """Records `lo..hi-1`, naming only the files they use."""
         used, inverse = np.unique(self.file[lo:hi], return_inverse=True)
-        names = [self.names[u] for u in used.tolist()] if self.names is not None else None
-        return ChunkRefs([self.paths[u] for u in used.tolist()], inverse.astype(np.int64),
+        u = used.tolist()
+        return ChunkRefs([self.paths[f] for f in u], inverse.astype(np.int64),
                          self.chunk[lo:hi], self.start[lo:hi], self.end[lo:hi],
-                         self.within[lo:hi], names)
+                         self.within[lo:hi],
+                         [self.names[f] for f in u] if self.names is not None else None,
+                         [self.shift[f] for f in u] if self.shift is not None else None)
 
-    def read_from(self, paths: list[str]) -> ChunkRefs:
-        """The same records, read from `paths` instead (copies of the files), still named
-        by the originals in errors."""
-        return dataclasses.replace(self, paths=paths, names=self.names or self.paths)
+    def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
+        """The same records, read from copies of the files (file f's byte 0 at `shift[f]`
+        of `paths[f]`), still named by the originals in errors."""
+        return dataclasses.replace(self, paths=paths, shift=shift,
+                                   names=self.names or self.paths)
 
 
 

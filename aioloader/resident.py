@@ -16,10 +16,11 @@ segments nor competes with them. Reads that arrive meanwhile wait for that start
 like every later read, for their segments. A failed segment is forgotten, so a
 later read fetches it again.
 
-Each file lands in a memory file of its own size (Linux: `memfd_create`, not limited by
-/dev/shm and gone with the last descriptor; elsewhere an anonymous map). Reads in this
-process are views of it; worker processes open it as `/proc/<pid>/fd/<n>` and read their
-records themselves, as they do local files, so the parent handles no record bytes.
+The files land in one memory file, each at its own page-aligned offset (Linux:
+`memfd_create`, not limited by /dev/shm, one descriptor however many files, gone with the
+last one; elsewhere an anonymous map). Reads in this process are views of it; worker
+processes open it as `/proc/<pid>/fd/<n>` and read their records themselves, as they do
+local files, so the parent handles no record bytes.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ from .storage import StorageError
 SEGMENT_BYTES = 4 << 20
 
 _MISSING, _FETCHING, _RESIDENT = 0, 1, 2
+_PAGE = mmap.PAGESIZE
 
 
 class ResidentFiles:
     """A set of files in memory, each filled segment by segment on first use through
-    `read(url, start, end)`; `worker_paths` (Linux) name them for other processes."""
+    `read(url, start, end)`. File `k` sits at `base[k]` of the memory file that
+    `worker_path` (Linux) names for other processes."""
 
     def __init__(self, urls: Sequence[str], sizes: Sequence[int], read: Any,
                  segment: int = SEGMENT_BYTES) -> None:
@@ -59,12 +62,19 @@ class ResidentFiles:
         self.seg_end = np.minimum(self.seg_start + segment,
                                   np.asarray(sizes, dtype=np.int64)[self.seg_file])
         self._state = np.zeros(n, dtype=np.int8)
-        self._fds: list[int | None] = []
-        self._maps: list[mmap.mmap | None] = []
-        self.worker_paths: list[str] | None = [] if _memfd_paths() else None
+        room = -(-np.asarray(sizes, dtype=np.int64) // _PAGE) * _PAGE
+        self.base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
+        total = int(self.base[-1])
+        self._fd: int | None = None
+        self.worker_path: str | None = None
+        if _memfd_paths():
+            self._fd = os.memfd_create("aioloader-resident", os.MFD_CLOEXEC)
+            self.worker_path = f"/proc/{os.getpid()}/fd/{self._fd}"
         try:
-            for k, size in enumerate(sizes):
-                self._map(k, int(size))
+            if self._fd is not None:
+                os.ftruncate(self._fd, total)
+            self._mem: mmap.mmap | None = (
+                mmap.mmap(-1 if self._fd is None else self._fd, total) if total else None)
         except BaseException:
             self._release()
             raise
@@ -74,17 +84,6 @@ class ResidentFiles:
         self.started = False  # segments are coming: from now on, reads wait for them
         self._direct = False  # the first read is being made directly
         self._go: asyncio.Event | None = None  # set by `start`
-
-    def _map(self, k: int, size: int) -> None:
-        """Memory for file `k`: a memory file workers can open, or an anonymous map."""
-        fd = None
-        if self.worker_paths is not None:
-            fd = os.memfd_create(f"aioloader-{k}", os.MFD_CLOEXEC)
-            os.ftruncate(fd, size)
-            self.worker_paths.append(f"/proc/{os.getpid()}/fd/{fd}")
-        self._fds.append(fd)
-        self._maps.append(None if size == 0 else
-                          mmap.mmap(-1 if fd is None else fd, size))
 
     @property
     def unclaimed(self) -> bool:
@@ -111,10 +110,10 @@ class ResidentFiles:
         files = np.asarray(files, dtype=np.int64)
         if not await self.ensure(files, starts, ends):
             return None
-        maps = self._maps
-        return [memoryview(maps[f])[s:e] if e > s else memoryview(b"")  # type: ignore[arg-type]
-                for f, s, e in zip(files.tolist(), np.asarray(starts).tolist(),
-                                   np.asarray(ends).tolist())]
+        mem = memoryview(self._mem) if self._mem is not None else memoryview(b"")
+        at = self.base[files]
+        lo = (at + np.asarray(starts, dtype=np.int64)).tolist()
+        return [mem[a:b] for a, b in zip(lo, (at + np.asarray(ends, dtype=np.int64)).tolist())]
 
     async def ensure(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
         """Wait until the ranges are resident (fetching their segments); False for the
@@ -171,14 +170,14 @@ class ResidentFiles:
 
     def _landed(self, g: int, task: asyncio.Task) -> None:
         self._fetching.pop(g, None)
-        if not self._maps:  # released (closing) while this read was finishing
+        if self._mem is None:  # released (closing) while this read was finishing
             return
         if task.cancelled() or task.exception() is not None:
             self._state[g] = _MISSING  # a later read asks again
             return
         data = task.result()
-        f, start = int(self.seg_file[g]), int(self.seg_start[g])
-        self._maps[f][start : start + len(data)] = data  # type: ignore[index]
+        at = int(self.base[self.seg_file[g]] + self.seg_start[g])
+        self._mem[at : at + len(data)] = data
         self._state[g] = _RESIDENT
         self.bytes += len(data)
 
@@ -206,14 +205,13 @@ class ResidentFiles:
         self._release()
 
     def _release(self) -> None:
-        for m in self._maps:
-            if m is not None:
-                with contextlib.suppress(BufferError):  # views still held: unmapped with them
-                    m.close()
-        for fd in self._fds:
-            if fd is not None:
-                os.close(fd)
-        self._maps, self._fds = [], []
+        mem, self._mem = getattr(self, "_mem", None), None
+        if mem is not None:
+            with contextlib.suppress(BufferError):  # views still held: unmapped with them
+                mem.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _memfd_paths() -> bool:

@@ -435,13 +435,13 @@ class ArrayRecordSource:
         (worker processes read those themselves); None when the dataset is not kept in
         memory that way, or this is the first read (fetch it with `fetch_refs`)."""
         kept = self.resident
-        if kept is None or kept.worker_paths is None or kept.unclaimed:
+        if kept is None or kept.worker_path is None or kept.unclaimed:
             return None
         number = self._file_numbers()
         used = np.array([number[u] for u in refs.paths], dtype=np.int64)
         if not await kept.ensure(used[refs.file], refs.start, refs.end):
             return None  # another event loop
-        return refs.read_from([kept.worker_paths[f] for f in used.tolist()])
+        return refs.read_from([kept.worker_path] * len(used), kept.base[used].tolist())
 
     def _file_numbers(self) -> dict[str, int]:
         return {u: i for i, u in enumerate(self.urls)}

@@ -180,8 +180,13 @@ class LocalFiles:
     def read(self, refs: ChunkRefs) -> list[bytes]:
         fds = [self._fd(u) for u in refs.paths]
         pread = os.pread
-        out = [pread(fds[f], e - s, s) for f, s, e in
-               zip(refs.file.tolist(), refs.start.tolist(), refs.end.tolist())]
+        if refs.shift is None:
+            out = [pread(fds[f], e - s, s) for f, s, e in
+                   zip(refs.file.tolist(), refs.start.tolist(), refs.end.tolist())]
+        else:  # copies that hold the files at offsets
+            at = np.asarray(refs.shift, dtype=np.int64)[refs.file]
+            out = [pread(fds[f], e - s, s) for f, s, e in
+                   zip(refs.file.tolist(), (refs.start + at).tolist(), (refs.end + at).tolist())]
         want = refs.end - refs.start
         got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
         if (got != want).any():

@@ -6,6 +6,7 @@ Reads go to the emulator over real HTTP through the delay line, which counts req
 from __future__ import annotations
 
 import asyncio
+import mmap
 
 import numpy as np
 import pytest
@@ -184,3 +185,45 @@ def test_views_are_the_bytes_asked_for(sizes, segment, picks):
         await kept.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_a_damaged_chunk_read_from_memory_names_the_object(tmp_path, workers):
+    """Past the first batch, workers read the in-memory copy; errors still name the object
+    in the bucket (not the memory file), its chunk, and what to do."""
+    from aioloader.arrayrecord import ArrayRecordFormatError
+
+    from .test_reliability_input import _corrupt_chunk_header
+
+    paths = _write(tmp_path, n=400, shards=2)
+    _corrupt_chunk_header(paths[1], chunk=150)  # far from the first batch (no shuffle)
+    with local_gcs() as gcs:
+        urls = [gcs.upload(p, f"bad-{workers}/{p.rsplit('/', 1)[1]}") for p in paths]
+        ds = (al.Dataset.from_arrayrecord(urls, storage_options=gcs.storage_options)
+              .batch(16))
+        with pytest.raises(ArrayRecordFormatError, match=r"chunk 150.*header hash") as info:
+            await run(ds, workers=workers)
+    msg = str(info.value)
+    assert f"gs://{gcs.bucket}/bad-{workers}/train-00001-of-00002" in msg
+    assert "/proc/" not in msg and "re-create or re-upload" in msg
+
+
+def test_one_descriptor_however_many_files():
+    """2,000 small files kept in memory hold one memory file, not a descriptor each
+    (a typical limit is 1,024 open files; every worker would hold them too)."""
+    import psutil
+
+    me = psutil.Process()
+    before = me.num_fds()
+    sizes = [1000 + k for k in range(2000)]
+
+    async def read(url, start, end):
+        return bytes(end - start)
+
+    kept = ResidentFiles([f"mem://{k}" for k in range(2000)], sizes, read, 4096)
+    try:
+        assert me.num_fds() - before <= 2  # the memory file, and the dup mmap keeps
+        assert kept.base[1] % mmap.PAGESIZE == 0 and kept.base[-1] >= sum(sizes)
+    finally:
+        asyncio.run(kept.aclose())
+    assert me.num_fds() == before
