@@ -336,7 +336,10 @@ def _describe(me: psutil.Process) -> list[tuple]:
 ])
 def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, small_ref, how,
                                                                fn, signum):
-    crash_batch = 6
+    # Far enough that the worker is still alive when counted after the first batch: tasks
+    # grow to 8 batches after it, and with prefetch 2 batches up to ~17 are soon in work
+    # (at 6, the crash sometimes came before the count: 0 workers seen).
+    crash_batch = 40
     victim = small_ref[crash_batch][5]
     stamp = tmp_path / "crashed-at"
     transform = functools.partial(fn, victim=victim, stamp=str(stamp))
