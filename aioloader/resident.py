@@ -91,10 +91,6 @@ class ResidentFiles:
         return not self.started and not self._direct
 
     @property
-    def num_segments(self) -> int:
-        return len(self._state)
-
-    @property
     def resident(self) -> int:
         """Segments in memory now."""
         return int((self._state == _RESIDENT).sum())

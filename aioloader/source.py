@@ -166,6 +166,7 @@ class ArrayRecordSource:
         self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
         self.resident_bytes = resident_bytes
         self.resident: ResidentFiles | None = None  # see aioloader.resident
+        self._numbers: dict[str, int] | None = None
         self._files: list[ObjectInfo] | None = None
         self._indices: list[FileIndex] = []
         self._starts = np.zeros(1, dtype=np.int64)
@@ -444,7 +445,10 @@ class ArrayRecordSource:
         return refs.read_from([kept.worker_path] * len(used), kept.base[used].tolist())
 
     def _file_numbers(self) -> dict[str, int]:
-        return {u: i for i, u in enumerate(self.urls)}
+        """URL → file number (built once: it is asked for on every task)."""
+        if self._numbers is None:
+            self._numbers = {u: i for i, u in enumerate(self.urls)}
+        return self._numbers
 
     async def fetch_refs(self, refs: ChunkRefs) -> list[memoryview]:
         """The physical bytes of each record's chunk in `refs` (merged reads)."""

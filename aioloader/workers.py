@@ -180,14 +180,12 @@ class LocalFiles:
     def read(self, refs: ChunkRefs) -> list[bytes]:
         fds = [self._fd(u) for u in refs.paths]
         pread = os.pread
-        if refs.shift is None:
-            out = [pread(fds[f], e - s, s) for f, s, e in
-                   zip(refs.file.tolist(), refs.start.tolist(), refs.end.tolist())]
-        else:  # copies that hold the files at offsets
-            at = np.asarray(refs.shift, dtype=np.int64)[refs.file]
-            out = [pread(fds[f], e - s, s) for f, s, e in
-                   zip(refs.file.tolist(), (refs.start + at).tolist(), (refs.end + at).tolist())]
         want = refs.end - refs.start
+        at = refs.start  # in the file, or in its copy (which holds it from shift[f] on)
+        if refs.shift is not None:
+            at = at + np.asarray(refs.shift, dtype=np.int64)[refs.file]
+        out = [pread(fds[f], n, s) for f, s, n in
+               zip(refs.file.tolist(), at.tolist(), want.tolist())]
         got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
         if (got != want).any():
             k = int(np.flatnonzero(got != want)[0])
@@ -206,7 +204,9 @@ class LocalFiles:
 _files = LocalFiles()
 
 
-def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any) -> list[bytes]:
+def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any,
+                paths: list[str] | None) -> list[bytes]:
+    """The task's records; `paths` names each record's file in errors."""
     if task.records is not None:
         return task.records
     refs = task.refs
@@ -219,8 +219,7 @@ def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any) -> list[
     else:
         raws = files.read(refs)
     return decode_records(raws, refs.start.tolist(), refs.within.tolist(), verify=verify,
-                          paths=[refs.name(f) for f in refs.file.tolist()],
-                          chunks=refs.chunk.tolist())
+                          paths=paths, chunks=refs.chunk.tolist())
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | None = None,
@@ -237,10 +236,10 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     arena = arena if inline else _arena
     slot_size = slot_size if inline else _slot_size
     reads, nbytes = files.reads, files.bytes
-    records = _records_of(task, pipeline.verify, files, arena)
-    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     refs = task.refs
     paths = [refs.name(f) for f in refs.file.tolist()] if refs is not None else None
+    records = _records_of(task, pipeline.verify, files, arena, paths)
+    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)
     if pipeline.batch is None:
