@@ -99,6 +99,18 @@ class _ShmRef:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _Pickled:
+    """A payload pickled into its slot's output half (after the arrays placed there)."""
+
+    offset: int
+    size: int
+
+
+# Payloads pickled smaller than this go through the pipe: it holds them whole.
+_PIPE_BYTES = 64 << 10
+
+
 # -- the code that runs in a worker ---------------------------------------------------
 
 _pipeline: Pipeline | None = None
@@ -157,11 +169,16 @@ class LocalFiles:
     """Descriptors of the local files a worker reads records from, each opened once.
 
     Reading in the worker, not the parent, keeps the parent's per-record work to a few
-    vectorized lookups: the reads run in parallel across workers.
+    vectorized lookups: the reads run in parallel across workers. The memory copy of a
+    remote dataset (`ChunkRefs.shift` set, see aioloader.resident) is mapped instead, and its
+    records are slices of the map: no system call per record. A disk file is never mapped:
+    one truncated under us would kill the worker with SIGBUS instead of an error naming it;
+    the memory copy is ours, sized once and never shrunk while the pool lives.
     """
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
+        self._maps: dict[str, memoryview] = {}
         self.reads = 0
         self.bytes = 0
 
@@ -177,25 +194,41 @@ class LocalFiles:
             self._fds[url] = fd
         return fd
 
-    def read(self, refs: ChunkRefs) -> list[bytes]:
-        fds = [self._fd(u) for u in refs.paths]
-        pread = os.pread
+    def _map(self, path: str) -> memoryview:
+        view = self._maps.get(path)
+        if view is None:
+            view = self._maps[path] = memoryview(mmap.mmap(self._fd(path), 0,
+                                                           access=mmap.ACCESS_READ))
+        return view
+
+    def read(self, refs: ChunkRefs) -> list:
         want = refs.end - refs.start
-        at = refs.start  # in the file, or in its copy (which holds it from shift[f] on)
-        if refs.shift is not None:
-            at = at + np.asarray(refs.shift, dtype=np.int64)[refs.file]
-        out = [pread(fds[f], n, s) for f, s, n in
-               zip(refs.file.tolist(), at.tolist(), want.tolist())]
+        starts, lengths = refs.start.tolist(), want.tolist()
+        if refs.shift is None:
+            pread, fds = os.pread, [self._fd(u) for u in refs.paths]
+            out: list = [pread(fds[f], n, s) for f, s, n in
+                         zip(refs.file.tolist(), starts, lengths)]
+        else:  # the memory copy holds file f from shift[f] on
+            at = refs.start + np.asarray(refs.shift, dtype=np.int64)[refs.file]
+            maps = [self._map(u) for u in refs.paths]
+            out = [maps[f][s : s + n] for f, s, n in
+                   zip(refs.file.tolist(), at.tolist(), lengths)]
         got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
         if (got != want).any():
             k = int(np.flatnonzero(got != want)[0])
-            raise short_read_error(refs.name(int(refs.file[k])), int(refs.start[k]),
+            raise short_read_error(refs.name(int(refs.file[k])), starts[k],
                                    int(refs.end[k]), int(got[k]))
         self.reads += len(out)
         self.bytes += int(want.sum())
         return out
 
     def close(self) -> None:
+        for view in self._maps.values():
+            mem = view.obj
+            view.release()
+            with contextlib.suppress(BufferError):  # slices still held: unmapped with them
+                mem.close()  # type: ignore[attr-defined]
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -243,7 +276,10 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)
     if pipeline.batch is None:
-        return Result(task.task_id, elements, len(elements), **io)
+        payload: Any = elements
+        if not inline and arena is not None and task.slot >= 0:
+            payload = _SlotAlloc(arena, task.slot * 2 * slot_size, slot_size).pickle(elements)
+        return Result(task.task_id, payload, len(elements), **io)
     # Batch mode: the task's elements are one or more whole batches (the last may be short).
     size = pipeline.batch.size
     groups = [elements[i : i + size] for i in range(0, len(elements), size)]
@@ -258,6 +294,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
         placed = _replace(batches, np.copy) if inline else batches
     else:
         slot = task.slot
+        if not inline:  # what is not an array (strings, say) follows them into the slot
+            placed = alloc.pickle(placed)
     return Result(task.task_id, placed, len(elements), slot, **io)
 
 
@@ -278,6 +316,17 @@ class _SlotAlloc:
         self.made[id(a)] = (a, _ShmRef(self.pos, dtype.str, tuple(shape)))
         self.pos += n
         return a
+
+    def pickle(self, payload: Any) -> Any:
+        """`payload` pickled into the rest of the slot, if it is too big for the pipe and
+        fits: the parent then unpickles it from shared memory (`Arena.unpickle`), instead of
+        both processes copying it through a 64 KiB pipe a buffer at a time."""
+        blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        n = len(blob)
+        if n < _PIPE_BYTES or self.pos + n > self.end:
+            return payload
+        self.buf[self.pos : self.pos + n] = blob
+        return _Pickled(self.pos, n)
 
     def export(self, batch: Any) -> Any:
         """The batch with its arrays as references into the slot; None if they don't fit.
@@ -385,6 +434,11 @@ class Arena:
         except IndexError:
             return -1
 
+    def unpickle(self, ref: _Pickled) -> Any:
+        """A payload a worker pickled into a slot (see `_SlotAlloc.pickle`)."""
+        with memoryview(self.map) as view:
+            return pickle.loads(view[ref.offset : ref.offset + ref.size])
+
     def give(self, slot: int) -> None:
         """Return a slot; safe from any thread (a list append is atomic)."""
         if slot >= 0:
@@ -482,6 +536,8 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
+            if isinstance(result.payload, _Pickled):
+                result.payload = arena.unpickle(result.payload)
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
                 lent = True

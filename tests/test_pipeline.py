@@ -281,6 +281,40 @@ async def test_a_consumer_keeping_every_batch_never_stalls(data):
     assert len(batches) > 2 + 2 + 6  # more than the slots
 
 
+@pytest.mark.parametrize("batch", [64, None])
+@pytest.mark.parametrize("slot_size", [32 << 20, 64 << 10])
+async def test_large_non_array_payloads_come_back_through_the_slot(data, batch, slot_size):
+    """Strings are not arrays: a worker pickles them into its slot (not the pipe) when they
+    are larger than the pipe holds, and the parent unpickles them from there. The same
+    batches and elements as workers=0, every slot back afterwards; a payload that does not
+    fit the slot still comes, through the pipe."""
+    ds = al.Dataset.from_arrayrecord(data).shuffle(5).map(fns.decode).map(fns.id_and_text)
+    if batch:
+        ds = ds.batch(batch)
+    ref = await collect(ds, workers=0)
+    async with ds.loader(workers=1, slot_size=slot_size) as it:
+        arena = it._pool.arena
+        through_slot = []
+        unpickle = arena.unpickle
+        arena.unpickle = lambda ref: through_slot.append(ref.size) or unpickle(ref)
+        got = [b async for b in it]
+        if batch:
+            _same(got, ref)
+        else:
+            assert [(int(e["id"]), e["text"]) for e in got] == \
+                [(int(e["id"]), e["text"]) for e in ref]
+        del got
+        await asyncio.sleep(0)
+        gc.collect()
+        slots = arena.map.size() // (2 * arena.slot_size)
+        assert sorted(arena.free) == list(range(slots))
+    sizes = np.array(through_slot) >= 64 * 1024
+    if slot_size > 1 << 20:
+        assert through_slot and sizes.all()  # every task's payload (> 64 KiB) took the slot
+    else:
+        assert not through_slot  # more than the pipe holds is more than the slot: by value
+
+
 @pytest.mark.parametrize("drop", [False, True])
 @pytest.mark.parametrize("workers", [0, 1])
 async def test_small_batches_share_tasks_without_changing_batches_or_state(data, drop, workers):

@@ -227,3 +227,40 @@ def test_one_descriptor_however_many_files():
     finally:
         asyncio.run(kept.aclose())
     assert me.num_fds() == before
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "memfd_create"), reason="Linux memfd")
+def test_workers_read_the_memory_copy_through_a_map(data):
+    """A worker maps the memory copy and slices records out of it (no read call per record):
+    the same bytes as reading the files; a range past the copy names the original file;
+    closing lets go of the map even while records still view it."""
+    import os
+
+    from aioloader.source import ArrayRecordSource
+    from aioloader.workers import LocalFiles
+
+    with ArrayRecordSource(data) as src:
+        refs = src.chunk_refs(np.random.default_rng(0).permutation(len(src))[:500])
+    fd = os.memfd_create("test-copy")
+    try:
+        shift, at = [], mmap.PAGESIZE  # not at 0: the shift must be applied
+        for p in refs.paths:
+            with open(p, "rb") as f:
+                blob = f.read()
+            os.pwrite(fd, blob, at)
+            shift.append(at)
+            at += -(-len(blob) // mmap.PAGESIZE) * mmap.PAGESIZE
+        copy = refs.read_from([f"/proc/{os.getpid()}/fd/{fd}"] * len(refs.paths), shift)
+        files = LocalFiles()
+        try:
+            got = files.read(copy)
+            assert all(isinstance(r, memoryview) for r in got)
+            assert [bytes(r) for r in got] == LocalFiles().read(refs)
+            past = copy.read_from(copy.paths, [at] * len(copy.paths))  # beyond the copy's end
+            with pytest.raises(Exception, match=refs.paths[int(refs.file[0])].rsplit("/")[-1]):
+                files.read(past)
+        finally:
+            files.close()  # `got` still views the map: it goes when they do
+        assert bytes(got[0]) == LocalFiles().read(refs)[0]
+    finally:
+        os.close(fd)
