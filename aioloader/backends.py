@@ -163,6 +163,15 @@ class GCSBackend:
         return url
 
     async def read(self, path: str, start: int, end: int) -> bytes:
+        return await self._get(path, start, end, None)
+
+    async def read_into(self, path: str, start: int, end: int, dest: memoryview) -> None:
+        """Bytes `[start, end)` written into `dest` as they arrive: a large read (a segment
+        of a dataset kept in memory) lands where it is kept, not joined and copied there."""
+        await self._get(path, start, end, dest)
+
+    async def _get(self, path: str, start: int, end: int, dest: memoryview | None) -> Any:
+        n = end - start
         headers = {"Range": f"bytes={start}-{end - 1}"}
         self.fs.credentials.apply(headers)
         generation = self.pins.get(self._key(path)) or None
@@ -170,13 +179,27 @@ class GCSBackend:
             async with self.session.get(self._http_url(path, generation),
                                         headers=headers) as resp:
                 status = resp.status
+                if status == 206 and dest is not None:
+                    got = 0
+                    async for chunk in resp.content.iter_any():
+                        k = len(chunk)
+                        if got + k > n:
+                            raise Transient(f"long body (over {n} bytes)")
+                        dest[got : got + k] = chunk
+                        got += k
+                    if got != n:
+                        raise Transient(f"short body ({got} of {n} bytes)")
+                    return None
                 if status in (200, 206):
                     body = await resp.read()
-                    if status == 200 and len(body) > end - start:
+                    if status == 200 and len(body) > n:
                         body = body[start:end]  # server ignored the range
-                    if len(body) != end - start:
-                        raise Transient(f"short body ({len(body)} of {end - start} bytes)")
-                    return body
+                    if len(body) != n:
+                        raise Transient(f"short body ({len(body)} of {n} bytes)")
+                    if dest is None:
+                        return body
+                    dest[:n] = body
+                    return None
                 text = (await resp.read())[:200].decode("utf-8", "replace")
         except self._aiohttp.ClientError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from None

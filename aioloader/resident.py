@@ -44,16 +44,16 @@ _PAGE = mmap.PAGESIZE
 
 class ResidentFiles:
     """A set of files in memory, each filled segment by segment on first use through
-    `read(url, start, end)`. File `k` sits at `base[k]` of the memory file that
+    `read_into(url, start, end, dest)`. File `k` sits at `base[k]` of the memory file that
     `worker_path` (Linux) names for other processes."""
 
-    def __init__(self, urls: Sequence[str], sizes: Sequence[int], read: Any,
+    def __init__(self, urls: Sequence[str], sizes: Sequence[int], read_into: Any,
                  segment: int = SEGMENT_BYTES) -> None:
         if segment <= 0:
             raise ValueError("segment must be positive")
         self.urls = list(urls)
         self.segment = segment
-        self._read = read
+        self._read_into = read_into  # (url, start, end, dest): Storage.read_into
         counts = np.array([-(-int(s) // segment) for s in sizes], dtype=np.int64)
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         n = int(self.first[-1])
@@ -158,24 +158,25 @@ class ResidentFiles:
 
     def _start_one(self, g: int) -> None:
         self._state[g] = _FETCHING
-        url = self.urls[int(self.seg_file[g])]
-        task = asyncio.ensure_future(self._read(url, int(self.seg_start[g]),
-                                                int(self.seg_end[g])))
+        f, start, end = int(self.seg_file[g]), int(self.seg_start[g]), int(self.seg_end[g])
+        at = int(self.base[f]) + start
+        assert self._mem is not None
+        dest = memoryview(self._mem)[at : at + end - start]  # the bytes land in place
+        task = asyncio.ensure_future(self._read_into(self.urls[f], start, end, dest))
         self._fetching[g] = task
-        task.add_done_callback(lambda t, g=g: self._landed(g, t))
+        task.add_done_callback(lambda t, g=g, dest=dest: self._landed(g, t, dest))
 
-    def _landed(self, g: int, task: asyncio.Task) -> None:
+    def _landed(self, g: int, task: asyncio.Task, dest: memoryview) -> None:
         self._fetching.pop(g, None)
+        n = len(dest)
+        dest.release()  # the map closes only once no view of it is left
         if self._mem is None:  # released (closing) while this read was finishing
             return
         if task.cancelled() or task.exception() is not None:
-            self._state[g] = _MISSING  # a later read asks again
+            self._state[g] = _MISSING  # a later read asks again (half written: rewritten)
             return
-        data = task.result()
-        at = int(self.base[self.seg_file[g]] + self.seg_start[g])
-        self._mem[at : at + len(data)] = data
         self._state[g] = _RESIDENT
-        self.bytes += len(data)
+        self.bytes += n
 
     async def _wait(self, segments: list[int]) -> None:
         """Until these segments are resident; the first failure is raised. Waiting is not

@@ -212,7 +212,7 @@ class ArrayRecordSource:
             return
         segment = max(1, min(SEGMENT_BYTES, self.storage.max_inflight_bytes // 4))
         self.resident = ResidentFiles([f.url for f in files], [f.size for f in files],
-                                      self.storage.read, segment)
+                                      self.storage.read_into, segment)
 
     async def _open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
         """Open the files `pattern` names, in order, each pinned to the version first seen.

@@ -252,6 +252,19 @@ class Storage:
         self.stats.bytes += n
         return data
 
+    async def read_into(self, url: str, start: int, end: int, dest: memoryview) -> None:
+        """`read`, written into `dest` (`end - start` bytes long): by stores that can, as the
+        bytes arrive (gs://); by the others, as one copy of what `read` returns."""
+        backend, path = self._backend(url)
+        into = getattr(backend, "read_into", None)
+        if into is None or end <= start:
+            dest[: end - start] = await self.read(url, start, end)
+            return
+        self.check_budget(url, start, end)
+        await self._attempts(url, end - start, (start, end), into, path, start, end, dest)
+        self.stats.reads += 1
+        self.stats.bytes += end - start
+
     async def read_tail(self, url: str, n: int) -> tuple[ObjectInfo, bytes | None]:
         """`url`'s size and version, and its last `min(n, size)` bytes when the store gives
         all of that in one request (gs://: a suffix-range GET), else None for the bytes.

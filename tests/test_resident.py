@@ -125,6 +125,22 @@ async def test_segment_reads_are_retried_and_the_batches_unchanged(data):
     assert st["io"]["retries"] > 0 and st["cache"]["resident_segments"] > 0
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_segments_cut_off_mid_body_are_read_again_whole(data, workers):
+    """A segment lands in place as its bytes arrive: one cut off halfway (half of it
+    already written) is read again from its start, and the batches are unchanged."""
+    ref, _ = await run(pipeline(data))
+    with local_gcs(proxy=True, seed=2) as gcs:
+        urls = [gcs.upload(p, f"c/{p.rsplit('/', 1)[1]}") for p in data]
+        remote = pipeline(urls, storage_options=gcs.storage_options)
+        gcs.set_faults(cut_rate=0.3)
+        retry = al.RetryPolicy(base_delay=0.001, max_delay=0.01, attempts=30)
+        got, st = await run(remote, memory_budget=SEGMENT * 4, retry=retry, workers=workers)
+        assert gcs.proxy_stats.cut > 0
+    _same(got, ref)
+    assert st["io"]["retries"] > 0 and st["cache"]["resident_segments"] > 0
+
+
 async def test_a_stalled_bucket_fails_with_the_segment_range_and_closes_cleanly(bucket):
     gcs, urls = bucket
     ds = (al.Dataset.from_arrayrecord(urls, storage_options=gcs.storage_options)
@@ -156,10 +172,10 @@ def test_views_are_the_bytes_asked_for(sizes, segment, picks):
     urls = [f"mem://{k}" for k in range(len(sizes))]
     reads = []
 
-    async def read(url, start, end):
+    async def read_into(url, start, end, dest):
         reads.append((url, start, end))
         await asyncio.sleep(0)
-        return blobs[int(url[6:])][start:end]
+        dest[:] = blobs[int(url[6:])][start:end]
 
     ranges = []
     for f, a, b in picks:
@@ -168,7 +184,7 @@ def test_views_are_the_bytes_asked_for(sizes, segment, picks):
         ranges.append((f, lo, hi))
 
     async def main():
-        kept = ResidentFiles(urls, sizes, read, segment)
+        kept = ResidentFiles(urls, sizes, read_into, segment)
         files, starts, ends = (np.array(x, dtype=np.int64).reshape(-1)
                                for x in zip(*ranges)) if ranges else [np.zeros(0, np.int64)] * 3
         assert await kept.views(files, starts, ends) is None  # the first read goes direct
@@ -217,10 +233,10 @@ def test_one_descriptor_however_many_files():
     before = me.num_fds()
     sizes = [1000 + k for k in range(2000)]
 
-    async def read(url, start, end):
-        return bytes(end - start)
+    async def read_into(url, start, end, dest):
+        dest[:] = bytes(end - start)
 
-    kept = ResidentFiles([f"mem://{k}" for k in range(2000)], sizes, read, 4096)
+    kept = ResidentFiles([f"mem://{k}" for k in range(2000)], sizes, read_into, 4096)
     try:
         assert me.num_fds() - before <= 2  # the memory file, and the dup mmap keeps
         assert kept.base[1] % mmap.PAGESIZE == 0 and kept.base[-1] >= sum(sizes)

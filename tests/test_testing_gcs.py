@@ -371,3 +371,29 @@ def test_request_framing_survives_any_split() -> None:
     tls = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
     assert line._parse(_Conn(), tls) == [("up", tls)]  # not HTTP: forwarded untouched
     assert line.stats.passthrough == 1
+
+
+def test_cut_rate_sends_the_head_and_part_of_the_body_then_resets() -> None:
+    """A response cut off mid-body: the client has the head and some of the body when the
+    connection resets (what a network failure halfway through a large read looks like)."""
+    body = bytes(range(256)) * 64  # 16 KiB
+    with local_gcs(proxy=True) as gcs:
+        gcs.upload_bytes(body, "b")
+        gcs.set_faults(cut_rate=1.0)
+        host, port = _hostport(gcs.endpoint)
+        path = f"/download/storage/v1/b/{gcs.bucket}/o/b?alt=media"
+        got = b""
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                         .encode())
+            with pytest.raises(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    got += chunk
+        head, _, part = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and 0 < len(part) < len(body)
+        assert body.startswith(part)
+        assert gcs.proxy_stats.cut == 1
+        gcs.set_faults()
+        assert _raw_get(gcs, "b").endswith(body)
+        with pytest.raises(ValueError):
+            gcs.set_faults(cut_rate=2.0)

@@ -156,6 +156,7 @@ class LocalGCS:
         reset_rate: float = 0.0,
         slow_rate: float = 0.0,
         slow_s: float = 1.0,
+        cut_rate: float = 0.0,
     ) -> None:
         """Change fault injection now, for requests that arrive from here on (replaces all).
 
@@ -164,10 +165,14 @@ class LocalGCS:
         connection the proxy resets instead (RST, nothing written: the client sees a connection
         reset or a server disconnect). ``slow_rate``: fraction of the forwarded requests whose
         response body is held back ``slow_s`` seconds after the response head (the slow-body
-        tail). ``stall``: accept connections and requests but never answer them — a bucket that
-        stops answering; connections that stalled stay silent. Each request gets at most one
-        fault (stall, then reset, then error status, then slow body), chosen by the seeded RNG.
-        Counters: :attr:`proxy_stats` ``faults``, ``resets``, ``slowed``, ``stalled``.
+        tail). ``cut_rate``: fraction of the forwarded requests whose response is cut off
+        mid-body (the head and half the body bytes at hand, then a reset). ``stall``: accept
+        connections and requests but never answer them — a bucket that stops answering;
+        connections that stalled stay silent. Each request gets at most one fault (stall,
+        then reset, then error status, then slow body, then cut body), chosen by the seeded
+        RNG.
+        Counters: :attr:`proxy_stats` ``faults``, ``resets``, ``slowed``, ``cut``,
+        ``stalled``.
         """
         if self._proxy is None:
             raise RuntimeError(
@@ -175,7 +180,7 @@ class LocalGCS:
                 "latency/jitter/bandwidth or a fault rate) to control faults"
             )
         for name, rate in (("error_rate", error_rate), ("reset_rate", reset_rate),
-                           ("slow_rate", slow_rate)):
+                           ("slow_rate", slow_rate), ("cut_rate", cut_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
         if error_rate > 0 and not statuses:
@@ -185,6 +190,7 @@ class LocalGCS:
         self._proxy.faults = _Faults(
             float(error_rate), tuple(int(s) for s in statuses), bool(stall),
             reset_rate=float(reset_rate), slow_rate=float(slow_rate), slow_s=float(slow_s),
+            cut_rate=float(cut_rate),
         )
 
     @property

@@ -70,6 +70,7 @@ class ProxyStats:
     stalled: int = 0  # requests swallowed while stalling
     resets: int = 0  # requests whose connection the proxy reset instead of answering
     slowed: int = 0  # responses whose body the proxy held back after forwarding the head
+    cut: int = 0  # responses cut off mid-body (head and part of the body, then RST)
     bytes_up: int = 0  # client → server bytes forwarded
     bytes_down: int = 0  # server → client bytes forwarded
     passthrough: int = 0  # connections that stopped parsing HTTP (non-HTTP or chunked body)
@@ -83,6 +84,7 @@ class _Faults:
     reset_rate: float = 0.0  # fraction of requests whose connection is reset (RST)
     slow_rate: float = 0.0  # fraction of responses whose body is held for slow_s
     slow_s: float = 1.0
+    cut_rate: float = 0.0  # fraction of responses cut off after part of their body
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _Faults:
@@ -104,10 +106,11 @@ class _Conn:
 class _Down:
     """Server→client state of one connection: the hold for the next response's body."""
 
-    __slots__ = ("head", "slow_s")
+    __slots__ = ("cut", "head", "slow_s")
 
     def __init__(self) -> None:
         self.slow_s = 0.0  # > 0: hold the body of the next response this long after its head
+        self.cut = False  # cut the next response off mid-body instead
         self.head = bytearray()  # that response's head, while it is still incomplete
 
 
@@ -277,6 +280,9 @@ class _DelayLine:
                 elif kind == "slow":  # the next response (to the request that follows) is slow
                     down.slow_s = float(data.decode())
                     down.head = bytearray()
+                elif kind == "cut":  # the next response is cut off mid-body
+                    down.cut = True
+                    down.head = bytearray()
                 else:  # "reset": drop the connection with an RST, nothing written
                     self._counts["resets"] += 1
                     _reset(c_writer)
@@ -295,6 +301,20 @@ class _DelayLine:
         rate = self.bandwidth
         free_at = loop.time()  # token bucket: when the link is free again
         while data := await reader.read(_READ_SIZE if rate is None else min(_READ_SIZE, 64 * 1024)):
+            if down.cut:
+                # Cut off: the response head and half the body bytes at hand, then an RST.
+                down.head += data
+                end = down.head.find(b"\r\n\r\n")
+                if end < 0 and len(down.head) <= _MAX_HEAD:
+                    continue
+                cut = end + 4 if end >= 0 else len(down.head)
+                cut += (len(down.head) - cut) // 2
+                c_writer.write(bytes(down.head[:cut]))
+                await c_writer.drain()
+                self._counts["bytes_down"] += cut
+                self._counts["cut"] += 1
+                _reset(c_writer)
+                return
             if down.slow_s > 0:
                 # The slow-body tail: forward the response head, then hold the body.
                 down.head += data
@@ -369,6 +389,8 @@ class _DelayLine:
             else:
                 if faults.slow_rate > 0 and self._rng.random() < faults.slow_rate:
                     actions.append(("slow", repr(faults.slow_s).encode()))
+                elif faults.cut_rate > 0 and self._rng.random() < faults.cut_rate:
+                    actions.append(("cut", b""))
                 actions.append(("up", head))
         del buf[:pos]
         return _coalesce(actions)
@@ -526,7 +548,7 @@ def _coalesce(actions: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     for kind, data in actions:
         if out and kind == "up" and out[-1][0] == "up":
             out[-1] = ("up", out[-1][1] + data)
-        elif data or kind == "reset":
+        elif data or kind in ("reset", "cut"):
             out.append((kind, data))
     return out
 
