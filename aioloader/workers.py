@@ -8,8 +8,9 @@ the pool, so no segment is created or unlinked per batch. A slot has an input ha
 chunks the parent fetched from a remote store, instead of pickling them through a pipe) and
 an output half, where the worker stacks the batch's arrays. The parent hands the batch on as
 views of the slot, without a copy, and the slot is reused once the consumer drops them. What
-does not fit, or finds no free slot, travels by value instead. Local files are read by the
-workers themselves.
+is not an array (strings, Python objects) is pickled into the slot after the arrays when it
+is more than the pipe holds. What does not fit, or finds no free slot, travels by value
+through the pipe instead. Local files are read by the workers themselves.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
 runs the same task code on one thread of the parent, for debugging.
