@@ -51,7 +51,7 @@ from .transforms import (
 
 
 class WorkerError(RuntimeError):
-    """A worker process died; the message says which batch it was working on."""
+    """A worker process died, or could not send its result back; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,14 @@ class _SlotAlloc:
         """`payload` pickled into the rest of the slot, if it is too big for the pipe and
         fits: the parent then unpickles it from shared memory (`Arena.unpickle`), instead of
         both processes copying it through a 64 KiB pipe a buffer at a time."""
-        blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise WorkerError(
+                f"a worker cannot send its result back ({type(exc).__name__}: {exc}): what "
+                "transforms return in worker processes must pickle (arrays, numbers, strings, "
+                "and dicts, lists or tuples of them); convert it in the transform, or run "
+                "with workers=0") from None
         n = len(blob)
         if n < _PIPE_BYTES or self.pos + n > self.end:
             return payload

@@ -58,3 +58,10 @@ def id_and_text(element: dict) -> dict:
     """A string of ~1 KiB beside the id: batches of it are mostly not arrays."""
     i = int(element["id"])
     return {"id": element["id"], "text": f"{i:06d}" * 170}
+
+
+def with_a_lock(element: dict) -> dict:
+    """An element that cannot leave a worker process (a lock does not pickle)."""
+    import threading
+
+    return {"id": element["id"], "lock": threading.Lock()}

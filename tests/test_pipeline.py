@@ -176,6 +176,14 @@ async def test_worker_crash_is_reported_without_hanging(data):
         await asyncio.wait_for(collect(ds, workers=1), 30)
 
 
+@pytest.mark.parametrize("batch", [8, None])
+async def test_an_unpicklable_result_is_named_with_what_to_do(data, batch):
+    ds = al.Dataset.from_arrayrecord(data).map(fns.decode).map(fns.with_a_lock)
+    ds = ds.batch(batch) if batch else ds
+    with pytest.raises(WorkerError, match=r"cannot send its result back.*lock.*workers=0"):
+        await asyncio.wait_for(collect(ds, workers=1), 30)
+
+
 def test_unpicklable_transform_is_refused_with_workers(data):
     ds = al.Dataset.from_arrayrecord(data).map(lambda r: r)
     with pytest.raises(TypeError, match="cannot be pickled"):
