@@ -84,6 +84,7 @@ class ResidentFiles:
         self.started = False  # segments are coming: from now on, reads wait for them
         self._direct = False  # the first read is being made directly
         self._go: asyncio.Event | None = None  # set by `start`
+        self._closed = False
 
     @property
     def unclaimed(self) -> bool:
@@ -106,7 +107,9 @@ class ResidentFiles:
         files = np.asarray(files, dtype=np.int64)
         if not await self.ensure(files, starts, ends):
             return None
-        mem = memoryview(self._mem) if self._mem is not None else memoryview(b"")
+        if self._closed:  # while we waited
+            raise _closed()
+        mem = memoryview(self._mem) if self._mem is not None else memoryview(b"")  # all empty
         at = self.base[files]
         lo = (at + np.asarray(starts, dtype=np.int64)).tolist()
         return [mem[a:b] for a, b in zip(lo, (at + np.asarray(ends, dtype=np.int64)).tolist())]
@@ -114,6 +117,8 @@ class ResidentFiles:
     async def ensure(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
         """Wait until the ranges are resident (fetching their segments); False for the
         first read (and on another event loop): read it directly, then call `start`."""
+        if self._closed:
+            raise _closed()
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop, self._go = loop, asyncio.Event()
@@ -134,7 +139,7 @@ class ResidentFiles:
     def start(self, files: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         """Start fetching the segments of these ranges (just read directly, or failed to
         be); from now on `views` serves every read."""
-        if self._loop is not asyncio.get_running_loop() or self.started:
+        if self._loop is not asyncio.get_running_loop() or self.started or self._closed:
             return
         self.started = True
         self._go.set()  # type: ignore[union-attr]
@@ -191,12 +196,16 @@ class ResidentFiles:
                 raise t.exception()  # type: ignore[misc]
 
     async def aclose(self) -> None:
-        """Cancel the fetches still running and drop the segments."""
-        tasks = list(self._fetching.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._fetching.clear()
+        """Cancel the fetches still running and drop the segments; later reads are refused
+        (and so start no fetch while this one waits for the cancelled ones)."""
+        self._closed = True
+        while self._fetching:
+            tasks = list(self._fetching.items())
+            for _, t in tasks:
+                t.cancel()
+            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
+            for g, _ in tasks:
+                self._fetching.pop(g, None)
         self._state[:] = _MISSING
         self.bytes = 0
         self._release()
@@ -209,6 +218,11 @@ class ResidentFiles:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _closed() -> StorageError:
+    return StorageError("the in-memory copy of the dataset is closed: open the source again "
+                        "to read from it")
 
 
 def _memfd_paths() -> bool:

@@ -559,8 +559,9 @@ class ArrayRecordSource:
 
     async def aclose(self) -> None:
         """Release this loop's I/O resources (call from the loop you read on)."""
-        if self.resident is not None:
-            await self.resident.aclose()
+        kept, self.resident = self.resident, None  # read again: record by record
+        if kept is not None:
+            await kept.aclose()
         if self._owns_storage:
             await self.storage.aclose()
 

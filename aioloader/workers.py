@@ -108,6 +108,13 @@ class _Pickled:
     size: int
 
 
+@dataclass(frozen=True)
+class _Blob:
+    """A payload pickled by the worker, sent through the pipe as it is (small, or no room)."""
+
+    data: bytes
+
+
 # Payloads pickled smaller than this go through the pipe: it holds them whole.
 _PIPE_BYTES = 64 << 10
 
@@ -277,27 +284,48 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)
     if pipeline.batch is None:
-        payload: Any = elements
-        if not inline and arena is not None and task.slot >= 0:
-            payload = _SlotAlloc(arena, task.slot * 2 * slot_size, slot_size).pickle(elements)
-        return Result(task.task_id, payload, len(elements), **io)
-    # Batch mode: the task's elements are one or more whole batches (the last may be short).
-    size = pipeline.batch.size
-    groups = [elements[i : i + size] for i in range(0, len(elements), size)]
-    if arena is None or task.slot < 0:
-        return Result(task.task_id, [apply_batch_ops(pipeline.batch_ops, collate(g))
-                                     for g in groups], len(elements), **io)
-    alloc = _SlotAlloc(arena, task.slot * 2 * slot_size, slot_size)
-    batches = [apply_batch_ops(pipeline.batch_ops, collate(g, alloc=alloc)) for g in groups]
-    placed = alloc.export(batches)
-    if placed is None:  # does not fit the slot: the batches travel by value
-        slot = -1
-        placed = _replace(batches, np.copy) if inline else batches
-    else:
-        slot = task.slot
-        if not inline:  # what is not an array (strings, say) follows them into the slot
-            placed = alloc.pickle(placed)
-    return Result(task.task_id, placed, len(elements), slot, **io)
+        payload, slot, room = elements, -1, _room(arena, task.slot, slot_size)
+    else:  # the task's elements are one or more whole batches (the last may be short)
+        size = pipeline.batch.size
+        alloc = _room(arena, task.slot, slot_size)
+        batches = [apply_batch_ops(pipeline.batch_ops, collate(elements[i : i + size],
+                                                               alloc=alloc))
+                   for i in range(0, len(elements), size)]
+        placed = alloc.export(batches) if alloc is not None else None
+        if placed is None:  # no slot, or too big for it: the batches travel by value
+            payload = _replace(batches, np.copy) if inline and alloc is not None else batches
+            slot, room = -1, None
+        else:
+            payload, slot, room = placed, task.slot, alloc
+    if not inline:  # what is not an array in the slot (strings, say) is pickled, once
+        payload = _outgoing(payload, room)
+    return Result(task.task_id, payload, len(elements), slot, **io)
+
+
+def _room(arena: Any, slot: int, slot_size: int) -> _SlotAlloc | None:
+    """The output half of `slot`, or None when there is no slot."""
+    return _SlotAlloc(arena, slot * 2 * slot_size, slot_size) if arena is not None and \
+        slot >= 0 else None
+
+
+def _outgoing(payload: Any, room: _SlotAlloc | None) -> _Pickled | _Blob:
+    """`payload` pickled once, in the worker: into the rest of its slot when it is more than
+    the pipe holds and fits (the parent unpickles it from shared memory, instead of both
+    processes copying it through a 64 KiB pipe a buffer at a time), else as bytes for the
+    pipe. Either way the parent unpickles it (`Arena.unpickle`)."""
+    try:
+        blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise WorkerError(
+            f"a worker cannot send its result back ({type(exc).__name__}: {exc}): what "
+            "transforms return in worker processes must pickle (arrays, numbers, strings, "
+            "and dicts, lists or tuples of them); convert it in the transform, or run "
+            "with workers=0") from None
+    n = len(blob)
+    if room is None or n < _PIPE_BYTES or room.pos + n > room.end:
+        return _Blob(blob)
+    room.buf[room.pos : room.pos + n] = blob
+    return _Pickled(room.pos, n)
 
 
 class _SlotAlloc:
@@ -317,24 +345,6 @@ class _SlotAlloc:
         self.made[id(a)] = (a, _ShmRef(self.pos, dtype.str, tuple(shape)))
         self.pos += n
         return a
-
-    def pickle(self, payload: Any) -> Any:
-        """`payload` pickled into the rest of the slot, if it is too big for the pipe and
-        fits: the parent then unpickles it from shared memory (`Arena.unpickle`), instead of
-        both processes copying it through a 64 KiB pipe a buffer at a time."""
-        try:
-            blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise WorkerError(
-                f"a worker cannot send its result back ({type(exc).__name__}: {exc}): what "
-                "transforms return in worker processes must pickle (arrays, numbers, strings, "
-                "and dicts, lists or tuples of them); convert it in the transform, or run "
-                "with workers=0") from None
-        n = len(blob)
-        if n < _PIPE_BYTES or self.pos + n > self.end:
-            return payload
-        self.buf[self.pos : self.pos + n] = blob
-        return _Pickled(self.pos, n)
 
     def export(self, batch: Any) -> Any:
         """The batch with its arrays as references into the slot; None if they don't fit.
@@ -442,8 +452,10 @@ class Arena:
         except IndexError:
             return -1
 
-    def unpickle(self, ref: _Pickled) -> Any:
-        """A payload a worker pickled into a slot (see `_SlotAlloc.pickle`)."""
+    def unpickle(self, ref: _Pickled | _Blob) -> Any:
+        """A payload a worker pickled (see `_outgoing`), from its slot or as sent."""
+        if isinstance(ref, _Blob):
+            return pickle.loads(ref.data)
         with memoryview(self.map) as view:
             return pickle.loads(view[ref.offset : ref.offset + ref.size])
 
@@ -544,7 +556,7 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
-            if isinstance(result.payload, _Pickled):
+            if isinstance(result.payload, (_Pickled, _Blob)):
                 result.payload = arena.unpickle(result.payload)
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
@@ -555,6 +567,8 @@ class Pool:
                 cf.add_done_callback(lambda _: arena.give(slot))
                 slot = -1
             raise
+        except WorkerError as exc:  # raised in the worker: say which task it was
+            raise WorkerError(f"{describe or f'task {task.task_id}'}: {exc}") from None
         except BrokenProcessPool:
             raise WorkerError(
                 f"a worker process died while processing {describe or f'task {task.task_id}'}"

@@ -61,7 +61,8 @@ def id_and_text(element: dict) -> dict:
 
 
 def with_a_lock(element: dict) -> dict:
-    """An element that cannot leave a worker process (a lock does not pickle)."""
+    """An element that cannot leave a worker process (a lock does not pickle), beside 4 KiB
+    of array (a batch of them may not fit a small slot)."""
     import threading
 
-    return {"id": element["id"], "lock": threading.Lock()}
+    return {"id": element["id"], "pixels": np.zeros(4096, np.uint8), "lock": threading.Lock()}

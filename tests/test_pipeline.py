@@ -177,11 +177,15 @@ async def test_worker_crash_is_reported_without_hanging(data):
 
 
 @pytest.mark.parametrize("batch", [8, None])
-async def test_an_unpicklable_result_is_named_with_what_to_do(data, batch):
+@pytest.mark.parametrize("slot_size", [32 << 20, 16 << 10])
+async def test_an_unpicklable_result_is_named_with_what_to_do(data, batch, slot_size):
+    """The same error whether the batch fits its slot or goes by value (16 KiB slots: a batch
+    holds 32 KiB of arrays)."""
     ds = al.Dataset.from_arrayrecord(data).map(fns.decode).map(fns.with_a_lock)
     ds = ds.batch(batch) if batch else ds
-    with pytest.raises(WorkerError, match=r"cannot send its result back.*lock.*workers=0"):
-        await asyncio.wait_for(collect(ds, workers=1), 30)
+    with pytest.raises(WorkerError, match=r"task 0 .*cannot send its result back.*lock.*"
+                                          r"workers=0"):
+        await asyncio.wait_for(collect(ds, workers=1, slot_size=slot_size), 30)
 
 
 def test_unpicklable_transform_is_refused_with_workers(data):
@@ -304,7 +308,8 @@ async def test_large_non_array_payloads_come_back_through_the_slot(data, batch, 
         arena = it._pool.arena
         through_slot = []
         unpickle = arena.unpickle
-        arena.unpickle = lambda ref: through_slot.append(ref.size) or unpickle(ref)
+        arena.unpickle = lambda ref: (through_slot.append(ref.size) if hasattr(ref, "size")
+                                      else None) or unpickle(ref)
         got = [b async for b in it]
         if batch:
             _same(got, ref)

@@ -270,3 +270,44 @@ def test_workers_read_the_memory_copy_through_a_map(data):
         assert bytes(got[0]) == LocalFiles().read(refs)[0]
     finally:
         os.close(fd)
+
+
+async def test_closing_cancels_fetches_and_refuses_later_reads(bucket):
+    """A source read after closing reads record by record (the memory copy is gone); a
+    reader waiting on segments when the copy closes gets an error, not a hang, and no
+    fetch outlives the close."""
+    from aioloader.source import ArrayRecordSource
+    from aioloader.storage import StorageError
+
+    gcs, urls = bucket
+    src = ArrayRecordSource(urls, storage_options=gcs.storage_options, resident_bytes=1 << 30)
+    async with src:
+        want = await src.read(list(range(0, N, 7)))
+        await src.read(list(range(3, N, 11)))  # the second read: from segments
+        kept = src.resident
+        assert kept is not None and kept.resident > 0
+    assert src.resident is None
+    n0 = gcs.proxy_stats.downloads
+    assert await src.read(list(range(0, N, 7))) == want  # record by record now
+    assert _downloads(gcs, n0) > 0
+    await src.aclose()
+    with pytest.raises(StorageError, match="closed: open the source again"):
+        await kept.views(np.array([0]), np.array([0]), np.array([10]))
+
+    gate = asyncio.Event()
+
+    async def slow_read_into(url, start, end, dest):
+        await gate.wait()  # never set: the fetch is still running at close
+        dest[:] = bytes(end - start)
+
+    other = ResidentFiles(["mem://a"], [1000], slow_read_into, 100)
+    one = (np.array([0]), np.array([0]), np.array([500]))
+    assert await other.views(*one) is None  # the first read goes direct
+    other.start(*one)
+    waiting = asyncio.ensure_future(other.views(*one))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await other.aclose()
+    with pytest.raises(StorageError):
+        await waiting
+    assert not other._fetching and other.bytes == 0
