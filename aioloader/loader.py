@@ -114,7 +114,7 @@ class Loader:
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
         self._batches_per_task = 1  # grows after the first batch (see _adapt_task_size)
-        self._task_size_chosen = False
+        self._task_size_goal: int | None = None
         self._used_sync = False  # driven from the background loop of the sync API
         self._delivered: dict[str, int] | None = None  # sync API: after the last batch given
         self._reset_run_state()
@@ -525,16 +525,22 @@ class Loader:
         memory) go several to a task (the per-task cost of scheduling and the process hop
         then amortizes), as long as they fit a slot. Read record by record from a bucket,
         the reads dominate, and bigger tasks would only queue more reads behind
-        io_concurrency (stretching a stalled store's time to error)."""
-        if self._task_size_chosen or not batches:
+        io_concurrency (stretching a stalled store's time to error).
+
+        Tasks double in size per result up to that goal, rather than jump to it: a consumer
+        that has had one batch would otherwise wait for a whole large task (one worker, a
+        few times the step) before its second.
+        """
+        if not batches:
             return
-        self._task_size_chosen = True
-        if not self._local and (self._source is None or self._source.resident is None):
-            return
-        nbytes = sum(a.nbytes for a in array_leaves(batches[0])) + 4096
-        self._batches_per_task = max(1, min(MAX_BATCHES_PER_TASK,
-                                            TASK_RECORDS // self._unit,
-                                            self.slot_size // nbytes))
+        if self._task_size_goal is None:
+            self._task_size_goal = 1
+            if self._local or (self._source is not None and self._source.resident is not None):
+                nbytes = sum(a.nbytes for a in array_leaves(batches[0])) + 4096
+                self._task_size_goal = max(1, min(MAX_BATCHES_PER_TASK,
+                                                  TASK_RECORDS // self._unit,
+                                                  self.slot_size // nbytes))
+        self._batches_per_task = min(self._task_size_goal, 2 * self._batches_per_task)
 
     async def _next_window(self) -> tuple[int, list[Any]] | None:
         """Stream mode: the next task's window position and surviving elements."""
