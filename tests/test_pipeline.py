@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import random
 
@@ -326,6 +327,20 @@ async def test_large_non_array_payloads_come_back_through_the_slot(data, batch, 
         assert through_slot and sizes.all()  # every task's payload (> 64 KiB) took the slot
     else:
         assert not through_slot  # more than the pipe holds is more than the slot: by value
+
+
+async def test_tasks_grow_by_doubling_after_the_first_batch(data):
+    """1, 2, 4... batches per task, not 1 then the goal: with one worker, a consumer that
+    has its first batch must not wait for a whole large task before its second."""
+    ds = (al.Dataset.from_arrayrecord(data).shuffle(3).map(fns.decode)
+          .map(fns.only_id_noise_det).batch(16))
+    sizes = []
+    async with ds.loader(workers=1, prefetch=2) as it:
+        async for _ in it:
+            sizes.append(it._batches_per_task)
+    steps = sorted(set(sizes))
+    assert steps[0] in (1, 2) and steps[-1] == 8  # the goal: MAX_BATCHES_PER_TASK
+    assert all(b == 2 * a for a, b in itertools.pairwise(steps))
 
 
 @pytest.mark.parametrize("drop", [False, True])
