@@ -321,11 +321,8 @@ def _outgoing(payload: Any, room: _SlotAlloc | None) -> _Pickled | _Blob:
             "transforms return in worker processes must pickle (arrays, numbers, strings, "
             "and dicts, lists or tuples of them); convert it in the transform, or run "
             "with workers=0") from None
-    n = len(blob)
-    if room is None or n < _PIPE_BYTES or room.pos + n > room.end:
-        return _Blob(blob)
-    room.buf[room.pos : room.pos + n] = blob
-    return _Pickled(room.pos, n)
+    placed = room.place(blob) if room is not None and len(blob) >= _PIPE_BYTES else None
+    return placed or _Blob(blob)
 
 
 class _SlotAlloc:
@@ -345,6 +342,14 @@ class _SlotAlloc:
         self.made[id(a)] = (a, _ShmRef(self.pos, dtype.str, tuple(shape)))
         self.pos += n
         return a
+
+    def place(self, blob: bytes) -> _Pickled | None:
+        """`blob` copied in after the arrays; None if it does not fit."""
+        n = len(blob)
+        if self.pos + n > self.end:
+            return None
+        self.buf[self.pos : self.pos + n] = blob
+        return _Pickled(self.pos, n)
 
     def export(self, batch: Any) -> Any:
         """The batch with its arrays as references into the slot; None if they don't fit.

@@ -113,6 +113,15 @@ class _Down:
         self.cut = False  # cut the next response off mid-body instead
         self.head = bytearray()  # that response's head, while it is still incomplete
 
+    def head_end(self, data: bytes) -> int | None:
+        """Add `data` to the held response; where its head ends once it is all there (or
+        too long to be one), else None."""
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0 and len(self.head) <= _MAX_HEAD:
+            return None
+        return end + 4 if end >= 0 else len(self.head)
+
 
 class _DelayLine:
     """Asyncio TCP proxy on a background thread: delay, jitter, bandwidth cap, HTTP faults."""
@@ -303,11 +312,8 @@ class _DelayLine:
         while data := await reader.read(_READ_SIZE if rate is None else min(_READ_SIZE, 64 * 1024)):
             if down.cut:
                 # Cut off: the response head and half the body bytes at hand, then an RST.
-                down.head += data
-                end = down.head.find(b"\r\n\r\n")
-                if end < 0 and len(down.head) <= _MAX_HEAD:
-                    continue
-                cut = end + 4 if end >= 0 else len(down.head)
+                if (cut := down.head_end(data)) is None:
+                    continue  # wait for the rest of the head
                 cut += (len(down.head) - cut) // 2
                 c_writer.write(bytes(down.head[:cut]))
                 await c_writer.drain()
@@ -317,11 +323,8 @@ class _DelayLine:
                 return
             if down.slow_s > 0:
                 # The slow-body tail: forward the response head, then hold the body.
-                down.head += data
-                end = down.head.find(b"\r\n\r\n")
-                if end < 0 and len(down.head) <= _MAX_HEAD:
+                if (cut := down.head_end(data)) is None:
                     continue  # wait for the rest of the head
-                cut = end + 4 if end >= 0 else len(down.head)
                 head, data = bytes(down.head[:cut]), bytes(down.head[cut:])
                 hold, down.slow_s, down.head = down.slow_s, 0.0, bytearray()
                 c_writer.write(head)
