@@ -33,6 +33,7 @@ from .assembly import Assembler
 from .planning import ChunkRefs
 from .sampling import IndexPlan, Shard, Shuffle
 from .source import ArrayRecordSource
+from .state import STATE_VERSION, StateError, check_position, check_state
 from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 log = logging.getLogger("aioloader")
-STATE_VERSION = 1
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 DEFAULT_WINDOW = 256
 LOOKAHEAD_TASKS = 8
@@ -101,6 +101,7 @@ class Loader:
             from .jax import process_index_and_count
 
             self._procs = process_index_and_count()
+        self._plan: IndexPlan | None = None  # the index ops, once the files are open
         self._state = {"position": 0, "skip": 0, "rows": 0}
         if state is not None:
             self._apply_state(state)
@@ -109,7 +110,6 @@ class Loader:
         self._closed = False
         self._source: ArrayRecordSource | None = None
         self._pool: Pool | None = None
-        self._plan: IndexPlan | None = None
         self._stats = PipelineStats(workers=workers, prefetch=prefetch,
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
@@ -141,31 +141,34 @@ class Loader:
                 "process_count": self.process_count, "pipeline": self._fingerprint()}
 
     def _apply_state(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not "
-                             f"{STATE_VERSION}: it was saved by another aioloader version")
-        if state.get("pipeline", self._fingerprint()) != self._fingerprint():
-            raise ValueError("this state was saved by a different pipeline:\n  "
+        state = check_state(state)
+        if state["pipeline"] != self._fingerprint():
+            raise StateError("this state was saved by a different pipeline:\n  "
                              + " -> ".join(state["pipeline"]) + "\nis not\n  "
                              + " -> ".join(self._fingerprint()))
-        new = {k: int(state.get(k, 0)) for k in ("position", "skip", "rows")}
-        unit = int(state.get("unit", self._unit))
-        saved_procs = int(state.get("process_count", 1))
+        new = {k: state[k] for k in ("position", "skip", "rows")}
+        unit, saved_procs = state["unit"], state["process_count"]
         if saved_procs != self.process_count:
             # Elastic resume: every global batch is the next unit*count positions of the
             # stream (block-dealt shards), so the step count carries over.
             if not self._batch_mode or new["skip"] or unit * saved_procs != \
                     self._unit * self.process_count:
-                raise ValueError(
+                raise StateError(
                     f"state from {saved_procs} processes cannot resume on "
                     f"{self.process_count}: elastic resume needs batch() without filter/pack "
                     "and the same global batch size"
                 )
+            if new["position"] % unit:
+                raise StateError(f"loader state position {new['position']} is not on a batch "
+                                 f"boundary (a multiple of {unit}): it cannot move to "
+                                 f"{self.process_count} processes")
             new["position"] = new["position"] // unit * self._unit
-        elif unit != self._unit:
-            if self._batch_mode:
-                raise ValueError(f"state was saved with batch size {unit}, not {self._unit}")
-            self._unit = unit
+            unit = self._unit
+        elif unit != self._unit and self._batch_mode:
+            raise StateError(f"state was saved with batch size {unit}, not {self._unit}")
+        if self._plan is not None:
+            check_position({**new, "unit": unit}, self._plan.length, self._batch_mode)
+        self._unit = unit  # stream mode: the saved window, whatever this loader's default
         self._state = new
         self._delivered = None
 
@@ -241,6 +244,7 @@ class Loader:
         ops = _resolve_index_ops(ds.index_ops, self._procs, block)
         needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
         self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
+        check_position({**self._state, "unit": self._unit}, self._plan.length, self._batch_mode)
         self._raw_mode = src.max_group_size == 1
         self._local = src.all_local
         self._restart_producer()

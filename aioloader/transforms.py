@@ -20,6 +20,18 @@ class TransformError(RuntimeError):
     """A user transform raised; the message names the op, the record and the cause."""
 
 
+class CollateError(ValueError):
+    """batch() cannot stack the elements: the message names the field and the element.
+
+    `element` is the offending element's place in the batch, so that whoever knows which
+    record that is (the worker) can name it too.
+    """
+
+    def __init__(self, message: str, element: int | None = None) -> None:
+        super().__init__(message)
+        self.element = element
+
+
 @dataclass(frozen=True)
 class MapOp:
     fn: Callable[[Any], Any]
@@ -132,8 +144,10 @@ def collate(elements: Sequence[Any], path: str = "element",
     """
     first = elements[0]
     if isinstance(first, Mapping):
+        _same_structure(elements, path, Mapping, lambda e: list(e), "keys")
         return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc) for k in first}
     if isinstance(first, tuple) and not hasattr(first, "_fields"):
+        _same_structure(elements, path, tuple, len, "length")
         return tuple(collate([e[i] for e in elements], f"{path}[{i}]", alloc)
                      for i in range(len(first)))
     if isinstance(first, (bytes, str, bytearray, memoryview)):
@@ -143,7 +157,7 @@ def collate(elements: Sequence[Any], path: str = "element",
             stacked = np.array(elements)
         except ValueError:  # mixed with sequences: the general path explains
             stacked = np.empty(0, dtype=object)
-        if stacked.ndim == 1 and stacked.dtype != object:
+        if stacked.ndim == 1 and stacked.dtype.kind not in "OUS":
             out = alloc(stacked.shape, stacked.dtype) if alloc is not None else None
             if out is None:
                 return stacked
@@ -152,14 +166,41 @@ def collate(elements: Sequence[Any], path: str = "element",
     arrays = [np.asarray(e) for e in elements]
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1:
-        raise ValueError(
-            f"batch() needs {path} to have one shape, got {sorted(shapes)[:4]}: pad or trim "
-            "it in a map() before batch(), or use pack() for variable-length sequences"
-        )
+        k = next(i for i, a in enumerate(arrays) if a.shape != arrays[0].shape)
+        raise CollateError(
+            f"batch() needs {path} to have one shape, got {sorted(shapes)[:4]} (element {k} "
+            f"has {arrays[k].shape}, element 0 {arrays[0].shape}): pad or trim it in a map() "
+            "before batch(), or use pack() for variable-length sequences", k)
+    kinds = [a.dtype.kind in "US" for a in arrays]
+    if any(kinds) != all(kinds):  # numbers and strings mixed: numpy would make them all str
+        k = kinds.index(not kinds[0])
+        raise CollateError(
+            f"batch() got {path} of mixed types: element 0 is {arrays[0].dtype} and element "
+            f"{k} is {arrays[k].dtype}; convert it to one type in a map() before batch()", k)
     out = None
     if alloc is not None:
         out = alloc((len(arrays), *arrays[0].shape), np.result_type(*{a.dtype for a in arrays}))
     return np.stack(arrays) if out is None else np.stack(arrays, out=out)
+
+
+def _same_structure(elements: Sequence[Any], path: str, kind: type,
+                    shape: Callable[[Any], Any], what: str) -> None:
+    """Every element is a `kind` with the first one's keys (or length), or a CollateError
+    naming the field and the first element that differs."""
+    want = shape(elements[0])
+    for k, e in enumerate(elements):
+        if not isinstance(e, kind):
+            raise CollateError(f"batch() got {path} of mixed types: element 0 is "
+                               f"{type(elements[0]).__name__}, element {k} is "
+                               f"{type(e).__name__}", k)
+        got = shape(e)
+        if got != want:
+            detail = (f"missing {sorted(map(repr, set(want) - set(got)))}, extra "
+                      f"{sorted(map(repr, set(got) - set(want)))}" if what == "keys"
+                      else f"{got}, not {want}")
+            raise CollateError(f"batch() needs every {path} to have the same {what}: element "
+                               f"{k} differs from element 0 ({detail}); make them agree in a "
+                               "map() before batch()", k)
 
 
 def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioloader.transforms import collate
+from aioloader.transforms import CollateError, collate
 
 numbers = st.one_of(
     st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=40),
@@ -53,3 +53,23 @@ def test_text_stays_a_list_and_mixed_shapes_are_explained():
     assert collate([b"a", memoryview(b"b")]) == [b"a", b"b"]
     with pytest.raises(ValueError, match=r"one shape, got \[\(\), \(1,\)\]"):
         collate([1, [2]])
+
+
+def test_a_missing_key_names_the_field_and_the_element():
+    with pytest.raises(CollateError, match=r"same keys: element 2 .*missing \[\"'y'\"\]") as e:
+        collate([{"x": 1, "y": 2}, {"x": 3, "y": 4}, {"x": 5}])
+    assert e.value.element == 2
+
+
+def test_numbers_mixed_with_strings_are_refused_not_turned_into_text():
+    for values in ([1, 2, "3"], [1.5, "x"], [np.int64(1), "a"]):
+        with pytest.raises(CollateError, match=r"element\['n'\] of mixed types") as e:
+            collate([{"n": v} for v in values])
+        assert e.value.element == len(values) - 1
+
+
+def test_a_dict_mixed_with_another_type_is_named():
+    with pytest.raises(CollateError, match=r"element 0 is dict, element 1 is list"):
+        collate([{"x": 1}, [1]])
+    with pytest.raises(CollateError, match=r"element\[0\] to have the same length"):
+        collate([((1, 2),), ((1, 2, 3),)])
