@@ -3,6 +3,7 @@
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
     aioloader cat PATH             print records (hex is a stable, script-friendly format)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
+                                   (existing output refused unless --overwrite)
     aioloader bench URL            stream a dataset through a pipeline, report throughput
 
 Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra).
@@ -169,7 +170,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         out = convert(args.inputs, args.output_prefix, fmt=args.input_format,
                       shards=args.shards, group_size=args.group_size,
-                      compression=args.compression, progress=progress)
+                      compression=args.compression, progress=progress,
+                      overwrite=args.overwrite)
     finally:
         bar.close()
     print(f"wrote {out['records']:,} records ({out['bytes'] / 1e6:,.1f} MB) to "
@@ -278,7 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert record files to sharded ArrayRecord files named "
                     "OUTPUT_PREFIX-00000-of-0000N.array_record (local or any fsspec URL). "
                     "Records are dealt round-robin to the shards, which are written in "
-                    "parallel. TFRecord is read without TensorFlow, checksums verified.",
+                    "parallel. TFRecord is read without TensorFlow, checksums verified. "
+                    "Shards are written under hidden temporary names and renamed into place "
+                    "only when all succeeded; existing output is never touched unless "
+                    "--overwrite is given.",
     )
     v.add_argument("inputs", nargs="+", metavar="INPUT", help="input files (local or URLs)")
     v.add_argument("output_prefix", metavar="OUTPUT_PREFIX",
@@ -291,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records per chunk; keep 1 for shuffled training (default 1)")
     v.add_argument("--compression", default="zstd:3",
                    help="zstd[:level], brotli[:level], snappy or uncompressed (default zstd:3)")
+    v.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files (default: refuse); they are replaced "
+                        "only once the whole conversion succeeded")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 

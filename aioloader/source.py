@@ -15,7 +15,6 @@ it works in scripts and in notebooks that run their own loop.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ import numpy as np
 from .aioutil import release, run_sync
 from .arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex, open_index
 from .arrayrecord.index import decode_chunk
+from .index_cache import IndexCache
 from .planning import (
     CLOUD_MAX_GAP,
     DEFAULT_MAX_MERGED,
@@ -164,6 +164,7 @@ class ArrayRecordSource:
         # A merged read must fit the byte budget with room for others in flight.
         self.max_merged = max(1, min(max_merged, self.storage.max_inflight_bytes // 4))
         self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
+        self._index_cache = IndexCache(index_cache_dir) if index_cache_dir else None
         self.resident_bytes = resident_bytes
         self.resident: ResidentFiles | None = None  # see aioloader.resident
         self._numbers: dict[str, int] | None = None
@@ -247,7 +248,7 @@ class ArrayRecordSource:
 
     async def _open_file(self, info: ObjectInfo, tail: bytes | None = None) -> FileIndex:
         """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read."""
-        cached = self._load_cached_index(info)
+        cached = self._index_cache.load(info) if self._index_cache else None
         if cached is not None:
             return cached
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
@@ -264,45 +265,9 @@ class ArrayRecordSource:
                 offset, length = steps.send(data)
         except StopIteration as done:
             index = done.value
-        self._store_cached_index(info, index)
+        if self._index_cache is not None:
+            self._index_cache.store(info, index)
         return index
-
-    # -- footer sidecar cache ---------------------------------------------------------
-
-    def _cache_path(self, info: ObjectInfo) -> str | None:
-        if self.index_cache_dir is None:
-            return None
-        key = hashlib.sha256(f"{info.url}\0{info.size}\0{info.version}".encode()).hexdigest()
-        return os.path.join(self.index_cache_dir, f"{key[:32]}.npz")
-
-    def _load_cached_index(self, info: ObjectInfo) -> FileIndex | None:
-        path = self._cache_path(info)
-        if path is None or not os.path.exists(path):
-            return None
-        try:
-            with np.load(path) as z:
-                return FileIndex(
-                    path=redact(info.url), size=info.size,
-                    footer_offset=int(z["footer_offset"]),
-                    chunk_offsets=z["chunk_offsets"], chunk_records=z["chunk_records"],
-                    chunk_decoded_sizes=z["chunk_decoded_sizes"],
-                    writer_options=str(z["writer_options"]),
-                )
-        except Exception:  # a damaged cache entry is only a miss
-            return None
-
-    def _store_cached_index(self, info: ObjectInfo, index: FileIndex) -> None:
-        path = self._cache_path(info)
-        if path is None:
-            return
-        os.makedirs(self.index_cache_dir, mode=0o700, exist_ok=True)  # type: ignore[arg-type]
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, footer_offset=index.footer_offset, chunk_offsets=index.chunk_offsets,
-                     chunk_records=index.chunk_records,
-                     chunk_decoded_sizes=index.chunk_decoded_sizes,
-                     writer_options=np.array(index.writer_options))
-        os.replace(tmp, path)
 
     # -- what is open -----------------------------------------------------------------
 

@@ -1,0 +1,209 @@
+"""The footer index cache on disk: entries are checked before use, written privately."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import stat
+
+import numpy as np
+import pytest
+
+import aioloader as al
+
+from .arrayrecord_util import make_records, write_theirs
+
+SHARDS = 2
+PER_SHARD = 50
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Two files whose indices differ (another record size each)."""
+    paths, expected = [], []
+    for k in range(SHARDS):
+        records = make_records(100 + 60 * k, PER_SHARD, seed=k)
+        path = tmp_path / f"d-{k}.ar"
+        write_theirs(path, records, "group_size:1,zstd:3")
+        paths.append(str(path))
+        expected += records
+    return paths, expected
+
+
+def _entries(cache) -> list[str]:
+    return sorted(n for n in os.listdir(cache) if n.endswith(".npz"))
+
+
+def _open(paths, cache):
+    """Open, read everything, and return (len, records, requests made to open)."""
+    with al.ArrayRecordSource(paths, index_cache_dir=cache) as src:
+        n = len(src)
+        requests = src.storage.stats.requests
+        return n, list(src), requests
+
+
+def _rewrite(entry, change) -> None:
+    """Edit a cached entry's arrays as a person or a bad tool would: valid file, old checksum."""
+    with np.load(entry) as z:
+        arrays = {k: z[k] for k in z.files}
+    change(arrays)
+    with open(entry, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _drop_last_chunk(a):
+    for k in ("chunk_offsets", "chunk_records", "chunk_decoded_sizes"):
+        a[k] = a[k][:-1]
+
+
+def _zero_counts(a):
+    a["chunk_records"] = np.zeros_like(a["chunk_records"])
+
+
+@pytest.mark.parametrize("change", [_drop_last_chunk, _zero_counts], ids=["drop", "zero"])
+def test_an_edited_entry_is_ignored_with_a_warning_and_rebuilt(tmp_path, data, caplog, change):
+    paths, expected = data
+    cache = tmp_path / "idx"
+    assert _open(paths, cache)[:2] == (len(expected), expected)
+    entries = _entries(cache)
+    assert len(entries) == SHARDS
+    _rewrite(cache / entries[0], change)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        n, got, requests = _open(paths, cache)
+    assert (n, got) == (len(expected), expected)
+    assert any(entries[0] in r.getMessage() and "checksum" in r.getMessage()
+               for r in caplog.records), caplog.text
+    caplog.clear()
+    # Rebuilt: the next open is served from the cache again, silently.
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        n, got, requests = _open(paths, cache)
+    assert (n, got, requests) == (len(expected), expected, 0)
+    assert not caplog.records
+
+
+def test_entries_are_private_files_and_a_planted_temporary_is_not_written_through(tmp_path,
+                                                                                   data):
+    paths, expected = data
+    names = _entries(_first_cache(tmp_path, paths))
+    cache = tmp_path / "idx"
+    cache.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for name in names:  # the temporary names the cache used to write through
+        os.symlink(victim, cache / f"{name}.{os.getpid()}.tmp")
+    assert _open(paths, cache)[:2] == (len(expected), expected)
+    assert victim.read_bytes() == b"precious"
+    for name in _entries(cache):
+        st = os.lstat(cache / name)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def _first_cache(tmp_path, paths):
+    first = tmp_path / "first"
+    _open(paths, first)
+    return first
+
+
+def test_a_symlink_at_an_entry_name_is_not_followed(tmp_path, data, caplog):
+    paths, expected = data
+    cache = _first_cache(tmp_path, paths)
+    name = _entries(cache)[0]
+    elsewhere = tmp_path / "elsewhere.npz"
+    os.replace(cache / name, elsewhere)
+    _rewrite(elsewhere, _drop_last_chunk)
+    before = elsewhere.read_bytes()
+    os.symlink(elsewhere, cache / name)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        assert _open(paths, cache)[:2] == (len(expected), expected)
+    assert any(name in r.getMessage() for r in caplog.records), caplog.text
+    assert elsewhere.read_bytes() == before  # never written through
+    assert stat.S_ISREG(os.lstat(cache / name).st_mode)  # replaced by a real entry
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o720])
+def test_a_cache_directory_others_can_write_is_refused(tmp_path, data, mode):
+    paths, _ = data
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(mode)
+    with pytest.raises(PermissionError, match=rf"{cache}.*writable by.*chmod go-w"):
+        _open(paths, cache)
+    assert os.listdir(cache) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
+def test_a_cache_directory_owned_by_someone_else_is_refused(tmp_path, data):
+    paths, _ = data
+    cache = tmp_path / "theirs"
+    cache.mkdir(mode=0o755)
+    os.chown(cache, 65534, 65534)
+    with pytest.raises(PermissionError, match=rf"{cache}.*owned by"):
+        _open(paths, cache)
+
+
+def test_an_entry_copied_over_another_files_entry_is_not_used(tmp_path, data, caplog):
+    paths, expected = data
+    cache = tmp_path / "idx"
+    _open(paths, cache)
+    first, second = _entries(cache)
+    shutil.copyfile(cache / first, cache / second)  # one file's index under both names
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        assert _open(paths, cache)[:2] == (len(expected), expected)
+    assert second in caplog.text and "another file" in caplog.text
+
+
+def test_a_valid_checksum_does_not_excuse_an_impossible_index(tmp_path, data, caplog):
+    from aioloader.index_cache import IndexCache
+
+    paths, _ = data
+    cache = IndexCache(tmp_path / "idx")
+    with al.ArrayRecordSource(paths[0]) as src:
+        good = src.file_indices[0]
+    info = _info(paths[0])
+    assert cache.load(info) is None
+    cache.store(info, good)
+    assert cache.load(info).num_records == PER_SHARD
+    for bad in (dict(chunk_offsets=good.chunk_offsets[::-1].copy()),
+                dict(chunk_records=-good.chunk_records),
+                dict(footer_offset=good.size + 10)):
+        cache.store(info, dataclasses.replace(good, **bad))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aioloader"):
+            assert cache.load(info) is None
+        assert "ignored: its" in caplog.text and "does not match" not in caplog.text
+
+
+def test_a_symlink_at_the_temporary_name_is_never_written_through(tmp_path, data, monkeypatch,
+                                                                   caplog):
+    import aioloader.index_cache as ic
+
+    paths, _ = data
+    cache = ic.IndexCache(tmp_path / "idx")
+    with al.ArrayRecordSource(paths[0]) as src:
+        index = src.file_indices[0]
+    info = _info(paths[0])
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    monkeypatch.setattr(ic.secrets, "token_hex", lambda n: "guessed")
+    name = _key_name(info)
+    os.symlink(victim, tmp_path / "idx" / f".{name}.guessed.tmp")
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        cache.store(info, index)
+    assert victim.read_bytes() == b"precious"
+    assert "not written" in caplog.text
+    assert cache.load(info) is None
+
+
+def _info(path):
+    from aioloader.storage import ObjectInfo
+
+    st = os.stat(path)
+    return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
+
+
+def _key_name(info):
+    import aioloader.index_cache as ic
+
+    return ic._key(info)[:32] + ic._SUFFIX
