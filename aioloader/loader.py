@@ -36,6 +36,7 @@ from .source import ArrayRecordSource
 from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp
+from .urls import redact
 from .workers import Pipeline, Pool, Result, Task, array_leaves
 
 if TYPE_CHECKING:
@@ -119,6 +120,10 @@ class Loader:
         self._delivered: dict[str, int] | None = None  # sync API: after the last batch given
         self._reset_run_state()
 
+    def __repr__(self) -> str:
+        return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
+                f"prefetch={self.prefetch})")
+
     # -- state ------------------------------------------------------------------------
 
     @property
@@ -126,7 +131,8 @@ class Loader:
         return self._procs[1] if self._procs else 1
 
     def _fingerprint(self) -> list[str]:
-        """The pipeline as text; with process sharding, the global batch instead of the local."""
+        """The pipeline as text (URLs redacted: it is saved in checkpoints); with process
+        sharding, the global batch instead of the local."""
         lines = self.dataset.describe()
         b = self.dataset.batching
         if self._procs and isinstance(b, BatchOp):
@@ -144,10 +150,13 @@ class Loader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not "
                              f"{STATE_VERSION}: it was saved by another aioloader version")
-        if state.get("pipeline", self._fingerprint()) != self._fingerprint():
-            raise ValueError("this state was saved by a different pipeline:\n  "
-                             + " -> ".join(state["pipeline"]) + "\nis not\n  "
-                             + " -> ".join(self._fingerprint()))
+        saved = state.get("pipeline", self._fingerprint())
+        # Compared redacted: states saved before URLs were redacted in the fingerprint still
+        # resume, and so does a URL signed again since (the signature is not the pipeline).
+        if [redact(str(ln)) for ln in saved] != self._fingerprint():
+            raise ValueError(redact("this state was saved by a different pipeline:\n  "
+                                    + " -> ".join(map(str, saved)) + "\nis not\n  "
+                                    + " -> ".join(self._fingerprint())))
         new = {k: int(state.get(k, 0)) for k in ("position", "skip", "rows")}
         unit = int(state.get("unit", self._unit))
         saved_procs = int(state.get("process_count", 1))
