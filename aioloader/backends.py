@@ -269,9 +269,10 @@ class GCSBackend:
 
 
 def _credential_safe(exc: Exception) -> Exception:
-    """`exc`, or what stands for it when its message quotes a URL with credentials (fsspec's
-    HTTP errors quote signed URLs whole). An HTTP 401/403 is a `PermissionError` and a 404 a
-    `FileNotFoundError`, as on gs:// (fsspec reports any failed size lookup as not found)."""
+    """`exc` as our error types, its message free of credentials (fsspec's HTTP errors quote
+    signed URLs whole). An HTTP 401/403 is a `PermissionError`, a 404 a `FileNotFoundError`,
+    as on gs://, and any other status a `StorageError` (fsspec reports every failed size
+    lookup as not found, with the HTTP error as its cause; reads raise aiohttp's own)."""
     text = str(exc)
     safe = redact(text)
     status = getattr(exc, "status", None) or getattr(exc.__cause__, "status", None)
@@ -280,6 +281,8 @@ def _credential_safe(exc: Exception) -> Exception:
                                "storage_options, or the URL's signature and its expiry)")
     if status == 404 and not isinstance(exc, FileNotFoundError):
         return FileNotFoundError(safe)
+    if isinstance(status, int) and status != 404:
+        return StorageError(f"HTTP {status}: {safe}")
     if safe == text:
         return exc
     try:
