@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from .urls import STORAGE_LOGGERS, redact, redact_logs
+
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # "bytes 0-99/100"; an empty object on fake-gcs-server: "bytes 0--1/0".
 _CONTENT_RANGE = re.compile(r"bytes (?P<first>-?\d+)-(?P<last>-?\d+)/(?P<size>\d+)")
@@ -266,11 +268,35 @@ class GCSBackend:
             await self.fs.session.close()
 
 
+def _credential_safe(exc: Exception) -> Exception:
+    """`exc` as our error types, its message free of credentials (fsspec's HTTP errors quote
+    signed URLs whole). An HTTP 401/403 is a `PermissionError`, a 404 a `FileNotFoundError`,
+    as on gs://, and any other status a `StorageError` (fsspec reports every failed size
+    lookup as not found, with the HTTP error as its cause; reads raise aiohttp's own)."""
+    text = str(exc)
+    safe = redact(text)
+    status = getattr(exc, "status", None) or getattr(exc.__cause__, "status", None)
+    if status in (401, 403):
+        return PermissionError(f"HTTP {status}: {safe} (check the credentials: "
+                               "storage_options, or the URL's signature and its expiry)")
+    if status == 404 and not isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(safe)
+    if isinstance(status, int) and status != 404:
+        return StorageError(f"HTTP {status}: {safe}")
+    if safe == text:
+        return exc
+    try:
+        return type(exc)(safe)
+    except Exception:  # an exception type that wants more than a message
+        return StorageError(f"{type(exc).__name__}: {safe}")
+
+
 class FsspecBackend:
     def __init__(self, protocol: str, options: dict[str, Any]) -> None:
         import fsspec
 
         cls = fsspec.get_filesystem_class(protocol)
+        redact_logs(*STORAGE_LOGGERS, cls.__module__.split(".")[0])  # fsspec logs our URLs
         self.is_async = bool(getattr(cls, "async_impl", False))
         kw: dict[str, Any] = {"skip_instance_cache": True, **options}
         if self.is_async:
@@ -282,9 +308,15 @@ class FsspecBackend:
         return path if "://" in path else f"{self.protocol}://{path}"
 
     async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
-        if self.is_async:
-            return await getattr(self.fs, "_" + name)(*args, **kw)
-        return await asyncio.to_thread(getattr(self.fs, name), *args, **kw)
+        try:
+            if self.is_async:
+                return await getattr(self.fs, "_" + name)(*args, **kw)
+            return await asyncio.to_thread(getattr(self.fs, name), *args, **kw)
+        except Exception as exc:
+            safe = _credential_safe(exc)
+            if safe is exc:
+                raise
+            raise safe from None
 
     async def info(self, path: str) -> ObjectInfo:
         meta = await self._call("info", path)

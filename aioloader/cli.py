@@ -22,6 +22,7 @@ from .arrayrecord import ArrayRecordFormatError
 from .convert import ConvertError
 from .source import ArrayRecordSource
 from .storage import StorageError
+from .urls import redact
 
 
 def _open(path: str, verify: str = "headers") -> ArrayRecordSource:
@@ -46,7 +47,7 @@ def _describe(path: str) -> dict:
     n = index.num_records
     decoded = int(index.chunk_decoded_sizes.sum())
     return {
-        "path": path,
+        "path": redact(path),
         "file_size": index.size,
         "records": n,
         "chunks": index.num_chunks,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
 from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp
+from .urls import redact
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -33,6 +34,12 @@ class SourceSpec:
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     verify: str = "headers"
+
+    def __repr__(self) -> str:
+        """Paths redacted, and the options' names only: their values hold credentials."""
+        return (f"SourceSpec(paths={tuple(redact(p) for p in self.paths)!r}, "
+                f"storage_options=<{', '.join(map(str, self.storage_options)) or 'none'}>, "
+                f"verify={self.verify!r})")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,11 @@ class Dataset:
     batching: BatchOp | PackOp | None = None
     pack_batch: BatchOp | None = None  # batch() after pack()
     batch_ops: tuple[MapOp, ...] = ()  # map() after batch()
+
+    def __repr__(self) -> str:
+        options = ", ".join(map(str, self.source.storage_options))
+        return (f"Dataset({' -> '.join(self.describe())}"
+                + (f"; storage_options=<{options}>" if options else "") + ")")
 
     # -- construction -----------------------------------------------------------------
 
@@ -198,7 +210,7 @@ class Dataset:
         """The pipeline, one stage per line."""
         paths = self.source.paths
         more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
-        lines = [f"source({paths[0]}{more})"]
+        lines = [f"source({redact(paths[0])}{more})"]
         lines += [_describe_index(op) for op in self.index_ops]
         lines += [op.describe() for op in self.record_ops]
         if self.batching is not None:

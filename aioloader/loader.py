@@ -37,6 +37,7 @@ from .state import STATE_VERSION, StateError, check_position, check_state
 from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp
+from .urls import redact
 from .workers import Pipeline, Pool, Result, Task, array_leaves
 
 if TYPE_CHECKING:
@@ -119,6 +120,10 @@ class Loader:
         self._delivered: dict[str, int] | None = None  # sync API: after the last batch given
         self._reset_run_state()
 
+    def __repr__(self) -> str:
+        return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
+                f"prefetch={self.prefetch})")
+
     # -- state ------------------------------------------------------------------------
 
     @property
@@ -126,7 +131,8 @@ class Loader:
         return self._procs[1] if self._procs else 1
 
     def _fingerprint(self) -> list[str]:
-        """The pipeline as text; with process sharding, the global batch instead of the local."""
+        """The pipeline as text (URLs redacted: it is saved in checkpoints); with process
+        sharding, the global batch instead of the local."""
         lines = self.dataset.describe()
         b = self.dataset.batching
         if self._procs and isinstance(b, BatchOp):
@@ -142,10 +148,12 @@ class Loader:
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         state = check_state(state)
-        if state["pipeline"] != self._fingerprint():
-            raise StateError("this state was saved by a different pipeline:\n  "
-                             + " -> ".join(state["pipeline"]) + "\nis not\n  "
-                             + " -> ".join(self._fingerprint()))
+        # Compared redacted: states saved before URLs were redacted in the fingerprint still
+        # resume, and so does a URL signed again since (the signature is not the pipeline).
+        if [redact(ln) for ln in state["pipeline"]] != self._fingerprint():
+            raise StateError(redact("this state was saved by a different pipeline:\n  "
+                                    + " -> ".join(state["pipeline"]) + "\nis not\n  "
+                                    + " -> ".join(self._fingerprint())))
         new = {k: state[k] for k in ("position", "skip", "rows")}
         unit, saved_procs = state["unit"], state["process_count"]
         if saved_procs != self.process_count:

@@ -339,7 +339,7 @@ class ArrayRecordSource:
         urls = [self._files[f].url for f in used.tolist()]  # type: ignore[index]
         return ChunkRefs(paths=urls, file=local_file.astype(np.int64),
                          chunk=g - t.first_chunk[files], start=t.offsets[g], end=t.ends[g],
-                         within=within)
+                         within=within, names=[self._indices[f].path for f in used.tolist()])
 
     @property
     def all_local(self) -> bool:
@@ -563,4 +563,4 @@ class ArrayRecordSource:
         state = (f"{len(self._files)} files, {int(self._starts[-1]):,} records"
                  if self._files is not None else "not opened")
         more = ", ..." if len(self._patterns) > 1 else ""
-        return f"ArrayRecordSource({self._patterns[0]!r}{more}; {state})"
+        return f"ArrayRecordSource({redact(self._patterns[0])!r}{more}; {state})"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from .backends import (
     StoreUnavailableError,
     Transient,
 )
+from .urls import has_glob, is_local, redact
 
 __all__ = [
     "IOStats",
@@ -46,9 +46,6 @@ __all__ = [
     "is_local",
     "redact",
 ]
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -94,19 +91,6 @@ def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
     """A read that came back short: the file shrank since it was opened."""
     return StorageError(f"{redact(url)}: asked for bytes [{start}, {end}), got {got} (the file "
                         "is shorter than when it was opened: re-open it)")
-
-
-def redact(url: str) -> str:
-    """Hide credentials embedded in a URL (`scheme://user:secret@host`)."""
-    return re.sub(r"(://)[^/@]+@", r"\1***@", url)
-
-
-def is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-def has_glob(pattern: str) -> bool:
-    return bool(_GLOB_CHARS.search(pattern))
 
 
 class _ByteBudget:
@@ -323,7 +307,7 @@ class Storage:
                     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
                         stats.failures += 1
                         where = f" [{span[0]}, {span[1]})" if span else ""
-                        raise type(exc)(f"{redact(url)}{where}: {exc}") from None
+                        raise type(exc)(redact(f"{url}{where}: {exc}")) from None
                     finally:
                         stats.in_flight -= 1
                         stats.busy_seconds += time.monotonic() - t0
@@ -337,11 +321,11 @@ class Storage:
                     stats.failures += 1
                     what = (f"reading bytes [{span[0]}, {span[1]})" if span else
                             f"reading its last {n} bytes")
-                    raise StoreUnavailableError(
-                        f"{redact(url)}: {what} failed after {attempt} attempts in "
+                    raise StoreUnavailableError(redact(
+                        f"{url}: {what} failed after {attempt} attempts in "
                         f"{spent:.1f} s; last: {cause} (the store is unavailable or "
                         "overloaded; retry later, or raise RetryPolicy attempts/deadline)"
-                    )
+                    ))
                 stats.retries += 1
                 await asyncio.sleep(delay)
         finally:
