@@ -350,3 +350,12 @@ def test_a_state_saved_by_earlier_versions_still_resumes(gcs):
         rest = [int(np.asarray(b["id"])[0]) for b in ds.loader(workers=0, state=state)]
         assert rest == full[5:]
         loader.close()
+
+
+def test_convert_errors_name_the_input_without_its_signature(tmp_path):
+    from aioloader.convert import ConvertError, guess_format
+
+    url = "https://host/data/part?X-Goog-Signature=deadbeefsecret&X-Goog-Date=1"
+    with pytest.raises(ConvertError) as err:
+        guess_format(url)
+    assert "deadbeefsecret" not in str(err.value) and "host/data/part" in str(err.value)
