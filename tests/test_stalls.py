@@ -17,8 +17,11 @@ import urllib.parse
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import aioloader as al
+from aioloader.retry import _Median
 from aioloader.storage import RetryPolicy, Storage, StoreUnavailableError
 from aioloader.testing import local_gcs
 
@@ -213,6 +216,16 @@ def test_policy_is_validated_and_its_defaults_report_a_stall_within_15_s():
                 {"hedge_after": -0.1}, {"max_hedges": -1}, {"hedge_multiplier": 0}):
         with pytest.raises(ValueError):
             RetryPolicy(**bad)
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=300))
+def test_the_latency_estimate_is_the_median_of_the_last_64(samples):
+    m = _Median()
+    for k, x in enumerate(samples, 1):
+        m.add(x)
+        if k % 8 == 0 or k == 1:
+            window = samples[max(0, k - 64):k]
+            assert m.value == sorted(window)[len(window) // 2]
 
 
 # -- an epoch ----------------------------------------------------------------------------------
