@@ -15,7 +15,8 @@ Hedges are bounded: a few in flight, and on average a small fraction of requests
 
 Only a backend that reports what it receives (`streams = True`: gs://) is watched for silence
 and hedged; for the others (local files; fsspec stores, whose clients keep their own socket
-timeouts) an attempt is bounded by the rest of the deadline.
+timeouts) an attempt is bounded by the rest of the deadline, as gs:// reads are on Python
+3.10 (no `asyncio.timeout` to cancel a request inline).
 """
 
 from __future__ import annotations
