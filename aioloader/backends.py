@@ -12,7 +12,9 @@
 - any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
 
 A backend makes one attempt and classifies failure: `Transient` (worth retrying) or a final
-error. Limits, retries and stats are `storage.Storage`'s job.
+error. Limits, retries and stats are `storage.Storage`'s job, silence and hedging `retry`'s: a
+backend whose `streams` is true takes a `watch` and tells it when the response head and each
+body chunk arrive (it sets no timeouts of its own); the others answer whole.
 """
 
 from __future__ import annotations
@@ -110,7 +112,9 @@ def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
 
 
 class GCSBackend:
-    def __init__(self, options: dict[str, Any], concurrency: int, timeout: float,
+    streams = True  # reads take a `retry.Watch`: silence is timed, slow heads are hedged
+
+    def __init__(self, options: dict[str, Any], connections: int,
                  pins: dict[str, str]) -> None:
         self.pins = pins
         import aiohttp
@@ -125,10 +129,11 @@ class GCSBackend:
         self._aiohttp = aiohttp
         self._yarl_url = yarl.URL
         self._urls: dict[tuple[str, str | None], yarl.URL] = {}
+        # No timeouts here: the caller's watch times silence (a whole-request timeout would
+        # cut a large download that is still receiving bytes).
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
-                                          sock_read=timeout),
+            connector=aiohttp.TCPConnector(limit=connections, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=None, sock_read=None),
             auto_decompress=False,
         )
         # aiohttp silently re-sends an idempotent request once when its connection drops;
@@ -164,15 +169,28 @@ class GCSBackend:
                 self.fs.url(path, generation=generation))
         return url
 
-    async def read(self, path: str, start: int, end: int) -> bytes:
-        return await self._get(path, start, end, None)
+    async def read(self, path: str, start: int, end: int, watch: Any = None) -> bytes:
+        return await self._get(path, start, end, None, watch)
 
-    async def read_into(self, path: str, start: int, end: int, dest: memoryview) -> None:
+    async def read_into(self, path: str, start: int, end: int, dest: memoryview,
+                        watch: Any = None) -> None:
         """Bytes `[start, end)` written into `dest` as they arrive: a large read (a segment
         of a dataset kept in memory) lands where it is kept, not joined and copied there."""
-        await self._get(path, start, end, dest)
+        await self._get(path, start, end, dest, watch)
 
-    async def _get(self, path: str, start: int, end: int, dest: memoryview | None) -> Any:
+    @staticmethod
+    async def _body(resp: Any, watch: Any) -> bytes:
+        """The whole response body, telling `watch` as each chunk arrives."""
+        if watch is None:
+            return await resp.read()
+        chunks = []
+        async for chunk in resp.content.iter_any():
+            watch.progress()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _get(self, path: str, start: int, end: int, dest: memoryview | None,
+                   watch: Any) -> Any:
         n = end - start
         headers = {"Range": f"bytes={start}-{end - 1}"}
         self.fs.credentials.apply(headers)
@@ -180,10 +198,14 @@ class GCSBackend:
         try:
             async with self.session.get(self._http_url(path, generation),
                                         headers=headers) as resp:
+                if watch is not None:
+                    watch.answered()
                 status = resp.status
                 if status == 206 and dest is not None:
                     got = 0
                     async for chunk in resp.content.iter_any():
+                        if watch is not None:
+                            watch.progress()
                         k = len(chunk)
                         if got + k > n:
                             raise Transient(f"long body (over {n} bytes)")
@@ -193,7 +215,7 @@ class GCSBackend:
                         raise Transient(f"short body ({got} of {n} bytes)")
                     return None
                 if status in (200, 206):
-                    body = await resp.read()
+                    body = await self._body(resp, watch)
                     if status == 200 and len(body) > n:
                         body = body[start:end]  # server ignored the range
                     if len(body) != n:
@@ -207,7 +229,7 @@ class GCSBackend:
             raise Transient(f"{type(exc).__name__}: {exc}") from None
         raise self._failure(path, status, text, generation)
 
-    async def read_tail(self, path: str, n: int) -> Tail | None:
+    async def read_tail(self, path: str, n: int, watch: Any = None) -> Tail | None:
         """Size, generation and the last `n` bytes (all of a smaller object) in one GET.
 
         None when the answer cannot give them (416: an empty object on real GCS; no
@@ -217,9 +239,11 @@ class GCSBackend:
         self.fs.credentials.apply(headers)
         try:
             async with self.session.get(self._http_url(path, None), headers=headers) as resp:
+                if watch is not None:
+                    watch.answered()
                 status = resp.status
                 if status in (200, 206):
-                    body = await resp.read()
+                    body = await self._body(resp, watch)
                     generation = resp.headers.get("x-goog-generation", "")
                     content_range = resp.headers.get("Content-Range", "")
                 else:

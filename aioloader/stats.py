@@ -110,7 +110,8 @@ class PipelineStats:
             mb = io.get("bytes", 0) / 1e6
             lines.append(
                 f"I/O: {io.get('reads', 0):,} reads, {mb:,.1f} MB ({mb / elapsed:,.1f} MB/s), "
-                f"{io.get('retries', 0)} retries, peak {io.get('peak_in_flight', 0)} in flight, "
+                f"{io.get('retries', 0)} retries, {io.get('hedges', 0)} hedges "
+                f"({io.get('hedge_wins', 0)} won), peak {io.get('peak_in_flight', 0)} in flight, "
                 f"{io.get('records_per_read', 0):.1f} records per read"
             )
         cache = d["cache"]

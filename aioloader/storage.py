@@ -3,11 +3,12 @@
 One `Storage` serves every file of a pipeline, so its limits are global: at most
 `concurrency` requests in flight and at most `max_inflight_bytes` being fetched. Each read
 names its exact range (no hidden size lookups), transient failures (408, 429, 5xx, resets,
-timeouts) are retried with jittered exponential backoff under a per-request deadline, and a
-read that cannot succeed raises `StorageError` naming the URL, range, attempts and last cause.
+silence) are retried with jittered exponential backoff under a per-read deadline, a slow
+request is hedged, and a read that cannot succeed raises `StorageError` naming the URL, range,
+attempts and last cause.
 
-How each kind of store performs one attempt is in `backends`; this module is the policy on
-top: limits, retries, deadlines and the I/O stats.
+How each kind of store performs one attempt is in `backends`; how a read is retried, given up
+on and hedged is in `retry`; this module is what sits on top: limits and the I/O stats.
 
 Loop-bound resources (sessions, semaphores) are kept per event loop, so the same `Storage`
 works from the caller's loop and from the background loop of the sync API.
@@ -30,8 +31,8 @@ from .backends import (
     ObjectInfo,
     StorageError,
     StoreUnavailableError,
-    Transient,
 )
+from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
 
 __all__ = [
@@ -47,29 +48,19 @@ __all__ = [
     "redact",
 ]
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient failures are retried. Delays grow as base * 2^k with full jitter."""
-
-    attempts: int = 8
-    base_delay: float = 0.05
-    max_delay: float = 2.0
-    timeout: float = 30.0  # one attempt
-    deadline: float = 120.0  # all attempts of one read
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
 
 
 @dataclass
 class IOStats:
     """Counters for the I/O stage; read them any time, they only grow (but in_flight)."""
 
-    requests: int = 0  # attempts issued
+    requests: int = 0  # requests sent: attempts and hedges
     reads: int = 0  # reads completed
     bytes: int = 0
     retries: int = 0
     failures: int = 0
+    hedges: int = 0  # duplicate requests sent for reads slow to answer
+    hedge_wins: int = 0  # of them, those that finished first
     in_flight: int = 0
     peak_in_flight: int = 0
     busy_seconds: float = 0.0  # summed request latency
@@ -77,14 +68,6 @@ class IOStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
-
-
-async def _within(coro: Any, seconds: float) -> Any:
-    """`await coro`, or TimeoutError after `seconds`; on 3.11+ without wait_for's extra task."""
-    if hasattr(asyncio, "timeout"):
-        async with asyncio.timeout(seconds):
-            return await coro
-    return await asyncio.wait_for(coro, seconds)  # pragma: no cover - Python 3.10
 
 
 def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
@@ -161,7 +144,7 @@ class Storage:
         self.retry = retry or RetryPolicy()
         self.storage_options = dict(storage_options or {})
         self.stats = IOStats()
-        self._rng = random.Random(seed)
+        self._retrier = Retrier(self.retry, self.stats, random.Random(seed))
         self._pins: dict[str, str] = {}
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
 
@@ -186,8 +169,8 @@ class Storage:
             if key == "file":
                 backend = LocalBackend(min(32, self.concurrency))
             elif key in ("gs", "gcs"):
-                backend = GCSBackend(self.storage_options, self.concurrency,
-                                     self.retry.timeout, self._pins)
+                backend = GCSBackend(self.storage_options,
+                                     self.concurrency + self.retry.max_hedges, self._pins)
             else:
                 backend = FsspecBackend(key, self.storage_options)
             state.backends[key] = backend
@@ -206,8 +189,10 @@ class Storage:
         try:
             return await asyncio.wait_for(coro, self.retry.deadline)
         except asyncio.TimeoutError:
-            raise StoreUnavailableError(f"{redact(url)}: {what} got no answer within "
-                               f"{self.retry.deadline:g} s (the store is unavailable)") from None
+            raise StoreUnavailableError(
+                f"{redact(url)}: {what} got no answer within {self.retry.deadline:g} s (the "
+                "store is unavailable; if it is only slow, or the listing very large, raise "
+                "RetryPolicy's deadline)") from None
 
     async def info(self, url: str) -> ObjectInfo:
         backend, path = self._backend(url)
@@ -228,7 +213,9 @@ class Storage:
             return b""
         self.check_budget(url, start, end)
         backend, path = self._backend(url)
-        data = await self._attempts(url, n, (start, end), backend.read, path, start, end)
+        args = (path, start, end)
+        data = await self._attempts(url, n, (start, end), backend, backend.read, args,
+                                    (backend.read, args, None))
         if len(data) != n:
             self.stats.failures += 1
             raise short_read_error(url, start, end, len(data))
@@ -245,7 +232,13 @@ class Storage:
             dest[: end - start] = await self.read(url, start, end)
             return
         self.check_budget(url, start, end)
-        await self._attempts(url, end - start, (start, end), into, path, start, end, dest)
+        n = end - start
+
+        def land(data: bytes) -> None:  # a hedge read its own buffer: its bytes go in place
+            dest[:n] = data
+
+        await self._attempts(url, n, (start, end), backend, into, (path, start, end, dest),
+                             (backend.read, (path, start, end), land))
         self.stats.reads += 1
         self.stats.bytes += end - start
 
@@ -263,7 +256,8 @@ class Storage:
             return await self.info(url), None
         n = min(n, self.max_inflight_bytes)
         try:
-            tail = await self._attempts(url, n, None, read_tail, path, n)
+            tail = await self._attempts(url, n, None, backend, read_tail, (path, n),
+                                        (read_tail, (path, n), None))
         except ObjectChangedError:
             raise
         except FileNotFoundError:
@@ -274,60 +268,33 @@ class Storage:
         self.stats.bytes += len(tail.data)
         return tail.info, tail.data
 
-    async def _attempts(self, url: str, n: int, span: tuple[int, int] | None, call: Any,
-                        *args: Any) -> Any:
-        """`await call(*args)` (one backend request) until it succeeds or the policy gives
-        up, holding `n` bytes of budget, and a concurrency slot per attempt; every attempt is
-        counted. `span` is the byte range for error messages (None: the last `n` bytes)."""
+    async def _attempts(self, url: str, n: int, span: tuple[int, int] | None, backend: Any,
+                        call: Any, args: tuple, hedge: tuple | None) -> Any:
+        """`await call(*args)` (one backend request) under the retry policy (`retry`), holding
+        `n` bytes of budget, and a concurrency slot per attempt; `hedge` is the duplicate to
+        send when a request is slow to answer. `span` is the byte range for error messages
+        (None: the last `n` bytes)."""
         state = self._state()
-        policy, stats = self.retry, self.stats
         await state.budget.acquire(n)
         try:
-            began = time.monotonic()
-            attempt = 0
-            while True:
-                attempt += 1
-                async with state.slots:
-                    stats.requests += 1
-                    stats.in_flight += 1
-                    stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
-                    t0 = time.monotonic()
-                    try:
-                        result = await _within(call(*args), policy.timeout)
-                        cause = None
-                    except Transient as exc:
-                        cause = exc.cause
-                    except asyncio.TimeoutError:
-                        cause = f"no answer within {policy.timeout:g} s"
-                    except (ConnectionError, TimeoutError) as exc:
-                        cause = f"{type(exc).__name__}: {exc}"
-                    except ObjectChangedError:
-                        stats.failures += 1
-                        raise
-                    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-                        stats.failures += 1
-                        where = f" [{span[0]}, {span[1]})" if span else ""
-                        raise type(exc)(redact(f"{url}{where}: {exc}")) from None
-                    finally:
-                        stats.in_flight -= 1
-                        stats.busy_seconds += time.monotonic() - t0
-                if cause is None:
-                    return result
-                kind = cause.split(":")[0]
-                stats.statuses[kind] = stats.statuses.get(kind, 0) + 1
-                delay = policy.delay(attempt, self._rng)
-                spent = time.monotonic() - began
-                if attempt >= policy.attempts or spent + delay > policy.deadline:
-                    stats.failures += 1
-                    what = (f"reading bytes [{span[0]}, {span[1]})" if span else
-                            f"reading its last {n} bytes")
-                    raise StoreUnavailableError(redact(
-                        f"{url}: {what} failed after {attempt} attempts in "
-                        f"{spent:.1f} s; last: {cause} (the store is unavailable or "
-                        "overloaded; retry later, or raise RetryPolicy attempts/deadline)"
-                    ))
-                stats.retries += 1
-                await asyncio.sleep(delay)
+            return await self._retrier.run(state.slots, call, args, hedge=hedge,
+                                           streams=getattr(backend, "streams", False))
+        except ObjectChangedError:
+            raise
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+            where = f" [{span[0]}, {span[1]})" if span else ""
+            raise type(exc)(redact(f"{url}{where}: {exc}")) from None
+        except GaveUp as exc:
+            what = (f"reading bytes [{span[0]}, {span[1]})" if span else
+                    f"reading its last {n} bytes")
+            policy = self.retry
+            raise StoreUnavailableError(redact(
+                f"{url}: {what} failed after {exc.attempts} attempt"
+                f"{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s; last: {exc.cause} "
+                "(the store is unavailable or overloaded: retry later, or if it is only slow, "
+                f"raise RetryPolicy's deadline ({policy.deadline:g} s), timeout "
+                f"({policy.timeout:g} s) or attempts ({policy.attempts}))"
+            )) from None
         finally:
             state.budget.release(n)
 

@@ -40,7 +40,13 @@ SMALL_N, SMALL_SHARDS = 3_000, 4
 # The flaky bucket: 1% 503, 0.5% 429, 0.3% connection resets, 0.5% of bodies 0.3 s late.
 FLAKY = {"error_rate": 0.015, "statuses": (503, 503, 429), "reset_rate": 0.003,
          "slow_rate": 0.005, "slow_s": 0.3}
-RETRY = al.RetryPolicy(attempts=8, base_delay=0.01, max_delay=0.2, timeout=2.0, deadline=10.0)
+# Exact accounting needs every download to be one loader attempt, whatever the machine's load:
+# no hedges, and no attempt cut short (a request given up on before the proxy has parsed it
+# is an attempt the proxy never saw). Nothing here is silent for long, so the idle timeout and
+# deadline are only a guard against a hang; 40 attempts make a read reset every time (0.2^40
+# at a 20% reset rate) impossible in practice.
+RETRY = al.RetryPolicy(attempts=40, base_delay=0.01, max_delay=0.2, timeout=60.0,
+                       deadline=300.0, hedge_after=None)
 
 
 @pytest.fixture(scope="module")

@@ -157,6 +157,10 @@ class LocalGCS:
         slow_rate: float = 0.0,
         slow_s: float = 1.0,
         cut_rate: float = 0.0,
+        hold_s: float = 0.0,
+        hold_at: str = "head",
+        hold_rate: float = 0.0,
+        hold_first: int = 0,
     ) -> None:
         """Change fault injection now, for requests that arrive from here on (replaces all).
 
@@ -168,11 +172,15 @@ class LocalGCS:
         tail). ``cut_rate``: fraction of the forwarded requests whose response is cut off
         mid-body (the head and half the body bytes at hand, then a reset). ``stall``: accept
         connections and requests but never answer them — a bucket that stops answering;
-        connections that stalled stay silent. Each request gets at most one fault (stall,
-        then reset, then error status, then slow body, then cut body), chosen by the seeded
-        RNG.
+        connections that stalled stay silent. ``hold_first`` (the first k downloads from now)
+        and ``hold_rate`` (a fraction of the others): range GETs whose response is held
+        ``hold_s`` seconds (``math.inf``: until the client gives up) — before its head
+        (``hold_at="head"``), or after its head and half the body bytes at hand
+        (``hold_at="body"``); a held request stalls, then goes on. Each request gets at most
+        one fault (stall, then reset, then error status, then hold, then slow body, then cut
+        body), chosen by the seeded RNG.
         Counters: :attr:`proxy_stats` ``faults``, ``resets``, ``slowed``, ``cut``,
-        ``stalled``.
+        ``stalled``, ``held``.
         """
         if self._proxy is None:
             raise RuntimeError(
@@ -185,12 +193,17 @@ class LocalGCS:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
         if error_rate > 0 and not statuses:
             raise ValueError("statuses must not be empty when error_rate > 0")
-        if slow_s < 0:
-            raise ValueError(f"slow_s must be >= 0, got {slow_s}")
+        if slow_s < 0 or hold_s < 0 or hold_first < 0:
+            raise ValueError("slow_s, hold_s and hold_first must be >= 0")
+        if not 0.0 <= hold_rate <= 1.0:
+            raise ValueError(f"hold_rate must be in [0, 1], got {hold_rate}")
+        if hold_at not in ("head", "body"):
+            raise ValueError(f"hold_at must be 'head' or 'body', got {hold_at!r}")
         self._proxy.faults = _Faults(
             float(error_rate), tuple(int(s) for s in statuses), bool(stall),
             reset_rate=float(reset_rate), slow_rate=float(slow_rate), slow_s=float(slow_s),
-            cut_rate=float(cut_rate),
+            cut_rate=float(cut_rate), hold_s=float(hold_s), hold_at=hold_at,
+            hold_rate=float(hold_rate), hold_first=int(hold_first),
         )
 
     @property

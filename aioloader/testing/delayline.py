@@ -4,16 +4,17 @@ This kernel has no netem, so latency, jitter, a bandwidth cap and faults in fron
 bucket come from this proxy, on its own thread and event loop (:class:`_DelayLine`). Every
 client→server chunk waits ``latency + jitter`` in an order-preserving queue per connection, so
 each request costs at least one ``latency``; responses stream straight back, optionally
-token-bucket capped per connection. Bytes are forwarded unchanged, so keep-alive passes through;
-the proxy only tracks request boundaries (request line, headers, ``Content-Length`` body) in the
-client→server direction, which lets it count requests and, on demand, answer a seeded fraction
-of them itself with 503/429, reset their connection (RST, nothing written), swallow them (a
-bucket that stops answering), or hold the body of their response for a while after its head
-(the slow-body tail). A connection whose bytes do not look like HTTP/1.x (TLS, chunked request
-bodies, huge headers) falls back to plain forwarding. Faulted replies and resets happen without
-waiting for upstream responses, and a slowed response is the first one to come back after its
-request went upstream: both are exact for clients that do not pipeline requests (aiohttp,
-urllib, requests, http.client).
+token-bucket capped per connection. Bytes are forwarded unchanged, so keep-alive passes
+through; the proxy only tracks request boundaries (request line, headers, ``Content-Length``
+body) in the client→server direction, which lets it count requests and, on demand, answer a
+seeded fraction of them itself with 503/429, reset their connection (RST, nothing written),
+swallow them (a bucket that stops answering), hold the body of their response for a while after
+its head (the slow-body tail), or hold a download's response before its head or mid-body for a
+while or until the client leaves (a stalled request). A connection whose bytes do not look like
+HTTP/1.x (TLS, chunked request bodies, huge headers) falls back to plain forwarding. Faulted
+replies and resets happen without waiting for upstream responses, and a slowed response is the
+first one to come back after its request went upstream: both are exact for clients that do not
+pipeline requests (aiohttp, urllib, requests, http.client).
 
 For benchmarks, :class:`_DelayLineProcess` runs the same delay line in a child process: in a
 thread it shares the GIL with the client it measures (at 30 ms and 256 in flight that cost gcsfs
@@ -30,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import random
 import socket
 import struct
@@ -71,6 +73,7 @@ class ProxyStats:
     resets: int = 0  # requests whose connection the proxy reset instead of answering
     slowed: int = 0  # responses whose body the proxy held back after forwarding the head
     cut: int = 0  # responses cut off mid-body (head and part of the body, then RST)
+    held: int = 0  # downloads whose response was held (stalled) before its head or mid-body
     bytes_up: int = 0  # client → server bytes forwarded
     bytes_down: int = 0  # server → client bytes forwarded
     passthrough: int = 0  # connections that stopped parsing HTTP (non-HTTP or chunked body)
@@ -85,6 +88,10 @@ class _Faults:
     slow_rate: float = 0.0  # fraction of responses whose body is held for slow_s
     slow_s: float = 1.0
     cut_rate: float = 0.0  # fraction of responses cut off after part of their body
+    hold_s: float = 0.0  # how long a held response waits (math.inf: until the client leaves)
+    hold_at: str = "head"  # "head": before the response head; "body": after part of the body
+    hold_rate: float = 0.0  # fraction of downloads (range GETs) whose response is held
+    hold_first: int = 0  # the first k downloads after these faults were set are held
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _Faults:
@@ -106,12 +113,14 @@ class _Conn:
 class _Down:
     """Server→client state of one connection: the hold for the next response's body."""
 
-    __slots__ = ("cut", "head", "slow_s")
+    __slots__ = ("closed", "cut", "head", "hold_s", "slow_s")
 
     def __init__(self) -> None:
         self.slow_s = 0.0  # > 0: hold the body of the next response this long after its head
+        self.hold_s = 0.0  # > 0: hold the next response this long after part of its body
         self.cut = False  # cut the next response off mid-body instead
         self.head = bytearray()  # that response's head, while it is still incomplete
+        self.closed = asyncio.Event()  # the client has gone: a hold ends at once
 
     def head_end(self, data: bytes) -> int | None:
         """Add `data` to the held response; where its head ends once it is all there (or
@@ -121,6 +130,12 @@ class _Down:
         if end < 0 and len(self.head) <= _MAX_HEAD:
             return None
         return end + 4 if end >= 0 else len(self.head)
+
+    async def hold(self, seconds: float) -> bool:
+        """Wait `seconds` (inf: forever) or until the client leaves; True if it is still there."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), None if math.isinf(seconds) else seconds)
+        return not self.closed.is_set()
 
 
 class _DelayLine:
@@ -139,6 +154,7 @@ class _DelayLine:
         self.latency_s = latency_s
         self.jitter_s = jitter_s
         self.bandwidth = bandwidth
+        self._hold_left = 0  # of faults.hold_first, the downloads still to hold
         self.faults = faults  # replaced whole (never mutated) from any thread
         self._rng = random.Random(seed)  # used on the proxy loop only
         self._counts = {f.name: 0 for f in dataclasses.fields(ProxyStats)}
@@ -149,6 +165,15 @@ class _DelayLine:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def faults(self) -> _Faults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: _Faults) -> None:
+        self._faults = faults
+        self._hold_left = faults.hold_first
 
     @property
     def stats(self) -> ProxyStats:
@@ -225,7 +250,7 @@ class _DelayLine:
             queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None] = asyncio.Queue()
             down = _Down()
             pumps = [
-                asyncio.create_task(self._client_to_queue(c_reader, queue)),
+                asyncio.create_task(self._client_to_queue(c_reader, queue, down)),
                 asyncio.create_task(self._queue_to_server(queue, s_writer, c_writer, down)),
                 asyncio.create_task(self._server_to_client(s_reader, c_writer, down)),
             ]
@@ -250,6 +275,7 @@ class _DelayLine:
         self,
         reader: asyncio.StreamReader,
         queue: asyncio.Queue[tuple[float, list[tuple[str, bytes]]] | None],
+        down: _Down,
     ) -> None:
         loop = asyncio.get_running_loop()
         conn = _Conn()
@@ -264,6 +290,7 @@ class _DelayLine:
         except OSError:
             pass
         finally:
+            down.closed.set()
             queue.put_nowait(None)
 
     async def _queue_to_server(
@@ -292,6 +319,15 @@ class _DelayLine:
                 elif kind == "cut":  # the next response is cut off mid-body
                     down.cut = True
                     down.head = bytearray()
+                elif kind == "hold":  # hold this request's response: before its head, or later
+                    where, _, seconds = data.decode().partition(":")
+                    if where == "body":
+                        down.hold_s = float(seconds)
+                        down.head = bytearray()
+                        continue
+                    self._counts["held"] += 1
+                    if not await down.hold(float(seconds)):
+                        return  # the client gave up waiting: nothing more to deliver
                 else:  # "reset": drop the connection with an RST, nothing written
                     self._counts["resets"] += 1
                     _reset(c_writer)
@@ -321,6 +357,21 @@ class _DelayLine:
                 self._counts["cut"] += 1
                 _reset(c_writer)
                 return
+            if down.hold_s > 0:
+                # A stall mid-body: the head and half the body bytes at hand, then nothing.
+                if (cut := down.head_end(data)) is None:
+                    continue  # wait for the rest of the head
+                cut += (len(down.head) - cut) // 2
+                data, hold = bytes(down.head[cut:]), down.hold_s
+                c_writer.write(bytes(down.head[:cut]))
+                down.hold_s, down.head = 0.0, bytearray()
+                await c_writer.drain()
+                self._counts["bytes_down"] += cut
+                self._counts["held"] += 1
+                if not await down.hold(hold):
+                    return
+                if not data:
+                    continue
             if down.slow_s > 0:
                 # The slow-body tail: forward the response head, then hold the body.
                 if (cut := down.head_end(data)) is None:
@@ -370,7 +421,8 @@ class _DelayLine:
             if body is None:
                 return self._to_passthrough(conn, actions, pos)
             self._counts["requests"] += 1
-            if b"alt=media" in head[: head.find(b"\r\n")]:
+            download = b"alt=media" in head[: head.find(b"\r\n")]
+            if download:
                 self._counts["downloads"] += 1
             faults = self.faults
             if faults.stall:
@@ -390,13 +442,22 @@ class _DelayLine:
                 self._counts["faults"] += 1
                 actions.append(("reply", _error_reply(self._rng.choice(faults.statuses))))
             else:
-                if faults.slow_rate > 0 and self._rng.random() < faults.slow_rate:
+                if download and self._holds(faults):
+                    actions.append(("hold", f"{faults.hold_at}:{faults.hold_s!r}".encode()))
+                elif faults.slow_rate > 0 and self._rng.random() < faults.slow_rate:
                     actions.append(("slow", repr(faults.slow_s).encode()))
                 elif faults.cut_rate > 0 and self._rng.random() < faults.cut_rate:
                     actions.append(("cut", b""))
                 actions.append(("up", head))
         del buf[:pos]
         return _coalesce(actions)
+
+    def _holds(self, faults: _Faults) -> bool:
+        """Whether this download's response is held (the first k, then a seeded fraction)."""
+        if self._hold_left > 0:
+            self._hold_left -= 1
+            return True
+        return faults.hold_rate > 0 and self._rng.random() < faults.hold_rate
 
     def _to_passthrough(
         self, conn: _Conn, actions: list[tuple[str, bytes]], pos: int

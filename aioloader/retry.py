@@ -1,0 +1,380 @@
+"""How one read is retried, given up on and hedged: the policy, and the loop that applies it.
+
+A read is a sequence of attempts with jittered backoff between them. A stall is told by
+silence, not by duration: an attempt ends when it has received nothing (no response head, no
+body bytes) for `RetryPolicy.timeout` seconds, so a large download that keeps receiving bytes
+is never cut, while a connection that goes silent is retried within seconds. The read's
+deadline bounds every wait for an answer: no attempt waits for one past it, none starts after
+it, and after a silent attempt another is made only if a whole `timeout` still fits.
+
+Hedging (as in "The Tail at Scale"): a request with no answer after a few times the recent
+median time to a response head gets one duplicate; whichever finishes first is taken and the
+other cancelled, so one slow server does not stall a batch. The bytes are the same whichever
+wins (reads are pinned to the object's generation, and a hedge writes only its own buffer).
+Hedges are bounded: a few in flight, and on average a small fraction of requests.
+
+Only a backend that reports what it receives (`streams = True`: gs://) is watched for silence
+and hedged; for the others (local files; fsspec stores, whose clients keep their own socket
+timeouts) an attempt is bounded by the rest of the deadline, as gs:// reads are on Python
+3.10 (no `asyncio.timeout` to cancel a request inline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .backends import Transient
+
+__all__ = ["GaveUp", "Retrier", "RetryPolicy", "Watch"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How reads are retried, when a silent store is given up on, when a slow one is hedged.
+
+    Retry delays grow as base * 2^k with full jitter. The defaults, and why:
+
+    - `timeout` 3 s: an attempt that receives nothing (no response head, no body bytes) for
+      3 s ends and is retried. A range GET's head normally comes well within a second; a
+      download that keeps receiving bytes is never cut, however long it takes.
+    - `deadline` 10 s: a read waits at most this long for answers (no attempt waits past it,
+      none starts after it), so a bucket that stops answering is reported within ~10 s, and
+      within 13 s (`deadline + timeout`, under 15 s) if it stalls mid-body just before the
+      deadline. Error answers (503, 429, resets) end sooner, after `attempts`.
+    - hedging: a request with no response head after max(`hedge_multiplier` x the median time
+      to a head over the last 64 requests, `hedge_after`) = max(4 x median, 0.5 s) gets one
+      duplicate; at most `max_hedges` (4) in flight, and `hedge_budget` (5%) of requests on
+      average. `hedge_after=None` turns hedging off.
+    """
+
+    attempts: int = 8
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+    timeout: float = 3.0  # silence (no head, no body bytes) that ends an attempt
+    deadline: float = 10.0  # the longest a read waits for answers, all attempts together
+    hedge_after: float | None = 0.5  # the least wait for a head before a hedge; None: never
+    hedge_multiplier: float = 4.0  # or this many times the median wait for a head
+    hedge_budget: float = 0.05  # hedges per request, on average
+    max_hedges: int = 4  # hedges in flight at once
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "deadline", "hedge_multiplier"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RetryPolicy.{name} must be > 0, got {getattr(self, name)}")
+        if self.attempts < 1 or self.max_hedges < 0:
+            raise ValueError("RetryPolicy.attempts must be >= 1 and max_hedges >= 0")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("RetryPolicy.base_delay and max_delay must be >= 0")
+        if self.hedge_after is not None and self.hedge_after < 0:
+            raise ValueError(f"RetryPolicy.hedge_after must be >= 0 or None, got "
+                             f"{self.hedge_after}")
+        if not 0 <= self.hedge_budget <= 1:
+            raise ValueError(f"RetryPolicy.hedge_budget must be in [0, 1], got "
+                             f"{self.hedge_budget}")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+
+
+class GaveUp(Exception):
+    """The policy gave up on a read: after how many attempts, how long, and the last cause."""
+
+    def __init__(self, attempts: int, seconds: float, cause: str) -> None:
+        super().__init__(cause)
+        self.attempts, self.seconds, self.cause = attempts, seconds, cause
+
+
+class Watch:
+    """What one request has received, told by its backend: `answered()` at the response head,
+    `progress()` at each body chunk. `last` starts at its attempt's start (a hedge's start is
+    not progress). Times are the event loop's clock."""
+
+    __slots__ = ("_clock", "answered_at", "last", "sent")
+
+    def __init__(self, clock: Callable[[], float], sent: float, last: float) -> None:
+        self._clock = clock
+        self.sent = sent
+        self.last = last
+        self.answered_at: float | None = None
+
+    def answered(self) -> None:
+        self.answered_at = self.last = self._clock()
+
+    def progress(self) -> None:
+        self.last = self._clock()
+
+
+class _Median:
+    """The median of the last 64 waits for a response head, refreshed every 8 samples."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._ring: list[float] = []
+        self._size = size
+        self._n = 0
+        self.value: float | None = None
+
+    def add(self, seconds: float) -> None:
+        if len(self._ring) < self._size:
+            self._ring.append(seconds)
+        else:
+            self._ring[self._n % self._size] = seconds
+        self._n += 1
+        if self._n % 8 == 0 or self.value is None:
+            self.value = sorted(self._ring)[len(self._ring) // 2]
+
+
+_RETRIABLE = (Transient, ConnectionError, TimeoutError)
+
+
+def _cause(exc: BaseException) -> str:
+    return exc.cause if isinstance(exc, Transient) else f"{type(exc).__name__}: {exc}"
+
+
+class Retrier:
+    """Applies one `RetryPolicy` to the reads of one `Storage`, counting in its `IOStats`.
+
+    A hedge is `(call, args, finish)`: the duplicate request, and what turns its result into
+    the read's (None: as it is). Final errors (missing, forbidden, changed) pass through.
+    """
+
+    def __init__(self, policy: RetryPolicy, stats: Any, rng: random.Random) -> None:
+        self.policy = policy
+        self.stats = stats
+        self._rng = rng
+        self._median = _Median()
+        self._cap = float(max(1, policy.max_hedges))
+        self._tokens = self._cap  # hedges that may be sent now
+        self._hedging = 0
+
+    async def run(self, slots: asyncio.Semaphore, call: Any, args: tuple, *, streams: bool,
+                  hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None = None) -> Any:
+        """`await call(*args)` until it succeeds or the policy gives up (`GaveUp`), each
+        attempt holding a slot."""
+        policy, stats = self.policy, self.stats
+        clock = asyncio.get_running_loop().time
+        watched = streams and hasattr(asyncio, "timeout")  # Python 3.10: bounded only
+        began = clock()
+        deadline_at = began + policy.deadline
+        attempt = 0
+        while True:
+            attempt += 1
+            async with slots:
+                stats.requests += 1
+                stats.in_flight += 1
+                stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+                self._tokens = min(self._cap, self._tokens + policy.hedge_budget)
+                t0 = time.monotonic()
+                silent = False
+                try:
+                    if watched:
+                        result = await _Attempt(self, deadline_at, hedge).run(call, args)
+                    else:
+                        result = await self._bounded(call, args, deadline_at)
+                    cause = None
+                except _RETRIABLE as exc:
+                    cause = _cause(exc)
+                    silent = isinstance(exc, _Silent)
+                except (FileNotFoundError, PermissionError, IsADirectoryError):
+                    stats.failures += 1
+                    raise
+                finally:
+                    stats.in_flight -= 1
+                    stats.busy_seconds += time.monotonic() - t0
+            if cause is None:
+                return result
+            kind = cause.split(":")[0]
+            stats.statuses[kind] = stats.statuses.get(kind, 0) + 1
+            delay = policy.delay(attempt, self._rng)
+            spent = clock() - began
+            # After a silent attempt, the next needs a whole `timeout` before the deadline.
+            need = delay + (policy.timeout if silent else 0.0)
+            if attempt >= policy.attempts or spent + need >= policy.deadline:
+                stats.failures += 1
+                raise GaveUp(attempt, spent, cause)
+            stats.retries += 1
+            await asyncio.sleep(delay)
+
+    async def _bounded(self, call: Any, args: tuple, deadline_at: float) -> Any:
+        """One call of a backend that reports nothing until it is done: the rest of the
+        deadline is all it gets."""
+        left = deadline_at - asyncio.get_running_loop().time()
+        silent = f"no answer before the deadline ({self.policy.deadline:g} s)"
+        if not hasattr(asyncio, "timeout"):  # pragma: no cover - Python 3.10
+            try:
+                return await asyncio.wait_for(call(*args), left)
+            except asyncio.TimeoutError:
+                raise _Silent(silent) from None
+        try:
+            async with asyncio.timeout(left) as cm:
+                return await call(*args)
+        except TimeoutError:
+            if cm.expired():
+                raise _Silent(silent) from None
+            raise
+
+    # -- hedges -------------------------------------------------------------------------
+
+    def hedge_at(self, start: float) -> float:
+        """When a request sent at `start` with no answer yet gets a hedge (inf: never)."""
+        after = self.policy.hedge_after
+        if after is None or self.policy.max_hedges == 0:
+            return math.inf
+        median = self._median.value
+        return start + (after if median is None else
+                        max(after, self.policy.hedge_multiplier * median))
+
+    def may_hedge(self) -> bool:
+        return self._tokens >= 1 and self._hedging < self.policy.max_hedges
+
+    def hedge_sent(self) -> None:
+        self._tokens -= 1
+        self._hedging += 1
+        stats = self.stats
+        stats.hedges += 1
+        stats.requests += 1
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+
+    def hedge_ended(self) -> None:
+        self._hedging -= 1
+        self.stats.in_flight -= 1
+
+    def answered_in(self, seconds: float) -> None:
+        self._median.add(seconds)
+
+
+class _Attempt:
+    """One attempt of a backend that reports its progress (`streams`).
+
+    The first request runs inline under a cancel scope (`asyncio.timeout(None)`), so a fast
+    read costs one timer and no task. The timer looks at what the requests received: silence
+    (no head and no bytes for `timeout`, or no head by the deadline) ends the attempt; a head
+    slow to come sends the hedge, as a task. If the hedge finishes first, the scope cancels the
+    first request and the hedge's result is taken; if the first finishes first, the hedge is
+    cancelled; if one fails, the other may still win.
+    """
+
+    __slots__ = ("_r", "clock", "deadline_at", "first", "first_done", "hedge", "hedge_at",
+                 "hedge_task", "hedge_watch", "loop", "outcome", "scope", "start", "timer")
+
+    def __init__(self, retrier: Retrier, deadline_at: float,
+                 hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None) -> None:
+        self._r = retrier
+        self.loop = asyncio.get_running_loop()
+        self.clock = self.loop.time
+        self.start = self.clock()
+        self.deadline_at = deadline_at
+        self.first = Watch(self.clock, self.start, self.start)
+        self.first_done = False
+        self.hedge = hedge
+        self.hedge_at = retrier.hedge_at(self.start) if hedge is not None else math.inf
+        self.hedge_task: asyncio.Task | None = None
+        self.hedge_watch: Watch | None = None
+        self.outcome: str | None = None  # "hedge" (it won), or why the attempt fell silent
+        self.scope: Any = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self, call: Any, args: tuple) -> Any:
+        try:
+            try:
+                async with asyncio.timeout(None) as scope:
+                    self.scope = scope
+                    self._check()
+                    try:
+                        return await call(*args, watch=self.first)
+                    except _RETRIABLE:
+                        self.first_done = True
+                        if self.hedge_task is None:
+                            raise
+                        await asyncio.wait([self.hedge_task])  # it may still win
+            except TimeoutError:
+                if self.outcome is None:
+                    raise  # not ours: a TimeoutError of the request itself
+                if self.outcome != "hedge":
+                    raise _Silent(self.outcome) from None
+            return self._hedge_result()
+        finally:
+            self.first_done = True
+            self.outcome = self.outcome or "ended"  # a late hedge changes nothing now
+            if self.timer is not None:
+                self.timer.cancel()
+            if self.hedge_task is not None and not self.hedge_task.done():
+                self.hedge_task.cancel()  # it writes only its own buffer: no need to wait
+            for w in (self.first, self.hedge_watch):
+                if w is not None and w.answered_at is not None:
+                    self._r.answered_in(w.answered_at - w.sent)
+
+    def _hedge_result(self) -> Any:
+        """The hedge's result as the read's (its exception if it failed)."""
+        task = self.hedge_task
+        assert task is not None
+        result = task.result()
+        self._r.stats.hedge_wins += 1
+        finish = self.hedge[2] if self.hedge is not None else None
+        return finish(result) if finish is not None else result
+
+    def _live(self) -> list[Watch]:
+        live = [] if self.first_done else [self.first]
+        if self.hedge_task is not None and not self.hedge_task.done():
+            live.append(self.hedge_watch)  # type: ignore[arg-type]
+        return live
+
+    def _check(self) -> None:
+        """The timer: end the attempt if it fell silent, send the hedge when due, re-arm."""
+        self.timer = None
+        if self.outcome is not None:
+            return
+        now = self.clock()
+        live = self._live()
+        if not live:
+            return
+        timeout = self._r.policy.timeout
+        last = max(w.last for w in live)
+        answered = any(w.answered_at is not None for w in live)
+        silent_at = last + timeout if answered else min(last + timeout, self.deadline_at)
+        if now >= silent_at:
+            if answered:
+                self._stop(f"no bytes for {timeout:g} s in the middle of the body")
+            elif self.deadline_at < last + timeout:
+                self._stop(f"no answer before the deadline ({self._r.policy.deadline:g} s)")
+            else:
+                self._stop(f"no answer within {timeout:g} s")
+            return
+        wake = silent_at
+        if self.hedge_task is None and self.first.answered_at is None and not self.first_done:
+            if now >= self.hedge_at:
+                self.hedge_at = math.inf  # decided: one hedge per attempt at most
+                if now < self.deadline_at and self._r.may_hedge():
+                    self._send_hedge()
+            else:
+                wake = min(wake, self.hedge_at)
+        self.timer = self.loop.call_at(wake, self._check)
+
+    def _send_hedge(self) -> None:
+        assert self.hedge is not None
+        call, args, _ = self.hedge
+        self.hedge_watch = watch = Watch(self.clock, self.clock(), self.start)
+        self.hedge_task = task = self.loop.create_task(call(*args, watch=watch))
+        self._r.hedge_sent()
+        task.add_done_callback(self._hedge_done)
+
+    def _hedge_done(self, task: asyncio.Task) -> None:
+        self._r.hedge_ended()
+        if not task.cancelled() and task.exception() is None and not self.first_done:
+            self._stop("hedge")  # it won: stop the first request
+
+    def _stop(self, outcome: str) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self.scope.reschedule(self.clock())
+
+
+class _Silent(Transient):
+    """An attempt that heard nothing for too long (retried, unless a whole timeout no longer
+    fits before the deadline)."""

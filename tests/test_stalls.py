@@ -1,0 +1,262 @@
+"""Stalls: a bucket that goes silent is found by its silence, quickly; one slow request is
+hedged; a read that keeps receiving bytes is never killed; the deadline bounds every attempt.
+
+Every stall is real: the delay line in front of fake-gcs-server holds a range GET's response
+before its head or mid-body (``hold_*`` faults), and the reads go over real HTTP. Wall-time
+bounds are generous (a loaded 2-core machine) yet each sits well below what the code before
+stall detection took (a 30 s whole-request timeout that won over the deadline, no hedging).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import math
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import aioloader as al
+from aioloader.retry import _Median
+from aioloader.storage import RetryPolicy, Storage, StoreUnavailableError
+from aioloader.testing import local_gcs
+
+from . import reliability_child as rc
+
+BLOB = np.random.default_rng(0).integers(0, 256, 256 << 10, dtype=np.uint8).tobytes()
+NO_HEDGE = RetryPolicy(hedge_after=None)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    with local_gcs(proxy=True, seed=5) as g:
+        g.upload_bytes(BLOB, "stalls/blob")
+        yield g
+
+
+@pytest.fixture(autouse=True)
+def _no_faults(gcs):
+    gcs.set_faults()
+    yield
+    gcs.set_faults()
+
+
+async def _timed(coro, guard: float):
+    """`await coro` and how long it took; the guard turns a hang into a quick failure."""
+    t0 = time.monotonic()
+    result = await asyncio.wait_for(coro, guard)
+    return result, time.monotonic() - t0
+
+
+def _ranges(k: int, size: int = 4096) -> list[tuple[int, int]]:
+    return [(i * size, (i + 1) * size) for i in range(k)]
+
+
+# -- the delay line's hold fault ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["head", "body"])
+def test_the_delay_line_holds_a_response_then_lets_it_go(gcs, where):
+    host, port = urllib.parse.urlsplit(gcs.endpoint).netloc.split(":")
+    path = f"/download/storage/v1/b/{gcs.bucket}/o/stalls%2Fblob?alt=media"
+    gcs.set_faults(hold_first=1, hold_s=0.5, hold_at=where)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        t0 = time.monotonic()
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        t_head = time.monotonic() - t0
+        assert resp.read() == BLOB
+        t_body = time.monotonic() - t0
+        assert (t_head >= 0.45) == (where == "head") and t_body >= 0.45
+        t0 = time.monotonic()
+        conn.request("GET", path)  # only the first download is held
+        assert conn.getresponse().read() == BLOB
+        assert time.monotonic() - t0 < 0.4
+    finally:
+        conn.close()
+    assert gcs.proxy_stats.held >= 1
+
+
+# -- one read ----------------------------------------------------------------------------------
+
+
+async def test_one_stalled_request_is_hedged_and_does_not_stall_the_batch(gcs):
+    """Defaults: a range GET held 10 s among 16 costs about the hedge delay, not the stall."""
+    storage = Storage(storage_options=gcs.storage_options)
+    url = gcs.url("stalls/blob")
+    try:
+        await storage.read(url, 0, 100)  # the session is up, a latency is known
+        held = gcs.proxy_stats.held
+        gcs.set_faults(hold_first=1, hold_s=10.0)
+        got, took = await _timed(storage.read_many([(url, s, e) for s, e in _ranges(16)]), 20)
+        assert got == [BLOB[s:e] for s, e in _ranges(16)]
+        assert took < 2.5, f"one stalled request held the batch {took:.2f} s"
+        io = storage.stats.as_dict()
+        assert io["hedges"] == io["hedge_wins"] == 1 and io["retries"] == 0
+        assert io["requests"] == 1 + 16 + 1  # the warm-up, the batch, the hedge
+        assert gcs.proxy_stats.held == held + 1
+    finally:
+        await storage.aclose()
+
+
+async def test_a_silent_request_is_retried_after_the_idle_timeout(gcs):
+    """Hedging off, defaults otherwise: a request that never answers costs `timeout` (3 s)."""
+    storage = Storage(storage_options=gcs.storage_options, retry=NO_HEDGE)
+    try:
+        gcs.set_faults(hold_first=1, hold_s=math.inf)
+        got, took = await _timed(storage.read(gcs.url("stalls/blob"), 10, 5000), 12)
+        assert got == BLOB[10:5000]
+        assert NO_HEDGE.timeout * 0.9 < took < NO_HEDGE.timeout + 2.5, took
+        io = storage.stats.as_dict()
+        assert io["retries"] == 1 and io["hedges"] == 0
+        assert io["statuses"] == {"no answer within 3 s": 1}
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.parametrize(("policy", "bound"), [
+    (RetryPolicy(deadline=3), 5.0),  # the idle timeout (3 s) and the deadline agree
+    (RetryPolicy(timeout=30, deadline=1.5), 3.5),  # no attempt outlives the deadline
+])
+async def test_the_deadline_bounds_every_attempt(gcs, policy, bound):
+    storage = Storage(storage_options=gcs.storage_options, retry=policy)
+    try:
+        gcs.set_faults(hold_rate=1.0, hold_s=math.inf)  # the bucket stops answering
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as info:
+            await asyncio.wait_for(storage.read(gcs.url("stalls/blob"), 100, 300), 15)
+        took = time.monotonic() - t0
+        assert policy.deadline * 0.9 < took < bound, took
+        msg = str(info.value)
+        assert "stalls/blob" in msg and "bytes [100, 300)" in msg
+        assert "no answer" in msg and "deadline" in msg
+    finally:
+        await storage.aclose()
+
+
+async def test_a_store_read_through_fsspec_is_bounded_by_the_deadline(gcs):
+    """fsspec stores answer whole (no progress to watch): the deadline bounds the attempt."""
+    policy = RetryPolicy(deadline=1.5)
+    url = f"{gcs.endpoint}/download/storage/v1/b/{gcs.bucket}/o/stalls%2Fblob?alt=media"
+    storage = Storage(retry=policy)  # http:// goes through fsspec's HTTPFileSystem
+    try:
+        assert await storage.read(url, 0, 100) == BLOB[:100]
+        gcs.set_faults(hold_rate=1.0, hold_s=math.inf)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match=r"bytes \[100, 300\).*deadline"):
+            await asyncio.wait_for(storage.read(url, 100, 300), 10)
+        assert time.monotonic() - t0 < 3.5
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["head", "body"])
+async def test_with_defaults_a_stalled_bucket_is_reported_within_15_s(gcs, where):
+    storage = Storage(storage_options=gcs.storage_options)
+    try:
+        gcs.set_faults(hold_rate=1.0, hold_s=math.inf, hold_at=where)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match=r"stalls/blob.*bytes \[0, 200000\)"):
+            await asyncio.wait_for(storage.read(gcs.url("stalls/blob"), 0, 200_000), 25)
+        assert time.monotonic() - t0 < 15
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.parametrize("into", [False, True])
+async def test_a_slow_but_progressing_read_is_never_killed(into):
+    """Bytes trickle in for ~2.5 s; the idle timeout (1 s) and deadline (1.5 s) never fire."""
+    policy = RetryPolicy(timeout=1.0, deadline=1.5)
+    with local_gcs(bandwidth_bytes_per_s=256 << 10) as slow:
+        url = slow.upload_bytes(BLOB * 3, "trickle")
+        n = 640 << 10
+        storage = Storage(storage_options=slow.storage_options, retry=policy)
+        try:
+            if into:
+                dest = bytearray(n)
+                read = storage.read_into(url, 0, n, memoryview(dest))
+            else:
+                read = storage.read(url, 0, n)
+            got, took = await _timed(read, 20)
+            assert (dest if into else got) == (BLOB * 3)[:n]
+            assert took > 2.0  # it really trickled for longer than timeout and deadline
+            io = storage.stats.as_dict()
+            assert io["requests"] == 1 and io["retries"] == 0
+        finally:
+            await storage.aclose()
+
+
+async def test_hedges_are_bounded_by_the_budget(gcs):
+    """Every download held 0.6 s: a hedge for the first few slow reads, then only ~5%."""
+    policy = RetryPolicy(hedge_after=0.1)
+    storage = Storage(storage_options=gcs.storage_options, retry=policy)
+    url = gcs.url("stalls/blob")
+    try:
+        gcs.set_faults(hold_rate=1.0, hold_s=0.6)
+        ranges = _ranges(60)
+        got = await asyncio.wait_for(storage.read_many([(url, s, e) for s, e in ranges]), 20)
+        assert got == [BLOB[s:e] for s, e in ranges]
+        io = storage.stats.as_dict()
+        assert 1 <= io["hedges"] <= policy.max_hedges + policy.hedge_budget * 60
+        assert io["requests"] == 60 + io["hedges"] and io["retries"] == 0
+    finally:
+        await storage.aclose()
+
+
+def test_policy_is_validated_and_its_defaults_report_a_stall_within_15_s():
+    p = RetryPolicy()
+    assert p.timeout + p.deadline <= 15  # a stall mid-body just before the deadline
+    for bad in ({"timeout": 0}, {"deadline": -1}, {"attempts": 0}, {"hedge_budget": 2},
+                {"hedge_after": -0.1}, {"max_hedges": -1}, {"hedge_multiplier": 0}):
+        with pytest.raises(ValueError):
+            RetryPolicy(**bad)
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=300))
+def test_the_latency_estimate_is_the_median_of_the_last_64(samples):
+    m = _Median()
+    for k, x in enumerate(samples, 1):
+        m.add(x)
+        if k % 8 == 0 or k == 1:
+            window = samples[max(0, k - 64):k]
+            assert m.value == sorted(window)[len(window) // 2]
+
+
+# -- an epoch ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[str]:
+    return rc.write_shards(tmp_path_factory.mktemp("stall-shards"), 1200, 2)
+
+
+def test_stalled_requests_in_an_epoch_are_hedged_and_the_batches_unchanged(gcs, shards):
+    urls = [gcs.upload(p, f"epoch/{p.rsplit('/', 1)[1]}") for p in shards]
+    ds = rc.pipeline(urls, storage_options=gcs.storage_options)
+
+    def epoch(stall: bool) -> tuple[list[list[int]], float, al.loader.Loader]:
+        it = ds.loader(workers=0, max_gap=0, resident_bytes=0)
+        out, t0 = [], 0.0
+        for batch in it:
+            out.append(rc.ids_of(batch))
+            if len(out) == 1:  # files are open: from here, time the epoch
+                t0 = time.monotonic()
+                if stall:
+                    gcs.set_faults(hold_first=3, hold_s=10.0)
+        return out, time.monotonic() - t0, it
+
+    ref, ref_took, _ = epoch(False)
+    held = gcs.proxy_stats.held
+    got, took, it = epoch(True)
+    assert got == ref
+    assert took < ref_took + 3.0, f"three stalled requests cost {took - ref_took:.2f} s"
+    assert gcs.proxy_stats.held == held + 3
+    io = it.stats().io
+    assert io["hedges"] >= 3 and io["retries"] == 0
+    assert "hedges" in str(it.stats())
