@@ -295,8 +295,9 @@ class GCSBackend:
 def _credential_safe(exc: Exception) -> Exception:
     """`exc` as our error types, its message free of credentials (fsspec's HTTP errors quote
     signed URLs whole). An HTTP 401/403 is a `PermissionError`, a 404 a `FileNotFoundError`,
-    as on gs://, and any other status a `StorageError` (fsspec reports every failed size
-    lookup as not found, with the HTTP error as its cause; reads raise aiohttp's own)."""
+    as on gs://, a 408/429/5xx `Transient` (retried), any other status a final `StorageError`
+    (fsspec reports every failed size lookup as not found, with the HTTP error as its cause;
+    reads raise aiohttp's own)."""
     text = str(exc)
     safe = redact(text)
     status = getattr(exc, "status", None) or getattr(exc.__cause__, "status", None)
@@ -305,8 +306,10 @@ def _credential_safe(exc: Exception) -> Exception:
                                "storage_options, or the URL's signature and its expiry)")
     if status == 404 and not isinstance(exc, FileNotFoundError):
         return FileNotFoundError(safe)
+    if status in (408, 429) or (isinstance(status, int) and status >= 500):
+        return Transient(f"HTTP {status}")  # retried, like the same answer from gs://
     if isinstance(status, int) and status != 404:
-        return StorageError(f"HTTP {status}: {safe}")
+        return StorageError(f"HTTP {status}: {safe}")  # final: retrying cannot help
     if safe == text:
         return exc
     try:
