@@ -96,6 +96,21 @@ def test_footer_count_disagreeing_with_the_header_is_an_error(footer, header):
         assert NAME in str(info.value) and "chunk 1" in str(info.value)
 
 
+@pytest.mark.parametrize("how", ["getitem", "loader0", "loader1"])
+@pytest.mark.parametrize("footer,header", [(0, 1), (1, 2), (2, 1)])
+def test_footer_count_lie_through_the_source_and_the_loader(tmp_path, how, footer, header):
+    """Footer 0 vs header 1 silently dropped the record everywhere; footer 1 vs header 2
+    (every other chunk holding 1) dropped one in the workers, which decode such files."""
+    chunks = [simple_chunk(g, ZSTD) for g in grouped(RECORDS, 1)]
+    chunks[1] = simple_chunk(RECORDS[1:1 + header], ZSTD)
+    path = tmp_path / "count-lie.ar"
+    path.write_bytes(craft(chunks, entries=lambda e: [x if k != 1 else (x[0], x[1], footer)
+                                                      for k, x in enumerate(e)]))
+    out = probe(path, how)
+    assert "ArrayRecordFormatError:" in out and "count-lie.ar" in out, out
+    assert "chunk 1" in out, out
+
+
 def test_footer_count_larger_than_its_chunk_can_hold_is_an_error():
     """A chunk of n records occupies at least n bytes, so a footer cannot claim 2**40
     records in a 128 KiB file: `len` used to say so, and a shuffle would then allocate."""
@@ -105,6 +120,30 @@ def test_footer_count_larger_than_its_chunk_can_hold_is_an_error():
     with pytest.raises(ArrayRecordFormatError, match=r"chunk 2") as info:
         RangeReader(lambda o, n: data[o : o + n], len(data), path=NAME)
     assert NAME in str(info.value)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_one_record_chunk_whose_sizes_block_holds_two_is_an_error(codec):
+    """Header, footer and metadata all say 1 record; the sizes block says [127, 1]. Taking
+    the values block as one record would join two records into one."""
+    recs = [b"a" * 127, b"b"]
+    chunks = [simple_chunk([b"x"], CODECS[codec]), simple_chunk(recs, CODECS[codec], count=1)]
+    data = craft(chunks, codec=CODECS[codec])
+    for read in (read_all, worker_decode):
+        with pytest.raises(ArrayRecordFormatError, match="sizes block") as info:
+            read(data, verify="headers")
+        assert "chunk 1" in str(info.value)
+
+
+def test_a_chunk_left_out_of_the_footer_is_noticed():
+    """Dropping chunk 2's entry (metadata made to agree) gives chunk 1 a range holding two
+    chunks: reading chunk 1 says so, instead of skipping chunk 2's records."""
+    chunks = [simple_chunk(g, ZSTD) for g in grouped(RECORDS, 1)]
+    data = craft(chunks, entries=lambda e: [x for k, x in enumerate(e) if k != 2])
+    for read in (read_all, worker_decode):
+        with pytest.raises(ArrayRecordFormatError, match="missing from the footer") as info:
+            read(data, verify="headers")
+        assert "chunk 1" in str(info.value)
 
 
 # -- 5. a declared size is bounded before anything is allocated ----------------------------

@@ -130,7 +130,10 @@ def decode_simple(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECO
         )
     sizes_block, values_block = data[pos : pos + sizes_len], data[pos + sizes_len :]
     if n == 1:  # group_size 1: the only record is the whole values block
-        check_one_size(codec, sizes_block, decoded_size)
+        head = ONE_RECORD_HEADS.get(decoded_size)
+        if head is None or data[: len(head)] != head or len(head) != pos + sizes_len:
+            check_one_size(codec, sizes_block, decoded_size)
+            _remember(decoded_size, data[: pos + sizes_len])
         out = _decompress(codec, values_block, decoded_size, decoded_size)
         values = out if codec == NONE else memoryview(out)
         return ChunkRecords._one(values, out if type(out) is bytes else None)
@@ -162,35 +165,39 @@ def check_budget(num_records: int, decoded_size: int, max_decoded: int) -> None:
         )
 
 
-_ONE_SIZE: dict[tuple[int, bytes], int] = {}
-_ONE_SIZE_ENTRIES = 1 << 16
+ONE_RECORD_HEADS: dict[int, bytes] = {}
+"""Record size -> the start of a one-record chunk's data (codec byte, sizes length, sizes
+block) last seen to hold just that size. A group_size 1 file repeats a few record sizes, each
+encoded the same way, so checking its sizes block costs a lookup and a comparison."""
+_HEADS = 1 << 14
 
 
 def check_one_size(codec: int, block, size: int) -> None:
-    """The sizes block of a one-record chunk must hold exactly one varint, `size`.
+    """The sizes block of a one-record chunk must hold exactly one varint, `size`."""
+    sizes = bytes(block) if codec == NONE else bytes(_decompress(codec, block, None,
+                                                                 MAX_VARINT64_BYTES))
+    got, end = read_varint(sizes, 0)
+    if end != len(sizes) or got != size:
+        raise ArrayRecordFormatError(
+            f"the sizes block does not hold the one record size {size} the header declares"
+        )
 
-    Decoded once per distinct block (a group_size 1 file repeats a few record sizes, and
-    each of them compresses to the same block), so the check costs a dict lookup.
-    """
-    if codec == NONE:
-        got, end = read_varint(block, 0)
-        if end == len(block) and got == size:
-            return
-    else:
-        key = (codec, bytes(block))
-        got = _ONE_SIZE.get(key)
-        if got is None:
-            sizes = bytes(_decompress(codec, block, None, MAX_VARINT64_BYTES))
-            got, end = read_varint(sizes, 0)
-            if end != len(sizes):
-                got = -1
-            elif len(_ONE_SIZE) < _ONE_SIZE_ENTRIES:
-                _ONE_SIZE[key] = got
-        if got == size:
-            return
-    raise ArrayRecordFormatError(
-        f"the sizes block does not hold the one record size {size} the header declares"
-    )
+
+def one_record_head(data, size: int) -> bytes:
+    """The head of a one-record chunk's `data` (up to its values block), once its sizes block
+    is checked to hold just `size`; remembered in `ONE_RECORD_HEADS`."""
+    sizes_len = data[1]
+    if sizes_len >= 0x80 or 2 + sizes_len > len(data):  # not the one-byte-length shape
+        raise ArrayRecordFormatError("unexpected sizes block")  # the caller falls back
+    check_one_size(data[0], data[2 : 2 + sizes_len], size)
+    return _remember(size, data[: 2 + sizes_len])
+
+
+def _remember(size: int, head) -> bytes:
+    head = bytes(head)
+    if len(ONE_RECORD_HEADS) < _HEADS:
+        ONE_RECORD_HEADS[size] = head
+    return head
 
 
 def encode_simple(records: list, compression: Compression) -> tuple[bytes, int]:

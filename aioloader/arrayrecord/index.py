@@ -18,10 +18,11 @@ import numpy as np
 
 from .chunk import (
     DEFAULT_MAX_DECODED,
+    ONE_RECORD_HEADS,
     RECORD_COST,
     ChunkRecords,
-    check_one_size,
     decode_simple,
+    one_record_head,
     verify_data,
 )
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size, _local, _zstd_decompressor
@@ -151,7 +152,7 @@ def open_index(
     if footer_offset >= tail_start:
         footer_raw = memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start]
     else:
-        if post_at - footer_offset > max_decoded + BLOCK_SIZE:  # footer + its padding
+        if post_at - footer_offset > max_decoded:
             raise ArrayRecordFormatError(
                 f"the footer would span {post_at - footer_offset} bytes, more than the "
                 f"memory budget of {max_decoded} bytes allows", path=path,
@@ -308,6 +309,7 @@ def decode_records(
     hashes = verify != "none"
     unpack, hh, fcs = _HEADER.unpack_from, highwayhash64, _frame_content_size
     budget = max_decoded - RECORD_COST
+    heads = ONE_RECORD_HEADS
     try:
         dctx = _local.zstd
     except AttributeError:
@@ -327,9 +329,14 @@ def decode_records(
                 if type_count == _ONE_SIMPLE and fills and decoded <= budget and \
                         (not hashes or hh(raw[8:CHUNK_HEADER_SIZE]) == header_hash):
                     data = memoryview(raw)[CHUNK_HEADER_SIZE:end]
-                    codec, pos = data[0], 2 + data[1]
-                    if data[1] < 0x80 and pos < data_size:
-                        check_one_size(codec, data[2:pos], decoded)
+                    # Codec byte, sizes length and sizes block, as seen before for this size.
+                    head = heads.get(decoded)
+                    if head is None or not (raw.startswith(head, CHUNK_HEADER_SIZE)
+                                            if type(raw) is bytes else
+                                            data[: len(head)] == head):
+                        head = one_record_head(data, decoded)  # checks the sizes block
+                    codec, pos = head[0], len(head)
+                    if pos < data_size:
                         if codec == NONE and data_size - pos == decoded:
                             out.append(bytes(data[pos:]))
                             continue
@@ -340,7 +347,7 @@ def decode_records(
                             stream = data[p:]
                             if size == decoded and fcs(stream) == size and \
                                     size <= _ZSTD_RATIO * len(stream) + 64:
-                                record = dctx.decompress(stream, allow_extra_data=False)
+                                record = dctx.decompress(stream)
                                 if len(record) == size:
                                     out.append(record)
                                     continue
