@@ -4,34 +4,20 @@ A damaged file is easy to reject: its hashes fail. A crafted one is not: every b
 and data hash agrees, but a declared size, count or offset lies (a 1 TiB decoded size in a
 128 KiB file, a footer count that disagrees with its chunk, a codec stream that decodes short
 or long). `craft` builds such files from the project's own writer pieces (layout, proto,
-codecs, hashing); `make_case(seed, i)` picks one lie deterministically; `run_cases` runs many
-cases in a child process under a 4 GiB address-space limit and reports every case that kills
-the child, hangs, grows it past 1 GiB or gives anything but `ArrayRecordFormatError` or
-exactly the right records. Reproduce one case, verbosely, in this process:
-
-    python -m tests.hostile case SEED I
+codecs, hashing); `make_case(seed, i)` picks one lie deterministically. tests/hostile_run.py
+reads them every way the loader does and runs many in a child under memory limits.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import resource
-import selectors
-import subprocess
-import sys
-import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import zstandard
 
-from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader
 from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD, Compression
 from aioloader.arrayrecord.hashing import highwayhash64
-from aioloader.arrayrecord.index import decode_records
 from aioloader.arrayrecord.layout import (
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
@@ -51,13 +37,9 @@ from aioloader.arrayrecord.proto import (
 from aioloader.arrayrecord.varint import encode_varint, encode_varints
 from aioloader.arrayrecord.writer import SIGNATURE
 
-NAME = "hostile.ar"
 CODECS = (NONE, ZSTD, BROTLI, SNAPPY)
 GROUPS = (1, 2, 3, 8)
 LEVEL = {NONE: None, ZSTD: 3, BROTLI: 5, SNAPPY: None}
-HANG_S = 10
-MAX_RSS = 1 << 30
-ADDRESS_SPACE = 4 << 30
 
 
 # -- building files -----------------------------------------------------------------------
@@ -203,50 +185,6 @@ def _options(codec: int, group: int) -> str:
     return f"group_size:{group},{name}" + (f":{LEVEL[codec]}" if LEVEL[codec] else "")
 
 
-# -- reading them every way the loader does -------------------------------------------------
-
-
-def observe(data: bytes, *, verify: str, max_decoded: int | None = None) -> list[list[bytes]]:
-    """Records as each read path returns them: iteration, random access, the workers' batch
-    decoder. Raises what the reader raises."""
-    kw = {} if max_decoded is None else {"max_decoded": max_decoded}
-    reader = RangeReader(lambda o, n: data[o : o + n], len(data), path=NAME, verify=verify,
-                         **kw)
-    n = len(reader)
-    out = [list(reader)]
-    out.append(reader.read(list(range(n))[::-1])[::-1] if n else [])
-    ix = reader.index
-    chunks, within = ix.locate(range(n))
-    ranges = [ix.chunk_range(int(c)) for c in chunks]
-    out.append(decode_records(
-        [data[s:e] for s, e in ranges], [s for s, _ in ranges], within.tolist(),
-        verify=verify, paths=[NAME] * n, chunks=chunks.tolist(),
-        counts=ix.chunk_records[chunks].tolist(), **kw))
-    if n != len(out[0]):
-        out.append([b"len() says %d" % n])
-    return out
-
-
-def verdict(data: bytes, records: list[bytes], *, verify: str,
-            max_decoded: int | None = None) -> str | None:
-    """None when every read path gives exactly `records` or an ArrayRecordFormatError that
-    names the file; otherwise what went wrong."""
-    try:
-        results = observe(data, verify=verify, max_decoded=max_decoded)
-    except ArrayRecordFormatError as err:
-        return None if NAME in str(err) else f"error does not name the file: {err}"
-    except Exception:
-        return "another exception:\n" + traceback.format_exc()
-    for got in results:
-        if got != records:
-            return f"wrong records: {_brief(got)} instead of {_brief(records)}"
-    return None
-
-
-def _brief(recs: list[bytes]) -> str:
-    return f"{len(recs)} records of sizes {[len(r) for r in recs][:12]}"
-
-
 # -- the lies ------------------------------------------------------------------------------
 
 
@@ -275,7 +213,7 @@ class Case:
     def __str__(self) -> str:
         return (f"seed {self.seed} case {self.index}: {self.kind} ({self.detail}), "
                 f"codec {Compression(self.codec).name}, group {self.group}, verify "
-                f"{self.verify}; rerun: python -m tests.hostile case {self.seed} {self.index}")
+                f"{self.verify}; rerun: python -m tests.hostile_run case {self.seed} {self.index}")
 
 
 def _records(rng: random.Random) -> list[bytes]:
@@ -443,111 +381,3 @@ KINDS = ("honest", "chunk.decoded", "chunk.count", "chunk.data_size", "chunk.typ
          "stream", "stream", "sizes", "count+footer", "footer.offset", "footer.decoded",
          "footer.count", "footer.entries", "footer.meta", "footer.chunk", "footer.stream",
          "post.offset", "post.chunk")
-
-
-# -- running many in a child ---------------------------------------------------------------
-
-
-def _child(seed: int, start: int, stop: int) -> None:
-    """Run cases [start, stop) under the address-space limit; one line per case."""
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-    out = sys.stdout
-    for i in range(start, stop):
-        out.write(f"@@start {i}\n")
-        out.flush()
-        try:
-            case = make_case(seed, i)
-            problem = verdict(case.data, case.records, verify=case.verify)
-        except Exception:
-            problem = "the generator failed:\n" + traceback.format_exc()
-            case = None
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        if problem is None and rss > MAX_RSS:
-            problem = f"peak RSS {rss >> 20} MiB"
-        if problem:
-            text = f"{case or f'seed {seed} case {i}'}: {problem}"
-            out.write(f"@@fail {i} {json.dumps(text)}\n")
-        out.write(f"@@done {i}\n")
-        out.flush()
-        if rss > MAX_RSS:
-            return  # the parent restarts a fresh child after this case
-
-
-def run_cases(seed: int, start: int, stop: int, *, hang_s: float = HANG_S) -> list[str]:
-    """Run cases [start, stop) in child processes; return a description of every failure.
-
-    A child that dies (a signal, a non-zero exit), hangs for `hang_s` on one case or grows
-    past `MAX_RSS` is replaced by a fresh one from the next case on.
-    """
-    failures: list[str] = []
-    next_case = start
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
-    while next_case < stop:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.hostile", "child", str(seed), str(next_case),
-             str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, env=env)
-        current, buf = None, b""
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        last = time.monotonic()
-        hung = False
-        while True:
-            if not sel.select(timeout=1.0):
-                if current is not None and time.monotonic() - last > hang_s:
-                    hung = True
-                    proc.kill()
-                    break
-                if proc.poll() is not None:
-                    break
-                continue
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                text = line.decode("utf-8", "replace")
-                if text.startswith("@@start "):
-                    current, last = int(text.split()[1]), time.monotonic()
-                elif text.startswith("@@fail "):
-                    failures.append(json.loads(text.split(" ", 2)[2]))
-                elif text.startswith("@@done "):
-                    next_case, current = int(text.split()[1]) + 1, None
-        sel.close()
-        _, err = proc.communicate()
-        if current is not None:  # it died or hung inside a case
-            why = (f"hung for over {hang_s:.0f} s" if hung else
-                   f"killed the child (exit {proc.returncode})")
-            failures.append(f"{make_case(seed, current)}: {why}\n{err.decode()[-2000:]}")
-            next_case = current + 1
-        elif proc.returncode != 0 and next_case < stop:
-            failures.append(f"child exited {proc.returncode} between cases: {err.decode()[-2000:]}")
-            next_case += 1
-    return failures
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["child"]:
-        _child(*map(int, argv[1:4]))
-        return 0
-    if argv[:1] == ["case"]:
-        case = make_case(int(argv[1]), int(argv[2]))
-        print(case)
-        print(verdict(case.data, case.records, verify=case.verify) or "ok")
-        return 0
-    if argv[:1] == ["run"]:
-        seed, start, stop = map(int, argv[1:4])
-        began = time.monotonic()
-        failures = run_cases(seed, start, stop)
-        print("\n".join(failures))
-        print(f"{stop - start} cases, {len(failures)} failures, "
-              f"{time.monotonic() - began:.0f} s")
-        return 1 if failures else 0
-    print(__doc__)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

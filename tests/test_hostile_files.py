@@ -4,8 +4,8 @@ Each must give `ArrayRecordFormatError` naming the file (and the chunk, for a da
 exactly the right records, through every entry point: the format layer, `ArrayRecordSource`,
 `aioloader inspect` and the loader (its main process and its workers). Anything that once
 killed the process runs in a subprocess, so a regression fails the test instead of pytest.
-The generator is tests/hostile.py; its fuzz runs here, a sample in the fast tier and 20,000
-cases under `make test-slow`.
+The generator is tests/hostile.py, the runner tests/hostile_run.py; the fuzz runs here, a
+sample in the fast tier and 20,000 cases under `make test-slow`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD
 from aioloader.arrayrecord.index import decode_records
 from aioloader.arrayrecord.proto import encode_footer_entry
 
-from . import hostile
-from .hostile import NAME, craft, grouped, honest, simple_chunk
+from .hostile import craft, grouped, honest, simple_chunk
+from .hostile_run import NAME, run_cases
 
 CODECS = {"uncompressed": NONE, "zstd": ZSTD, "brotli": BROTLI, "snappy": SNAPPY}
 RECORDS = [b"record %d " % i * (i + 1) for i in range(6)]
@@ -279,7 +279,7 @@ def test_a_gibibyte_claim_allocates_nothing(tmp_path):
 
 def test_hostile_fuzz_sample():
     """A few hundred crafted lies, in a child under a 4 GiB address-space limit."""
-    failures = hostile.run_cases(seed=13, start=0, stop=300)
+    failures = run_cases(seed=13, start=0, stop=300)
     assert not failures, "\n\n".join(failures[:10])
 
 
@@ -287,5 +287,5 @@ def test_hostile_fuzz_sample():
 def test_hostile_fuzz_long():
     """20,000 crafted lies: only ArrayRecordFormatError or the right records; never a
     signal, a case over 10 s, or a child over 1 GiB of RSS."""
-    failures = hostile.run_cases(seed=2024, start=0, stop=20_000)
+    failures = run_cases(seed=2024, start=0, stop=20_000)
     assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(failures[:20])
