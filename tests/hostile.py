@@ -1,4 +1,4 @@
-"""Crafted ArrayRecord files that lie with valid hashes, and a fuzz runner for them.
+"""Crafted ArrayRecord files that lie with valid hashes: the hostile-file generator.
 
 A damaged file is easy to reject: its hashes fail. A crafted one is not: every block, header
 and data hash agrees, but a declared size, count or offset lies (a 1 TiB decoded size in a
