@@ -234,6 +234,7 @@ class Loader:
             batch=ds.batching if self._batch_mode else None,  # type: ignore[arg-type]
             batch_ops=ds.batch_ops if self._batch_mode else (),
             verify=ds.source.verify,
+            max_decoded=self.memory_budget,
         )
         # Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few
         # the consumer holds (its step, device prefetch); beyond that a batch goes by value.

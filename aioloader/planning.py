@@ -68,6 +68,7 @@ class ChunkRefs:
     within: np.ndarray
     names: list[str] | None = None
     shift: list[int] | None = None
+    count: np.ndarray | None = None  # the footer's record count of each record's chunk
 
     def __len__(self) -> int:
         return len(self.file)
@@ -83,7 +84,8 @@ class ChunkRefs:
                          self.chunk[lo:hi], self.start[lo:hi], self.end[lo:hi],
                          self.within[lo:hi],
                          [self.names[f] for f in u] if self.names is not None else None,
-                         [self.shift[f] for f in u] if self.shift is not None else None)
+                         [self.shift[f] for f in u] if self.shift is not None else None,
+                         self.count[lo:hi] if self.count is not None else None)
 
     def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
         """The same records, read from copies of the files (file f's byte 0 at `shift[f]`

@@ -252,7 +252,8 @@ class ArrayRecordSource:
         if cached is not None:
             return cached
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
-                           tail=self._tail_bytes(info.url))
+                           tail=self._tail_bytes(info.url),
+                           max_decoded=self.storage.max_inflight_bytes)
         tail_at = info.size - len(tail) if tail is not None else info.size
         try:
             offset, length = next(steps)
@@ -339,7 +340,8 @@ class ArrayRecordSource:
         urls = [self._files[f].url for f in used.tolist()]  # type: ignore[index]
         return ChunkRefs(paths=urls, file=local_file.astype(np.int64),
                          chunk=g - t.first_chunk[files], start=t.offsets[g], end=t.ends[g],
-                         within=within, names=[self._indices[f].path for f in used.tolist()])
+                         within=within, count=t.record_starts[g + 1] - t.record_starts[g],
+                         names=[self._indices[f].path for f in used.tolist()])
 
     @property
     def all_local(self) -> bool:
@@ -494,7 +496,8 @@ class ArrayRecordSource:
         f, c = key
         index = self._indices[f]
         _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=c,
-                                  expected_records=int(index.chunk_records[c]))
+                                  expected_records=int(index.chunk_records[c]),
+                                  max_decoded=self.storage.max_inflight_bytes, whole_range=True)
         return records
 
     # -- sync API ---------------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrayrecord.chunk import DEFAULT_MAX_DECODED
 from .arrayrecord.index import decode_records
 from .planning import ChunkRefs
 from .storage import ObjectChangedError, short_read_error
@@ -62,6 +63,7 @@ class Pipeline:
     batch: BatchOp | None  # collate in the worker; None: return elements (filter/pack mode)
     batch_ops: tuple[MapOp, ...]
     verify: str = "headers"
+    max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
 
 
 @dataclass
@@ -245,7 +247,7 @@ class LocalFiles:
 _files = LocalFiles()
 
 
-def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any,
+def _records_of(task: Task, pipeline: Pipeline, files: LocalFiles, arena: Any,
                 paths: list[str] | None) -> list[bytes]:
     """The task's records; `paths` names each record's file in errors."""
     if task.records is not None:
@@ -259,8 +261,10 @@ def _records_of(task: Task, verify: str, files: LocalFiles, arena: Any,
         raws = task.raws
     else:
         raws = files.read(refs)
-    return decode_records(raws, refs.start.tolist(), refs.within.tolist(), verify=verify,
-                          paths=paths, chunks=refs.chunk.tolist())
+    return decode_records(raws, refs.start.tolist(), refs.within.tolist(),
+                          verify=pipeline.verify, paths=paths, chunks=refs.chunk.tolist(),
+                          counts=None if refs.count is None else refs.count.tolist(),
+                          max_decoded=pipeline.max_decoded)
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | None = None,
@@ -279,7 +283,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
     paths = [refs.name(f) for f in refs.file.tolist()] if refs is not None else None
-    records = _records_of(task, pipeline.verify, files, arena, paths)
+    records = _records_of(task, pipeline, files, arena, paths)
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)

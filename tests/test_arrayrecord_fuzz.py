@@ -194,11 +194,12 @@ def test_batched_decode_agrees_with_decode_chunk(codec, m, verify):
     what `decode_chunk` returns, or the same error, on every chunk of a damaged file."""
     data = mutate(codec, 1, *m)
     positions = chunk_header_positions(codec, 1)
-    for at in positions[1:]:  # every data chunk (the first is the file signature)
-        start = at - 24 if at % BLOCK_SIZE == 24 else at  # where its physical range begins
-        raw = data[start : start + 1024]
+    starts = [at - 24 if at % BLOCK_SIZE == 24 else at for at in positions]  # physical
+    # Every chunk after the file signature, each with its whole range (as the footer gives).
+    for start, stop in zip(starts[1:], [*starts[2:], len(data)]):
+        raw = data[start:stop]
         got = _one(lambda raw=raw, start=start: decode_records(
             [raw], [start], [0], verify=verify, paths=["fuzz.ar"], chunks=[7])[0])
         want = _one(lambda raw=raw, start=start: decode_chunk(
-            raw, start, verify=verify, path="fuzz.ar", chunk=7)[1].record(0))
+            raw, start, verify=verify, path="fuzz.ar", chunk=7, whole_range=True)[1].record(0))
         assert got == want

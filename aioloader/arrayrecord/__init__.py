@@ -5,7 +5,7 @@ headers), `codecs`, `chunk` (simple chunks), `proto` and `options` (footer messa
 `index` (open a file from byte ranges), `reader` and `writer`.
 """
 
-from .chunk import ChunkRecords
+from .chunk import DEFAULT_MAX_DECODED, ChunkRecords
 from .errors import ArrayRecordFormatError
 from .index import DEFAULT_TAIL, FileIndex, decode_chunk, open_index, read_index
 from .options import WriterOptions, parse_options
@@ -13,6 +13,7 @@ from .reader import RangeReader
 from .writer import ArrayRecordWriter
 
 __all__ = [
+    "DEFAULT_MAX_DECODED",
     "DEFAULT_TAIL",
     "ArrayRecordFormatError",
     "ArrayRecordWriter",

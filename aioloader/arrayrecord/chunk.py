@@ -94,9 +94,21 @@ class ChunkRecords:
 
 _new = object.__new__
 
+DEFAULT_MAX_DECODED = 1 << 30
+"""The most bytes one chunk may decode to unless the caller says otherwise (the loader passes
+its memory_budget): a declared size is checked against it before anything is allocated."""
+RECORD_COST = 48
+"""Bytes per record of the index arrays built while decoding a chunk (sizes, bounds)."""
 
-def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
-    """Decode the data of a simple chunk whose header was already parsed."""
+
+def decode_simple(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECODED
+                  ) -> ChunkRecords:
+    """Decode the data of a simple chunk whose header was already parsed.
+
+    Nothing is allocated before the header's claims are checked against `max_decoded` (the
+    bytes one chunk may decode to, its index arrays included) and the sizes block, whose
+    varints (at least a byte per record) bound the record count.
+    """
     if header.chunk_type != CHUNK_SIMPLE:
         if header.chunk_type == CHUNK_TRANSPOSED:
             raise ArrayRecordFormatError("transposed chunk", hint=TRANSPOSE_HINT)
@@ -104,6 +116,8 @@ def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
             f"chunk type 0x{header.chunk_type:02x} where a simple chunk ('r') was expected"
         )
     n = header.num_records
+    decoded_size = header.decoded_data_size
+    check_budget(n, decoded_size, max_decoded)
     if len(data) < 2:
         raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
     codec = data[0]
@@ -114,25 +128,76 @@ def decode_simple(header: ChunkHeader, data) -> ChunkRecords:
         raise ArrayRecordFormatError(
             f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
         )
-    decoded_size = header.decoded_data_size
+    sizes_block, values_block = data[pos : pos + sizes_len], data[pos + sizes_len :]
     if n == 1:  # group_size 1: the only record is the whole values block
-        out = _decompress(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+        head = ONE_RECORD_HEADS.get(decoded_size)
+        if head is None or data[: len(head)] != head or len(head) != pos + sizes_len:
+            check_one_size(codec, sizes_block, decoded_size)
+            _remember(decoded_size, data[: pos + sizes_len])
+        out = _decompress(codec, values_block, decoded_size, decoded_size)
         values = out if codec == NONE else memoryview(out)
         return ChunkRecords._one(values, out if type(out) is bytes else None)
-    values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
-    sizes = decompress_block(codec, data[pos : pos + sizes_len], None, n * MAX_VARINT64_BYTES)
+    sizes = decompress_block(codec, sizes_block, None,
+                             min(n * MAX_VARINT64_BYTES, max_decoded))
     lengths = decode_varints(sizes, n)
     bounds = np.zeros(n + 1, dtype=np.int64)
     if n:
-        if int(lengths.max()) > header.decoded_data_size:
+        if int(lengths.max()) > decoded_size:
             raise ArrayRecordFormatError("a record size exceeds the chunk's decoded size")
         np.cumsum(lengths, out=bounds[1:], dtype=np.int64)
-    if bounds[-1] != header.decoded_data_size:
+    if bounds[-1] != decoded_size:
         raise ArrayRecordFormatError(
-            f"record sizes add up to {int(bounds[-1])} bytes, header says "
-            f"{header.decoded_data_size}"
+            f"record sizes add up to {int(bounds[-1])} bytes, header says {decoded_size}"
         )
+    values = decompress_block(codec, values_block, decoded_size, decoded_size)
     return ChunkRecords(values, bounds)
+
+
+def check_budget(num_records: int, decoded_size: int, max_decoded: int) -> None:
+    """Refuse a chunk whose declared size would take more than `max_decoded` bytes to decode
+    (its values plus `RECORD_COST` per record), before anything is allocated for it."""
+    if decoded_size + RECORD_COST * num_records > max_decoded:
+        raise ArrayRecordFormatError(
+            f"chunk declares {num_records} records and {decoded_size} decoded bytes, more "
+            f"than the memory budget of {max_decoded} bytes allows",
+            hint="the file is corrupted or crafted; if it is genuine, raise the budget (the "
+                 "loader's memory_budget, or max_decoded)",
+        )
+
+
+ONE_RECORD_HEADS: dict[int, bytes] = {}
+"""Record size -> the start of a one-record chunk's data (codec byte, sizes length, sizes
+block) last seen to hold just that size. A group_size 1 file repeats a few record sizes, each
+encoded the same way, so checking its sizes block costs a lookup and a comparison."""
+_HEADS = 1 << 14
+
+
+def check_one_size(codec: int, block, size: int) -> None:
+    """The sizes block of a one-record chunk must hold exactly one varint, `size`."""
+    sizes = bytes(block) if codec == NONE else bytes(_decompress(codec, block, None,
+                                                                 MAX_VARINT64_BYTES))
+    got, end = read_varint(sizes, 0)
+    if end != len(sizes) or got != size:
+        raise ArrayRecordFormatError(
+            f"the sizes block does not hold the one record size {size} the header declares"
+        )
+
+
+def one_record_head(data, size: int) -> bytes:
+    """The head of a one-record chunk's `data` (up to its values block), once its sizes block
+    is checked to hold just `size`; remembered in `ONE_RECORD_HEADS`."""
+    sizes_len = data[1]
+    if sizes_len >= 0x80 or 2 + sizes_len > len(data):  # not the one-byte-length shape
+        raise ArrayRecordFormatError("unexpected sizes block")  # the caller falls back
+    check_one_size(data[0], data[2 : 2 + sizes_len], size)
+    return _remember(size, data[: 2 + sizes_len])
+
+
+def _remember(size: int, head) -> bytes:
+    head = bytes(head)
+    if len(ONE_RECORD_HEADS) < _HEADS:
+        ONE_RECORD_HEADS[size] = head
+    return head
 
 
 def encode_simple(records: list, compression: Compression) -> tuple[bytes, int]:

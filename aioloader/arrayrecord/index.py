@@ -16,7 +16,15 @@ from functools import cached_property
 
 import numpy as np
 
-from .chunk import ChunkRecords, decode_simple, verify_data
+from .chunk import (
+    DEFAULT_MAX_DECODED,
+    ONE_RECORD_HEADS,
+    RECORD_COST,
+    ChunkRecords,
+    decode_simple,
+    one_record_head,
+    verify_data,
+)
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size, _local, _zstd_decompressor
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .hashing import highwayhash64
@@ -29,6 +37,8 @@ from .layout import (
     ChunkHeader,
     _parse_chunk_header,
     check_block_header,
+    chunk_end,
+    padding_length,
     strip_block_headers,
 )
 from .options import WriterOptions, parse_options
@@ -36,6 +46,7 @@ from .proto import POSTSCRIPT_MAGIC, decode_footer_entries, parse_fields
 from .varint import read_varint
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
+POSTSCRIPT_MAX_DECODED = 1 << 16
 VERIFY_LEVELS = ("none", "headers", "all")
 MIN_FILE_SIZE = 2 * BLOCK_SIZE
 
@@ -114,8 +125,12 @@ def open_index(
     path: str | None = None,
     verify: str = "headers",
     tail: int = DEFAULT_TAIL,
+    max_decoded: int = DEFAULT_MAX_DECODED,
 ) -> Generator[ReadRequest, bytes, FileIndex]:
-    """Parse a file's index; yields read requests, returns a `FileIndex`."""
+    """Parse a file's index; yields read requests, returns a `FileIndex`.
+
+    `max_decoded` bounds what the footer may take to read and decode (see `decode_chunk`).
+    """
     _check_verify(verify)
     if size < MIN_FILE_SIZE or size % BLOCK_SIZE:
         what = (f"{size} bytes is too small for an ArrayRecord file (at least {MIN_FILE_SIZE})"
@@ -137,10 +152,17 @@ def open_index(
     if footer_offset >= tail_start:
         footer_raw = memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start]
     else:
+        if post_at - footer_offset > max_decoded:
+            raise ArrayRecordFormatError(
+                f"the footer would span {post_at - footer_offset} bytes, more than the "
+                f"memory budget of {max_decoded} bytes allows", path=path,
+                offset=footer_offset, hint="the postscript is corrupted or crafted; if the "
+                "file is genuine, raise the budget (the loader's memory_budget)",
+            )
         footer_raw = yield (footer_offset, post_at - footer_offset)
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
     with _locating(path, footer_offset):
-        return _parse_footer(footer_raw, footer_offset, size, verify, path)
+        return _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
 
 
 @contextmanager
@@ -165,9 +187,10 @@ def read_index(
     path: str | None = None,
     verify: str = "headers",
     tail: int = DEFAULT_TAIL,
+    max_decoded: int = DEFAULT_MAX_DECODED,
 ) -> FileIndex:
     """Drive `open_index` with a blocking `fetch(offset, length) -> bytes`."""
-    steps = open_index(size, path=path, verify=verify, tail=tail)
+    steps = open_index(size, path=path, verify=verify, tail=tail, max_decoded=max_decoded)
     try:
         request = next(steps)
         while True:
@@ -193,11 +216,19 @@ def decode_chunk(
     path: str | None = None,
     chunk: int | None = None,
     expected_records: int | None = None,
+    max_records: int | None = None,
+    max_decoded: int = DEFAULT_MAX_DECODED,
+    whole_range: bool = False,
 ) -> tuple[ChunkHeader, ChunkRecords]:
     """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
 
-    Trailing bytes (padding chunks, the next chunk) are ignored. With `expected_records` (the
-    footer's count), a chunk holding another number of records is an error.
+    Trailing bytes (padding chunks, the next chunk) are ignored, unless `whole_range` says
+    `raw` is the chunk's whole range (up to the next chunk the footer lists): then the chunk,
+    and at most a padding chunk to the next block boundary, must fill it exactly, or the
+    footer left a chunk out. With `expected_records` (the
+    footer's count), a chunk whose header declares another number of records is an error;
+    so is one declaring more than `max_records`, or more decoded bytes than `max_decoded`
+    (a memory budget), all checked before anything is decompressed.
     """
     check_headers = verify != "none"
     try:
@@ -214,21 +245,38 @@ def decode_chunk(
                 f"{len(logical) - CHUNK_HEADER_SIZE}",
                 offset=start, hint=CORRUPT_HINT,
             )
+        if expected_records is not None and header.num_records != expected_records:
+            raise ArrayRecordFormatError(
+                f"chunk holds {header.num_records} records, the footer says "
+                f"{expected_records}", offset=start, hint=CORRUPT_HINT,
+            )
+        if max_records is not None and header.num_records > max_records:
+            raise ArrayRecordFormatError(
+                f"chunk declares {header.num_records} records, more than the {max_records} "
+                "its place in the file can hold", offset=start, hint=CORRUPT_HINT,
+            )
+        if whole_range:
+            _check_fills(start, len(raw), header)
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
-        records = decode_simple(header, data)
-        if expected_records is not None and len(records) != expected_records:
-            raise ArrayRecordFormatError(
-                f"chunk holds {len(records)} records, the footer says {expected_records}",
-                offset=start, hint=CORRUPT_HINT,
-            )
-        return header, records
+        return header, decode_simple(header, data, max_decoded)
     except ArrayRecordFormatError as err:
         if err.offset is None:
             err = ArrayRecordFormatError(err.what, path=err.path, offset=start,
                                          chunk=err.chunk, hint=err.hint)
         raise err.located(path=path, chunk=chunk) from None
+
+
+def _check_fills(start: int, length: int, header: ChunkHeader) -> None:
+    stop = chunk_end(start, header.data_size, header.num_records)
+    have = start + length
+    if have != stop and have != stop + padding_length(stop):
+        raise ArrayRecordFormatError(
+            f"the chunk ends at byte {stop}, but the footer gives it bytes up to {have}: "
+            "more than one chunk and its padding (a chunk missing from the footer?)",
+            offset=start, hint=CORRUPT_HINT,
+        )
 
 
 _ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
@@ -243,19 +291,25 @@ def decode_records(
     verify: str = "headers",
     paths: Sequence[str | None] | None = None,
     chunks: Sequence[int | None] | None = None,
+    counts: Sequence[int] | None = None,
+    max_decoded: int = DEFAULT_MAX_DECODED,
 ) -> list[bytes]:
     """Record `within[i]` of the chunk whose physical bytes `raws[i]` begin at `starts[i]`.
 
-    The same as `decode_chunk(raws[i], starts[i]).record(within[i])` for each i (`paths[i]`
-    and `chunks[i]` name it in errors), but a one-record zstd or uncompressed chunk inside
+    The same as `decode_chunk(raws[i], starts[i], expected_records=counts[i]).record(
+    within[i])` for each i (`paths[i]` and `chunks[i]` name it in errors; `counts[i]` is the
+    footer's record count for the chunk), but a one-record zstd or uncompressed chunk inside
     one block — group_size 1, the layout of shuffled training data — is decoded inline,
-    with the same checks: a batch costs one call instead of eight per record. Whatever the
+    with the same checks: a batch costs one call instead of eight per record. Each `raws[i]`
+    is its chunk's whole range (see `decode_chunk`'s `whole_range`). Whatever the
     inline path does not accept, `decode_chunk` decodes, or names the error.
     """
     out: list[bytes] = []
     inline = verify != "all"  # data hashes: the general path
     hashes = verify != "none"
     unpack, hh, fcs = _HEADER.unpack_from, highwayhash64, _frame_content_size
+    budget = max_decoded - RECORD_COST
+    heads = ONE_RECORD_HEADS
     try:
         dctx = _local.zstd
     except AttributeError:
@@ -264,15 +318,25 @@ def decode_records(
         n = len(raw)
         in_block = start % BLOCK_SIZE
         if inline and j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
-                in_block >= BLOCK_HEADER_SIZE and in_block + n <= BLOCK_SIZE:
+                in_block >= BLOCK_HEADER_SIZE and in_block + n <= BLOCK_SIZE and \
+                (counts is None or counts[k] == 1):
             try:
                 header_hash, data_size, _, type_count, decoded = unpack(raw)
                 end = CHUNK_HEADER_SIZE + data_size
-                if type_count == _ONE_SIMPLE and end <= n and \
+                # The chunk fills its range, or a padding chunk ends it at the block's end.
+                fills = end == n or (end + CHUNK_HEADER_SIZE <= n and
+                                     (start + n) % BLOCK_SIZE == 0)
+                if type_count == _ONE_SIMPLE and fills and decoded <= budget and \
                         (not hashes or hh(raw[8:CHUNK_HEADER_SIZE]) == header_hash):
                     data = memoryview(raw)[CHUNK_HEADER_SIZE:end]
-                    codec, pos = data[0], 2 + data[1]  # sizes block: < 128 bytes, skipped
-                    if data[1] < 0x80 and pos < data_size:
+                    # Codec byte, sizes length and sizes block, as seen before for this size.
+                    head = heads.get(decoded)
+                    if head is None or not (raw.startswith(head, CHUNK_HEADER_SIZE)
+                                            if type(raw) is bytes else
+                                            data[: len(head)] == head):
+                        head = one_record_head(data, decoded)  # checks the sizes block
+                    codec, pos = head[0], len(head)
+                    if pos < data_size:
                         if codec == NONE and data_size - pos == decoded:
                             out.append(bytes(data[pos:]))
                             continue
@@ -291,7 +355,15 @@ def decode_records(
                 pass
         _, records = decode_chunk(raw, start, verify=verify,
                                   path=paths[k] if paths is not None else None,
-                                  chunk=chunks[k] if chunks is not None else None)
+                                  chunk=chunks[k] if chunks is not None else None,
+                                  expected_records=counts[k] if counts is not None else None,
+                                  max_decoded=max_decoded, whole_range=True)
+        if not 0 <= j < len(records):
+            raise ArrayRecordFormatError(
+                f"record {j} asked of a chunk of {len(records)} records",
+                path=paths[k] if paths is not None else None, offset=start,
+                chunk=chunks[k] if chunks is not None else None, hint=CORRUPT_HINT,
+            )
         out.append(records.record(j))
     return out
 
@@ -310,7 +382,9 @@ def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
             prev, _ = check_block_header(raw[:BLOCK_HEADER_SIZE], pos, path)
             if prev != 0:
                 raise ArrayRecordFormatError("no chunk starts at the last 64 KiB block")
-        _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path)
+        # Three ~20-byte records: a 64 KiB bound keeps a crafted claim from costing anything.
+        _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path,
+                                  max_decoded=POSTSCRIPT_MAX_DECODED, whole_range=True)
         for j in range(min(3, len(records))):  # copies 2 and 3 back up a damaged copy 1
             try:
                 fields = parse_fields(records.view(j))
@@ -332,8 +406,13 @@ def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
         ) from None
 
 
-def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None):
-    _, records = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path)
+def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None,
+                  max_decoded: int = DEFAULT_MAX_DECODED):
+    # Every chunk before the footer takes at least a chunk header: that bounds the entries
+    # (and so the memory spent on them) before the footer is decoded.
+    most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
+    _, records = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
+                              max_records=most, max_decoded=max_decoded, whole_range=True)
     if len(records) == 0:
         raise ArrayRecordFormatError("footer holds no metadata record", path=path,
                                      offset=footer_offset, hint=CORRUPT_HINT)
@@ -362,11 +441,21 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         offsets[0] < 64
         or offsets[-1] >= footer_offset
         or (np.diff(offsets) <= 0).any()
-        or (counts < 0).any()
     ):
         raise ArrayRecordFormatError(
             "footer chunk offsets are not increasing within the file", path=path,
             offset=footer_offset, hint=CORRUPT_HINT,
+        )
+    # A data chunk holds at least one record, and a chunk of n records occupies at least n
+    # bytes (Riegeli's chunk_end), so the counts are bounded by the file and sum safely.
+    spans = np.append(offsets[1:], footer_offset) - offsets
+    bad = np.flatnonzero((counts < 1) | (counts > spans))
+    if bad.size:
+        c = int(bad[0])
+        raise ArrayRecordFormatError(
+            f"footer says chunk {c} holds {int(counts[c])} records, but a chunk holds at "
+            f"least 1 and its {int(spans[c])} bytes hold at most {int(spans[c])}",
+            path=path, offset=footer_offset, chunk=c, hint=CORRUPT_HINT,
         )
     total = int(counts.sum())
     claimed = fields.get(3, total)

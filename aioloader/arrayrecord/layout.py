@@ -191,6 +191,12 @@ def physical_pieces(begin: int, logical_parts, num_records: int) -> list:
     return out
 
 
+def padding_length(pos: int) -> int:
+    """Physical length of the padding chunk that `padding_chunk(pos)` lays out."""
+    room = remaining_in_block(pos)
+    return room + BLOCK_SIZE if 0 < room < CHUNK_HEADER_SIZE else room
+
+
 def padding_chunk(pos: int) -> bytes:
     """The physical padding chunk that takes `pos` to a block boundary (b"" if already on one)."""
     room = remaining_in_block(pos)

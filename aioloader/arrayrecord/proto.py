@@ -73,30 +73,39 @@ def encode_footer_entry(chunk_offset: int, decoded_data_size: int, num_records: 
     )
 
 
+_ENTRIES_AT_ONCE = 1 << 16  # bounds the bulk decoder's temporaries (~300 bytes an entry)
+
+
 def decode_footer_entries(values, bounds: np.ndarray) -> np.ndarray:
     """Decode `ArrayRecordFooter` messages laid back to back in `values`.
 
     `bounds[k]..bounds[k+1]` is entry k. Returns an int64 array of shape (n, 3): chunk offset,
-    decoded data size, record count (0 where a field is absent).
+    decoded data size, record count (0 where a field is absent). Entries are decoded a slice
+    at a time, so the memory beyond the result stays small for millions of them.
     """
     n = len(bounds) - 1
-    if n == 0:
-        return np.zeros((0, 3), dtype=np.int64)
-    try:
-        return _decode_entries_bulk(values, bounds)
-    except _NotBulk:
-        pass
-    out = np.zeros((n, 3), dtype=np.int64)
-    for k in range(n):
+    out = np.zeros((max(n, 0), 3), dtype=np.int64)
+    for lo in range(0, n, _ENTRIES_AT_ONCE):
+        hi = min(n, lo + _ENTRIES_AT_ONCE)
+        part = bounds[lo : hi + 1]
+        try:
+            out[lo:hi] = _decode_entries_bulk(values, part)
+        except _NotBulk:
+            _decode_entries_slow(values, part, out[lo:hi], lo)
+    return out
+
+
+def _decode_entries_slow(values, bounds, out: np.ndarray, first: int) -> None:
+    for k in range(len(bounds) - 1):
         fields = parse_fields(values[bounds[k] : bounds[k + 1]])
         if 1 not in fields:
-            raise ArrayRecordFormatError(f"footer entry {k} has no chunk_offset")
+            raise ArrayRecordFormatError(f"footer entry {first + k} has no chunk_offset")
         for col, number in enumerate((1, 2, 3)):
             value = fields.get(number, 0)
             if not isinstance(value, int) or value >= 1 << 63:
-                raise ArrayRecordFormatError(f"footer entry {k} field {number} is malformed")
+                raise ArrayRecordFormatError(
+                    f"footer entry {first + k} field {number} is malformed")
             out[k, col] = value
-    return out
 
 
 class _NotBulk(Exception):

@@ -10,14 +10,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .chunk import ChunkRecords
+from .chunk import DEFAULT_MAX_DECODED, ChunkRecords
 from .index import DEFAULT_TAIL, FileIndex, _check_verify, decode_chunk, read_index
 
 Fetch = Callable[[int, int], bytes]
 
 
 class RangeReader:
-    """Records of one ArrayRecord file, read by byte ranges."""
+    """Records of one ArrayRecord file, read by byte ranges.
+
+    `max_decoded` is the most bytes one chunk (or the footer) may decode to: a declared size
+    beyond it is an `ArrayRecordFormatError` before anything is allocated.
+    """
 
     def __init__(
         self,
@@ -28,12 +32,15 @@ class RangeReader:
         verify: str = "headers",
         index: FileIndex | None = None,
         tail: int = DEFAULT_TAIL,
+        max_decoded: int = DEFAULT_MAX_DECODED,
     ) -> None:
         _check_verify(verify)
         self._fetch = fetch
         self.path = path
         self.verify = verify
-        self.index = index or read_index(size, fetch, path=path, verify=verify, tail=tail)
+        self.max_decoded = max_decoded
+        self.index = index or read_index(size, fetch, path=path, verify=verify, tail=tail,
+                                         max_decoded=max_decoded)
 
     def __len__(self) -> int:
         return self.index.num_records
@@ -43,7 +50,8 @@ class RangeReader:
         start, end = self.index.chunk_range(chunk)
         raw = self._fetch(start, end - start)
         _, records = decode_chunk(raw, start, verify=self.verify, path=self.path, chunk=chunk,
-                                  expected_records=int(self.index.chunk_records[chunk]))
+                                  expected_records=int(self.index.chunk_records[chunk]),
+                                  max_decoded=self.max_decoded, whole_range=True)
         return records
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
