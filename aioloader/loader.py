@@ -312,6 +312,8 @@ class Loader:
             self._start_task.cancel()
             pending.append(self._start_task)
         await asyncio.gather(*pending, return_exceptions=True)
+        self._ready.clear()  # lent batches nobody took: their slots (and memory) go now,
+        self._results.clear()  # not when the garbage collector finds this loader
         if self._finalizer is not None:
             self._finalizer()
         elif self._pool is not None:

@@ -435,17 +435,25 @@ class Pool:
             if self._closed:
                 return
             self._closed = True
-            if self._pid == os.getpid():
-                self._stop_workers(grace)
-            self._files.close()
-            self.arena.close()
+            try:
+                if self._pid == os.getpid():
+                    self._stop_workers(grace)
+            finally:
+                self._files.close()
+                self.arena.close()
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor
         procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
         ex.shutdown(wait=not procs, cancel_futures=True)
         if procs:
-            _stop(procs, grace)
+            try:
+                _stop(procs, grace)
+            except BaseException:  # Ctrl-C again while waiting: no more grace
+                for p in procs:
+                    with contextlib.suppress(OSError, ValueError):
+                        p.kill()
+                raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
 
 

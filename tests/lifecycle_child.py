@@ -129,10 +129,15 @@ def hang(paths: list[str]) -> int:
     loader.start_prefetch()
     me = __import__("psutil").Process()
     deadline = time.monotonic() + 30
-    while not worker_pids(me) and time.monotonic() < deadline:
+    workers: set[int] = set()
+    while time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in the transform
+        workers = {p for p in worker_pids(me) if "forkserver" in " ".join(
+            __import__("psutil").Process(p).cmdline())}
+        if workers:
+            break
         time.sleep(0.05)
-    time.sleep(0.5)  # the worker is in the transform
-    _say(pid=os.getpid(), workers=sorted(worker_pids(me)))
+    time.sleep(0.5)
+    _say(pid=os.getpid(), workers=sorted(workers))
     for _ in loader:
         pass
     return 0
