@@ -4,6 +4,12 @@ Sync entry points (`len(src)`, `src[i]`, the plain `for` loop over a loader) mus
 plain scripts and from notebooks that already run a loop. Running our coroutines on one
 daemon thread with its own loop (uvloop when installed) serves both, and keeps loop-bound
 resources (HTTP sessions, semaphores) on one loop for the life of the process.
+
+`os.fork()` copies only the calling thread: in a forked child (a fork-based
+`multiprocessing.Pool`, say) the loop's thread is gone, and waiting on it would hang for
+ever. An at-fork handler forgets the parent's loop in the child, so the next sync use
+there starts a fresh one (objects that hold parent-only resources, such as a running
+loader, refuse at once: see `Loader`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -119,4 +126,14 @@ def stop_background_loop() -> None:
     loop.close()
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's loop (and its thread, which did not come along) is
+    left alone, never run or closed here; the next use starts a fresh one."""
+    global _lock, _loop, _thread, _users
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _loop = _thread = None
+    _users = weakref.WeakSet()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 atexit.register(stop_background_loop)

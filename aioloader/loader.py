@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .aioutil import acquire, release, run_sync
+from .arena import array_leaves
 from .arrayrecord import ArrayRecordFormatError
 from .assembly import Assembler
+from .lifecycle import LoopGuard, closed_while_waiting, forked_error
 from .planning import ChunkRefs
 from .sampling import IndexPlan, Shard, Shuffle
 from .source import ArrayRecordSource
@@ -38,7 +40,7 @@ from .stats import PipelineStats
 from .storage import RetryPolicy, Storage, StorageError
 from .transforms import BatchOp, FilterOp
 from .urls import redact
-from .workers import Pipeline, Pool, Result, Task, array_leaves
+from .workers import Pipeline, Pool, Result, Task
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -114,6 +116,8 @@ class Loader:
         self._stats = PipelineStats(workers=workers, prefetch=prefetch,
                                     graph=dataset.describe())
         self._finalizer: weakref.finalize | None = None
+        self._owner_pid: int | None = None  # the process that started it (see _bind_loop)
+        self._guard: LoopGuard | None = None  # closes it when its loop ends
         self._batches_per_task = 1  # grows after the first batch (see _adapt_task_size)
         self._task_size_goal: int | None = None
         self._used_sync = False  # driven from the background loop of the sync API
@@ -188,10 +192,15 @@ class Loader:
 
     # -- lifecycle --------------------------------------------------------------------
 
+    def _check_process(self) -> None:
+        if self._owner_pid is not None and self._owner_pid != os.getpid():
+            raise forked_error(self._owner_pid)
+
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._check_process()
         loop = asyncio.get_running_loop()
         if self._loop is None:
-            self._loop = loop
+            self._loop, self._owner_pid = loop, os.getpid()
         elif self._loop is not loop:
             raise RuntimeError("a Loader runs on one event loop; this one started on another")
         return loop
@@ -228,6 +237,8 @@ class Loader:
 
     async def _start(self) -> None:
         ds = self.dataset
+        self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
+        await self._guard.arm()
         # Spawn the workers first: their interpreters start while the files open.
         pipeline = Pipeline(
             record_ops=ds.record_ops,
@@ -291,17 +302,31 @@ class Loader:
             else:
                 fut.cancel()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
-        """Stop everything: tasks, worker processes, shared memory, connections."""
+        """Stop everything: tasks, worker processes, shared memory, connections.
+
+        A consumer waiting for a batch in another task sees its iteration end
+        (StopAsyncIteration, as after the last batch; `closed` tells the two apart). A
+        worker still busy in a transform gets `workers.CLOSE_GRACE_S` (2 s) to finish, then
+        is terminated.
+        """
         if self._closed:
             return
         self._closed = True
+        if self._guard is not None:
+            self._guard.disarm()
         self._cancel_work()
         pending = [t for t in [self._producer, *self._workers_tasks] if t is not None]
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
             pending.append(self._start_task)
         await asyncio.gather(*pending, return_exceptions=True)
+        self._ready.clear()  # lent batches nobody took: their slots (and memory) go now,
+        self._results.clear()  # not when the garbage collector finds this loader
         if self._finalizer is not None:
             self._finalizer()
         elif self._pool is not None:
@@ -311,22 +336,39 @@ class Loader:
             await self._source.storage.aclose()
 
     def close(self) -> None:
-        """Close from sync code (also called when a `for` loop over the loader ends)."""
+        """Close from sync code (also called when a `for` loop over the loader ends), from
+        any thread: a consumer iterating in another thread (or, on the loader's loop, in
+        another task) sees its iteration end (StopIteration / StopAsyncIteration, as after
+        the last batch; `closed` tells the two apart). See `aclose`."""
+        try:
+            self._close_here()
+        finally:
+            if self._used_sync:  # the background loop stays up until the last user is done
+                self._used_sync = False
+                release(self)
+
+    def _close_here(self) -> None:
         if self._closed:
             return
         loop = self._loop
-        if loop is None or loop.is_closed():
-            # Never started, or its loop is gone (interpreter exit): free what is ours.
+        if self._owner_pid not in (None, os.getpid()) or loop is None or loop.is_closed():
+            # Never started, its loop is gone (interpreter exit), or this is a forked child
+            # (the loop and workers are the parent's): free what is this process's.
             self._closed = True
             if self._finalizer is not None:
                 self._finalizer()
-            release(self)
             return
         if self._used_sync:
             run_sync(self.aclose())
-            release(self)
         elif loop.is_running():
-            raise RuntimeError("this loader runs on another event loop: use `await aclose()`")
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                raise RuntimeError("close() cannot wait on the loop it runs on: use "
+                                   "`await aclose()`")
+            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result()
         else:
             loop.run_until_complete(self.aclose())
 
@@ -500,6 +542,14 @@ class Loader:
                     not self._start_task.cancelled() and self._start_task.exception():
                 raise self._start_task.exception()  # type: ignore[misc]
             raise StopAsyncIteration
+        try:
+            return await self._next()
+        except asyncio.CancelledError:
+            if closed_while_waiting(self._closed):  # closed by another task or thread
+                raise StopAsyncIteration from None
+            raise
+
+    async def _next(self) -> Any:
         await self.start()
         st = self._stats
         t0 = time.perf_counter()
@@ -579,6 +629,8 @@ class Loader:
         A ready batch is taken without a round trip to the loop thread (which would have to
         win the GIL back first); the state is the one after the last batch handed out.
         """
+        self._check_process()
+        pid = os.getpid()
         self._used_sync = True
         loop = acquire(self)  # the background loop stays up until close()
         handoff: queue.Queue = queue.Queue()
@@ -595,13 +647,17 @@ class Loader:
                         handoff.put(("end", None, None))
                         return
                     handoff.put(("item", batch, dict(self._state)))
-            except BaseException as exc:
-                handoff.put(("error", exc, None))
+            except BaseException as exc:  # cancelled by close(): the iteration ends
+                closing = isinstance(exc, asyncio.CancelledError) and self._closed
+                handoff.put(("end", None, None) if closing else ("error", exc, None))
                 raise
 
-        pumping = asyncio.run_coroutine_threadsafe(pump(), loop)
-        try:
+        pumping = None
+        try:  # (Ctrl-C may come at any line: from here on, whatever started is closed)
+            pumping = asyncio.run_coroutine_threadsafe(pump(), loop)
             while True:
+                if os.getpid() != pid:  # a forked child: the pump is the parent's
+                    raise forked_error(pid)
                 kind, value, state = handoff.get()
                 if kind == "end":
                     return
@@ -611,8 +667,10 @@ class Loader:
                 loop.call_soon_threadsafe(credits[0].release)
                 yield value
         finally:
-            pumping.cancel()
+            if pumping is not None and os.getpid() == pid:
+                pumping.cancel()
             self.close()
+            handoff.queue.clear()  # batches not taken: their slots go now, not at a gc
 
     # -- device placement -------------------------------------------------------------
 

@@ -26,14 +26,13 @@ local files, so the parent handles no record bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import mmap
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .memfile import MemoryFile
 from .storage import StorageError
 
 SEGMENT_BYTES = 4 << 20
@@ -65,19 +64,9 @@ class ResidentFiles:
         room = -(-np.asarray(sizes, dtype=np.int64) // _PAGE) * _PAGE
         self.base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
         total = int(self.base[-1])
-        self._fd: int | None = None
-        self.worker_path: str | None = None
-        if _memfd_paths():
-            self._fd = os.memfd_create("aioloader-resident", os.MFD_CLOEXEC)
-            self.worker_path = f"/proc/{os.getpid()}/fd/{self._fd}"
-        try:
-            if self._fd is not None:
-                os.ftruncate(self._fd, total)
-            self._mem: mmap.mmap | None = (
-                mmap.mmap(-1 if self._fd is None else self._fd, total) if total else None)
-        except BaseException:
-            self._release()
-            raise
+        self._file = MemoryFile("aioloader-resident", total)
+        self.worker_path = self._file.worker_path
+        self._mem: mmap.mmap | None = self._file.map
         self._fetching: dict[int, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.bytes = 0  # resident now
@@ -211,20 +200,11 @@ class ResidentFiles:
         self._release()
 
     def _release(self) -> None:
-        mem, self._mem = getattr(self, "_mem", None), None
-        if mem is not None:
-            with contextlib.suppress(BufferError):  # views still held: unmapped with them
-                mem.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._mem = None
+        self._file.close()  # views still held: unmapped with them
 
 
 def _closed() -> StorageError:
     return StorageError("the in-memory copy of the dataset is closed: open the source again "
                         "to read from it")
 
-
-def _memfd_paths() -> bool:
-    """Whether workers can open our memory files (Linux: memfd and /proc/<pid>/fd)."""
-    return hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")

@@ -542,8 +542,10 @@ class ArrayRecordSource:
         if not self._used_sync:
             return
         self._used_sync = False
-        run_sync(self.aclose())
-        release(self)
+        try:
+            run_sync(self.aclose())
+        finally:  # a failed close (or open) still lets the background loop go
+            release(self)
 
     def __enter__(self) -> ArrayRecordSource:
         return self

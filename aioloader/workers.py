@@ -2,31 +2,31 @@
 
 A task carries the raw chunk bytes (or already decoded records) for one batch or window; the
 worker decodes, runs the record transforms, and collates inside the process, so that only
-finished batches come back. Bytes travel through a shared-memory arena both ways: one file in
-/dev/shm (private permissions, unique name) cut into slots that are reused for the life of
-the pool, so no segment is created or unlinked per batch. A slot has an input half (the raw
-chunks the parent fetched from a remote store, instead of pickling them through a pipe) and
-an output half, where the worker stacks the batch's arrays. The parent hands the batch on as
-views of the slot, without a copy, and the slot is reused once the consumer drops them. What
-is not an array (strings, Python objects) is pickled into the slot after the arrays when it
-is more than the pipe holds. What does not fit, or finds no free slot, travels by value
-through the pipe instead. Local files are read by the workers themselves.
+finished batches come back. Bytes travel through the shared-memory arena both ways
+(`aioloader.arena`): the batch's arrays are stacked right in a slot and lent to the consumer
+as views; what does not fit, or finds no free slot, travels by value through the pipe
+instead. Local files are read by the workers themselves.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
-runs the same task code on one thread of the parent, for debugging.
+runs the same task code on one thread of the parent, for debugging. Workers ignore Ctrl-C:
+the parent decides, and `Pool.close` gives a worker still busy `CLOSE_GRACE_S` seconds to
+finish before terminating it, so a transform that never returns cannot hold up a shutdown.
+A worker that cannot load the pipeline (a transform it cannot unpickle) stays up and fails
+every task with the cause, naming the transform, instead of dying.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import dataclasses
 import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import secrets
-import tempfile
+import signal
 import threading
 import time
 import weakref
@@ -37,10 +37,18 @@ from typing import Any
 
 import numpy as np
 
+from .arena import (
+    PIPE_BYTES,
+    Arena,
+    Blob,
+    Pickled,
+    SlotAlloc,
+    replace_leaves,
+)
 from .arrayrecord.chunk import DEFAULT_MAX_DECODED
 from .arrayrecord.index import decode_records
+from .localfiles import LocalFiles
 from .planning import ChunkRefs
-from .storage import ObjectChangedError, short_read_error
 from .transforms import (
     BatchOp,
     MapOp,
@@ -49,6 +57,8 @@ from .transforms import (
     apply_record_ops,
     collate,
 )
+
+CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
 
 
 class WorkerError(RuntimeError):
@@ -88,42 +98,17 @@ class Task:
 @dataclass
 class Result:
     task_id: int
-    payload: Any  # batch mode: a list of batches (arrays may be _ShmRef); else the elements
+    payload: Any  # batch mode: a list of batches (arrays may be ShmRef); else the elements
     count: int  # elements that survived the filters
     slot: int = -1
     reads: int = 0  # local reads the worker made itself, and their bytes
     bytes_read: int = 0
 
 
-@dataclass(frozen=True)
-class _ShmRef:
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _Pickled:
-    """A payload pickled into its slot's output half (after the arrays placed there)."""
-
-    offset: int
-    size: int
-
-
-@dataclass(frozen=True)
-class _Blob:
-    """A payload pickled by the worker, sent through the pipe as it is (small, or no room)."""
-
-    data: bytes
-
-
-# Payloads pickled smaller than this go through the pipe: it holds them whole.
-_PIPE_BYTES = 64 << 10
-
-
 # -- the code that runs in a worker ---------------------------------------------------
 
 _pipeline: Pipeline | None = None
+_init_error: str | None = None
 _arena: mmap.mmap | None = None
 _slot_size = 0
 
@@ -141,22 +126,58 @@ def _raise_malloc_thresholds() -> None:
     del block
 
 
-def _init_worker(pipeline_bytes: bytes, arena_path: str | None, slot_size: int) -> None:
-    global _pipeline, _arena, _slot_size
+def _init_worker(pipeline_parts: tuple, arena_path: str | None, slot_size: int,
+                 unlink_path: str | None = None) -> None:
+    """Load the pipeline and map the arena; what fails is kept (`_init_error`) and raised
+    by every task, so the parent gets the cause at once instead of a dead worker."""
+    global _pipeline, _arena, _slot_size, _init_error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _raise_malloc_thresholds()
-    _pipeline = pickle.loads(pipeline_bytes)
     _slot_size = slot_size
-    _watch_parent(arena_path)
-    if arena_path is not None:
-        fd = os.open(arena_path, os.O_RDWR)
+    _watch_parent(unlink_path)
+    try:
+        _pipeline = _load_pipeline(pipeline_parts)
+        if arena_path is not None:
+            fd = os.open(arena_path, os.O_RDWR)
+            try:
+                _arena = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+    except WorkerError as exc:
+        _init_error = str(exc)
+    except Exception as exc:
+        _init_error = f"a worker process could not start ({type(exc).__name__}: {exc})"
+
+
+def _pack_pipeline(pipeline: Pipeline) -> tuple:
+    """The pipeline pickled op by op (with each op's description), so that a worker that
+    cannot unpickle one can say which (`_load_pipeline`)."""
+    rest = dataclasses.replace(pipeline, record_ops=(), batch_ops=())
+    return (pickle.dumps(rest), [(op.describe(), pickle.dumps(op)) for op in pipeline.record_ops],
+            [(op.describe(), pickle.dumps(op)) for op in pipeline.batch_ops])
+
+
+def _load_pipeline(parts: tuple) -> Pipeline:
+    rest, record_ops, batch_ops = parts
+
+    def load(describe: str, blob: bytes) -> Any:
         try:
-            _arena = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
+            return pickle.loads(blob)
+        except Exception as exc:
+            raise WorkerError(
+                f"{describe} cannot be loaded in a worker process ({type(exc).__name__}: "
+                f"{exc}); define it in a module the workers can import (not in __main__ of "
+                "an interactive session or notebook, nor added at run time), or use "
+                "workers=0") from None
+
+    return dataclasses.replace(load("the pipeline", rest),
+                               record_ops=tuple(load(*op) for op in record_ops),
+                               batch_ops=tuple(load(*op) for op in batch_ops))
 
 
-def _watch_parent(arena_path: str | None) -> None:
-    """Exit (and free the arena) if the parent dies without closing us, e.g. on SIGKILL.
+def _watch_parent(unlink_path: str | None) -> None:
+    """Exit if the parent dies without closing us, e.g. on SIGKILL (and remove the arena's
+    name where it has one: without memfd, see `aioloader.memfile`).
 
     Spawned workers would otherwise wait forever on the pool's queue, holding the shared
     memory and the resource tracker alive.
@@ -167,81 +188,12 @@ def _watch_parent(arena_path: str | None) -> None:
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
-        if arena_path is not None:
+        if unlink_path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(arena_path)
+                os.unlink(unlink_path)
         os._exit(1)
 
     threading.Thread(target=watch, name="aioloader-parent-watch", daemon=True).start()
-
-
-class LocalFiles:
-    """Descriptors of the local files a worker reads records from, each opened once.
-
-    Reading in the worker, not the parent, keeps the parent's per-record work to a few
-    vectorized lookups: the reads run in parallel across workers. The memory copy of a
-    remote dataset (`ChunkRefs.shift` set, see aioloader.resident) is mapped instead, and its
-    records are slices of the map: no system call per record. A disk file is never mapped:
-    one truncated under us would kill the worker with SIGBUS instead of an error naming it;
-    the memory copy is ours, sized once and never shrunk while the pool lives.
-    """
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._maps: dict[str, memoryview] = {}
-        self.reads = 0
-        self.bytes = 0
-
-    def _fd(self, url: str) -> int:
-        fd = self._fds.get(url)
-        if fd is None:
-            path = url.removeprefix("file://")
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                raise ObjectChangedError(f"{path} was deleted after it was opened: re-open "
-                                         "the dataset") from None
-            self._fds[url] = fd
-        return fd
-
-    def _map(self, path: str) -> memoryview:
-        view = self._maps.get(path)
-        if view is None:
-            view = self._maps[path] = memoryview(mmap.mmap(self._fd(path), 0,
-                                                           access=mmap.ACCESS_READ))
-        return view
-
-    def read(self, refs: ChunkRefs) -> list:
-        want = refs.end - refs.start
-        starts, lengths = refs.start.tolist(), want.tolist()
-        if refs.shift is None:
-            pread, fds = os.pread, [self._fd(u) for u in refs.paths]
-            out: list = [pread(fds[f], n, s) for f, s, n in
-                         zip(refs.file.tolist(), starts, lengths)]
-        else:  # the memory copy holds file f from shift[f] on
-            at = refs.start + np.asarray(refs.shift, dtype=np.int64)[refs.file]
-            maps = [self._map(u) for u in refs.paths]
-            out = [maps[f][s : s + n] for f, s, n in
-                   zip(refs.file.tolist(), at.tolist(), lengths)]
-        got = np.fromiter(map(len, out), dtype=np.int64, count=len(out))
-        if (got != want).any():
-            k = int(np.flatnonzero(got != want)[0])
-            raise short_read_error(refs.name(int(refs.file[k])), starts[k],
-                                   int(refs.end[k]), int(got[k]))
-        self.reads += len(out)
-        self.bytes += int(want.sum())
-        return out
-
-    def close(self) -> None:
-        for view in self._maps.values():
-            mem = view.obj
-            view.release()
-            with contextlib.suppress(BufferError):  # slices still held: unmapped with them
-                mem.close()  # type: ignore[attr-defined]
-        self._maps.clear()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
 
 _files = LocalFiles()
@@ -275,6 +227,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     inline pool (workers=0) passes its own.
     """
     inline = pipeline is not None
+    if not inline and _init_error is not None:
+        raise WorkerError(_init_error)
     pipeline = pipeline or _pipeline
     assert pipeline is not None, "worker not initialised"
     files = files or _files
@@ -297,7 +251,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
                    for i in range(0, len(elements), size)]
         placed = alloc.export(batches) if alloc is not None else None
         if placed is None:  # no slot, or too big for it: the batches travel by value
-            payload = _replace(batches, np.copy) if inline and alloc is not None else batches
+            payload = replace_leaves(batches, np.copy) if inline and alloc is not None else batches
             slot, room = -1, None
         else:
             payload, slot, room = placed, task.slot, alloc
@@ -306,13 +260,13 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     return Result(task.task_id, payload, len(elements), slot, **io)
 
 
-def _room(arena: Any, slot: int, slot_size: int) -> _SlotAlloc | None:
+def _room(arena: Any, slot: int, slot_size: int) -> SlotAlloc | None:
     """The output half of `slot`, or None when there is no slot."""
-    return _SlotAlloc(arena, slot * 2 * slot_size, slot_size) if arena is not None and \
+    return SlotAlloc(arena, slot * 2 * slot_size, slot_size) if arena is not None and \
         slot >= 0 else None
 
 
-def _outgoing(payload: Any, room: _SlotAlloc | None) -> _Pickled | _Blob:
+def _outgoing(payload: Any, room: SlotAlloc | None) -> Pickled | Blob:
     """`payload` pickled once, in the worker: into the rest of its slot when it is more than
     the pipe holds and fits (the parent unpickles it from shared memory, instead of both
     processes copying it through a 64 KiB pipe a buffer at a time), else as bytes for the
@@ -325,95 +279,8 @@ def _outgoing(payload: Any, room: _SlotAlloc | None) -> _Pickled | _Blob:
             "transforms return in worker processes must pickle (arrays, numbers, strings, "
             "and dicts, lists or tuples of them); convert it in the transform, or run "
             "with workers=0") from None
-    placed = room.place(blob) if room is not None and len(blob) >= _PIPE_BYTES else None
-    return placed or _Blob(blob)
-
-
-class _SlotAlloc:
-    """Hands out arrays inside one slot's output half, so that collate stacks the batch
-    right where the parent will read it: no extra copy, and no fresh pages to fault in."""
-
-    def __init__(self, buf: Any, base: int, size: int) -> None:
-        self.buf, self.pos, self.end = buf, base, base + size
-        self.made: dict[int, tuple[np.ndarray, _ShmRef]] = {}
-
-    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        dtype = np.dtype(dtype)
-        n = _aligned(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-        if dtype.hasobject or self.pos + n > self.end:
-            return None
-        a = np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=self.pos)
-        self.made[id(a)] = (a, _ShmRef(self.pos, dtype.str, tuple(shape)))
-        self.pos += n
-        return a
-
-    def place(self, blob: bytes) -> _Pickled | None:
-        """`blob` copied in after the arrays; None if it does not fit."""
-        n = len(blob)
-        if self.pos + n > self.end:
-            return None
-        self.buf[self.pos : self.pos + n] = blob
-        return _Pickled(self.pos, n)
-
-    def export(self, batch: Any) -> Any:
-        """The batch with its arrays as references into the slot; None if they don't fit.
-
-        Arrays collate placed are referenced as they are; others (made by a batch op) are
-        copied in.
-        """
-        leaves: list[np.ndarray] = []
-        _collect(batch, leaves)
-        refs = {}
-        for a in leaves:
-            made = self.made.get(id(a))
-            if made is None or made[0] is not a:
-                dst = self(a.shape, a.dtype)
-                if dst is None:
-                    return None
-                dst[...] = a
-                made = self.made[id(dst)]
-            refs[id(a)] = made[1]
-        return _replace(batch, lambda a: refs.get(id(a), a))
-
-
-def _aligned(n: int) -> int:
-    return (n + 63) & ~63
-
-
-def _is_leaf_list(tree: list) -> bool:
-    """A list of str/bytes (collated text): nothing to place, don't walk it."""
-    return bool(tree) and isinstance(tree[0], (str, bytes))
-
-
-def _collect(tree: Any, out: list) -> None:
-    if isinstance(tree, dict):
-        for v in tree.values():
-            _collect(v, out)
-    elif isinstance(tree, (tuple, list)):
-        if not (isinstance(tree, list) and _is_leaf_list(tree)):
-            for v in tree:
-                _collect(v, out)
-    elif isinstance(tree, np.ndarray) and tree.dtype != object:
-        out.append(tree)
-
-
-def array_leaves(tree: Any) -> list[np.ndarray]:
-    """The NumPy arrays (not object arrays) in a batch's tree of dicts, tuples and lists."""
-    out: list[np.ndarray] = []
-    _collect(tree, out)
-    return out
-
-
-def _replace(tree: Any, fn) -> Any:
-    if isinstance(tree, dict):
-        return {k: _replace(v, fn) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_replace(v, fn) for v in tree)
-    if isinstance(tree, list):
-        return tree if _is_leaf_list(tree) else [_replace(v, fn) for v in tree]
-    if isinstance(tree, (np.ndarray, _ShmRef)):
-        return fn(tree)
-    return tree
+    placed = room.place(blob) if room is not None and len(blob) >= PIPE_BYTES else None
+    return placed or Blob(blob)
 
 
 # -- the parent's side ----------------------------------------------------------------
@@ -425,84 +292,38 @@ def _retrieve(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-class Arena:
-    """The parent's shared-memory file: `slots` reusable slots, each an output half and an
-    input half of `slot_size` bytes (pages are only allocated when touched)."""
+_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
-    def __init__(self, slots: int, slot_size: int) -> None:
-        root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        self.path = os.path.join(root, f"aioloader-{os.getpid()}-{secrets.token_hex(6)}")
-        self.slot_size = slot_size
-        self.free = list(range(slots))
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, slots * 2 * slot_size)
-            self.map = mmap.mmap(fd, slots * 2 * slot_size)
-        finally:
-            os.close(fd)
 
-    def place_inputs(self, slot: int, raws: list) -> list[tuple[int, int]] | None:
-        """Copy raw chunks into the slot's input half; None if they do not fit."""
-        if sum(len(r) for r in raws) > self.slot_size:
-            return None
-        pos = (2 * slot + 1) * self.slot_size
-        spans = []
-        for r in raws:
-            n = len(r)
-            self.map[pos : pos + n] = r
-            spans.append((pos, n))
-            pos += n
-        return spans
+def _close_pools_at_exit() -> None:
+    """Close the pools nobody closed, before concurrent.futures joins their manager threads
+    at interpreter exit (which waits for every running task: for ever, if a transform never
+    returns). Runs first: threading's exit hooks run in reverse order of registration."""
+    for pool in list(_live_pools):
+        with contextlib.suppress(Exception):
+            pool.close()
 
-    def take(self) -> int:
-        """A free slot, or -1 if every slot is busy or lent (the task then goes by value)."""
-        try:
-            return self.free.pop()
-        except IndexError:
-            return -1
 
-    def unpickle(self, ref: _Pickled | _Blob) -> Any:
-        """A payload a worker pickled (see `_outgoing`), from its slot or as sent."""
-        if isinstance(ref, _Blob):
-            return pickle.loads(ref.data)
-        with memoryview(self.map) as view:
-            return pickle.loads(view[ref.offset : ref.offset + ref.size])
+getattr(threading, "_register_atexit", atexit.register)(_close_pools_at_exit)
+_forked = False  # this process is a fork of one that may have started the forkserver
 
-    def give(self, slot: int) -> None:
-        """Return a slot; safe from any thread (a list append is atomic)."""
-        if slot >= 0:
-            self.free.append(slot)
 
-    def lend(self, batch: Any, slot: int) -> Any:
-        """The batch's arrays as views of `slot`, without a copy; the slot comes back when
-        the last of them is garbage (so a consumer that keeps batches only costs slots)."""
-        base = 2 * slot * self.slot_size
-        slab = np.frombuffer(self.map, dtype=np.uint8, count=self.slot_size, offset=base)
-        weakref.finalize(slab, self.give, slot).atexit = False
+def _after_fork_in_child() -> None:
+    global _forked, _live_pools
+    _forked = True
+    _live_pools = weakref.WeakSet()  # the parent's, not ours to close
 
-        def load(ref: Any) -> Any:
-            if not isinstance(ref, _ShmRef):
-                return ref
-            dtype = np.dtype(ref.dtype)
-            lo = ref.offset - base
-            n = int(np.prod(ref.shape, dtype=np.int64)) * dtype.itemsize
-            return slab[lo : lo + n].view(dtype).reshape(ref.shape)
 
-        return _replace(batch, load)
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a view still exported: unlink regardless
-            self.map.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _context() -> multiprocessing.context.BaseContext:
     """forkserver where there is one (Linux): the first pool starts one clean server process
     with NumPy and this module loaded, and every worker after that is a fork of it (a few
-    ms instead of a fresh interpreter's ~0.15 s); spawn elsewhere. Never plain fork: the
-    parent runs an event loop and threads."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
+    ms instead of a fresh interpreter's ~0.15 s); spawn elsewhere, and in a forked child
+    (multiprocessing's forkserver state there is the parent's, and unusable). Never plain
+    fork: the parent runs an event loop and threads."""
+    if "forkserver" in multiprocessing.get_all_start_methods() and not _forked:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["aioloader.workers"])
         return ctx
@@ -516,6 +337,9 @@ class Pool:
                  slot_size: int = 32 << 20) -> None:
         self.pipeline = pipeline
         self.workers = workers
+        self._pid = os.getpid()
+        self._closing = threading.Lock()
+        self._closed = False
         self._procs: list = []
         self._files = LocalFiles()  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
@@ -528,11 +352,13 @@ class Pool:
                 max_workers=workers,
                 mp_context=_context(),
                 initializer=_init_worker,
-                initargs=(pickle.dumps(pipeline), self.arena.path, slot_size),
+                initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
+                          self.arena.named_path),
             )
         except BaseException:
             self.arena.close()
             raise
+        _live_pools.add(self)
 
     def warm_up(self) -> None:
         """Start the worker processes now (spawning takes a while) instead of on first use."""
@@ -565,7 +391,7 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
-            if isinstance(result.payload, (_Pickled, _Blob)):
+            if isinstance(result.payload, (Pickled, Blob)):
                 result.payload = arena.unpickle(result.payload)
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
@@ -604,7 +430,55 @@ class Pool:
         signals = [f"signal {-c}" for c in codes if c < 0]
         return f" ({', '.join(signals) if signals else f'exit code {codes[0]}'})"
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self._files.close()
-        self.arena.close()
+    def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """Stop the workers and free the arena. Tasks not started are dropped; a worker
+        still busy after `grace` seconds (a transform that never returns) is terminated,
+        then killed. In a forked child only this process's copies are let go: the workers,
+        queues and threads are the parent's."""
+        with self._closing:  # at exit the main thread may close it while the loop's does
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._pid == os.getpid():
+                    self._stop_workers(grace)
+            finally:
+                self._files.close()
+                self.arena.close()
+
+    def _stop_workers(self, grace: float) -> None:
+        ex = self._executor
+        procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
+        ex.shutdown(wait=not procs, cancel_futures=True)
+        if procs:
+            try:
+                _stop(procs, grace)
+            except BaseException:  # Ctrl-C again while waiting: no more grace
+                for p in procs:
+                    with contextlib.suppress(OSError, ValueError):
+                        p.kill()
+                raise
+            ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
+
+
+def _stop(procs: list, grace: float) -> None:
+    """Wait up to `grace` s for `procs` to exit (the executor asked them to), then SIGTERM,
+    then SIGKILL. Waits on their sentinels only: their exit status is the executor's to
+    read."""
+    def wait_for_exit(seconds: float) -> list:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = [p for p in procs if not multiprocessing.connection.wait([p.sentinel], 0)]
+            rest = deadline - time.monotonic()
+            if not left or rest <= 0:
+                return left
+            multiprocessing.connection.wait([p.sentinel for p in left], rest)
+
+    left = wait_for_exit(grace)
+    for stop in ("terminate", "kill"):
+        if not left:
+            return
+        for p in left:
+            with contextlib.suppress(OSError, ValueError):
+                getattr(p, stop)()
+        left = wait_for_exit(1.0)

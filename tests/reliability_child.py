@@ -14,8 +14,9 @@ CKPT atomically (tmp file, fsync, ``os.replace``) with the number of batches log
 batches after the checkpoint, and half a line), and continues from the saved state.
 
 ``exit-without-close`` starts a loader with two worker processes, takes one batch, prints its
-pid, its shared-memory files and its child processes as one JSON line, and ends the script
-without closing the loader: ``sys.exit(0)``, or with ``--raise`` an uncaught exception.
+pid, its shared-memory files, the memory files it holds and its child processes as one JSON
+line, and ends the script without closing the loader: ``sys.exit(0)``, or with ``--raise`` an
+uncaught exception.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ _KEEP: list = []
 def exit_without_close(paths: list[str], fall_over: bool) -> int:
     import psutil
 
+    from tests.procs import memory_files
+
     loader = pipeline(paths, batch=8).loader(workers=2, prefetch=2)
     it = iter(loader)
     _KEEP.extend([loader, it])  # alive until interpreter exit, never closed
@@ -156,7 +159,8 @@ def exit_without_close(paths: list[str], fall_over: bool) -> int:
     children = [{"pid": p.pid, "ppid": p.ppid(), "cmdline": " ".join(p.cmdline())}
                 for p in me.children(recursive=True)]
     shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{me.pid}-"))
-    print(json.dumps({"pid": me.pid, "ids": ids_of(batch), "children": children, "shm": shm}),
+    print(json.dumps({"pid": me.pid, "ids": ids_of(batch), "children": children, "shm": shm,
+                      "arena": memory_files(me.pid, "aioloader-arena")}),
           flush=True)
     if fall_over:
         raise RuntimeError("falling over with the loader open")

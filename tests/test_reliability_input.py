@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import pathlib
@@ -125,14 +126,26 @@ async def test_credentials_never_appear_in_errors_or_stats(tmp_path):
     assert "s3cr3t" not in str(info.value) and "***@" in str(info.value)
 
 
+def _arenas() -> dict[int, str]:
+    """The arena memory files this process holds: inode -> a path to one of its fds."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        path = f"/proc/self/fd/{fd}"
+        with contextlib.suppress(OSError):
+            if "aioloader-arena" in os.readlink(path):
+                out[os.stat(path).st_ino] = path
+    return out
+
+
 def test_shared_memory_and_cache_files_are_private(tmp_path):
     paths = _write(tmp_path, n=64, shards=1)
     it = iter(_ids_pipeline(paths).loader(workers=1))
     next(it)
-    arenas = glob.glob(f"/dev/shm/aioloader-{os.getpid()}-*")
-    assert arenas and all(stat.S_IMODE(os.stat(a).st_mode) == 0o600 for a in arenas)
-    it.close()
+    arenas = _arenas()  # memfds (not in /dev/shm), to which only their owner has access
+    assert arenas and all(stat.S_IMODE(os.stat(a).st_mode) == 0o600 for a in arenas.values())
     assert not glob.glob(f"/dev/shm/aioloader-{os.getpid()}-*")
+    it.close()
+    assert not set(arenas) & set(_arenas())
     cache = tmp_path / "idx"
     with al.ArrayRecordSource(paths, index_cache_dir=cache) as src:
         len(src)

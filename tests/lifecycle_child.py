@@ -1,0 +1,172 @@
+"""The processes tests/test_lifecycle.py forks, interrupts and kills.
+
+Imported by the tests (and by loader worker processes, which import the transforms below by
+name), and run as a script, each mode printing one JSON line when it is ready::
+
+    python tests/lifecycle_child.py fork PATH...
+    python tests/lifecycle_child.py hang PATH...
+    python tests/lifecycle_child.py slow WORKERS PATH...
+
+``fork`` uses the sync API (an open source, a loader mid-stream), then forks: with
+`os.fork()` and with a fork-based `multiprocessing.Pool`, and reports what works in the child.
+``hang`` iterates a loader whose transform never returns (and swallows KeyboardInterrupt), for
+the test to press Ctrl-C. ``slow`` iterates slowly, for the test to SIGKILL the process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: import this file's package the same way tests do
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aioloader as al
+from tests import reliability_child as rc
+from tests.procs import worker_pids
+
+
+def never_returns(element: dict) -> dict:
+    """A transform stuck for good: Ctrl-C (KeyboardInterrupt) does not stop it either."""
+    while True:
+        with contextlib.suppress(BaseException):
+            time.sleep(3600)
+
+
+def _say(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def _hung(signum, frame) -> None:
+    raise TimeoutError("hung for 20 s")
+
+
+def _outcome(fn) -> str:
+    """'ok: <result>' or '<ExceptionType>: <message>', timed; a hang is cut at 20 s."""
+    t0 = time.monotonic()
+    old = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(20)
+    try:
+        out = f"ok: {fn()}"
+    except BaseException as exc:  # reported to the test
+        out = f"{type(exc).__name__}: {exc}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return f"{out} [{time.monotonic() - t0:.1f} s]"
+
+
+def _first_ids(paths, workers: int) -> list[int]:
+    with rc.pipeline(paths, batch=8).loader(workers=workers, prefetch=2) as it:
+        return rc.ids_of(next(iter(it)))
+
+
+def _len_of_new_source(paths) -> int:
+    with al.ArrayRecordSource(paths) as src:
+        return len(src)
+
+
+_INHERITED: list = []
+
+
+def _len_of_inherited_source() -> int:
+    return len(_INHERITED[0][[0, 1]])
+
+
+def fork(paths: list[str]) -> int:
+    src = al.ArrayRecordSource(paths)
+    _INHERITED.append(src)
+    n = len(src)
+    loader = rc.pipeline(paths, batch=8).loader(workers=1, prefetch=2)
+    it = iter(loader)
+    first = rc.ids_of(next(it))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: each use must work or fail at once, never hang
+        os.close(r)
+        report = {
+            "new_source": _outcome(lambda: _len_of_new_source(paths)),
+            "inherited_source": _outcome(lambda: (len(src), len(src[[0, n - 1]]))),
+            "inherited_iterator": _outcome(lambda: rc.ids_of(next(it))),
+            "new_loader_0": _outcome(lambda: _first_ids(paths, 0)),
+            "new_loader_1": _outcome(lambda: _first_ids(paths, 1)),
+        }
+        os.write(w, json.dumps(report).encode())
+        os.close(w)
+        src.close()
+        sys.exit(0)  # a normal exit: atexit handlers run, and must not touch the parent's
+    os.close(w)
+    with os.fdopen(r) as f:
+        report = json.loads(f.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    report["child_exit"] = os.waitstatus_to_exitcode(status)
+    # The parent goes on as if nothing happened.
+    report["parent_next"] = _outcome(lambda: rc.ids_of(next(it)) != first)
+    report["parent_source"] = _outcome(lambda: len(src[[0, 1]]))
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        report["fork_pool"] = _outcome(lambda: pool.apply_async(
+            _len_of_new_source, (paths,)).get(30))
+        report["fork_pool_inherited"] = _outcome(lambda: pool.apply_async(
+            _len_of_inherited_source).get(30))
+    loader.close()
+    src.close()
+    _say(n=n, **report)
+    return 0
+
+
+def hang(paths: list[str]) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
+    ds = rc.pipeline(paths, batch=8).map(never_returns)
+    loader = ds.loader(workers=1, prefetch=2)
+    loader.start_prefetch()
+    me = __import__("psutil").Process()
+    deadline = time.monotonic() + 30
+    workers: set[int] = set()
+    while time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in the transform
+        workers = {p for p in worker_pids(me) if "forkserver" in " ".join(
+            __import__("psutil").Process(p).cmdline())}
+        if workers:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    _say(pid=os.getpid(), workers=sorted(workers))
+    for _ in loader:
+        pass
+    return 0
+
+
+def slow(workers: int, paths: list[str]) -> int:
+    for i, _ in enumerate(rc.pipeline(paths, batch=8).loader(workers=workers, prefetch=2)):
+        if i == 3:
+            _say(pid=os.getpid())
+        time.sleep(0.05)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    mode, args = argv[0], argv[1:]
+    try:
+        if mode == "fork":
+            return fork(args)
+        if mode == "hang":
+            return hang(args)
+        if mode == "slow":
+            return slow(int(args[0]), args[1:])
+    except Exception:
+        traceback.print_exc()
+        return 2
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    from tests.lifecycle_child import main as _main
+
+    sys.exit(_main(sys.argv[1:]))
