@@ -253,8 +253,7 @@ def decode_records(
     inline path does not accept, `decode_chunk` decodes, or names the error.
     """
     out: list[bytes] = []
-    inline = verify != "all"  # data hashes: the general path
-    hashes = verify != "none"
+    hashes, data_hashes = verify != "none", verify == "all"
     unpack, hh, fcs = _HEADER.unpack_from, highwayhash64, _frame_content_size
     try:
         dctx = _local.zstd
@@ -263,16 +262,17 @@ def decode_records(
     for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
         n = len(raw)
         in_block = start % BLOCK_SIZE
-        if inline and j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
+        if j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
                 in_block >= BLOCK_HEADER_SIZE and in_block + n <= BLOCK_SIZE:
             try:
-                header_hash, data_size, _, type_count, decoded = unpack(raw)
+                header_hash, data_size, data_hash, type_count, decoded = unpack(raw)
                 end = CHUNK_HEADER_SIZE + data_size
                 if type_count == _ONE_SIMPLE and end <= n and \
                         (not hashes or hh(raw[8:CHUNK_HEADER_SIZE]) == header_hash):
                     data = memoryview(raw)[CHUNK_HEADER_SIZE:end]
                     codec, pos = data[0], 2 + data[1]  # sizes block: < 128 bytes, skipped
-                    if data[1] < 0x80 and pos < data_size:
+                    if data[1] < 0x80 and pos < data_size and \
+                            (not data_hashes or hh(data) == data_hash):
                         if codec == NONE and data_size - pos == decoded:
                             out.append(bytes(data[pos:]))
                             continue
