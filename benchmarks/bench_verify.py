@@ -50,7 +50,7 @@ def _runs(results: list[dict[str, Any]]) -> Runs:
                     'header hashes only ("headers")', peer='verify="headers"')
 def run_verify(args: Any) -> list[Row]:
     n = sizes(args)
-    r = reps(args, 9, 3)
+    r = reps(args, 7, 3)
     text = [str(p) for p in sharded_dataset(args, "text", n["text"], SHARDS)]
     img = [str(p) for p in sharded_dataset(args, "img", n["img"], SHARDS)]
     workloads = [
