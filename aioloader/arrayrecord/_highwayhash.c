@@ -24,7 +24,7 @@
  *   IMPLS                               the implementations this build and CPU can run
  *
  * `data` is any object exporting a C-contiguous buffer; its raw bytes are hashed.
- * The GIL is released for inputs of 64 KiB or more.
+ * The GIL is released for inputs of 4 KiB or more.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -291,7 +291,7 @@ static void hh_choose(void) {
 /* ------------------------------------------------------------------ */
 /* Python bindings.                                                   */
 
-#define RELEASE_GIL_THRESHOLD 65536
+#define RELEASE_GIL_THRESHOLD 4096
 
 /* Get a C-contiguous byte view of obj; on failure set an exception and return -1. */
 static int get_contiguous(PyObject *obj, Py_buffer *view, const char *what) {
