@@ -41,6 +41,8 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, default=None, metavar="N",
                      help="timed repeats per measurement (default: 7 for format, 5 for "
                           "pipelines, fewer for the slow peers; 3 or fewer with --quick)")
+    run.add_argument("--verify-workers", type=int, action="append", default=None, metavar="W",
+                     help="worker counts for the verify benchmark (repeatable; default 2 and 0)")
     run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                      help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
     run.add_argument("--output", type=Path, default=None, metavar="FILE",

@@ -9,7 +9,8 @@ What it measures, each side by side with array_record 0.8.x in the same run:
   the tables also give cores busy and the ratio per CPU-second;
 - random access, 256 shuffled indices per call: `RangeReader.read` vs `ArrayRecordReader.read`
   (opened with Grain's options);
-- what hashing costs: header and data hashes per record, raw HighwayHash-64 speed;
+- what hashing costs: header and data hashes per record, raw HighwayHash-64 speed (also
+  alone, per implementation and input size: `--only hash`, no dataset needed);
 - writer throughput on the same records.
 
 Why: the format layer is the floor under every pipeline; any per-record Python cost here
@@ -292,6 +293,69 @@ def bench_hashing(args: Any, n: dict[str, int]) -> list[Row]:
     rows.append(Row("highwayhash64, 1 MiB buffer", "MB/s",
                     Stats.of(reps * len(big) / s / 1e6 for s in raw["big"].wall)))
     return rows
+
+
+#: Sizes the raw hash benchmark times: an empty input (the call and finalization alone), a
+#: chunk header, a text record's chunk, an image record's chunk, a large buffer.
+HASH_SIZES = (0, 32, 600, 65536, 1 << 20)
+
+
+def bench_hash_speed(args: Any) -> list[Row]:
+    """HighwayHash-64 itself, per call and per byte: the implementation this CPU uses
+    against the portable C loop (what every CPU ran before the AVX2 path), alternating."""
+    from aioloader.arrayrecord import _highwayhash
+    from aioloader.arrayrecord.hashing import RIEGELI_KEY
+
+    rng = np.random.default_rng(5)
+    budget = 2e6 if args.quick else 2e7  # bytes hashed per timed run (at least 20k calls)
+    fns: dict[str, Callable[[], object]] = {}
+    calls: dict[int, int] = {}
+    for size in HASH_SIZES:
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        calls[size] = loops = max(20_000 if not args.quick else 5_000, int(budget // max(size, 1)))
+        for impl in _highwayhash.IMPLS:
+            h = _highwayhash.hash64_impl
+
+            def run(h=h, impl=impl, data=data, loops=loops) -> None:
+                for _ in range(loops):
+                    h(impl, RIEGELI_KEY, data)
+
+            fns[f"{impl}:{size}"] = run
+        if size <= 600:  # what the reader calls: hash64(data), no implementation argument
+
+            def direct(h=_highwayhash.hash64, data=data, loops=loops) -> None:
+                for _ in range(loops):
+                    h(data)
+
+            fns[f"direct:{size}"] = direct
+    log("hash: HighwayHash-64 per call and per byte")
+    t = alternate(fns, repeats(args))
+    chosen = _highwayhash.IMPL
+    rows = []
+    for size in HASH_SIZES:
+        ns = {impl: [w * 1e9 / calls[size] for w in t[f"{impl}:{size}"].wall]
+              for impl in _highwayhash.IMPLS}
+        ours, peer = ns[chosen], ns["portable"]
+        what = f"highwayhash64, {size:,} bytes" + (" (call + finalization)" if not size else "")
+        note = f"{chosen} vs portable C; incl. the Python call (hash64_impl)"
+        rows.append(Row(what, "ns/call", Stats.of(ours), Stats.of(peer),
+                        Stats.of(p / o for o, p in zip(ours, peer, strict=True)), note=note))
+        if size >= 600:
+            rows.append(Row(what, "MB/s", Stats.of(size / x * 1e3 for x in ours),
+                            Stats.of(size / x * 1e3 for x in peer),
+                            Stats.of(p / o for o, p in zip(ours, peer, strict=True)),
+                            note=note))
+    for size in (s for s in HASH_SIZES if s <= 600):
+        rows.append(Row(f"hash64(data), {size:,} bytes", "ns/call",
+                        Stats.of(w * 1e9 / calls[size] for w in t[f"direct:{size}"].wall),
+                        note=f"{chosen}; the call the reader makes, incl. Python's call"))
+    return rows
+
+
+@register("hash", "HighwayHash-64 speed: this CPU's implementation vs the portable C loop",
+          peer="portable C")
+def run_hash(args: Any) -> list[Row]:
+    return bench_hash_speed(args)
 
 
 def bench_writer(args: Any, n: dict[str, int]) -> list[Row]:

@@ -27,7 +27,7 @@ import numpy as np
 # -- registry -------------------------------------------------------------------------------
 
 #: Modules that register benchmarks when imported; later workloads append theirs here.
-MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline")
+MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline", "benchmarks.bench_verify")
 
 
 @dataclass(frozen=True)
@@ -381,7 +381,10 @@ def cpu_model() -> str:
 
 def machine_info() -> str:
     """One line: CPU, cores, memory, Python and the versions that matter for the figures."""
-    from aioloader.arrayrecord.hashing import HAVE_NATIVE
+    from aioloader.arrayrecord import hashing
+
+    # The implementation in use ("avx2", "portable"); older trees only say whether it is native.
+    native = getattr(hashing, "NATIVE_IMPL", hashing.HAVE_NATIVE)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
@@ -394,5 +397,5 @@ def machine_info() -> str:
         f"{cpu_model()}, {cores} cores{mem}; {platform.system()} {platform.release()}; "
         f"Python {platform.python_version()}; numpy {np.__version__}, "
         f"zstandard {_version('zstandard')}, array-record {_version('array-record')}, "
-        f"grain {_version('grain')}; native highwayhash: {HAVE_NATIVE}"
+        f"grain {_version('grain')}; native highwayhash: {native}"
     )

@@ -13,8 +13,8 @@ prefetch threads would keep working in the parent), and memory figures (a clean 
 Spec keys: lib ("aioloader" | "grain"), paths, decode (a name in `benchmarks.fns`), seed,
 shuffle ("exact" | "block" | None), window, limit (first N shuffled positions), epochs,
 batch (0: unbatched), max_batches, max_seconds, step (seconds of simulated training per batch),
-workers, prefetch, io_concurrency, max_gap, memory_budget, resident_bytes, storage_options
-(aioloader), threads (Grain's
+workers, prefetch, io_concurrency, max_gap, memory_budget, resident_bytes, storage_options,
+verify (aioloader; its default if absent), threads (Grain's
 ReadOptions.num_threads), api ("sync" | "async", aioloader).
 """
 
@@ -103,8 +103,10 @@ def _size(batch: Any, unbatched: bool) -> int:
 def _aio_dataset(spec: dict[str, Any]):
     import aioloader as al
 
+    verify = {"verify": spec["verify"]} if spec.get("verify") else {}
     ds = al.Dataset.from_arrayrecord(spec["paths"],
-                                     storage_options=spec.get("storage_options") or None)
+                                     storage_options=spec.get("storage_options") or None,
+                                     **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":
         ds = ds.shuffle(spec.get("seed", 0), strategy="block", window=spec.get("window", 16))

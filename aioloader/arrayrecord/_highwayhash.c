@@ -3,12 +3,25 @@
  *
  * Written from the algorithm description in ARRAYRECORD_FORMAT.md section 3.1
  * (state of four 4-lane u64 vectors, 32-byte packets, zipper merge, remainder
- * packet, four finalization rounds). Portable C99: no SIMD intrinsics, no
- * alignment assumptions (all loads go through memcpy), little-endian loads on
- * any host.
+ * packet, four finalization rounds). Two implementations of the same function:
+ *
+ *   - portable C99: no intrinsics, no alignment assumptions (all loads go through
+ *     memcpy), little-endian loads on any host; ~1.3 GB/s;
+ *   - AVX2 (x86-64 with GCC or Clang, chosen at import when the CPU has it): the
+ *     whole state in four 256-bit registers, one packet per few instructions, the
+ *     zipper merge a single byte shuffle; ~8x faster on large inputs. Built with a
+ *     function-level target attribute, so the module needs no -mavx2 and still
+ *     imports on any x86-64.
+ *
+ * Chunk data in ArrayRecord files is mostly small (one record per chunk at
+ * group_size 1, ~0.5-64 KiB), so the Python call itself matters too: `hash64` is
+ * METH_FASTCALL and takes its view without copying.
  *
  *   hash64(data, /) -> int              key = b"Riegeli/records\nRiegeli/records\n"
  *   hash64_key(key32, data, /) -> int   any 32-byte key
+ *   hash64_impl(impl, key32, data, /) -> int   one named implementation (for tests)
+ *   IMPL                                the implementation in use: "avx2" or "portable"
+ *   IMPLS                               the implementations this build and CPU can run
  *
  * `data` is any object exporting a C-contiguous buffer; its raw bytes are hashed.
  * The GIL is released for inputs of 4 KiB or more.
@@ -123,11 +136,11 @@ static inline void hh_update_packet(hh_state *s, const uint8_t *p) {
     hh_update(s, lanes);
 }
 
+static void hh_remainder_packet(uint8_t packet[32], const uint8_t *tail, size_t n);
+
 /* The final partial packet; n = size % 32, 1..31, tail points at its n bytes. */
 static void hh_update_remainder(hh_state *s, const uint8_t *tail, size_t n) {
-    uint8_t packet[32] = {0};
-    const size_t whole = n & ~(size_t)3;
-    const size_t m = n & 3;
+    uint8_t packet[32];
     const unsigned r = (unsigned)n;
 
     for (int i = 0; i < 4; i++) {
@@ -139,15 +152,7 @@ static void hh_update_remainder(hh_state *s, const uint8_t *tail, size_t n) {
         hi = (hi << r) | (hi >> (32 - r));
         s->v1[i] = ((uint64_t)hi << 32) | lo;
     }
-    memcpy(packet, tail, whole);
-    if (n & 16) {
-        memcpy(packet + 28, tail + n - 4, 4);
-    } else if (m) {
-        const uint8_t *t = tail + whole;
-        packet[16] = t[0];
-        packet[17] = t[m >> 1];
-        packet[18] = t[m - 1];
-    }
+    hh_remainder_packet(packet, tail, n);
     hh_update_packet(s, packet);
 }
 
@@ -163,7 +168,23 @@ static uint64_t hh_finalize64(hh_state *s) {
     return s->v0[0] + s->v1[0] + s->mul0[0] + s->mul1[0];
 }
 
-static uint64_t highwayhash64(const uint64_t key[4], const uint8_t *data, size_t size) {
+/* The final partial packet's 32 bytes (n = 1..31 bytes at tail). */
+static void hh_remainder_packet(uint8_t packet[32], const uint8_t *tail, size_t n) {
+    const size_t whole = n & ~(size_t)3;
+    const size_t m = n & 3;
+    memset(packet, 0, 32);
+    memcpy(packet, tail, whole);
+    if (n & 16) {
+        memcpy(packet + 28, tail + n - 4, 4);
+    } else if (m) {
+        const uint8_t *t = tail + whole;
+        packet[16] = t[0];
+        packet[17] = t[m >> 1];
+        packet[18] = t[m - 1];
+    }
+}
+
+static uint64_t hh_portable(const uint64_t key[4], const uint8_t *data, size_t size) {
     hh_state s;
     hh_init(&s, key);
     const size_t full = size & ~(size_t)31;
@@ -174,6 +195,97 @@ static uint64_t highwayhash64(const uint64_t key[4], const uint8_t *data, size_t
         hh_update_remainder(&s, data + full, size & 31);
     }
     return hh_finalize64(&s);
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX2: the same steps on whole 4-lane vectors.                      */
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(AIOLOADER_HH_PORTABLE_ONLY)
+#define HH_HAVE_AVX2 1
+#include <immintrin.h>
+
+#define HH_AVX2 __attribute__((target("avx2")))
+
+typedef struct {
+    __m256i v0, v1, mul0, mul1;
+} hh_avx2_state;
+
+/* The zipper merge's byte indices (see zipper_add) as a per-128-bit-lane shuffle. */
+HH_AVX2 static inline __m256i hh_avx2_zipper(__m256i v) {
+    const __m256i mask = _mm256_set_epi64x(0x070806090D0A040BLL, 0x000F010E05020C03LL,
+                                           0x070806090D0A040BLL, 0x000F010E05020C03LL);
+    return _mm256_shuffle_epi8(v, mask);
+}
+
+HH_AVX2 static inline void hh_avx2_update(hh_avx2_state *s, __m256i packet) {
+    __m256i v0 = s->v0, v1 = s->v1, mul0 = s->mul0, mul1 = s->mul1;
+    v1 = _mm256_add_epi64(v1, _mm256_add_epi64(mul0, packet));
+    /* _mm256_mul_epu32 multiplies the low 32 bits of each u64 lane. */
+    mul0 = _mm256_xor_si256(mul0, _mm256_mul_epu32(v1, _mm256_srli_epi64(v0, 32)));
+    v0 = _mm256_add_epi64(v0, mul1);
+    mul1 = _mm256_xor_si256(mul1, _mm256_mul_epu32(v0, _mm256_srli_epi64(v1, 32)));
+    v0 = _mm256_add_epi64(v0, hh_avx2_zipper(v1));
+    v1 = _mm256_add_epi64(v1, hh_avx2_zipper(v0));
+    s->v0 = v0;
+    s->v1 = v1;
+    s->mul0 = mul0;
+    s->mul1 = mul1;
+}
+
+HH_AVX2 static uint64_t hh_avx2(const uint64_t key[4], const uint8_t *data, size_t size) {
+    hh_avx2_state s;
+    const __m256i k = _mm256_loadu_si256((const __m256i *)key);
+    const __m256i m0 = _mm256_loadu_si256((const __m256i *)INIT_MUL0);
+    const __m256i m1 = _mm256_loadu_si256((const __m256i *)INIT_MUL1);
+    s.mul0 = m0;
+    s.mul1 = m1;
+    s.v0 = _mm256_xor_si256(m0, k);
+    s.v1 = _mm256_xor_si256(m1, _mm256_shuffle_epi32(k, _MM_SHUFFLE(2, 3, 0, 1))); /* rot32 */
+
+    const size_t full = size & ~(size_t)31;
+    for (size_t i = 0; i < full; i += 32) {
+        hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)(data + i)));
+    }
+    const size_t n = size & 31;
+    if (n) {
+        uint8_t packet[32];
+        const __m256i add = _mm256_set1_epi64x((long long)(((uint64_t)n << 32) + n));
+        s.v0 = _mm256_add_epi64(s.v0, add);
+        /* rotate each 32-bit half of v1 left by n (1..31) */
+        const __m128i left = _mm_cvtsi32_si128((int)n);
+        const __m128i right = _mm_cvtsi32_si128((int)(32 - n));
+        s.v1 = _mm256_or_si256(_mm256_sll_epi32(s.v1, left), _mm256_srl_epi32(s.v1, right));
+        hh_remainder_packet(packet, data + full, n);
+        hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)packet));
+    }
+    for (int r = 0; r < 4; r++) {
+        /* lanes (rot32(v0[2]), rot32(v0[3]), rot32(v0[0]), rot32(v0[1])) */
+        __m256i p = _mm256_permute4x64_epi64(s.v0, _MM_SHUFFLE(1, 0, 3, 2));
+        hh_avx2_update(&s, _mm256_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    }
+    const __m256i sum = _mm256_add_epi64(_mm256_add_epi64(s.v0, s.v1),
+                                         _mm256_add_epi64(s.mul0, s.mul1));
+    return (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(sum));
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Dispatch: chosen once, at import.                                  */
+
+typedef uint64_t (*hh_fn)(const uint64_t key[4], const uint8_t *data, size_t size);
+
+static hh_fn highwayhash64 = hh_portable;
+static const char *hh_impl_name = "portable";
+
+static void hh_choose(void) {
+#ifdef HH_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+        highwayhash64 = hh_avx2;
+        hh_impl_name = "avx2";
+    }
+#endif
 }
 
 /* ------------------------------------------------------------------ */
@@ -202,7 +314,7 @@ static int get_contiguous(PyObject *obj, Py_buffer *view, const char *what) {
     return 0;
 }
 
-static PyObject *hash_buffer(const uint64_t key[4], PyObject *data) {
+static PyObject *hash_buffer(hh_fn fn, const uint64_t key[4], PyObject *data) {
     Py_buffer view;
     uint64_t h;
     if (get_contiguous(data, &view, "data") < 0) {
@@ -210,13 +322,32 @@ static PyObject *hash_buffer(const uint64_t key[4], PyObject *data) {
     }
     if (view.len >= RELEASE_GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        h = highwayhash64(key, (const uint8_t *)view.buf, (size_t)view.len);
+        h = fn(key, (const uint8_t *)view.buf, (size_t)view.len);
         Py_END_ALLOW_THREADS
     } else {
-        h = highwayhash64(key, (const uint8_t *)view.buf, (size_t)view.len);
+        h = fn(key, (const uint8_t *)view.buf, (size_t)view.len);
     }
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong((unsigned long long)h);
+}
+
+/* Read a 32-byte key buffer as four little-endian u64; on failure set an exception, -1. */
+static int parse_key(PyObject *obj, uint64_t key[4]) {
+    Py_buffer kview;
+    if (get_contiguous(obj, &kview, "key") < 0) {
+        return -1;
+    }
+    if (kview.len != 32) {
+        Py_ssize_t len = kview.len;
+        PyBuffer_Release(&kview);
+        PyErr_Format(PyExc_ValueError, "key must be exactly 32 bytes, got %zd", len);
+        return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        key[i] = load_le64((const uint8_t *)kview.buf + 8 * i);
+    }
+    PyBuffer_Release(&kview);
+    return 0;
 }
 
 PyDoc_STRVAR(hash64_doc,
@@ -232,7 +363,7 @@ static PyObject *hh_hash64(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_TypeError, "hash64() takes exactly 1 argument (%zd given)", nargs);
         return NULL;
     }
-    return hash_buffer(RIEGELI_KEY, args[0]);
+    return hash_buffer(highwayhash64, RIEGELI_KEY, args[0]);
 }
 
 PyDoc_STRVAR(hash64_key_doc,
@@ -243,37 +374,88 @@ PyDoc_STRVAR(hash64_key_doc,
 
 static PyObject *hh_hash64_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    Py_buffer kview;
     uint64_t key[4];
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "hash64_key() takes exactly 2 arguments (%zd given)",
                      nargs);
         return NULL;
     }
-    if (get_contiguous(args[0], &kview, "key") < 0) {
+    if (parse_key(args[0], key) < 0) {
         return NULL;
     }
-    if (kview.len != 32) {
-        Py_ssize_t len = kview.len;
-        PyBuffer_Release(&kview);
-        PyErr_Format(PyExc_ValueError, "key must be exactly 32 bytes, got %zd", len);
+    return hash_buffer(highwayhash64, key, args[1]);
+}
+
+PyDoc_STRVAR(hash64_impl_doc,
+"hash64_impl(impl, key32, data, /) -> int\n"
+"\n"
+"hash64_key() computed by one named implementation (\"portable\" or \"avx2\", see\n"
+"IMPLS), whatever the CPU would choose: lets the tests compare them.");
+
+static PyObject *hh_hash64_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint64_t key[4];
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "hash64_impl() takes exactly 3 arguments (%zd given)",
+                     nargs);
         return NULL;
     }
-    for (int i = 0; i < 4; i++) {
-        key[i] = load_le64((const uint8_t *)kview.buf + 8 * i);
+    const char *name = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : NULL;
+    if (name == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "impl must be a str");
+        }
+        return NULL;
     }
-    PyBuffer_Release(&kview);
-    return hash_buffer(key, args[1]);
+    hh_fn chosen = NULL;
+    if (strcmp(name, "portable") == 0) {
+        chosen = hh_portable;
+    }
+#ifdef HH_HAVE_AVX2
+    else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
+        chosen = hh_avx2;
+    }
+#endif
+    if (chosen == NULL) {
+        PyErr_Format(PyExc_ValueError, "implementation %R is not available here", args[0]);
+        return NULL;
+    }
+    if (parse_key(args[1], key) < 0) {
+        return NULL;
+    }
+    return hash_buffer(chosen, key, args[2]);
 }
 
 static PyMethodDef hh_methods[] = {
     {"hash64", (PyCFunction)(void (*)(void))hh_hash64, METH_FASTCALL, hash64_doc},
     {"hash64_key", (PyCFunction)(void (*)(void))hh_hash64_key, METH_FASTCALL, hash64_key_doc},
+    {"hash64_impl", (PyCFunction)(void (*)(void))hh_hash64_impl, METH_FASTCALL,
+     hash64_impl_doc},
     {NULL, NULL, 0, NULL},
 };
 
-/* The module is stateless, so it is safe in subinterpreters and without a GIL. */
+static int hh_exec(PyObject *module) {
+    hh_choose();
+    PyObject *impls;
+#ifdef HH_HAVE_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        impls = Py_BuildValue("(ss)", "portable", "avx2");
+    } else
+#endif
+    {
+        impls = Py_BuildValue("(s)", "portable");
+    }
+    if (impls == NULL || PyModule_AddObject(module, "IMPLS", impls) < 0) {
+        Py_XDECREF(impls);
+        return -1;
+    }
+    return PyModule_AddStringConstant(module, "IMPL", hh_impl_name);
+}
+
+/* The module's only state is the implementation, chosen from the CPU (the same answer in
+ * every interpreter), so it is safe in subinterpreters. */
 static PyModuleDef_Slot hh_slots[] = {
+    {Py_mod_exec, (void *)hh_exec},
 #ifdef Py_mod_multiple_interpreters
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif

@@ -305,8 +305,7 @@ def decode_records(
     inline path does not accept, `decode_chunk` decodes, or names the error.
     """
     out: list[bytes] = []
-    inline = verify != "all"  # data hashes: the general path
-    hashes = verify != "none"
+    hashes, data_hashes = verify != "none", verify == "all"
     unpack, hh, fcs = _HEADER.unpack_from, highwayhash64, _frame_content_size
     budget = max_decoded - RECORD_COST
     heads = ONE_RECORD_HEADS
@@ -317,11 +316,11 @@ def decode_records(
     for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
         n = len(raw)
         in_block = start % BLOCK_SIZE
-        if inline and j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
+        if j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
                 in_block >= BLOCK_HEADER_SIZE and in_block + n <= BLOCK_SIZE and \
                 (counts is None or counts[k] == 1):
             try:
-                header_hash, data_size, _, type_count, decoded = unpack(raw)
+                header_hash, data_size, data_hash, type_count, decoded = unpack(raw)
                 end = CHUNK_HEADER_SIZE + data_size
                 # The chunk fills its range, or a padding chunk ends it at the block's end.
                 fills = end == n or (end + CHUNK_HEADER_SIZE <= n and
@@ -336,7 +335,7 @@ def decode_records(
                                             data[: len(head)] == head):
                         head = one_record_head(data, decoded)  # checks the sizes block
                     codec, pos = head[0], len(head)
-                    if pos < data_size:
+                    if pos < data_size and (not data_hashes or hh(data) == data_hash):
                         if codec == NONE and data_size - pos == decoded:
                             out.append(bytes(data[pos:]))
                             continue
