@@ -4,12 +4,14 @@
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (read at gcsfs import; otherwise every call against the
 emulator stalls probing a gRPC API).
 
-The leak check fails a test that leaves behind a thread, a child process, a TCP socket or a
-/dev/shm segment that it did not have before — closing must release everything.
+The leak check fails a test that leaves behind a thread, a child process, a TCP socket, a
+/dev/shm segment or a memory file (memfd) that it did not have before — closing must release
+everything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -36,6 +38,20 @@ def _shm() -> set[str]:
         return set()
 
 
+def _memory_files() -> set[str]:
+    """Our memory files (memfd arenas and resident copies) this process still holds open or
+    mapped, by inode: closing must drop them, or their memory lives as long as the process."""
+    out = set()
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps") as f:
+            out |= {ln.split()[4] for ln in f if "memfd:aioloader" in ln}
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if "memfd:aioloader" in os.readlink(f"/proc/self/fd/{fd}"):
+                    out.add(str(os.stat(f"/proc/self/fd/{fd}").st_ino))
+    return out
+
+
 def _sockets() -> set[tuple]:
     try:
         conns = psutil.Process().net_connections(kind="tcp")
@@ -60,6 +76,7 @@ def _snapshot() -> dict[str, set]:
         "threads": {t.ident for t in threading.enumerate() if t.name not in _FOREIGN_THREADS},
         "children": _children(me),
         "shm": _shm(),
+        "memfd": _memory_files(),
         "sockets": _sockets(),
     }
 
@@ -82,7 +99,7 @@ def no_leaks(request):
     if any(extra.values()):
         names = [t.name for t in threading.enumerate() if t.ident in extra["threads"]]
         pytest.fail(f"resources left behind: threads={names}, children={extra['children']}, "
-                    f"shm={extra['shm']}, sockets={extra['sockets']}")
+                    f"shm={extra['shm']}, memfd={extra['memfd']}, sockets={extra['sockets']}")
 
 
 def pytest_configure(config):
