@@ -61,9 +61,11 @@ def check_state(state: Any) -> dict[str, Any]:
 
 def check_position(state: Mapping[str, int], length: int | None, batch_mode: bool) -> None:
     """A position the stream can resume at: on a unit (batch or window) boundary, or at the
-    very end of a finite stream (after a last partial batch), and never past that end."""
+    very end of a finite stream, and never past the end of its last (partial) batch."""
     position, unit = state["position"], state["unit"]
-    if length is not None and position > length:
+    # After a last partial batch the state says the position its whole batch would end at.
+    if length is not None and position > length and (position % unit or
+                                                      position - unit >= length):
         raise StateError(f"loader state position {position} is past the end of this "
                          f"pipeline's stream ({length} positions): was it saved for another "
                          "dataset?")

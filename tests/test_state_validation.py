@@ -95,3 +95,10 @@ def test_every_boundary_position_passes_the_field_checks(position):
     state = {"version": 1, "position": position, "skip": 0, "rows": 0, "unit": 32,
              "process_count": 1, "pipeline": ["x"]}
     assert check_state(state)["position"] == position
+
+
+def test_the_state_after_a_last_partial_batch_resumes_to_nothing(data):
+    with _ds(data).loader() as it:
+        assert len(list(it)) == 7  # 200 records: 6 batches of 32 and one of 8
+        state = it.get_state()
+    assert list(_ds(data).loader(state=state)) == []
