@@ -20,7 +20,7 @@ import numpy as np
 
 from .packing import pack_first_fit
 from .stats import StageStats
-from .transforms import BatchOp, PackOp, apply_batch_ops, collate
+from .transforms import BatchOp, PackOp, apply_batch_ops, collate, collate_named
 
 # (window position, surviving elements), or None after the last window
 NextWindow = Callable[[], Awaitable["tuple[int, list[Any]] | None"]]
@@ -64,7 +64,9 @@ class Assembler:
         if not items or (drop and len(items) < size):
             raise StopAsyncIteration
         t0 = self.stats.begin()
-        batch = apply_batch_ops(self.batch_ops, collate([e for _, _, e in items]))
+        batch = apply_batch_ops(self.batch_ops, collate_named(
+            [e for _, _, e in items],
+            lambda k: f"element {items[k][1]} of the window at output position {items[k][0]}"))
         self.stats.end(t0)
         pos, j, _ = items[-1]
         return batch, {"position": pos, "skip": j + 1, "rows": 0}

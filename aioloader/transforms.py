@@ -183,6 +183,20 @@ def collate(elements: Sequence[Any], path: str = "element",
     return np.stack(arrays) if out is None else np.stack(arrays, out=out)
 
 
+def collate_named(elements: Sequence[Any], name: Callable[[int], str],
+                  alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
+                  ) -> Any:
+    """`collate`, with a `CollateError` that also says which record the offending element
+    is (`name(k)` describes element k: its record index and file, say)."""
+    try:
+        return collate(elements, alloc=alloc)
+    except CollateError as exc:
+        if exc.element is None:
+            raise
+        raise CollateError(f"{exc} [element {exc.element} is {name(exc.element)}]",
+                           exc.element) from None
+
+
 def _same_structure(elements: Sequence[Any], path: str, kind: type,
                     shape: Callable[[Any], Any], what: str) -> None:
     """Every element is a `kind` with the first one's keys (or length), or a CollateError

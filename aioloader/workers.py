@@ -55,7 +55,7 @@ from .transforms import (
     RecordOp,
     apply_batch_ops,
     apply_record_ops,
-    collate,
+    collate_named,
 )
 
 CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
@@ -246,8 +246,14 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     else:  # the task's elements are one or more whole batches (the last may be short)
         size = pipeline.batch.size
         alloc = _room(arena, task.slot, slot_size)
-        batches = [apply_batch_ops(pipeline.batch_ops, collate(elements[i : i + size],
-                                                               alloc=alloc))
+        indices, epochs = task.indices, task.epochs
+
+        def record(k: int) -> str:
+            where = f" in {paths[k]}" if paths and paths[k] else ""
+            return f"record {indices[k]} (epoch {epochs[k]}){where}"
+
+        batches = [apply_batch_ops(pipeline.batch_ops, collate_named(
+                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc))
                    for i in range(0, len(elements), size)]
         placed = alloc.export(batches) if alloc is not None else None
         if placed is None:  # no slot, or too big for it: the batches travel by value

@@ -66,3 +66,17 @@ def with_a_lock(element: dict) -> dict:
     import threading
 
     return {"id": element["id"], "pixels": np.zeros(4096, np.uint8), "lock": threading.Lock()}
+
+
+def missing_key_on_13(element: dict) -> dict:
+    i = int(element["id"])
+    return {"id": i} if i == 13 else {"id": i, "x": 1}
+
+
+def text_on_13(element: dict) -> dict:
+    i = int(element["id"])
+    return {"n": "thirteen" if i == 13 else i}
+
+
+def keep_all(element) -> bool:
+    return True

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import aioloader as al
 from aioloader.testing import local_gcs
-from aioloader.transforms import TransformError
+from aioloader.transforms import CollateError, TransformError
 from aioloader.workers import WorkerError
 
 from . import pipeline_fns as fns
@@ -363,3 +363,17 @@ async def test_small_batches_share_tasks_without_changing_batches_or_state(data,
     assert sorted(ids) == sorted(set(ids)) and len(ids) == (full * 32 if drop else N)
     for j in (0, 4, 9, full - 2):  # resume after batch j: inside a task and at its edges
         _same(await collect(ds, workers=workers, state=states[j]), batches[j + 1:])
+
+
+@pytest.mark.parametrize("fn, message", [
+    (fns.missing_key_on_13, r"element to have the same keys: .*missing \[\"'x'\"\]"),
+    (fns.text_on_13, r"element\['n'\] of mixed types: element 0 is int64 and element \d+ is <U8"),
+])
+async def test_a_batch_that_cannot_be_stacked_names_the_field_and_the_record(data, fn, message):
+    ds = al.Dataset.from_arrayrecord(data).map(fns.decode).map(fn).batch(10)
+    for workers in (0, 1):
+        with pytest.raises(CollateError, match=message + r".*record 238 \(epoch 0\) in .*train-"):
+            await collect(ds, workers=workers)
+    with pytest.raises(CollateError, match=message + r".*element \d of the window at output"):
+        await collect(al.Dataset.from_arrayrecord(data).map(fns.decode).map(fn)
+                      .filter(fns.keep_all).batch(10))
