@@ -424,6 +424,13 @@ class Pool:
         """How the dead worker died, e.g. ' (signal 9)'; waits briefly for its exit status."""
         procs = self._procs or list((getattr(self._executor, "_processes", None) or {})
                                     .values())
+        # The executor's manager thread reads the dead worker's status from the forkserver
+        # as it handles the broken pool; reading it at the same time from here, one of the two
+        # gets EOF, which multiprocessing reports as exit code 255. Let it finish first (its
+        # reading is then cached on the process).
+        manager = getattr(self._executor, "_executor_manager_thread", None)
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(1.0)
         deadline = time.monotonic() + 1.0
         codes: list[int] = []
         while procs and time.monotonic() < deadline:
