@@ -7,8 +7,9 @@ from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
 from .dataset import Dataset
 from .loader import Loader
 from .source import ArrayRecordSource
+from .state import StateError
 from .storage import ObjectChangedError, RetryPolicy, StorageError, StoreUnavailableError
-from .transforms import TransformError
+from .transforms import CollateError, TransformError
 from .workers import WorkerError
 
 __version__ = "0.1.0"
@@ -17,10 +18,12 @@ __all__ = [
     "ArrayRecordFormatError",
     "ArrayRecordSource",
     "ArrayRecordWriter",
+    "CollateError",
     "Dataset",
     "Loader",
     "ObjectChangedError",
     "RetryPolicy",
+    "StateError",
     "StorageError",
     "StoreUnavailableError",
     "TransformError",
