@@ -8,9 +8,10 @@ as views; what does not fit, or finds no free slot, travels by value through the
 instead. Local files are read by the workers themselves.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
-runs the same task code on one thread of the parent, for debugging. Workers ignore Ctrl-C:
-the parent decides, and `Pool.close` gives a worker still busy `CLOSE_GRACE_S` seconds to
-finish before terminating it, so a transform that never returns cannot hold up a shutdown.
+runs the same task code on one daemon thread of the parent, for debugging (`aioloader.inline`).
+Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
+`CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
+cannot hold up a shutdown (with workers=0 the stuck thread is left behind, with a warning).
 A worker that cannot load the pipeline (a transform it cannot unpickle) stays up and fails
 every task with the cause, naming the transform, instead of dying.
 """
@@ -21,6 +22,7 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
+import logging
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -30,7 +32,7 @@ import signal
 import threading
 import time
 import weakref
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,7 @@ from .arena import (
 )
 from .arrayrecord.chunk import DEFAULT_MAX_DECODED
 from .arrayrecord.index import decode_records
+from .inline import InlineExecutor
 from .localfiles import LocalFiles
 from .planning import ChunkRefs
 from .transforms import (
@@ -58,6 +61,7 @@ from .transforms import (
     collate_named,
 )
 
+log = logging.getLogger("aioloader")
 CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
 
 
@@ -350,7 +354,7 @@ class Pool:
         self._files = LocalFiles()  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
         if workers == 0:
-            self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
+            self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
             return
         try:
@@ -382,7 +386,8 @@ class Pool:
         try:
             if self.workers == 0:
                 cf = self._executor.submit(run_task, task, self.pipeline, self._files,
-                                           arena.map, arena.slot_size)
+                                           arena.map, arena.slot_size,
+                                           label=describe or f"task {task.task_id}")
             else:
                 if task.raws is not None:
                     spans = arena.place_inputs(slot, task.raws) if slot >= 0 else None
@@ -446,8 +451,9 @@ class Pool:
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """Stop the workers and free the arena. Tasks not started are dropped; a worker
         still busy after `grace` seconds (a transform that never returns) is terminated,
-        then killed. In a forked child only this process's copies are let go: the workers,
-        queues and threads are the parent's."""
+        then killed; with workers=0 its thread, which cannot be killed, is left running (a
+        warning on the "aioloader" logger names the task). In a forked child only this
+        process's copies are let go: the workers, queues and threads are the parent's."""
         with self._closing:  # at exit the main thread may close it while the loop's does
             if self._closed:
                 return
@@ -461,6 +467,17 @@ class Pool:
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor
+        if not self.workers:
+            stuck = ex.close(grace)
+            if stuck is not None:  # the arena stays mapped: the thread may still write to it
+                ops = [op.describe() for op in (*self.pipeline.record_ops,
+                                                *self.pipeline.batch_ops)]
+                log.warning(
+                    "the inline worker (workers=0) is still running %s %.0f s after close: "
+                    "a transform (%s) does not return; its thread is left behind (a daemon "
+                    "thread: it does not keep the process from exiting)", stuck, grace,
+                    " -> ".join(ops) or "none")
+            return
         procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
         ex.shutdown(wait=not procs, cancel_futures=True)
         if procs:

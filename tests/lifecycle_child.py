@@ -4,7 +4,7 @@ Imported by the tests (and by loader worker processes, which import the transfor
 name), and run as a script, each mode printing one JSON line when it is ready::
 
     python tests/lifecycle_child.py fork PATH...
-    python tests/lifecycle_child.py hang PATH...
+    python tests/lifecycle_child.py hang WORKERS PATH...
     python tests/lifecycle_child.py slow WORKERS PATH...
 
 ``fork`` uses the sync API (an open source, a loader mid-stream), then forks: with
@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,9 +34,12 @@ import aioloader as al
 from tests import reliability_child as rc
 from tests.procs import worker_pids
 
+_STUCK = threading.Event()  # set when never_returns is entered (in this process)
+
 
 def never_returns(element: dict) -> dict:
     """A transform stuck for good: Ctrl-C (KeyboardInterrupt) does not stop it either."""
+    _STUCK.set()
     while True:
         with contextlib.suppress(BaseException):
             time.sleep(3600)
@@ -122,15 +126,17 @@ def fork(paths: list[str]) -> int:
     return 0
 
 
-def hang(paths: list[str]) -> int:
+def hang(n: int, paths: list[str]) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
     ds = rc.pipeline(paths, batch=8).map(never_returns)
-    loader = ds.loader(workers=1, prefetch=2)
+    loader = ds.loader(workers=n, prefetch=2)
     loader.start_prefetch()
     me = __import__("psutil").Process()
     deadline = time.monotonic() + 30
     workers: set[int] = set()
-    while time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in the transform
+    if n == 0:  # the inline thread is in the transform
+        _STUCK.wait(30)
+    while n and time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in it
         workers = {p for p in worker_pids(me) if "forkserver" in " ".join(
             __import__("psutil").Process(p).cmdline())}
         if workers:
@@ -157,7 +163,7 @@ def main(argv: list[str]) -> int:
         if mode == "fork":
             return fork(args)
         if mode == "hang":
-            return hang(args)
+            return hang(int(args[0]), args[1:])
         if mode == "slow":
             return slow(int(args[0]), args[1:])
     except Exception:
