@@ -52,6 +52,7 @@ from .arrayrecord.index import decode_records
 from .inline import InlineExecutor
 from .localfiles import LocalFiles
 from .planning import ChunkRefs
+from .semnames import forget_names, pool_semaphores
 from .transforms import (
     BatchOp,
     MapOp,
@@ -131,10 +132,13 @@ def _raise_malloc_thresholds() -> None:
 
 
 def _init_worker(pipeline_parts: tuple, arena_path: str | None, slot_size: int,
-                 unlink_path: str | None = None) -> None:
+                 unlink_path: str | None = None, started: Any = None) -> None:
     """Load the pipeline and map the arena; what fails is kept (`_init_error`) and raised
-    by every task, so the parent gets the cause at once instead of a dead worker."""
+    by every task, so the parent gets the cause at once instead of a dead worker. Releases
+    `started`: this worker has opened the pool's semaphores (`Pool._forget_names`)."""
     global _pipeline, _arena, _slot_size, _init_error
+    if started is not None:
+        started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _raise_malloc_thresholds()
     _slot_size = slot_size
@@ -357,13 +361,17 @@ class Pool:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
             return
+        self._names_lock = threading.Lock()
+        self._unstarted = workers  # workers that have not yet released `_started`
         try:
+            ctx = _context()
+            self._started = ctx.Semaphore(0)
             self._executor = ProcessPoolExecutor(
                 max_workers=workers,
-                mp_context=_context(),
+                mp_context=ctx,
                 initializer=_init_worker,
                 initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
-                          self.arena.named_path),
+                          self.arena.named_path, self._started),
             )
         except BaseException:
             self.arena.close()
@@ -374,8 +382,21 @@ class Pool:
         """Start the worker processes now (spawning takes a while) instead of on first use."""
         if self.workers:
             for _ in range(self.workers):
-                self._executor.submit(os.getpid)
+                self._executor.submit(os.getpid).add_done_callback(self._forget_names)
             self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
+
+    def _forget_names(self, _: Any = None) -> None:
+        """Once every worker has started (each releases `_started` when it has unpickled the
+        queues, opening their semaphores by name), unlink those names, so that no kill can
+        leave them in /dev/shm (`aioloader.semnames`). Checked at each result: until then
+        (the workers' start-up) a kill of the whole group still leaves them."""
+        with self._names_lock:
+            if not self._unstarted:
+                return
+            while self._unstarted and self._started.acquire(False):
+                self._unstarted -= 1
+            if not self._unstarted:
+                forget_names([*pool_semaphores(self._executor), self._started])
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`)."""
@@ -402,6 +423,8 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
+            if self.workers and self._unstarted:
+                self._forget_names()
             if isinstance(result.payload, (Pickled, Blob)):
                 result.payload = arena.unpickle(result.payload)
             if result.slot >= 0 and result.payload is not None:
