@@ -8,9 +8,10 @@ as views; what does not fit, or finds no free slot, travels by value through the
 instead. Local files are read by the workers themselves.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
-runs the same task code on one thread of the parent, for debugging. Workers ignore Ctrl-C:
-the parent decides, and `Pool.close` gives a worker still busy `CLOSE_GRACE_S` seconds to
-finish before terminating it, so a transform that never returns cannot hold up a shutdown.
+runs the same task code on one daemon thread of the parent, for debugging (`aioloader.inline`).
+Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
+`CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
+cannot hold up a shutdown (with workers=0 the stuck thread is left behind, with a warning).
 A worker that cannot load the pipeline (a transform it cannot unpickle) stays up and fails
 every task with the cause, naming the transform, instead of dying.
 """
@@ -21,6 +22,7 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
+import logging
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -30,7 +32,7 @@ import signal
 import threading
 import time
 import weakref
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +49,10 @@ from .arena import (
 )
 from .arrayrecord.chunk import DEFAULT_MAX_DECODED
 from .arrayrecord.index import decode_records
+from .inline import InlineExecutor
 from .localfiles import LocalFiles
 from .planning import ChunkRefs
+from .semnames import forget_names, pool_semaphores
 from .transforms import (
     BatchOp,
     MapOp,
@@ -58,6 +62,7 @@ from .transforms import (
     collate_named,
 )
 
+log = logging.getLogger("aioloader")
 CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
 
 
@@ -127,10 +132,13 @@ def _raise_malloc_thresholds() -> None:
 
 
 def _init_worker(pipeline_parts: tuple, arena_path: str | None, slot_size: int,
-                 unlink_path: str | None = None) -> None:
+                 unlink_path: str | None = None, started: Any = None) -> None:
     """Load the pipeline and map the arena; what fails is kept (`_init_error`) and raised
-    by every task, so the parent gets the cause at once instead of a dead worker."""
+    by every task, so the parent gets the cause at once instead of a dead worker. Releases
+    `started`: this worker has opened the pool's semaphores (`Pool._forget_names`)."""
     global _pipeline, _arena, _slot_size, _init_error
+    if started is not None:
+        started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _raise_malloc_thresholds()
     _slot_size = slot_size
@@ -350,16 +358,20 @@ class Pool:
         self._files = LocalFiles()  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
         if workers == 0:
-            self._executor: Any = ThreadPoolExecutor(1, thread_name_prefix="aioloader-inline")
+            self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
             return
+        self._names_lock = threading.Lock()
+        self._unstarted = workers  # workers that have not yet released `_started`
         try:
+            ctx = _context()
+            self._started = ctx.Semaphore(0)
             self._executor = ProcessPoolExecutor(
                 max_workers=workers,
-                mp_context=_context(),
+                mp_context=ctx,
                 initializer=_init_worker,
                 initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
-                          self.arena.named_path),
+                          self.arena.named_path, self._started),
             )
         except BaseException:
             self.arena.close()
@@ -370,8 +382,21 @@ class Pool:
         """Start the worker processes now (spawning takes a while) instead of on first use."""
         if self.workers:
             for _ in range(self.workers):
-                self._executor.submit(os.getpid)
+                self._executor.submit(os.getpid).add_done_callback(self._forget_names)
             self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
+
+    def _forget_names(self, _: Any = None) -> None:
+        """Once every worker has started (each releases `_started` when it has unpickled the
+        queues, opening their semaphores by name), unlink those names, so that no kill can
+        leave them in /dev/shm (`aioloader.semnames`). Checked at each result: until then
+        (the workers' start-up) a kill of the whole group still leaves them."""
+        with self._names_lock:
+            if not self._unstarted:
+                return
+            while self._unstarted and self._started.acquire(False):
+                self._unstarted -= 1
+            if not self._unstarted:
+                forget_names([*pool_semaphores(self._executor), self._started])
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`)."""
@@ -382,7 +407,8 @@ class Pool:
         try:
             if self.workers == 0:
                 cf = self._executor.submit(run_task, task, self.pipeline, self._files,
-                                           arena.map, arena.slot_size)
+                                           arena.map, arena.slot_size,
+                                           label=describe or f"task {task.task_id}")
             else:
                 if task.raws is not None:
                     spans = arena.place_inputs(slot, task.raws) if slot >= 0 else None
@@ -397,6 +423,8 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
+            if self.workers and self._unstarted:
+                self._forget_names()
             if isinstance(result.payload, (Pickled, Blob)):
                 result.payload = arena.unpickle(result.payload)
             if result.slot >= 0 and result.payload is not None:
@@ -446,8 +474,9 @@ class Pool:
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """Stop the workers and free the arena. Tasks not started are dropped; a worker
         still busy after `grace` seconds (a transform that never returns) is terminated,
-        then killed. In a forked child only this process's copies are let go: the workers,
-        queues and threads are the parent's."""
+        then killed; with workers=0 its thread, which cannot be killed, is left running (a
+        warning on the "aioloader" logger names the task). In a forked child only this
+        process's copies are let go: the workers, queues and threads are the parent's."""
         with self._closing:  # at exit the main thread may close it while the loop's does
             if self._closed:
                 return
@@ -461,6 +490,17 @@ class Pool:
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor
+        if not self.workers:
+            stuck = ex.close(grace)
+            if stuck is not None:  # the arena stays mapped: the thread may still write to it
+                ops = [op.describe() for op in (*self.pipeline.record_ops,
+                                                *self.pipeline.batch_ops)]
+                log.warning(
+                    "the inline worker (workers=0) is still running %s %.0f s after close: "
+                    "a transform (%s) does not return; its thread is left behind (a daemon "
+                    "thread: it does not keep the process from exiting)", stuck, grace,
+                    " -> ".join(ops) or "none")
+            return
         procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
         ex.shutdown(wait=not procs, cancel_futures=True)
         if procs:

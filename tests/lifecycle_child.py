@@ -4,13 +4,16 @@ Imported by the tests (and by loader worker processes, which import the transfor
 name), and run as a script, each mode printing one JSON line when it is ready::
 
     python tests/lifecycle_child.py fork PATH...
-    python tests/lifecycle_child.py hang PATH...
+    python tests/lifecycle_child.py hang WORKERS PATH...
     python tests/lifecycle_child.py slow WORKERS PATH...
+    python tests/lifecycle_child.py run WORKERS PATH...
 
 ``fork`` uses the sync API (an open source, a loader mid-stream), then forks: with
 `os.fork()` and with a fork-based `multiprocessing.Pool`, and reports what works in the child.
 ``hang`` iterates a loader whose transform never returns (and swallows KeyboardInterrupt), for
 the test to press Ctrl-C. ``slow`` iterates slowly, for the test to SIGKILL the process group.
+``run`` iterates to the end and exits, saying which /dev/shm names it and its workers held
+halfway.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,11 +35,14 @@ if __name__ == "__main__":  # run as a script: import this file's package the sa
 
 import aioloader as al
 from tests import reliability_child as rc
-from tests.procs import worker_pids
+from tests.procs import memory_files, shm_files, worker_pids
+
+_STUCK = threading.Event()  # set when never_returns is entered (in this process)
 
 
 def never_returns(element: dict) -> dict:
     """A transform stuck for good: Ctrl-C (KeyboardInterrupt) does not stop it either."""
+    _STUCK.set()
     while True:
         with contextlib.suppress(BaseException):
             time.sleep(3600)
@@ -122,15 +129,17 @@ def fork(paths: list[str]) -> int:
     return 0
 
 
-def hang(paths: list[str]) -> int:
+def hang(n: int, paths: list[str]) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
     ds = rc.pipeline(paths, batch=8).map(never_returns)
-    loader = ds.loader(workers=1, prefetch=2)
+    loader = ds.loader(workers=n, prefetch=2)
     loader.start_prefetch()
     me = __import__("psutil").Process()
     deadline = time.monotonic() + 30
     workers: set[int] = set()
-    while time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in the transform
+    if n == 0:  # the inline thread is in the transform
+        _STUCK.wait(30)
+    while n and time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in it
         workers = {p for p in worker_pids(me) if "forkserver" in " ".join(
             __import__("psutil").Process(p).cmdline())}
         if workers:
@@ -143,11 +152,44 @@ def hang(paths: list[str]) -> int:
     return 0
 
 
+def _running(workers: int, batches):
+    """`batches`, with the count of those seen since the loader was past its start-up:
+    each of its `workers` had mapped the arena (the last thing a worker does to start), and
+    `prefetch` + 2 batches came after that (results finished after it)."""
+    me = __import__("psutil").Process()
+    since = None
+    for batch in batches:
+        if since is None:
+            up = worker_pids(me)
+            if len(up) == workers and all(memory_files(p, "aioloader-arena") for p in up):
+                since = -3  # prefetch=2: results that may have finished before
+        else:
+            since += 1
+        yield (since if since is not None and since > 0 else 0), batch
+
+
 def slow(workers: int, paths: list[str]) -> int:
-    for i, _ in enumerate(rc.pipeline(paths, batch=8).loader(workers=workers, prefetch=2)):
-        if i == 3:
-            _say(pid=os.getpid())
+    me = __import__("psutil").Process()
+    said = False
+    loader = rc.pipeline(paths, batch=8).loader(workers=workers, prefetch=2)
+    for since, _ in _running(workers, loader):
+        if since and not said:
+            _say(pid=os.getpid(), held=sorted(shm_files({me.pid, *worker_pids(me)})))
+            said = True
         time.sleep(0.05)
+    return 0
+
+
+def run(workers: int, paths: list[str]) -> int:
+    me = __import__("psutil").Process()
+    held: list[str] | None = None
+    n = 0
+    loader = rc.pipeline(paths, batch=8).loader(workers=workers, prefetch=2)
+    for since, _ in _running(workers, loader):
+        if since and held is None:
+            held = sorted(shm_files({me.pid, *worker_pids(me)}))
+        n += 1
+    _say(batches=n, held=held)
     return 0
 
 
@@ -157,9 +199,11 @@ def main(argv: list[str]) -> int:
         if mode == "fork":
             return fork(args)
         if mode == "hang":
-            return hang(args)
+            return hang(int(args[0]), args[1:])
         if mode == "slow":
             return slow(int(args[0]), args[1:])
+        if mode == "run":
+            return run(int(args[0]), args[1:])
     except Exception:
         traceback.print_exc()
         return 2

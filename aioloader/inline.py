@@ -1,0 +1,76 @@
+"""The inline worker (`workers=0`): tasks run one at a time on a daemon thread of this process.
+
+Not a `ThreadPoolExecutor`: concurrent.futures joins its threads at interpreter exit, so a
+transform that never returns would keep the process from ever exiting, whatever Ctrl-C does.
+A daemon thread is not waited for at exit. A thread cannot be killed either, so `close` waits
+a grace period for the task it runs and then leaves the thread behind, stuck, and says which
+task it was (the caller logs it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+
+class InlineExecutor:
+    """Runs submitted calls in order on one daemon thread (started on the first submit)."""
+
+    def __init__(self, name: str = "aioloader-inline") -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.running: str | None = None  # the label of the call being run, if any
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, label: str = "") -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot run a task after the inline worker was closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put((fut, fn, args, label))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn, args, label = item
+            del item
+            if fut.set_running_or_notify_cancel():
+                self.running = label
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # the caller's to see, as from an executor
+                    fut.set_exception(exc)
+                finally:
+                    self.running = None
+            del fut, fn, args
+
+    def close(self, grace: float) -> str | None:
+        """Cancel the calls not started and wait up to `grace` s for the running one; None
+        when the thread ended, else the label of the call it is still running (the thread
+        is left behind: a daemon, it does not hold up the interpreter's exit)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        if thread is None:
+            return None
+        self._queue.put(None)
+        thread.join(grace)
+        return (self.running or "a task") if thread.is_alive() else None
