@@ -143,13 +143,27 @@ def collate(elements: Sequence[Any], path: str = "element",
     dtype)` may supply the memory a stacked array is written into (None: allocate).
     """
     first = elements[0]
+    # Equal sizes, then indexing that fails: only then is the structure diagnosed (checking
+    # every element's keys up front cost ~3 us a record). Same size and every key of the
+    # first present means the same keys, so nothing is silently dropped.
     if isinstance(first, Mapping):
-        _same_structure(elements, path, Mapping, lambda e: list(e), "keys")
-        return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc) for k in first}
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise KeyError
+            return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc)
+                    for k in first}
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, Mapping, list, "keys")
+            raise
     if isinstance(first, tuple) and not hasattr(first, "_fields"):
-        _same_structure(elements, path, tuple, len, "length")
-        return tuple(collate([e[i] for e in elements], f"{path}[{i}]", alloc)
-                     for i in range(len(first)))
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise IndexError
+            return tuple(collate([e[i] for e in elements], f"{path}[{i}]", alloc)
+                         for i in range(len(first)))
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, tuple, len, "length")
+            raise
     if isinstance(first, (bytes, str, bytearray, memoryview)):
         return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
     if type(first) in (int, float, bool):  # Python numbers (e.g. from JSON): one C loop
@@ -171,15 +185,17 @@ def collate(elements: Sequence[Any], path: str = "element",
             f"batch() needs {path} to have one shape, got {sorted(shapes)[:4]} (element {k} "
             f"has {arrays[k].shape}, element 0 {arrays[0].shape}): pad or trim it in a map() "
             "before batch(), or use pack() for variable-length sequences", k)
-    kinds = [a.dtype.kind in "US" for a in arrays]
-    if any(kinds) != all(kinds):  # numbers and strings mixed: numpy would make them all str
-        k = kinds.index(not kinds[0])
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1 and len({d.kind in "US" for d in dtypes}) > 1:
+        # numbers and strings mixed: numpy would silently make them all strings
+        text = arrays[0].dtype.kind in "US"
+        k = next(i for i, a in enumerate(arrays) if (a.dtype.kind in "US") != text)
         raise CollateError(
             f"batch() got {path} of mixed types: element 0 is {arrays[0].dtype} and element "
             f"{k} is {arrays[k].dtype}; convert it to one type in a map() before batch()", k)
     out = None
     if alloc is not None:
-        out = alloc((len(arrays), *arrays[0].shape), np.result_type(*{a.dtype for a in arrays}))
+        out = alloc((len(arrays), *arrays[0].shape), np.result_type(*dtypes))
     return np.stack(arrays) if out is None else np.stack(arrays, out=out)
 
 

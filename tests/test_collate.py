@@ -73,3 +73,8 @@ def test_a_dict_mixed_with_another_type_is_named():
         collate([{"x": 1}, [1]])
     with pytest.raises(CollateError, match=r"element\[0\] to have the same length"):
         collate([((1, 2),), ((1, 2, 3),)])
+
+
+def test_an_extra_key_is_named_not_silently_dropped():
+    with pytest.raises(CollateError, match=r"element 1 differs .*missing \[\], extra \[\"'z'\"\]"):
+        collate([{"x": 1}, {"x": 2, "z": 3}])
