@@ -11,15 +11,17 @@ sample in the fast tier and 20,000 cases under `make test-slow`.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader
+from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader, read_index
 from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD
 from aioloader.arrayrecord.index import decode_records
+from aioloader.arrayrecord.layout import BLOCK_SIZE
 from aioloader.arrayrecord.proto import encode_footer_entry
 
 from .hostile import craft, grouped, honest, simple_chunk
@@ -144,6 +146,27 @@ def test_a_chunk_left_out_of_the_footer_is_noticed():
         with pytest.raises(ArrayRecordFormatError, match="missing from the footer") as info:
             read(data, verify="headers")
         assert "chunk 1" in str(info.value)
+
+
+@pytest.mark.parametrize("codec", [NONE, ZSTD])
+def test_a_chunk_left_out_of_the_footer_where_padding_could_be_is_noticed(codec):
+    """The chunk before a block boundary dropped from the footer: its bytes sit where a
+    padding chunk could, so the gap must be checked to be one (found in review)."""
+    first, last = simple_chunk([b"A" * 10], codec), simple_chunk([b"C" * 10], codec)
+    noise = random.Random(0).randbytes(65536)  # incompressible: sizes are what they say
+    for size in range(65000, 65536):  # the middle chunk ends exactly at a block boundary
+        middle = simple_chunk([noise[:size]], codec)
+        whole = craft([first, middle, last], codec=codec)
+        if read_index(len(whole), lambda o, n, f=whole: f[o : o + n]).chunk_offsets[2] \
+                % BLOCK_SIZE == 0:
+            break
+    else:
+        raise AssertionError("no size puts the last chunk on a block boundary")
+    data = craft([first, middle, last], codec=codec, entries=lambda e: [e[0], e[2]])
+    for read in (read_all, worker_decode):
+        with pytest.raises(ArrayRecordFormatError, match="not a padding chunk") as info:
+            read(data, verify="headers")
+        assert "chunk 0" in str(info.value)
 
 
 # -- 5. a declared size is bounded before anything is allocated ----------------------------

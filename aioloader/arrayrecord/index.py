@@ -33,6 +33,7 @@ from .layout import (
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
+    CHUNK_PADDING,
     CHUNK_SIMPLE,
     ChunkHeader,
     _parse_chunk_header,
@@ -256,7 +257,7 @@ def decode_chunk(
                 "its place in the file can hold", offset=start, hint=CORRUPT_HINT,
             )
         if whole_range:
-            _check_fills(start, len(raw), header)
+            _check_fills(start, raw, header)
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
@@ -268,13 +269,29 @@ def decode_chunk(
         raise err.located(path=path, chunk=chunk) from None
 
 
-def _check_fills(start: int, length: int, header: ChunkHeader) -> None:
+def _check_fills(start: int, raw, header: ChunkHeader) -> None:
+    """The chunk's footer range `[start, start + len(raw))` holds the chunk and at most a
+    padding chunk up to the block boundary — and the gap really is one: a data chunk that
+    ends on a boundary has a padding chunk's length, so a footer leaving it out would
+    otherwise drop its records silently."""
     stop = chunk_end(start, header.data_size, header.num_records)
-    have = start + length
-    if have != stop and have != stop + padding_length(stop):
+    have = start + len(raw)
+    if have == stop:
+        return
+    if have != stop + padding_length(stop):
         raise ArrayRecordFormatError(
             f"the chunk ends at byte {stop}, but the footer gives it bytes up to {have}: "
             "more than one chunk and its padding (a chunk missing from the footer?)",
+            offset=start, hint=CORRUPT_HINT,
+        )
+    gap = strip_block_headers(memoryview(raw)[stop - start :], stop)
+    pad = _parse_chunk_header(ChunkHeader, gap, True, None, stop)
+    if pad.chunk_type != CHUNK_PADDING or pad.num_records or \
+            chunk_end(stop, pad.data_size, 0) != have:
+        raise ArrayRecordFormatError(
+            f"the chunk ends at byte {stop}, and the footer gives it bytes up to {have}, "
+            f"but what lies between is not a padding chunk (type {pad.chunk_type:#x}, "
+            f"{pad.num_records} records): a chunk missing from the footer?",
             offset=start, hint=CORRUPT_HINT,
         )
 
@@ -322,9 +339,8 @@ def decode_records(
             try:
                 header_hash, data_size, data_hash, type_count, decoded = unpack(raw)
                 end = CHUNK_HEADER_SIZE + data_size
-                # The chunk fills its range, or a padding chunk ends it at the block's end.
-                fills = end == n or (end + CHUNK_HEADER_SIZE <= n and
-                                     (start + n) % BLOCK_SIZE == 0)
+                # The chunk fills its range (a padding chunk after it: decode_chunk checks it).
+                fills = end == n
                 if type_count == _ONE_SIMPLE and fills and decoded <= budget and \
                         (not hashes or hh(raw[8:CHUNK_HEADER_SIZE]) == header_hash):
                     data = memoryview(raw)[CHUNK_HEADER_SIZE:end]
