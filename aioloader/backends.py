@@ -358,8 +358,8 @@ class FsspecBackend:
     async def read(self, path: str, start: int, end: int) -> bytes:
         try:
             return await self._call("cat_file", path, start=start, end=end)
-        except (FileNotFoundError, PermissionError, IsADirectoryError):
-            raise
+        except (FileNotFoundError, PermissionError, IsADirectoryError, StorageError):
+            raise  # final (a StorageError here is an HTTP status retrying cannot change)
         except (OSError, asyncio.TimeoutError) as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from None
 

@@ -14,13 +14,14 @@ import json
 import logging
 import traceback
 
+import fsspec
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import aioloader as al
-from aioloader.storage import has_glob, redact
+from aioloader.storage import Storage, has_glob, redact
 from aioloader.testing import local_gcs
 
 from . import pipeline_fns as fns
@@ -359,3 +360,43 @@ def test_convert_errors_name_the_input_without_its_signature(tmp_path):
     with pytest.raises(ConvertError) as err:
         guess_format(url)
     assert "deadbeefsecret" not in str(err.value) and "host/data/part" in str(err.value)
+
+
+class _HTTPStatus(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status} from https://h/x.ar?X-Amz-Signature={SIGNATURE}")
+        self.status = status
+
+
+@pytest.mark.parametrize("status, retried", [(400, False), (410, False), (503, True)])
+def test_fsspec_reads_retry_only_what_can_succeed(status, retried):
+    """A 4xx from an fsspec store is final (named, not 'unavailable, retry later'); a 5xx is
+    retried like the same answer from gs:// (found in review: every OSError was retried).
+    fsspec's memory filesystem answering with an HTTP status is the one mock: the emulator's
+    fault injection does not reach fsspec's HTTP reads."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Failing(MemoryFileSystem):
+        protocol = "failing"
+        calls = 0
+
+        def cat_file(self, path, start=None, end=None, **kw):
+            Failing.calls += 1
+            raise _HTTPStatus(status)
+
+    fsspec.register_implementation("failing", Failing, clobber=True)
+
+    async def run():
+        storage = Storage(retry=al.RetryPolicy(attempts=4, base_delay=0.01))
+        try:
+            with pytest.raises(al.StorageError) as info:
+                await storage.read("failing://b/x.ar", 0, 10)
+            return info.value, storage.stats.retries
+        finally:
+            await storage.aclose()
+
+    exc, retries = asyncio.run(run())
+    assert str(status) in str(exc) and "x.ar" in str(exc)
+    assert_error_clean(exc, "read error")
+    assert isinstance(exc, al.StoreUnavailableError) == retried
+    assert (Failing.calls == 4) == retried and (retries == 3) == retried
