@@ -492,7 +492,10 @@ class Pool:
         ex = self._executor
         if not self.workers:
             stuck = ex.close(grace)
-            if stuck is not None:  # the arena stays mapped: the thread may still write to it
+            # The arena is closed under a stuck thread all the same: a view it holds keeps
+            # the map alive (close is then a no-op), and a closed map refuses access with
+            # ValueError in that thread, never a crash.
+            if stuck is not None:
                 ops = [op.describe() for op in (*self.pipeline.record_ops,
                                                 *self.pipeline.batch_ops)]
                 log.warning(
