@@ -5,7 +5,7 @@ Only the public names live here; see DESIGN.md for the layers behind them.
 
 from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
 from .dataset import Dataset
-from .loader import Loader
+from .runtime.loader import Loader
 from .source import ArrayRecordSource
 from .state import StateError
 from .storage import ObjectChangedError, RetryPolicy, StorageError, StoreUnavailableError

@@ -23,7 +23,7 @@ from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp
 from .urls import redact
 
 if TYPE_CHECKING:
-    from .loader import Loader
+    from .runtime.loader import Loader
     from .source import ArrayRecordSource
 
 
@@ -191,7 +191,7 @@ class Dataset:
         up to this size is fetched in segments and kept in memory; default 1 GiB, 0: read
         record by record).
         """
-        from .loader import Loader
+        from .runtime.loader import Loader
 
         return Loader(self, **options)
 

@@ -143,7 +143,7 @@ class DeviceIterator(_Placement):
 
     def __next__(self) -> Any:
         if self._batches is None:
-            from .aioutil import run_sync
+            from .sync import run_sync
 
             run_sync(self.setup(), user=self.loader)
             self._batches = iter(self.loader)

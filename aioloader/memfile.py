@@ -28,7 +28,7 @@ class MemoryFile:
 
     `worker_path` opens it in another process of ours (None: not shareable, and `named` was
     not asked for). `named_path` is set only for the named fallback: the file to unlink if
-    this process dies (workers do it; see `aioloader.worker`).
+    this process dies (workers do it; see `aioloader.workers.worker`).
     """
 
     def __init__(self, name: str, size: int, *, named: bool = False) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from .aioutil import release, run_sync
 from .arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex, open_index
 from .arrayrecord.index import decode_chunk
 from .index_cache import IndexCache
@@ -45,6 +44,7 @@ from .storage import (
     is_local,
     redact,
 )
+from .sync import release, run_sync
 
 LOCAL_TAIL = 1 << 18
 CLOUD_TAIL = 1 << 20  # one round trip opens files of up to ~300k chunks

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .packing import pack_first_fit
+from ..packing import pack_first_fit
+from ..transforms import BatchOp, PackOp, apply_batch_ops, collate, collate_named
 from .stats import StageStats
-from .transforms import BatchOp, PackOp, apply_batch_ops, collate, collate_named
 
 # (window position, surviving elements), or None after the last window
 NextWindow = Callable[[], Awaitable["tuple[int, list[Any]] | None"]]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .memfile import MemoryFile
+from ..memfile import MemoryFile
 
 
 @dataclass(frozen=True)

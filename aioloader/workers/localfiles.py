@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from .planning import ChunkRefs
-from .storage import ObjectChangedError, short_read_error
+from ..planning import ChunkRefs
+from ..storage import ObjectChangedError, short_read_error
 
 
 class LocalFiles:

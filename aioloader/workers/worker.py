@@ -3,9 +3,9 @@
 A task carries the raw chunk bytes (or already decoded records, or only where they lie: local
 files the worker reads itself) for one batch or window; the worker decodes, runs the record
 transforms, and collates inside the process, stacking the batch's arrays right in its slot of
-the shared-memory arena (`aioloader.arena`). The parent's side, the pool that sends tasks and
-hands results on, is `aioloader.workers`; `workers=0` runs `run_task` on a thread of the
-parent with the pool's own pipeline, files and arena.
+the shared-memory arena (`aioloader.workers.arena`). The parent's side, the pool that sends
+tasks and hands results on, is `aioloader.workers.pool`; `workers=0` runs `run_task` on a
+thread of the parent with the pool's own pipeline, files and arena.
 
 A worker that cannot load the pipeline (a transform it cannot unpickle) stays up and fails
 every task with the cause, naming the transform, instead of dying.
@@ -27,12 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
-from .arrayrecord.chunk import DEFAULT_MAX_DECODED
-from .arrayrecord.index import decode_records
-from .localfiles import LocalFiles
-from .planning import ChunkRefs
-from .transforms import (
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
+from ..arrayrecord.index import decode_records
+from ..planning import ChunkRefs
+from ..transforms import (
     BatchOp,
     MapOp,
     RecordOp,
@@ -40,6 +38,8 @@ from .transforms import (
     apply_record_ops,
     collate_named,
 )
+from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
+from .localfiles import LocalFiles
 
 
 class WorkerError(RuntimeError):

@@ -1,15 +1,16 @@
 """The decode pool: the parent's side of the worker processes that turn fetched chunks into
-finished batches (what runs in a worker, and the messages, are `aioloader.worker`).
+finished batches (what runs in a worker, and the messages, are `aioloader.workers.worker`).
 
 A task carries the raw chunk bytes (or already decoded records) for one batch or window; the
 worker decodes, runs the record transforms, and collates inside the process, so that only
 finished batches come back. Bytes travel through the shared-memory arena both ways
-(`aioloader.arena`): the batch's arrays are stacked right in a slot and lent to the consumer
+(`aioloader.workers.arena`): the batch's arrays are stacked right in a slot and lent to the consumer
 as views; what does not fit, or finds no free slot, travels by value through the pipe
 instead. Local files are read by the workers themselves.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
-runs the same task code on one daemon thread of the parent, for debugging (`aioloader.inline`).
+runs the same task code on one daemon thread of the parent, for debugging
+(`aioloader.workers.inline`).
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
 cannot hold up a shutdown (with workers=0 the stuck thread is left behind, with a warning).
@@ -45,7 +46,7 @@ from .worker import (  # the messages are re-exported: the pool's callers import
     run_task,
 )
 
-__all__ = ["CLOSE_GRACE_S", "LocalFiles", "Pipeline", "Pool", "Result", "Task", "WorkerError"]
+__all__ = ["CLOSE_GRACE_S", "Pool"]
 
 log = logging.getLogger("aioloader")
 CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
@@ -87,13 +88,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _context() -> multiprocessing.context.BaseContext:
     """forkserver where there is one (Linux): the first pool starts one clean server process
-    with NumPy and `aioloader.worker` loaded, and every worker after that is a fork of it (a few
-    ms instead of a fresh interpreter's ~0.15 s); spawn elsewhere, and in a forked child
+    with NumPy and `aioloader.workers.worker` loaded, and every worker after that is a fork of
+    it (a few ms instead of a fresh interpreter's ~0.15 s); spawn elsewhere, and in a forked child
     (multiprocessing's forkserver state there is the parent's, and unusable). Never plain
     fork: the parent runs an event loop and threads."""
     if "forkserver" in multiprocessing.get_all_start_methods() and not _forked:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["aioloader.worker"])
+        ctx.set_forkserver_preload(["aioloader.workers.worker"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -142,7 +143,7 @@ class Pool:
     def _forget_names(self, _: Any = None) -> None:
         """Once every worker has started (each releases `_started` when it has unpickled the
         queues, opening their semaphores by name), unlink those names, so that no kill can
-        leave them in /dev/shm (`aioloader.semnames`). Checked at each result: until then
+        leave them in /dev/shm (`aioloader.workers.semnames`). Checked at each result: until then
         (the workers' start-up) a kill of the whole group still leaves them."""
         with self._names_lock:
             if not self._unstarted:

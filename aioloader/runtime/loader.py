@@ -27,23 +27,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .aioutil import acquire, release, run_sync
-from .arena import array_leaves
-from .arrayrecord import ArrayRecordFormatError
+from ..arrayrecord import ArrayRecordFormatError
+from ..lifecycle import LoopGuard, closed_while_waiting, forked_error
+from ..planning import ChunkRefs
+from ..sampling import IndexPlan, Shard, Shuffle
+from ..source import ArrayRecordSource
+from ..state import STATE_VERSION, StateError, check_position, check_state
+from ..storage import RetryPolicy, Storage, StorageError
+from ..sync import acquire, release, run_sync
+from ..transforms import BatchOp, FilterOp
+from ..urls import redact
+from ..workers import Pipeline, Pool, Result, Task
+from ..workers.arena import array_leaves
 from .assembly import Assembler
-from .lifecycle import LoopGuard, closed_while_waiting, forked_error
-from .planning import ChunkRefs
-from .sampling import IndexPlan, Shard, Shuffle
-from .source import ArrayRecordSource
-from .state import STATE_VERSION, StateError, check_position, check_state
 from .stats import PipelineStats
-from .storage import RetryPolicy, Storage, StorageError
-from .transforms import BatchOp, FilterOp
-from .urls import redact
-from .workers import Pipeline, Pool, Result, Task
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ..dataset import Dataset
 
 log = logging.getLogger("aioloader")
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
@@ -55,7 +55,7 @@ MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
 
 def _resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
     """Index ops with `shard_by_jax_process()` turned into a block-dealt `Shard`."""
-    from .dataset import JaxProcessShard
+    from ..dataset import JaxProcessShard
 
     return [Shard(procs[0], procs[1], drop_remainder=op.drop_remainder, block=block)
             if isinstance(op, JaxProcessShard) and procs is not None else op for op in ops]
@@ -97,11 +97,11 @@ class Loader:
                             and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
         default_unit = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
         self._unit = int(window or default_unit) if not self._batch_mode else default_unit
-        from .dataset import JaxProcessShard
+        from ..dataset import JaxProcessShard
 
         self._procs: tuple[int, int] | None = None
         if any(isinstance(op, JaxProcessShard) for op in dataset.index_ops):
-            from .jax import process_index_and_count
+            from ..jax import process_index_and_count
 
             self._procs = process_index_and_count()
         self._plan: IndexPlan | None = None  # the index ops, once the files are open
@@ -677,7 +677,7 @@ class Loader:
     def to_jax(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                pad_final: bool = False) -> Any:
         """Iterate pytrees of `jax.Array`s placed by `sharding` (see `aioloader.jax`)."""
-        from .jax import DeviceIterator
+        from ..jax import DeviceIterator
 
         return DeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                               pad_final=pad_final)
@@ -685,7 +685,7 @@ class Loader:
     def to_jax_async(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                      pad_final: bool = False) -> Any:
         """The `async for` form of `to_jax`."""
-        from .jax import AsyncDeviceIterator
+        from ..jax import AsyncDeviceIterator
 
         return AsyncDeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                                    pad_final=pad_final)
