@@ -30,7 +30,7 @@ Rules, in order of placement:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,43 +72,87 @@ def pack_first_fit(
     """
     names = list(length_struct)
     targets = _check_config(length_struct, num_packing_bins)
-    num_features = len(names)
-
-    used = np.zeros((num_packing_bins, num_features), dtype=np.int64)
-    segments = np.zeros(num_packing_bins, dtype=np.int64)  # elements placed in each bin
+    fit = FirstFit(targets.tolist(), num_packing_bins)
     placed: list[list[np.ndarray]] = []  # truncated arrays of each placed element
-    placed_bin: list[int] = []
-    placed_segment: list[int] = []
     # Per feature, (trailing shape, dtype) of its first non-empty piece in this batch.
-    signature: list[tuple[tuple[int, ...], np.dtype] | None] = [None] * num_features
+    signature: list[tuple[tuple[int, ...], np.dtype] | None] = [None] * len(names)
 
     for index, element in enumerate(elements):
         arrays = _truncated(element, names, targets, index)
-        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=num_features)
-        if not lengths.any():
+        lengths = [len(a) for a in arrays]
+        if not any(lengths):
             continue  # empty element: consumed, contributes nothing
-        fits = np.all(used + lengths <= targets, axis=1)
-        if not fits.any():
-            batch = _assemble(
-                names, targets, num_packing_bins, placed, placed_bin, placed_segment, signature
-            )
-            return batch, index
+        b = fit.find(lengths)
+        if b < 0:
+            return _assemble_placed(names, targets, fit, placed, signature), index
         _check_signature(arrays, signature, names, index)
-        b = int(np.argmax(fits))
-        used[b] += lengths
-        segments[b] += 1
+        fit.put(b, lengths)
         placed.append(arrays)
-        placed_bin.append(b)
-        placed_segment.append(int(segments[b]))
 
     if not final:
         return None, 0
     if not placed:
         return None, len(elements)
-    batch = _assemble(
-        names, targets, num_packing_bins, placed, placed_bin, placed_segment, signature
-    )
-    return batch, len(elements)
+    return _assemble_placed(names, targets, fit, placed, signature), len(elements)
+
+
+class FirstFit:
+    """The placement decisions of one batch, element by element, on lengths alone.
+
+    Plain Python over a few bins beats NumPy's per-call overhead by an order of magnitude
+    (this loop runs once per element); many bins are scanned with NumPy.
+    """
+
+    def __init__(self, targets: Sequence[int], num_bins: int) -> None:
+        self.targets = [int(t) for t in targets]
+        self.num_bins = num_bins
+        self._one = len(self.targets) == 1
+        self._used: list = [0] * num_bins if self._one else [[0] * len(self.targets)
+                                                            for _ in range(num_bins)]
+        self._wide = num_bins > _SCAN_IN_PYTHON
+        self._used_np = np.zeros((num_bins, len(self.targets)), np.int64) if self._wide else None
+        self._segments = [0] * num_bins
+        self.lengths: list[Sequence[int]] = []  # of each placed element
+        self.bins: list[int] = []  # its bin
+        self.segment: list[int] = []  # its segment id within the bin (1, 2, ...)
+
+    def find(self, lengths: Sequence[int]) -> int:
+        """The lowest bin where every feature of a non-empty element fits, or -1."""
+        if self._wide:
+            fits = np.all(self._used_np + np.asarray(lengths) <= self.targets, axis=1)
+            return int(np.argmax(fits)) if fits.any() else -1
+        if self._one:
+            room = self.targets[0] - lengths[0]
+            for b, used in enumerate(self._used):
+                if used <= room:
+                    return b
+            return -1
+        targets = self.targets
+        for b, used in enumerate(self._used):
+            for u, n, t in zip(used, lengths, targets):
+                if u + n > t:
+                    break
+            else:
+                return b
+        return -1
+
+    def put(self, b: int, lengths: Sequence[int]) -> None:
+        """Place the element in bin `b` (from `find`)."""
+        if self._one:
+            self._used[b] += lengths[0]
+        else:
+            used = self._used[b]
+            for f, n in enumerate(lengths):
+                used[f] += n
+        if self._wide:
+            self._used_np[b] += lengths
+        self._segments[b] += 1
+        self.lengths.append(lengths)
+        self.bins.append(b)
+        self.segment.append(self._segments[b])
+
+
+_SCAN_IN_PYTHON = 64  # bins scanned in a Python loop; more with NumPy
 
 
 def _check_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
@@ -180,50 +224,147 @@ def _check_signature(
             )
 
 
-def _assemble(
+def _assemble_placed(
     names: list[str],
     targets: np.ndarray,
-    num_bins: int,
+    fit: FirstFit,
     placed: list[list[np.ndarray]],
-    placed_bin: list[int],
-    placed_segment: list[int],
     signature: list[tuple[tuple[int, ...], np.dtype] | None],
 ) -> dict[str, np.ndarray]:
-    """Lay the placed elements out, vectorized per feature (no per-token Python work)."""
-    bins = np.asarray(placed_bin, dtype=np.int64)
-    segment = np.asarray(placed_segment, dtype=np.int32)
-    # Sort the placed elements by bin, stably so placement order holds within a bin; the
-    # element starting each bin's run is found by searching the sorted bins.
-    order = np.argsort(bins, kind="stable")
-    run_start = np.searchsorted(bins[order], bins[order], side="left")
+    """`assemble` of the placed elements' pieces, concatenated per feature."""
+    datas = []
+    for f in range(len(names)):
+        pieces = [arrays[f] for arrays in placed if len(arrays[f])]
+        datas.append(np.concatenate(pieces, axis=0) if pieces else None)
+        if signature[f] is None:  # empty in every placed element: the first one's shape
+            signature[f] = (placed[0][f].shape[1:], placed[0][f].dtype)
+    return assemble(names, targets, fit, datas, signature)  # type: ignore[arg-type]
+
+
+def assemble(
+    names: Sequence[str],
+    targets: Sequence[int],
+    fit: FirstFit,
+    datas: Sequence[np.ndarray | None],
+    signature: Sequence[tuple[tuple[int, ...], np.dtype]],
+) -> dict[str, np.ndarray]:
+    """Lay the placed elements out.
+
+    `datas[f]` is feature f of the placed elements, concatenated in placement order (None
+    when all are empty); `signature[f]` its trailing shape and dtype. Long pieces are copied
+    one slice per element (a few NumPy calls each); short ones token by token, vectorized
+    (a dozen NumPy calls per feature, whatever the element count).
+    """
+    num_bins = fit.num_bins
+    lengths = np.asarray(fit.lengths, dtype=np.int64).reshape(len(fit.bins), len(names))
     out: dict[str, np.ndarray] = {}
     for f, (name, target) in enumerate(zip(names, targets)):
         target = int(target)
-        pieces = [arrays[f] for arrays in placed]
-        # A feature empty in every placed element takes its shape and dtype from the first.
-        trailing, dtype = signature[f] or (pieces[0].shape[1:], pieces[0].dtype)
-        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
-        # Where each element starts within its bin: the summed lengths of the elements placed
-        # before it in the same bin (a prefix sum over the bin-sorted run, rebased per bin).
-        sorted_lengths = lengths[order]
-        sorted_starts = np.cumsum(sorted_lengths) - sorted_lengths
-        starts = np.empty_like(lengths)
-        starts[order] = sorted_starts - sorted_starts[run_start]
-
-        # Per token: its element, its position within the element, its flat output slot.
-        owner = np.repeat(np.arange(len(pieces)), lengths)
-        token_start = np.cumsum(lengths) - lengths
-        positions = np.arange(len(owner), dtype=np.int64) - token_start[owner]
-        slot = bins[owner] * target + starts[owner] + positions
-
-        data = np.zeros((num_bins * target, *trailing), dtype=dtype)
-        segment_ids = np.zeros(num_bins * target, dtype=np.int32)
-        position_ids = np.zeros(num_bins * target, dtype=np.int32)
-        if len(owner):
-            data[slot] = np.concatenate([p for p in pieces if len(p)], axis=0)
-            segment_ids[slot] = segment[owner]
-            position_ids[slot] = positions
-        out[name] = data.reshape(num_bins, target, *trailing)
-        out[name + SEGMENT_IDS_SUFFIX] = segment_ids.reshape(num_bins, target)
-        out[name + POSITIONS_SUFFIX] = position_ids.reshape(num_bins, target)
+        trailing, dtype = signature[f]
+        data = np.zeros((num_bins, target, *trailing), dtype=dtype)
+        segment_ids = np.zeros((num_bins, target), dtype=np.int32)
+        position_ids = np.zeros((num_bins, target), dtype=np.int32)
+        total = int(lengths[:, f].sum())
+        if total >= _LONG_PIECE * len(fit.bins):
+            _copy_per_element(fit, f, datas[f], data, segment_ids, position_ids)
+        elif total:
+            _scatter_tokens(fit, lengths[:, f], target, datas[f], data, segment_ids, position_ids)
+        out[name] = data
+        out[name + SEGMENT_IDS_SUFFIX] = segment_ids
+        out[name + POSITIONS_SUFFIX] = position_ids
     return out
+
+
+_LONG_PIECE = 32  # tokens per piece, on average, from which pieces are copied one by one
+
+
+def _copy_per_element(fit: FirstFit, f: int, src: np.ndarray | None, data: np.ndarray,
+                      segment_ids: np.ndarray, position_ids: np.ndarray) -> None:
+    ramp = np.arange(data.shape[1], dtype=np.int32)
+    fill = [0] * fit.num_bins  # tokens in each bin so far
+    at_src = 0
+    for b, segment, lengths in zip(fit.bins, fit.segment, fit.lengths):
+        n = lengths[f]
+        if n:
+            at = fill[b]
+            data[b, at : at + n] = src[at_src : at_src + n]  # type: ignore[index]
+            segment_ids[b, at : at + n] = segment
+            position_ids[b, at : at + n] = ramp[:n]
+            fill[b] = at + n
+            at_src += n
+
+
+def _scatter_tokens(fit: FirstFit, lengths: np.ndarray, target: int, src: np.ndarray | None,
+                    data: np.ndarray, segment_ids: np.ndarray,
+                    position_ids: np.ndarray) -> None:
+    bins = np.asarray(fit.bins, dtype=np.int64)
+    # Where each element starts within its bin: the summed lengths of the elements placed
+    # before it in the same bin (a prefix sum over the bins' runs, sorted stably so that
+    # placement order holds within a bin, rebased to each run's first element).
+    order = np.argsort(bins, kind="stable")
+    run_start = np.searchsorted(bins[order], bins[order], side="left")
+    sorted_lengths = lengths[order]
+    sorted_starts = np.cumsum(sorted_lengths) - sorted_lengths
+    starts = np.empty_like(lengths)
+    starts[order] = sorted_starts - sorted_starts[run_start]
+    # Per token, its flat output slot: where its element goes, plus its place in the source.
+    dest = bins * target + starts
+    src_start = np.cumsum(lengths) - lengths
+    slot = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(dest - src_start, lengths)
+    data.reshape(-1, *data.shape[2:])[slot] = src
+    segment_ids.reshape(-1)[slot] = np.repeat(np.asarray(fit.segment, np.int32), lengths)
+    position_ids.reshape(-1)[slot] = slot - np.repeat(dest, lengths)
+
+
+def pack_window(
+    elements: Sequence[Mapping[str, np.ndarray]],
+    length_struct: Mapping[str, int],
+    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
+) -> tuple[list[tuple[tuple[int, ...], np.dtype]], np.ndarray, list[np.ndarray]] | None:
+    """A run of elements to pack, as `(signature, lengths, datas)`: per feature its trailing
+    shape and dtype, the truncated length of each element's piece (`lengths[i, f]`), and the
+    pieces concatenated (`datas[f]`), so that packing needs no element objects
+    (`FirstFit` decides on lengths, `assemble` lays out the data).
+
+    None when packing these elements needs the elements themselves: one is not a plain dict
+    of exactly the packed features, a feature is a scalar, or pieces of a feature differ in
+    trailing shape or dtype (`pack_first_fit` then decides, and explains). `alloc(shape,
+    dtype)` may supply the memory of the arrays (None: allocate).
+    """
+    names = list(length_struct)
+    try:
+        targets = _check_config(length_struct, 1).tolist()
+    except (TypeError, ValueError):
+        return None
+    pieces: list[list[np.ndarray]] = [[] for _ in names]
+    for element in elements:
+        if type(element) is not dict or len(element) != len(names):
+            return None
+        for f, name in enumerate(names):
+            if name not in element:
+                return None
+            array = np.asarray(element[name])
+            if array.ndim == 0:
+                return None
+            pieces[f].append(array[: targets[f]])
+    signature = []
+    for column in pieces:
+        trailing, dtype = column[0].shape[1:], column[0].dtype
+        if dtype.hasobject or any(p.dtype != dtype or p.shape[1:] != trailing for p in column):
+            return None
+        signature.append((trailing, dtype))
+    lengths = _array(alloc, (len(elements), len(names)), np.dtype(np.int64))
+    for f, column in enumerate(pieces):
+        lengths[:, f] = [len(p) for p in column]
+    datas = []
+    for f, column in enumerate(pieces):
+        trailing, dtype = signature[f]
+        out = _array(alloc, (int(lengths[:, f].sum()), *trailing), dtype)
+        datas.append(np.concatenate(column, axis=0, out=out))
+    return signature, lengths, datas
+
+
+def _array(alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None,
+           shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    out = alloc(shape, dtype) if alloc is not None else None
+    return np.empty(shape, dtype) if out is None else out

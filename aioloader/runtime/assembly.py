@@ -1,8 +1,12 @@
 """Stream mode: turn windows of surviving elements into elements, batches or packed rows.
 
 With a filter or pack in the pipeline, tasks cover fixed windows of output positions and the
-workers return whatever survived; batch boundaries are decided here, in order, in the main
-process. Every item carries its resume tag, so the state after any batch is exact:
+workers return whatever survived, stacked into columns or cut into packing pieces where the
+elements allow (`workers.pieces`). Batch boundaries and packing blocks cross windows, so they
+are decided here, over the whole stream, in order: by `Batcher` (filter + batch) and `Packer`
+(pack), on one thread the assembler owns, never on the event loop's. A window's outputs are
+made in one go, so the loop pays one hand-off per window, not per batch. Every item carries
+its resume tag, so the state after any batch is exact:
 
 - elements and batches: `(window position, elements of that window already delivered)`;
 - packed rows: the tag of the element that starts the packing block, plus the rows of that
@@ -12,18 +16,21 @@ process. Every item carries its resume tag, so the state after any batch is exac
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
-from ..packing import pack_first_fit
-from ..transforms import BatchOp, PackOp, apply_batch_ops, collate, collate_named
+from ..transforms import BatchOp, PackOp
+from ..workers.inline import InlineExecutor
+from ..workers.pieces import read
+from .batcher import Batcher, Raise
+from .packer import Packer, Stuck
 from .stats import StageStats
 
-# (window position, surviving elements), or None after the last window
-NextWindow = Callable[[], Awaitable["tuple[int, list[Any]] | None"]]
+# (window position, the payload a worker sent for it), or None after the last window
+NextWindow = Callable[[], Awaitable["tuple[int, Any] | None"]]
 
 
 class Assembler:
@@ -32,113 +39,92 @@ class Assembler:
     def __init__(self, batching: BatchOp | PackOp | None, pack_batch: BatchOp | None,
                  batch_ops: tuple, start: dict[str, int], next_window: NextWindow,
                  stats: StageStats) -> None:
-        self.batching = batching
-        self.pack_batch = pack_batch
-        self.batch_ops = batch_ops
         self.start = start
         self.next_window = next_window
-        self.stats = stats
-        self._buffer: deque = deque()  # (window position, j, element)
-        self._rows: deque = deque()  # ((block position, block skip, rows done), row)
+        self._stage: Batcher | Packer | None = None
+        if isinstance(batching, PackOp):
+            self._stage = Packer(batching, pack_batch, batch_ops, start["rows"], stats)
+        elif batching is not None:
+            self._stage = Batcher(batching, batch_ops, stats)
+        self._ready: deque = deque()  # (output, state), or Raise
+        self._job: asyncio.Future | None = None  # the stage's work on the last window
         self._first_window = True
-        self._first_block = True
         self._done = False
+        self._executor: InlineExecutor | None = None
+        self._window: tuple[int, list, int] | None = None  # elements mode: (pos, elements, j)
 
     async def next(self) -> tuple[Any, dict[str, int]]:
         """The next output and the state after it; StopAsyncIteration at the end."""
-        if isinstance(self.batching, PackOp):
-            return await self._next_packed()
-        if self.batching is None:
-            item = await self._next_element()
-            if item is None:
+        if self._stage is None:
+            return await self._next_element()
+        while not self._ready:
+            if self._job is not None:
+                await self._settle()
+            elif self._done:
                 raise StopAsyncIteration
-            pos, j, element = item
-            return element, {"position": pos, "skip": j + 1, "rows": 0}
-        size, drop = self.batching.size, self.batching.drop_remainder
-        items = []
-        while len(items) < size:
-            item = await self._next_element()
-            if item is None:
-                break
-            items.append(item)
-        if not items or (drop and len(items) < size):
-            raise StopAsyncIteration
-        t0 = self.stats.begin()
-        batch = apply_batch_ops(self.batch_ops, collate_named(
-            [e for _, _, e in items],
-            lambda k: f"element {items[k][1]} of the window at output position {items[k][0]}"))
-        self.stats.end(t0)
-        pos, j, _ = items[-1]
-        return batch, {"position": pos, "skip": j + 1, "rows": 0}
+            else:
+                window = await self.next_window()
+                if window is None:
+                    self._done = True
+                    self._submit(self._stage.finish)
+                else:
+                    self._submit(self._stage.feed, window[0], window[1], self._skip())
+        item = self._ready[0]
+        if isinstance(item, Stuck):
+            raise item.exc
+        self._ready.popleft()
+        if isinstance(item, Raise):
+            raise item.exc
+        return item
 
-    # -- elements -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Let the assembler's thread go (it ends after the work it is doing, if any) and
+        drop what is buffered (windows hold shared-memory slots)."""
+        self._ready.clear()
+        if self._executor is not None:
+            self._executor.close(0)
 
-    async def _fill(self) -> bool:
-        """Append the next window's surviving elements to the buffer; False at the end."""
-        if self._done:
-            return False
-        window = await self.next_window()
-        if window is None:
-            self._done = True
-            return False
-        pos, elements = window
+    def _skip(self) -> int:
+        """Elements of this window delivered before the run started (the first one only)."""
         skip = self.start["skip"] if self._first_window else 0
         self._first_window = False
-        for j, element in enumerate(elements):
-            if j >= skip:
-                self._buffer.append((pos, j, element))
-        return True
+        return skip
 
-    async def _next_element(self) -> tuple[int, int, Any] | None:
-        while not self._buffer:
-            if not await self._fill():
-                return None
-        return self._buffer.popleft()
+    def _submit(self, fn: Callable[..., list], *args: Any) -> None:
+        if self._executor is None:
+            self._executor = InlineExecutor("aioloader-assemble")
+            weakref.finalize(self, self._executor.close, 0)
+        self._job = asyncio.wrap_future(self._executor.submit(_run, fn, args, label="assembly"))
 
-    # -- packing ------------------------------------------------------------------------
+    async def _settle(self) -> None:
+        """Wait for the stage's work (shielded: a cancelled consumer finds it done on its
+        next call) and queue its outputs."""
+        job = self._job
+        assert job is not None
+        try:
+            outputs = await asyncio.shield(job)
+        finally:
+            if job.done():
+                self._job = None
+        self._ready.extend(outputs)
 
-    async def _next_row(self) -> tuple[tuple[int, int, int], Any] | None:
-        op: PackOp = self.batching  # type: ignore[assignment]
-        while not self._rows:
-            final = False
-            while True:  # pack from the buffer; fetch windows until the block is complete
-                items = list(self._buffer)
-                block, used = pack_first_fit([e for _, _, e in items], op.length_struct,
-                                             op.num_packing_bins, final=final)
-                if block is not None:
-                    break
-                if final:
-                    return None
-                if not await self._fill():
-                    final = True
-            t0 = self.stats.begin()
-            bpos, bskip, _ = items[0]
-            for _ in range(used):
-                self._buffer.popleft()
-            skip_rows = self.start["rows"] if self._first_block else 0
-            self._first_block = False
-            key = next(iter(op.length_struct))
-            filled = block[key + "_segment_ids"].reshape(op.num_packing_bins, -1).max(axis=1)
-            for r_i, r in enumerate(np.flatnonzero(filled > 0).tolist()):
-                if r_i >= skip_rows:
-                    row = {name: arr[r] for name, arr in block.items()}
-                    self._rows.append(((bpos, bskip, r_i + 1), row))
-            self.stats.end(t0)
-        return self._rows.popleft()
+    async def _next_element(self) -> tuple[Any, dict[str, int]]:
+        while self._window is None or self._window[2] >= len(self._window[1]):
+            if self._done:
+                raise StopAsyncIteration
+            window = await self.next_window()
+            if window is None:
+                self._done = True
+                raise StopAsyncIteration
+            self._window = (window[0], window[1], self._skip())
+        pos, elements, j = self._window
+        self._window = (pos, elements, j + 1)
+        return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
-    async def _next_packed(self) -> tuple[Any, dict[str, int]]:
-        want = self.pack_batch.size if self.pack_batch is not None else 1
-        rows = []
-        while len(rows) < want:
-            item = await self._next_row()
-            if item is None:
-                break
-            rows.append(item)
-        if not rows or (self.pack_batch is not None and self.pack_batch.drop_remainder
-                        and len(rows) < want):
-            raise StopAsyncIteration
-        (bpos, bskip, done), _ = rows[-1]
-        state = {"position": bpos, "skip": bskip, "rows": done}
-        if self.pack_batch is None:
-            return apply_batch_ops(self.batch_ops, rows[0][1]), state
-        return apply_batch_ops(self.batch_ops, collate([r for _, r in rows])), state
+
+def _run(fn: Callable[..., list], args: tuple) -> list:
+    """On the assembler's thread: a stage's step, on the piece a worker sent."""
+    if len(args) == 3:
+        pos, payload, skip = args
+        return fn(pos, read(payload), skip)
+    return fn()

@@ -246,6 +246,7 @@ class Loader:
             batch_ops=ds.batch_ops if self._batch_mode else (),
             verify=ds.source.verify,
             max_decoded=self.memory_budget,
+            stream=None if self._batch_mode else ds.batching,
         )
         # Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few
         # the consumer holds (its step, device prefetch); beyond that a batch goes by value.
@@ -281,6 +282,8 @@ class Loader:
         self._run_start = dict(self._state)
         self._ahead: tuple | None = None  # see _lookup
         ds = self.dataset
+        if getattr(self, "_assembler", None) is not None:
+            self._assembler.close()  # its thread, and the windows it holds
         self._assembler = None if self._batch_mode else Assembler(
             ds.batching, ds.pack_batch, ds.batch_ops, self._run_start, self._next_window,
             self._stats.assemble)
@@ -327,6 +330,8 @@ class Loader:
         await asyncio.gather(*pending, return_exceptions=True)
         self._ready.clear()  # lent batches nobody took: their slots (and memory) go now,
         self._results.clear()  # not when the garbage collector finds this loader
+        if self._assembler is not None:
+            self._assembler.close()
         if self._finalizer is not None:
             self._finalizer()
         elif self._pool is not None:

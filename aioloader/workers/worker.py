@@ -33,6 +33,7 @@ from ..planning import ChunkRefs
 from ..transforms import (
     BatchOp,
     MapOp,
+    PackOp,
     RecordOp,
     apply_batch_ops,
     apply_record_ops,
@@ -40,6 +41,7 @@ from ..transforms import (
 )
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
 from .localfiles import LocalFiles
+from .pieces import window_payload
 
 
 class WorkerError(RuntimeError):
@@ -55,6 +57,7 @@ class Pipeline:
     batch_ops: tuple[MapOp, ...]
     verify: str = "headers"
     max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
+    stream: BatchOp | PackOp | None = None  # stream mode's batching, for `pieces`
 
 
 @dataclass
@@ -223,8 +226,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths)
-    if pipeline.batch is None:
-        payload, slot, room = elements, -1, _room(arena, task.slot, slot_size)
+    if pipeline.batch is None:  # stream mode: the window's survivors (`pieces`)
+        payload, slot, room = _stream_payload(elements, pipeline, arena, task.slot,
+                                              slot_size, inline)
     else:  # the task's elements are one or more whole batches (the last may be short)
         size = pipeline.batch.size
         alloc = _room(arena, task.slot, slot_size)
@@ -246,6 +250,21 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
         payload = _outgoing(payload, room)
     return Result(task.task_id, payload, len(elements), slot, **io)
+
+
+def _stream_payload(elements: list, pipeline: Pipeline, arena: Any, slot: int,
+                    slot_size: int, inline: bool) -> tuple[Any, int, SlotAlloc | None]:
+    """(payload, slot, room) of a stream-mode task: columns or packing pieces with their
+    arrays in the slot where they fit (by value where not), else the elements."""
+    alloc = _room(arena, slot, slot_size)
+    payload = window_payload(elements, pipeline.stream, alloc)
+    if isinstance(payload, list):  # the elements, pickled (into the slot if big)
+        return payload, -1, alloc
+    placed = alloc.export(payload) if alloc is not None else None
+    if placed is None:  # no slot, or too big for it: by value (a copy of what is in it)
+        return (replace_leaves(payload, np.copy) if inline and alloc is not None else payload,
+                -1, None)
+    return placed, slot, alloc
 
 
 def _room(arena: Any, slot: int, slot_size: int) -> SlotAlloc | None:
