@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..packing import FirstFit, _check_config, assemble, pack_first_fit
-from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops
+from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops, collate
 from ..workers.pieces import Packed, Piece
 from .batcher import Raise
 from .stats import StageStats
@@ -225,5 +225,11 @@ def _stack_rows(rows: list) -> dict[str, np.ndarray]:
     if len(parts) == 1:
         block, idx = parts[0]
         return {name: arr[idx] for name, arr in block.items()}
+    first = parts[0][0]
+    if any(block[name].shape != arr.shape or block[name].dtype != arr.dtype
+           for block, _ in parts[1:] for name, arr in first.items()):
+        # blocks laid out differently (an all-empty feature takes its first element's
+        # dtype and shape): collate says what to do
+        return collate([{name: arr[r] for name, arr in block.items()} for _, block, r in rows])
     return {name: np.concatenate([block[name][idx] for block, idx in parts])
-            for name in parts[0][0]}
+            for name in first}
