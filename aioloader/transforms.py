@@ -93,11 +93,13 @@ def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random
 
 
 def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[int],
-                     epochs: Sequence[int], paths: Sequence[str] | None = None) -> list:
+                     epochs: Sequence[int], paths: Sequence[str] | None = None,
+                     survivors: list[int] | None = None) -> list:
     """Run the record ops over a batch of elements, op by op; filtered ones are dropped.
 
     `indices`/`epochs` key `random_map`'s generators; `paths` (each record's file) only go
     into error messages. One loop per op keeps the per-record cost to the user's function.
+    `survivors`, if given, receives the input positions of the elements that survive.
     """
     keep = list(range(len(elements)))  # positions (in the input) of the surviving elements
     for pos, op in enumerate(ops):
@@ -131,6 +133,8 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 + "".join(traceback.format_exception(exc))
             ) from None
         elements = out
+    if survivors is not None:
+        survivors.extend(keep)
     return elements
 
 

@@ -20,7 +20,7 @@ from aioloader.runtime.assembly import Assembler
 from aioloader.runtime.stats import StageStats
 from aioloader.transforms import BatchOp, MapOp, PackOp, collate
 from aioloader.workers.arena import ShmRef, SlotAlloc, replace_leaves
-from aioloader.workers.pieces import window_payload
+from aioloader.workers.pieces import Columns, has_arrays, read, window_payload, windows_of
 from tests import stream_reference
 
 # --- leaves and elements ---------------------------------------------------------------
@@ -122,23 +122,36 @@ def lend(payload, buf: bytearray):
     return replace_leaves(payload, load)
 
 
-def wire(elements, stream, slot: bool):
-    """The payload a worker sends for a window, through a slot (or by value)."""
+UNIT = 10  # output positions per window
+
+
+def tasks_of(windows, group: int, stream, slot: bool):
+    """What workers send for `windows` taken `group` to a task: (position, payload)."""
+    out = []
+    for k in range(0, len(windows), group):
+        ws = windows[k : k + group]
+        counts = tuple((i * UNIT, len(w)) for i, w in enumerate(ws))
+        out.append((k * UNIT, wire([e for w in ws for e in w], counts, stream, slot)))
+    return out
+
+
+def wire(elements, windows, stream, slot: bool):
+    """The payload a worker sends for a task, through a slot (or by value)."""
     if not slot:
-        return pickle.loads(pickle.dumps(window_payload(elements, stream, None)))
+        return pickle.loads(pickle.dumps(window_payload(elements, windows, stream, None)))
     buf = bytearray(1 << 16)
     alloc = SlotAlloc(buf, 0, len(buf))
-    payload = window_payload(elements, stream, alloc)
-    placed = None if isinstance(payload, list) else alloc.export(payload)
+    payload = window_payload(elements, windows, stream, alloc)
+    placed = alloc.export(payload) if has_arrays(payload) else None
     return lend(placed, buf) if placed is not None else pickle.loads(pickle.dumps(payload))
 
 
-def drain(make, windows, start, limit=300):
-    """Every output of an assembler over `windows` (after the state `start`): (output,
-    state), ("error", type, message), or "end"; stops at the third error in a row."""
+def drain(make, tasks, start, limit=300):
+    """Every output of an assembler over `tasks` (after the state `start`): (output, state),
+    ("error", type, message), or "end"; stops at the third error in a row."""
 
     async def run():
-        queue = [(10 * k, w) for k, w in enumerate(windows)]
+        queue = list(tasks)
 
         async def next_window():
             return queue.pop(0) if queue else None
@@ -168,11 +181,14 @@ def drain(make, windows, start, limit=300):
     return asyncio.run(run())
 
 
-def both(windows, batching, pack_batch, ops_old, ops_new, start, stream, slot):
+def both(windows, batching, pack_batch, ops_old, ops_new, start, stream, slot, group=1):
+    """The old assembler over the elements of each window, and the new one over what
+    workers send for them, `group` windows to a task."""
     old = drain(lambda s, nw: stream_reference.Assembler(
-        batching, pack_batch, ops_old, s, nw, StageStats("old")), windows, start)
+        batching, pack_batch, ops_old, s, nw, StageStats("old")),
+        [(k * UNIT, w) for k, w in enumerate(windows)], start)
     new = drain(lambda s, nw: Assembler(batching, pack_batch, ops_new, s, nw, StageStats("new")),
-                [wire(w, stream, slot) for w in windows], start)
+                tasks_of(windows, group, stream, slot), start)
     return old, new
 
 
@@ -184,34 +200,40 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(Heal
 
 @FAST
 @given(windows=element_windows(), size=st.integers(1, 7), drop=st.booleans(),
-       skip=st.integers(0, 4), fail=st.integers(0, 4), slot=st.booleans())
-def test_batches_cut_from_columns_are_what_collate_gave(windows, size, drop, skip, fail, slot):
+       skip=st.integers(0, 4), fail=st.integers(0, 4), slot=st.booleans(),
+       group=st.integers(1, 3))
+def test_batches_cut_from_columns_are_what_collate_gave(windows, size, drop, skip, fail, slot,
+                                                        group):
     op = BatchOp(size, drop)
     ops = lambda: (MapOp(FailOnCall(fail)),) if fail else ()  # noqa: E731
     old, new = both(windows, op, None, ops(), ops(), {"position": 0, "skip": skip, "rows": 0},
-                    op, slot)
+                    op, slot, group)
     assert new == old
 
 
 @FAST
-@given(windows=element_windows(), skip=st.integers(0, 4))
-def test_filtered_elements_pass_through_with_their_tags(windows, skip):
+@given(windows=element_windows(), skip=st.integers(0, 4), group=st.integers(1, 3))
+def test_filtered_elements_pass_through_with_their_tags(windows, skip, group):
     old, new = both(windows, None, None, (), (), {"position": 0, "skip": skip, "rows": 0},
-                    None, False)
+                    None, False, group)
     assert new == old
 
 
 def test_a_window_of_one_structure_travels_as_columns_else_as_elements():
     op = BatchOp(4)
     uniform = [{"x": i, "t": f"{i}", "v": np.full(2, i, np.int32)} for i in range(5)]
-    payload = window_payload(uniform, op, None)
-    assert isinstance(payload, tuple) and payload[1] == 5
+    windows = ((0, 2), (UNIT, 3))
+    (pos_a, a), (pos_b, b) = read(window_payload(uniform, windows, op, None), 100)
+    assert (pos_a, pos_b) == (100, 100 + UNIT) and isinstance(a, Columns)
+    assert canon(a.cols) == canon(collate(uniform[:2]))
+    assert canon(b.cols) == canon(collate(uniform[2:]))
     for odd in ({"x": 1.5, "t": "1", "v": np.zeros(2, np.int32)},  # float among ints
                 {"t": "1", "x": 1, "v": np.zeros(2, np.int32)},  # keys in another order
                 {"x": 1, "t": "1", "v": np.zeros(3, np.int32)},  # another shape
                 {"x": 1, "t": "1"}):  # a key missing
-        assert window_payload([*uniform, odd], op, None) == [*uniform, odd]
-    assert window_payload(uniform, BatchOp(1), None) is uniform  # nothing to gain
+        payload = window_payload([*uniform, odd], ((0, 6),), op, None)
+        assert not has_arrays(payload) and read(payload, 0) == [(0, [*uniform, odd])]
+    assert not has_arrays(window_payload(uniform, ((0, 5),), BatchOp(1), None))
 
 
 @settings(max_examples=200, deadline=None)
@@ -273,15 +295,15 @@ def pack_windows(draw):
 @FAST
 @given(data=pack_windows(), bins=st.integers(1, 3), batch=st.integers(0, 3),
        drop=st.booleans(), skip=st.integers(0, 3), rows=st.integers(0, 2),
-       fail=st.integers(0, 3), slot=st.booleans())
+       fail=st.integers(0, 3), slot=st.booleans(), group=st.integers(1, 3))
 def test_packed_rows_from_pieces_are_what_pack_first_fit_gave(data, bins, batch, drop, skip,
-                                                               rows, fail, slot):
+                                                               rows, fail, slot, group):
     windows, lengths = data
     op = PackOp(lengths, bins)
     pack_batch = BatchOp(batch, drop) if batch else None
     ops = lambda: (MapOp(FailOnCall(fail)),) if fail else ()  # noqa: E731
     old, new = both(windows, op, pack_batch, ops(), ops(),
-                    {"position": 0, "skip": skip, "rows": rows}, op, slot)
+                    {"position": 0, "skip": skip, "rows": rows}, op, slot, group)
     assert new == old
 
 
@@ -325,7 +347,7 @@ def test_a_cancelled_consumer_loses_nothing(stream):
                 for i in range(12)]
 
     async def run(cancel: bool):
-        queue = [(0, window_payload(elements, stream, None))]
+        queue = [(0, window_payload(elements, ((0, 12),), stream, None))]
 
         async def next_window():
             await asyncio.sleep(0)
@@ -351,3 +373,9 @@ def test_a_cancelled_consumer_loses_nothing(stream):
             asm.close()
 
     assert asyncio.run(run(True)) == asyncio.run(run(False))
+
+
+def test_a_task_says_how_many_of_its_survivors_each_window_holds():
+    assert windows_of([0, 3, 4, 9, 10], 11, 4) == ((0, 2), (4, 1), (8, 2))
+    assert windows_of([], 5, 4) == ((0, 0), (4, 0))
+    assert windows_of([1, 2], 3, 0) == ((0, 2),)  # one window: the whole task

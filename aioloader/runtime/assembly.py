@@ -51,7 +51,7 @@ class Assembler:
         self._first_window = True
         self._done = False
         self._executor: InlineExecutor | None = None
-        self._window: tuple[int, list, int] | None = None  # elements mode: (pos, elements, j)
+        self._windows: deque = deque()  # elements mode: (pos, elements, next) to deliver
 
     async def next(self) -> tuple[Any, dict[str, int]]:
         """The next output and the state after it; StopAsyncIteration at the end."""
@@ -68,7 +68,7 @@ class Assembler:
                     self._done = True
                     self._submit(self._stage.finish)
                 else:
-                    self._submit(self._stage.feed, window[0], window[1], self._skip())
+                    self._submit(_feed, self._stage, window[0], window[1], self._skip())
         item = self._ready[0]
         if isinstance(item, Stuck):
             raise item.exc
@@ -85,7 +85,7 @@ class Assembler:
             self._executor.close(0)
 
     def _skip(self) -> int:
-        """Elements of this window delivered before the run started (the first one only)."""
+        """Elements of the first window delivered before the run started (0 after it)."""
         skip = self.start["skip"] if self._first_window else 0
         self._first_window = False
         return skip
@@ -94,7 +94,7 @@ class Assembler:
         if self._executor is None:
             self._executor = InlineExecutor("aioloader-assemble")
             weakref.finalize(self, self._executor.close, 0)
-        self._job = asyncio.wrap_future(self._executor.submit(_run, fn, args, label="assembly"))
+        self._job = asyncio.wrap_future(self._executor.submit(fn, *args, label="assembly"))
 
     async def _settle(self) -> None:
         """Wait for the stage's work (shielded: a cancelled consumer finds it done on its
@@ -109,22 +109,29 @@ class Assembler:
         self._ready.extend(outputs)
 
     async def _next_element(self) -> tuple[Any, dict[str, int]]:
-        while self._window is None or self._window[2] >= len(self._window[1]):
+        while not self._windows or self._windows[0][2] >= len(self._windows[0][1]):
+            if self._windows:
+                self._windows.popleft()
+                continue
             if self._done:
                 raise StopAsyncIteration
-            window = await self.next_window()
-            if window is None:
+            task = await self.next_window()
+            if task is None:
                 self._done = True
                 raise StopAsyncIteration
-            self._window = (window[0], window[1], self._skip())
-        pos, elements, j = self._window
-        self._window = (pos, elements, j + 1)
+            skip = self._skip()
+            for k, (pos, elements) in enumerate(read(task[1], task[0])):
+                self._windows.append([pos, elements, skip if k == 0 else 0])
+        window = self._windows[0]
+        pos, elements, j = window
+        window[2] = j + 1
         return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
 
-def _run(fn: Callable[..., list], args: tuple) -> list:
-    """On the assembler's thread: a stage's step, on the piece a worker sent."""
-    if len(args) == 3:
-        pos, payload, skip = args
-        return fn(pos, read(payload), skip)
-    return fn()
+def _feed(stage: Batcher | Packer, pos: int, payload: tuple, skip: int) -> list:
+    """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
+    the first window's elements, those delivered before the run started)."""
+    out: list = []
+    for k, (at, piece) in enumerate(read(payload, pos)):
+        out += stage.feed(at, piece, skip if k == 0 else 0)
+    return out

@@ -247,6 +247,7 @@ class Loader:
             verify=ds.source.verify,
             max_decoded=self.memory_budget,
             stream=None if self._batch_mode else ds.batching,
+            window=0 if self._batch_mode else self._unit,
         )
         # Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few
         # the consumer holds (its step, device prefetch); beyond that a batch goes by value.
@@ -395,12 +396,12 @@ class Loader:
     def _task_span(self, lo: int) -> tuple[int, int] | None:
         """Output positions `[lo, hi)` of the task starting at `lo`; None past the end.
 
-        In batch mode a task covers `_batches_per_task` whole batches (the last one may be
-        partial, unless drop_remainder); in stream mode one window.
+        A task covers `_batches_per_task` whole batches (the last one may be partial, unless
+        drop_remainder), or in stream mode as many windows.
         """
         assert self._plan is not None
         unit = self._unit
-        hi = lo + unit * (self._batches_per_task if self._batch_mode else 1)
+        hi = lo + unit * self._batches_per_task
         length = self._plan.length
         if length is not None:
             if lo >= length:
@@ -616,6 +617,9 @@ class Loader:
         result = await self._next_result()
         if result is None:
             return None
+        if self._local or (self._source is not None and self._source.resident is not None):
+            self._batches_per_task = min(max(1, TASK_RECORDS // self._unit),  # as batches do
+                                         2 * self._batches_per_task)
         return self._spans.pop(k)[0], result.payload
 
     async def _next_stream_mode(self) -> Any:

@@ -1,30 +1,36 @@
-"""What a worker returns for a stream-mode task (a filter or pack before the batching): its
-window's surviving elements in the form the parent assembles fastest.
+"""What a worker returns for a stream-mode task (a filter or pack before the batching): the
+task's surviving elements in the form the parent assembles fastest, with the windows they
+belong to.
 
-- before `batch()`: the window stacked into columns (`aioloader.columns`), arrays in the
-  task's slot; the parent cuts batches from them;
+- before `batch()`: stacked into columns (`aioloader.columns`), arrays in the task's slot;
+  the parent cuts batches from them;
 - before `pack()`: each element's packed lengths and the pieces concatenated per feature
   (`packing.pack_window`), arrays in the slot; the parent packs on lengths alone;
-- otherwise, or when the window's elements do not allow it (mixed structures, say): the
-  elements themselves, as before, and the parent collates or packs them as it always did.
+- otherwise, or when the elements do not allow it (mixed structures, say): the elements
+  themselves, and the parent collates or packs them as it always did.
 
-On the wire a piece is a tagged tuple (not a class) so that the arena's tree walks
-(`arena.replace_leaves`) reach its arrays; `read` turns it back into a typed piece.
+A task may cover several windows of output positions (fewer, larger tasks cost the parent
+less); the payload says how many elements survived in each, so that every element keeps its
+resume tag `(window position, index among the window's survivors)`, whatever the task size.
+On the wire a payload is a tagged tuple (not a class) so that the arena's tree walks
+(`arena.replace_leaves`) reach its arrays; `read` turns it into typed pieces, one per window.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..columns import Schema, stack
+from ..columns import Schema, stack, take
 from ..packing import pack_window
 from ..transforms import BatchOp, PackOp
 from .arena import SlotAlloc
 
-_COLUMNS, _PACKED = "aioloader.columns", "aioloader.packed"
+_ELEMENTS, _COLUMNS, _PACKED = "aioloader.elements", "aioloader.columns", "aioloader.packed"
+Windows = tuple[tuple[int, int], ...]  # (offset from the task's first position, survivors)
 
 
 @dataclass(frozen=True)
@@ -50,23 +56,63 @@ class Packed:
 Piece = Columns | Packed | list  # a list: the elements themselves
 
 
-def window_payload(elements: list, stream: BatchOp | PackOp | None,
-                   alloc: SlotAlloc | None) -> Any:
-    """The wire form of a window's survivors for the parent's `stream` step."""
-    if not elements or stream is None or (isinstance(stream, BatchOp) and stream.size == 1):
-        return elements
-    if isinstance(stream, PackOp):
-        packed = pack_window(elements, stream.length_struct, alloc)
-        return elements if packed is None else (_PACKED, len(elements), *packed)
-    stacked = stack(elements, alloc)
-    return elements if stacked is None else (_COLUMNS, len(elements), *stacked)
+def windows_of(kept: Sequence[int], records: int, window: int) -> Windows:
+    """The windows of a task of `records` positions (`window` each; 0: one window) and how
+    many of the survivors (their positions in the task: `kept`) fall in each."""
+    window = window or records
+    counts = np.bincount(np.asarray(kept, dtype=np.int64) // window,
+                         minlength=-(-records // window)).tolist()
+    return tuple((k * window, c) for k, c in enumerate(counts))
 
 
-def read(payload: Any) -> Piece:
-    """The piece a worker sent (`window_payload`), its arrays already lent from the slot."""
-    if isinstance(payload, tuple) and payload and payload[0] == _COLUMNS:
-        return Columns(*payload[1:])
-    if isinstance(payload, tuple) and payload and payload[0] == _PACKED:
-        _, count, signature, lengths, datas = payload
-        return Packed(count, list(signature), lengths, list(datas))
-    return payload
+def window_payload(elements: list, windows: Windows, stream: BatchOp | PackOp | None,
+                   alloc: SlotAlloc | None) -> tuple:
+    """The wire form of a task's survivors for the parent's `stream` step."""
+    if elements and stream is not None and not (isinstance(stream, BatchOp)
+                                                and stream.size == 1):
+        if isinstance(stream, PackOp):
+            packed = pack_window(elements, stream.length_struct, alloc)
+            if packed is not None:
+                return (_PACKED, windows, len(elements), *packed)
+        else:
+            stacked = stack(elements, alloc)
+            if stacked is not None:
+                return (_COLUMNS, windows, len(elements), *stacked)
+    return (_ELEMENTS, windows, elements)
+
+
+def has_arrays(payload: tuple) -> bool:
+    """Whether the payload's arrays go into the slot (elements are pickled as they are)."""
+    return payload[0] != _ELEMENTS
+
+
+def read(payload: tuple, pos: int) -> list[tuple[int, Piece]]:
+    """The pieces a worker sent for the task at output position `pos` (`window_payload`;
+    its arrays already lent from the slot): `(window position, piece)` for each window."""
+    kind, windows = payload[0], payload[1]
+    out: list[tuple[int, Piece]] = []
+    lo = 0
+    if kind == _ELEMENTS:
+        elements = payload[2]
+        for offset, count in windows:
+            out.append((pos + offset, elements[lo : lo + count] if len(windows) > 1
+                        else elements))
+            lo += count
+    elif kind == _COLUMNS:
+        _, _, _, sch, cols = payload
+        for offset, count in windows:
+            part = cols if len(windows) == 1 else take(sch, cols, lo, lo + count)
+            out.append((pos + offset, Columns(count, sch, part)))
+            lo += count
+    else:
+        _, _, _, signature, lengths, datas = payload
+        # where each element's piece starts in datas[f], and the end of the last
+        starts = np.zeros((len(lengths) + 1, len(datas)), np.int64)
+        np.cumsum(lengths, axis=0, out=starts[1:])
+        for offset, count in windows:
+            a, b = starts[lo], starts[lo + count]
+            part = datas if len(windows) == 1 else [d[a[f] : b[f]] for f, d in enumerate(datas)]
+            out.append((pos + offset, Packed(count, list(signature), lengths[lo : lo + count],
+                                             list(part))))
+            lo += count
+    return out
