@@ -136,6 +136,39 @@ class FirstFit:
                 return b
         return -1
 
+    def scan(self, lengths: Sequence[Sequence[int]], start: int, stop: int) -> int:
+        """Place elements `start..stop-1` in order, empty ones skipped; the index of the
+        first that fits nowhere (not placed), or `stop`. `find` and `put` in one loop."""
+        if self._wide or not self._one:
+            for i in range(start, stop):
+                row = lengths[i]
+                if any(row):
+                    b = self.find(row)
+                    if b < 0:
+                        return i
+                    self.put(b, row)
+            return stop
+        used, segments, target, num_bins = self._used, self._segments, self.targets[0], \
+            self.num_bins
+        placed_lengths, placed_bins, placed_segment = self.lengths, self.bins, self.segment
+        for i in range(start, stop):
+            row = lengths[i]
+            n = row[0]
+            if not n:
+                continue
+            room = target - n
+            for b in range(num_bins):
+                if used[b] <= room:
+                    break
+            else:
+                return i
+            used[b] += n
+            segments[b] += 1
+            placed_lengths.append(row)
+            placed_bins.append(b)
+            placed_segment.append(segments[b])
+        return stop
+
     def put(self, b: int, lengths: Sequence[int]) -> None:
         """Place the element in bin `b` (from `find`)."""
         if self._one:

@@ -122,16 +122,20 @@ def lend(payload, buf: bytearray):
     return replace_leaves(payload, load)
 
 
-UNIT = 10  # output positions per window
+UNIT = 16  # output positions per window (more than any window holds)
 
 
 def tasks_of(windows, group: int, stream, slot: bool):
-    """What workers send for `windows` taken `group` to a task: (position, payload)."""
+    """What workers send for `windows` taken `group` to a task: (position, payload). The
+    survivors of window i sit at the end of its positions, as if the first ones were
+    filtered out."""
     out = []
     for k in range(0, len(windows), group):
         ws = windows[k : k + group]
-        counts = tuple((i * UNIT, len(w)) for i, w in enumerate(ws))
-        out.append((k * UNIT, wire([e for w in ws for e in w], counts, stream, slot)))
+        kept = np.array([i * UNIT + UNIT - len(w) + j for i, w in enumerate(ws)
+                         for j in range(len(w))], np.int32)
+        out.append((k * UNIT, wire([e for w in ws for e in w], (len(ws) * UNIT, kept),
+                                   stream, slot)))
     return out
 
 
@@ -187,8 +191,8 @@ def both(windows, batching, pack_batch, ops_old, ops_new, start, stream, slot, g
     old = drain(lambda s, nw: stream_reference.Assembler(
         batching, pack_batch, ops_old, s, nw, StageStats("old")),
         [(k * UNIT, w) for k, w in enumerate(windows)], start)
-    new = drain(lambda s, nw: Assembler(batching, pack_batch, ops_new, s, nw, StageStats("new")),
-                tasks_of(windows, group, stream, slot), start)
+    new = drain(lambda s, nw: Assembler(batching, pack_batch, ops_new, s, nw, StageStats("new"),
+                                        UNIT), tasks_of(windows, group, stream, slot), start)
     return old, new
 
 
@@ -222,8 +226,8 @@ def test_filtered_elements_pass_through_with_their_tags(windows, skip, group):
 def test_a_window_of_one_structure_travels_as_columns_else_as_elements():
     op = BatchOp(4)
     uniform = [{"x": i, "t": f"{i}", "v": np.full(2, i, np.int32)} for i in range(5)]
-    windows = ((0, 2), (UNIT, 3))
-    (pos_a, a), (pos_b, b) = read(window_payload(uniform, windows, op, None), 100)
+    survivors = (2 * UNIT, np.array([0, 1, UNIT, UNIT + 4, UNIT + 9]))
+    (pos_a, a), (pos_b, b) = read(window_payload(uniform, survivors, op, None), 100, UNIT)
     assert (pos_a, pos_b) == (100, 100 + UNIT) and isinstance(a, Columns)
     assert canon(a.cols) == canon(collate(uniform[:2]))
     assert canon(b.cols) == canon(collate(uniform[2:]))
@@ -231,9 +235,9 @@ def test_a_window_of_one_structure_travels_as_columns_else_as_elements():
                 {"t": "1", "x": 1, "v": np.zeros(2, np.int32)},  # keys in another order
                 {"x": 1, "t": "1", "v": np.zeros(3, np.int32)},  # another shape
                 {"x": 1, "t": "1"}):  # a key missing
-        payload = window_payload([*uniform, odd], ((0, 6),), op, None)
-        assert not has_arrays(payload) and read(payload, 0) == [(0, [*uniform, odd])]
-    assert not has_arrays(window_payload(uniform, ((0, 5),), BatchOp(1), None))
+        payload = window_payload([*uniform, odd], (6, np.arange(6)), op, None)
+        assert not has_arrays(payload) and read(payload, 0, 0) == [(0, [*uniform, odd])]
+    assert not has_arrays(window_payload(uniform, (5, np.arange(5)), BatchOp(1), None))
 
 
 @settings(max_examples=200, deadline=None)
@@ -347,7 +351,7 @@ def test_a_cancelled_consumer_loses_nothing(stream):
                 for i in range(12)]
 
     async def run(cancel: bool):
-        queue = [(0, window_payload(elements, ((0, 12),), stream, None))]
+        queue = [(0, window_payload(elements, (12, np.arange(12)), stream, None))]
 
         async def next_window():
             await asyncio.sleep(0)

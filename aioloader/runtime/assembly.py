@@ -4,8 +4,8 @@ With a filter or pack in the pipeline, tasks cover fixed windows of output posit
 workers return whatever survived, stacked into columns or cut into packing pieces where the
 elements allow (`workers.pieces`). Batch boundaries and packing blocks cross windows, so they
 are decided here, over the whole stream, in order: by `Batcher` (filter + batch) and `Packer`
-(pack), on one thread the assembler owns, never on the event loop's. A window's outputs are
-made in one go, so the loop pays one hand-off per window, not per batch. Every item carries
+(pack), on one thread the assembler owns, never on the event loop's. A task's outputs are
+made in one go, so the loop pays one hand-off per task, not per batch. Every item carries
 its resume tag, so the state after any batch is exact:
 
 - elements and batches: `(window position, elements of that window already delivered)`;
@@ -29,17 +29,19 @@ from .batcher import Batcher, Raise
 from .packer import Packer, Stuck
 from .stats import StageStats
 
-# (window position, the payload a worker sent for it), or None after the last window
+# (the task's first output position, the payload a worker sent for it), or None at the end
 NextWindow = Callable[[], Awaitable["tuple[int, Any] | None"]]
 
 
 class Assembler:
-    """Delivers the stream-mode outputs of one run, starting at `start` (a loader state)."""
+    """Delivers the stream-mode outputs of one run, starting at `start` (a loader state),
+    over windows of `window` output positions (0: each task is one window)."""
 
     def __init__(self, batching: BatchOp | PackOp | None, pack_batch: BatchOp | None,
                  batch_ops: tuple, start: dict[str, int], next_window: NextWindow,
-                 stats: StageStats) -> None:
+                 stats: StageStats, window: int = 0) -> None:
         self.start = start
+        self.window = window
         self.next_window = next_window
         self._stage: Batcher | Packer | None = None
         if isinstance(batching, PackOp):
@@ -50,11 +52,14 @@ class Assembler:
         self._job: asyncio.Future | None = None  # the stage's work on the last window
         self._first_window = True
         self._done = False
+        self._closed = False
         self._executor: InlineExecutor | None = None
         self._windows: deque = deque()  # elements mode: (pos, elements, next) to deliver
 
     async def next(self) -> tuple[Any, dict[str, int]]:
         """The next output and the state after it; StopAsyncIteration at the end."""
+        if self._closed:
+            raise StopAsyncIteration
         if self._stage is None:
             return await self._next_element()
         while not self._ready:
@@ -68,7 +73,8 @@ class Assembler:
                     self._done = True
                     self._submit(self._stage.finish)
                 else:
-                    self._submit(_feed, self._stage, window[0], window[1], self._skip())
+                    self._submit(_feed, self._stage, window[1], window[0], self.window,
+                                 self._skip())
         item = self._ready[0]
         if isinstance(item, Stuck):
             raise item.exc
@@ -81,6 +87,10 @@ class Assembler:
         """Let the assembler's thread go (it ends after the work it is doing, if any) and
         drop what is buffered (windows hold shared-memory slots)."""
         self._ready.clear()
+        self._windows.clear()
+        self._closed = True
+        if self._stage is not None:
+            self._stage.clear()
         if self._executor is not None:
             self._executor.close(0)
 
@@ -120,7 +130,7 @@ class Assembler:
                 self._done = True
                 raise StopAsyncIteration
             skip = self._skip()
-            for k, (pos, elements) in enumerate(read(task[1], task[0])):
+            for k, (pos, elements) in enumerate(read(task[1], task[0], self.window)):
                 self._windows.append([pos, elements, skip if k == 0 else 0])
         window = self._windows[0]
         pos, elements, j = window
@@ -128,10 +138,10 @@ class Assembler:
         return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
 
-def _feed(stage: Batcher | Packer, pos: int, payload: tuple, skip: int) -> list:
+def _feed(stage: Batcher | Packer, payload: tuple, pos: int, window: int, skip: int) -> list:
     """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
     the first window's elements, those delivered before the run started)."""
     out: list = []
-    for k, (at, piece) in enumerate(read(payload, pos)):
+    for k, (at, piece) in enumerate(read(payload, pos, window)):
         out += stage.feed(at, piece, skip if k == 0 else 0)
     return out

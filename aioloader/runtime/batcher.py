@@ -55,6 +55,11 @@ class Batcher:
             return [self._batch(self._buffered)]
         return []
 
+    def clear(self) -> None:
+        """Drop the buffered windows (their arrays hold shared-memory slots)."""
+        self._windows.clear()
+        self._buffered = 0
+
     def _batch(self, n: int) -> Any:
         spans = []  # (position, piece, lo, hi)
         self._buffered -= n

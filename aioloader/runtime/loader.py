@@ -247,7 +247,6 @@ class Loader:
             verify=ds.source.verify,
             max_decoded=self.memory_budget,
             stream=None if self._batch_mode else ds.batching,
-            window=0 if self._batch_mode else self._unit,
         )
         # Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few
         # the consumer holds (its step, device prefetch); beyond that a batch goes by value.
@@ -287,7 +286,7 @@ class Loader:
             self._assembler.close()  # its thread, and the windows it holds
         self._assembler = None if self._batch_mode else Assembler(
             ds.batching, ds.pack_batch, ds.batch_ops, self._run_start, self._next_window,
-            self._stats.assemble)
+            self._stats.assemble, self._unit)
 
     def _restart_producer(self) -> None:
         self._cancel_work()

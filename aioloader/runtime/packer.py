@@ -80,6 +80,12 @@ class Packer:
             self._pack(final=True)
         return self._outputs(final=True)
 
+    def clear(self) -> None:
+        """Drop the buffered windows and rows (their arrays hold shared-memory slots)."""
+        self._windows.clear()
+        self._rows.clear()
+        self._fit = None
+
     # -- blocks ---------------------------------------------------------------------------
 
     def _pack(self, final: bool) -> None:
@@ -111,16 +117,10 @@ class Packer:
             if not isinstance(w.piece, Packed) or w.piece.signature != first.signature:
                 self._scan = (wi, start)
                 return None
-            lengths = w.lengths
-            for i in range(w.lo if start is None else start, w.count):
-                lens = lengths[i]
-                if not any(lens):
-                    continue  # empty element: consumed, contributes nothing
-                b = fit.find(lens)
-                if b < 0:
-                    self._close_fast(targets, wi, i)
-                    return True
-                fit.put(b, lens)
+            i = fit.scan(w.lengths, w.lo if start is None else start, w.count)
+            if i < w.count:  # element i fits nowhere: it starts the next block
+                self._close_fast(targets, wi, i)
+                return True
             wi, start = wi + 1, None
         self._scan = (wi, None)
         if final:

@@ -10,8 +10,9 @@ belong to.
   themselves, and the parent collates or packs them as it always did.
 
 A task may cover several windows of output positions (fewer, larger tasks cost the parent
-less); the payload says how many elements survived in each, so that every element keeps its
-resume tag `(window position, index among the window's survivors)`, whatever the task size.
+less); the payload says where in the task each survivor was, so that the parent, which owns
+the windows, gives every element its resume tag `(window position, index among the window's
+survivors)`, whatever the task size.
 On the wire a payload is a tagged tuple (not a class) so that the arena's tree walks
 (`arena.replace_leaves`) reach its arrays; `read` turns it into typed pieces, one per window.
 """
@@ -31,6 +32,7 @@ from .arena import SlotAlloc
 
 _ELEMENTS, _COLUMNS, _PACKED = "aioloader.elements", "aioloader.columns", "aioloader.packed"
 Windows = tuple[tuple[int, int], ...]  # (offset from the task's first position, survivors)
+Survivors = tuple[int, np.ndarray]  # (the task's records, the survivors' places among them)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def windows_of(kept: Sequence[int], records: int, window: int) -> Windows:
     return tuple((k * window, c) for k, c in enumerate(counts))
 
 
-def window_payload(elements: list, windows: Windows, stream: BatchOp | PackOp | None,
+def window_payload(elements: list, survivors: Survivors, stream: BatchOp | PackOp | None,
                    alloc: SlotAlloc | None) -> tuple:
     """The wire form of a task's survivors for the parent's `stream` step."""
     if elements and stream is not None and not (isinstance(stream, BatchOp)
@@ -73,12 +75,12 @@ def window_payload(elements: list, windows: Windows, stream: BatchOp | PackOp | 
         if isinstance(stream, PackOp):
             packed = pack_window(elements, stream.length_struct, alloc)
             if packed is not None:
-                return (_PACKED, windows, len(elements), *packed)
+                return (_PACKED, survivors, len(elements), *packed)
         else:
             stacked = stack(elements, alloc)
             if stacked is not None:
-                return (_COLUMNS, windows, len(elements), *stacked)
-    return (_ELEMENTS, windows, elements)
+                return (_COLUMNS, survivors, len(elements), *stacked)
+    return (_ELEMENTS, survivors, elements)
 
 
 def has_arrays(payload: tuple) -> bool:
@@ -86,10 +88,12 @@ def has_arrays(payload: tuple) -> bool:
     return payload[0] != _ELEMENTS
 
 
-def read(payload: tuple, pos: int) -> list[tuple[int, Piece]]:
+def read(payload: tuple, pos: int, window: int) -> list[tuple[int, Piece]]:
     """The pieces a worker sent for the task at output position `pos` (`window_payload`;
-    its arrays already lent from the slot): `(window position, piece)` for each window."""
-    kind, windows = payload[0], payload[1]
+    its arrays already lent from the slot): `(window position, piece)` for each window of
+    `window` positions (0: the task is one window)."""
+    kind, (records, kept) = payload[0], payload[1]
+    windows = windows_of(kept, records, window)
     out: list[tuple[int, Piece]] = []
     lo = 0
     if kind == _ELEMENTS:

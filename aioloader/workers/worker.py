@@ -41,7 +41,7 @@ from ..transforms import (
 )
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
 from .localfiles import LocalFiles
-from .pieces import Windows, has_arrays, window_payload, windows_of
+from .pieces import Survivors, has_arrays, window_payload
 
 
 class WorkerError(RuntimeError):
@@ -58,7 +58,6 @@ class Pipeline:
     verify: str = "headers"
     max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
     stream: BatchOp | PackOp | None = None  # stream mode's batching, for `pieces`
-    window: int = 0  # stream mode: output positions per window (a task may hold several)
 
 
 @dataclass
@@ -225,12 +224,12 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     paths = [refs.name(f) for f in refs.file.tolist()] if refs is not None else None
     records = _records_of(task, pipeline, files, arena, paths)
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
-    kept: list[int] = []  # the survivors' places in the task (stream mode's windows)
+    kept: list[int] = []  # the survivors' places in the task (stream mode's resume tags)
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths, kept)
     if pipeline.batch is None:  # stream mode: the window's survivors (`pieces`)
-        windows = windows_of(kept, len(task.indices), pipeline.window)
-        payload, slot, room = _stream_payload(elements, windows, pipeline, arena, task.slot,
+        survivors = (len(task.indices), np.asarray(kept, dtype=np.int32))
+        payload, slot, room = _stream_payload(elements, survivors, pipeline, arena, task.slot,
                                               slot_size, inline)
     else:  # the task's elements are one or more whole batches (the last may be short)
         size = pipeline.batch.size
@@ -255,13 +254,13 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
     return Result(task.task_id, payload, len(elements), slot, **io)
 
 
-def _stream_payload(elements: list, windows: Windows, pipeline: Pipeline, arena: Any,
+def _stream_payload(elements: list, survivors: Survivors, pipeline: Pipeline, arena: Any,
                     slot: int, slot_size: int, inline: bool
                     ) -> tuple[Any, int, SlotAlloc | None]:
     """(payload, slot, room) of a stream-mode task: columns or packing pieces with their
     arrays in the slot where they fit (by value where not), else the elements."""
     alloc = _room(arena, slot, slot_size)
-    payload = window_payload(elements, windows, pipeline.stream, alloc)
+    payload = window_payload(elements, survivors, pipeline.stream, alloc)
     if not has_arrays(payload):  # the elements, pickled (into the slot if big)
         return payload, -1, alloc
     placed = alloc.export(payload) if alloc is not None else None
