@@ -30,7 +30,7 @@ Rules, in order of placement:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def pack_first_fit(
       arrays of shape `(num_packing_bins, length_struct[f])`. Padding is 0 in all three.
     """
     names = list(length_struct)
-    targets = _check_config(length_struct, num_packing_bins)
+    targets = check_config(length_struct, num_packing_bins)
     fit = FirstFit(targets.tolist(), num_packing_bins)
     placed: list[list[np.ndarray]] = []  # truncated arrays of each placed element
     # Per feature, (trailing shape, dtype) of its first non-empty piece in this batch.
@@ -188,7 +188,8 @@ class FirstFit:
 _SCAN_IN_PYTHON = 64  # bins scanned in a Python loop; more with NumPy
 
 
-def _check_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
+def check_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
+    """The target lengths as an array; TypeError or ValueError for a bad configuration."""
     if isinstance(num_packing_bins, bool) or not isinstance(num_packing_bins, (int, np.integer)):
         raise TypeError(f"num_packing_bins must be an int, got {num_packing_bins!r}")
     if num_packing_bins < 1:
@@ -347,57 +348,3 @@ def _scatter_tokens(fit: FirstFit, lengths: np.ndarray, target: int, src: np.nda
     data.reshape(-1, *data.shape[2:])[slot] = src
     segment_ids.reshape(-1)[slot] = np.repeat(np.asarray(fit.segment, np.int32), lengths)
     position_ids.reshape(-1)[slot] = slot - np.repeat(dest, lengths)
-
-
-def pack_window(
-    elements: Sequence[Mapping[str, np.ndarray]],
-    length_struct: Mapping[str, int],
-    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
-) -> tuple[list[tuple[tuple[int, ...], np.dtype]], np.ndarray, list[np.ndarray]] | None:
-    """A run of elements to pack, as `(signature, lengths, datas)`: per feature its trailing
-    shape and dtype, the truncated length of each element's piece (`lengths[i, f]`), and the
-    pieces concatenated (`datas[f]`), so that packing needs no element objects
-    (`FirstFit` decides on lengths, `assemble` lays out the data).
-
-    None when packing these elements needs the elements themselves: one is not a plain dict
-    of exactly the packed features, a feature is a scalar, or pieces of a feature differ in
-    trailing shape or dtype (`pack_first_fit` then decides, and explains). `alloc(shape,
-    dtype)` may supply the memory of the arrays (None: allocate).
-    """
-    names = list(length_struct)
-    try:
-        targets = _check_config(length_struct, 1).tolist()
-    except (TypeError, ValueError):
-        return None
-    pieces: list[list[np.ndarray]] = [[] for _ in names]
-    for element in elements:
-        if type(element) is not dict or len(element) != len(names):
-            return None
-        for f, name in enumerate(names):
-            if name not in element:
-                return None
-            array = np.asarray(element[name])
-            if array.ndim == 0:
-                return None
-            pieces[f].append(array[: targets[f]])
-    signature = []
-    for column in pieces:
-        trailing, dtype = column[0].shape[1:], column[0].dtype
-        if dtype.hasobject or any(p.dtype != dtype or p.shape[1:] != trailing for p in column):
-            return None
-        signature.append((trailing, dtype))
-    lengths = _array(alloc, (len(elements), len(names)), np.dtype(np.int64))
-    for f, column in enumerate(pieces):
-        lengths[:, f] = [len(p) for p in column]
-    datas = []
-    for f, column in enumerate(pieces):
-        trailing, dtype = signature[f]
-        out = _array(alloc, (int(lengths[:, f].sum()), *trailing), dtype)
-        datas.append(np.concatenate(column, axis=0, out=out))
-    return signature, lengths, datas
-
-
-def _array(alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None,
-           shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    out = alloc(shape, dtype) if alloc is not None else None
-    return np.empty(shape, dtype) if out is None else out

@@ -5,7 +5,7 @@ belong to.
 - before `batch()`: stacked into columns (`aioloader.columns`), arrays in the task's slot;
   the parent cuts batches from them;
 - before `pack()`: each element's packed lengths and the pieces concatenated per feature
-  (`packing.pack_window`), arrays in the slot; the parent packs on lengths alone;
+  (`pack_window`), arrays in the slot; the parent packs on lengths alone;
 - otherwise, or when the elements do not allow it (mixed structures, say): the elements
   themselves, and the parent collates or packs them as it always did.
 
@@ -19,14 +19,14 @@ On the wire a payload is a tagged tuple (not a class) so that the arena's tree w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..columns import Schema, stack, take
-from ..packing import pack_window
+from ..packing import check_config
 from ..transforms import BatchOp, PackOp
 from .arena import SlotAlloc
 
@@ -120,3 +120,57 @@ def read(payload: tuple, pos: int, window: int) -> list[tuple[int, Piece]]:
                                              list(part))))
             lo += count
     return out
+
+
+def pack_window(
+    elements: Sequence[Mapping[str, np.ndarray]],
+    length_struct: Mapping[str, int],
+    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
+) -> tuple[list[tuple[tuple[int, ...], np.dtype]], np.ndarray, list[np.ndarray]] | None:
+    """A run of elements to pack, as `(signature, lengths, datas)`: per feature its trailing
+    shape and dtype, the truncated length of each element's piece (`lengths[i, f]`), and the
+    pieces concatenated (`datas[f]`), so that packing needs no element objects
+    (`FirstFit` decides on lengths, `assemble` lays out the data).
+
+    None when packing these elements needs the elements themselves: one is not a plain dict
+    of exactly the packed features, a feature is a scalar, or pieces of a feature differ in
+    trailing shape or dtype (`pack_first_fit` then decides, and explains). `alloc(shape,
+    dtype)` may supply the memory of the arrays (None: allocate).
+    """
+    names = list(length_struct)
+    try:
+        targets = check_config(length_struct, 1).tolist()
+    except (TypeError, ValueError):
+        return None
+    pieces: list[list[np.ndarray]] = [[] for _ in names]
+    for element in elements:
+        if type(element) is not dict or len(element) != len(names):
+            return None
+        for f, name in enumerate(names):
+            if name not in element:
+                return None
+            array = np.asarray(element[name])
+            if array.ndim == 0:
+                return None
+            pieces[f].append(array[: targets[f]])
+    signature = []
+    for column in pieces:
+        trailing, dtype = column[0].shape[1:], column[0].dtype
+        if dtype.hasobject or any(p.dtype != dtype or p.shape[1:] != trailing for p in column):
+            return None
+        signature.append((trailing, dtype))
+    lengths = _array(alloc, (len(elements), len(names)), np.dtype(np.int64))
+    for f, column in enumerate(pieces):
+        lengths[:, f] = [len(p) for p in column]
+    datas = []
+    for f, column in enumerate(pieces):
+        trailing, dtype = signature[f]
+        out = _array(alloc, (int(lengths[:, f].sum()), *trailing), dtype)
+        datas.append(np.concatenate(column, axis=0, out=out))
+    return signature, lengths, datas
+
+
+def _array(alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None,
+           shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    out = alloc(shape, dtype) if alloc is not None else None
+    return np.empty(shape, dtype) if out is None else out
