@@ -53,6 +53,7 @@ class PipelineStats:
     workers: int = 0
     prefetch: int = 0
     graph: list[str] = field(default_factory=list)
+    batches_per_task: int = 1  # how many batches a task covers now (they grow; see plan)
 
     @property
     def elapsed(self) -> float:
@@ -78,6 +79,7 @@ class PipelineStats:
             "cache": dict(self.cache),
             "workers": self.workers,
             "prefetch": self.prefetch,
+            "batches_per_task": self.batches_per_task,
         }
 
     def __str__(self) -> str:
