@@ -3,14 +3,22 @@
 Only the public names live here; see DESIGN.md for the layers behind them.
 """
 
-from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
+from .arrayrecord import ArrayRecordWriter
 from .dataset import Dataset
+from .errors import (
+    ArrayRecordFormatError,
+    CollateError,
+    ConvertError,
+    ObjectChangedError,
+    StateError,
+    StorageError,
+    StoreUnavailableError,
+    TransformError,
+    WorkerError,
+)
+from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
-from .state import StateError
-from .storage import ObjectChangedError, RetryPolicy, StorageError, StoreUnavailableError
-from .transforms import CollateError, TransformError
-from .workers import WorkerError
 
 __version__ = "0.1.0"
 
@@ -19,6 +27,7 @@ __all__ = [
     "ArrayRecordSource",
     "ArrayRecordWriter",
     "CollateError",
+    "ConvertError",
     "Dataset",
     "Loader",
     "ObjectChangedError",

@@ -23,15 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import (
-    FsspecBackend,
-    GCSBackend,
-    LocalBackend,
-    ObjectChangedError,
-    ObjectInfo,
-    StorageError,
-    StoreUnavailableError,
-)
+from .backends import FsspecBackend, GCSBackend, LocalBackend, ObjectInfo
+from .errors import ObjectChangedError, StorageError, StoreUnavailableError
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
 

@@ -15,21 +15,7 @@ from typing import Any
 
 import numpy as np
 
-
-class TransformError(RuntimeError):
-    """A user transform raised; the message names the op, the record and the cause."""
-
-
-class CollateError(ValueError):
-    """batch() cannot stack the elements: the message names the field and the element.
-
-    `element` is the offending element's place in the batch, so that whoever knows which
-    record that is (the worker) can name it too.
-    """
-
-    def __init__(self, message: str, element: int | None = None) -> None:
-        super().__init__(message)
-        self.element = element
+from .errors import CollateError, TransformError
 
 
 @dataclass(frozen=True)
