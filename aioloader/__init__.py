@@ -16,6 +16,7 @@ from .errors import (
     TransformError,
     WorkerError,
 )
+from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
 from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
@@ -30,12 +31,16 @@ __all__ = [
     "ConvertError",
     "Dataset",
     "Loader",
+    "LoaderOptions",
     "ObjectChangedError",
+    "PrefetchOptions",
+    "ReadOptions",
     "RetryPolicy",
     "StateError",
     "StorageError",
     "StoreUnavailableError",
     "TransformError",
     "WorkerError",
+    "WorkerOptions",
     "__version__",
 ]

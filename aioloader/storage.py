@@ -359,8 +359,3 @@ class Storage:
         if state is not None:
             for backend in state.backends.values():
                 await backend.aclose()
-
-    def close_loop_states(self) -> None:
-        """Forget states of loops that are already closed (their resources died with them)."""
-        for loop in [lp for lp in self._states if lp.is_closed()]:
-            del self._states[loop]

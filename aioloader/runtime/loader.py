@@ -33,7 +33,7 @@ from ..planning import ChunkRefs
 from ..sampling import IndexPlan, Shard, Shuffle
 from ..source import ArrayRecordSource
 from ..state import STATE_VERSION, StateError, check_position, check_state
-from ..storage import RetryPolicy, Storage, StorageError
+from ..storage import Storage, StorageError
 from ..sync import acquire, release, run_sync
 from ..transforms import BatchOp, FilterOp
 from ..urls import redact
@@ -44,6 +44,7 @@ from .stats import PipelineStats
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
+    from ..options import LoaderOptions
 
 log = logging.getLogger("aioloader")
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
@@ -64,34 +65,23 @@ def _resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) ->
 class Loader:
     """A running pipeline over a `Dataset`. Create it with `Dataset.loader()`."""
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        workers: int = 0,
-        prefetch: int = 4,
-        io_concurrency: int = 64,
-        memory_budget: int = 512 << 20,
-        state: dict[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        window: int | None = None,
-        slot_size: int = 32 << 20,
-        max_gap: int | None = None,
-        resident_bytes: int = 1 << 30,
-    ) -> None:
-        if workers < 0 or prefetch < 1:
-            raise ValueError("workers must be >= 0 and prefetch >= 1")
+    def __init__(self, dataset: Dataset, options: LoaderOptions, *,
+                 state: dict[str, Any] | None = None) -> None:
+        # `options` is already checked (aioloader.options); here it is only unpacked.
+        read, work = options.read, options.worker
+        workers, prefetch, window = work.workers, options.prefetch.prefetch, work.window
         if workers:
             dataset.check_picklable()
         self.dataset = dataset
+        self.options = options
         self.workers = workers
         self.prefetch = prefetch
-        self.io_concurrency = io_concurrency
-        self.memory_budget = memory_budget
-        self.retry = retry
-        self.slot_size = slot_size
-        self.max_gap = max_gap
-        self.resident_bytes = resident_bytes
+        self.io_concurrency = read.io_concurrency
+        self.memory_budget = read.memory_budget
+        self.retry = read.retry
+        self.slot_size = work.slot_size
+        self.max_gap = read.max_gap
+        self.resident_bytes = read.resident_bytes
         batching = dataset.batching
         self._batch_mode = (isinstance(batching, BatchOp)
                             and not any(isinstance(op, FilterOp) for op in dataset.record_ops))
