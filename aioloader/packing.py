@@ -71,7 +71,7 @@ def pack_first_fit(
       arrays of shape `(num_packing_bins, length_struct[f])`. Padding is 0 in all three.
     """
     names = list(length_struct)
-    targets = _check_config(length_struct, num_packing_bins)
+    targets = check_pack_config(length_struct, num_packing_bins)
     num_features = len(names)
 
     used = np.zeros((num_packing_bins, num_features), dtype=np.int64)
@@ -111,7 +111,9 @@ def pack_first_fit(
     return batch, len(elements)
 
 
-def _check_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
+def check_pack_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
+    """The one check of pack()'s settings (`PackOp` and `pack_first_fit` both use it);
+    returns the target lengths."""
     if isinstance(num_packing_bins, bool) or not isinstance(num_packing_bins, (int, np.integer)):
         raise TypeError(f"num_packing_bins must be an int, got {num_packing_bins!r}")
     if num_packing_bins < 1:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .options import DEFAULT_WINDOW
 from .sampling import IndexPlan, Shard, Shuffle
 from .transforms import BatchOp, FilterOp
 from .workers.worker import Pipeline
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from .dataset import Dataset
     from .options import LoaderOptions
 
-DEFAULT_WINDOW = 256  # output positions per task in stream mode, unless `window` says
 TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
 MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
 

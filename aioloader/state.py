@@ -20,16 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .errors import StateError
 from .urls import redact
 
 STATE_VERSION = 1
 # Positions index int64 arrays in the samplers; past this they would wrap.
 MAX_POSITION = 2**62
 _COUNTS = ("position", "skip", "rows")
-
-
-class StateError(ValueError):
-    """A loader state that cannot be resumed from; the message names the field."""
 
 
 def _int(state: Mapping[str, Any], key: str, lo: int, default: int | None = None) -> int:

@@ -15,21 +15,8 @@ from typing import Any
 
 import numpy as np
 
-
-class TransformError(RuntimeError):
-    """A user transform raised; the message names the op, the record and the cause."""
-
-
-class CollateError(ValueError):
-    """batch() cannot stack the elements: the message names the field and the element.
-
-    `element` is the offending element's place in the batch, so that whoever knows which
-    record that is (the worker) can name it too.
-    """
-
-    def __init__(self, message: str, element: int | None = None) -> None:
-        super().__init__(message)
-        self.element = element
+from .errors import CollateError, TransformError
+from .packing import check_pack_config
 
 
 @dataclass(frozen=True)
@@ -62,6 +49,10 @@ class BatchOp:
     size: int
     drop_remainder: bool = False
 
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.size}")
+
     def describe(self) -> str:
         return f"batch({self.size}{', drop_remainder' if self.drop_remainder else ''})"
 
@@ -70,6 +61,9 @@ class BatchOp:
 class PackOp:
     length_struct: Mapping[str, int]
     num_packing_bins: int
+
+    def __post_init__(self) -> None:
+        check_pack_config(self.length_struct, self.num_packing_bins)
 
     def describe(self) -> str:
         return f"pack({dict(self.length_struct)}, bins={self.num_packing_bins})"

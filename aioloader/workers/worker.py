@@ -29,6 +29,7 @@ import numpy as np
 
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
 from ..arrayrecord.index import decode_records
+from ..errors import WorkerError
 from ..planning import ChunkRefs
 from ..transforms import (
     BatchOp,
@@ -40,10 +41,6 @@ from ..transforms import (
 )
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
 from .localfiles import LocalFiles
-
-
-class WorkerError(RuntimeError):
-    """A worker process died, or could not send its result back; the message says why."""
 
 
 @dataclass(frozen=True)
