@@ -160,6 +160,8 @@ class Loader:
         src = self._source = ArrayRecordSource(
             list(ds.source.paths), storage=storage, verify=ds.source.verify,
             max_gap=read.max_gap, resident_bytes=read.resident_bytes)
+        self._stats.io_source = src.storage.stats.as_dict
+        self._stats.cache_source = lambda: _cache_figures(src)
         await src.aopen()
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
                           ds.source.verify)
@@ -252,16 +254,9 @@ class Loader:
             await self.start()
             run, st = self._run, self._stats
             assert run is not None
-            t0 = time.perf_counter()
-            st.ready_samples += 1
-            st.ready_total += run.scheduler.ready
-            try:
-                item = await run.next()
-            finally:
-                st.wait_seconds += time.perf_counter() - t0
-            st.batches += 1
-            if st.first_batch_seconds is None:
-                st.first_batch_seconds = time.perf_counter() - st.started
+            ready, t0 = run.scheduler.ready, time.perf_counter()
+            item = await run.next()
+            st.note_batch(time.perf_counter() - t0, ready)
             return item
         except asyncio.CancelledError:
             if closed_while_waiting(self._closed):  # closed by another task or thread
@@ -329,24 +324,16 @@ class Loader:
         return self._pool
 
     def stats(self) -> PipelineStats:
-        """Per-stage figures so far (`print()` it for a table)."""
-        st, src = self._stats, self._source
-        if self._runner is not None:
-            st.batches_per_task = self._runner.batches_per_task
-        if src is not None:
-            io = src.storage.stats.as_dict()
-            if self._runner is not None and self._runner.worker_reads:
-                for key in ("requests", "reads"):
-                    io[key] = io.get(key, 0) + self._runner.worker_reads
-                io["bytes"] = io.get("bytes", 0) + self._runner.worker_bytes
-            io["records_per_read"] = st.records / io["reads"] if io.get("reads") else 0.0
-            st.io = io
-            cache = src.cache
-            st.cache = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
-            kept = src.resident
-            if kept is not None:
-                st.cache.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
-        return st
+        """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines)."""
+        return self._stats
+
+
+def _cache_figures(src: ArrayRecordSource) -> dict[str, int]:
+    cache, kept = src.cache, src.resident
+    out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
+    if kept is not None:
+        out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
+    return out
 
 
 _longest = longest_shard

@@ -40,8 +40,6 @@ class TaskRunner:
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
         self._goal: int | None = None
         self._ahead: tuple | None = None  # see _lookup
-        self.worker_reads = 0  # reads (and bytes) workers made of local files themselves
-        self.worker_bytes = 0
 
     def span(self, lo: int) -> tuple[int, int] | None:
         return self.plan.span(lo, self.batches_per_task)
@@ -50,23 +48,16 @@ class TaskRunner:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
         try:
-            t0 = st.fetch.begin()
-            try:
+            with st.fetch.timed(items=hi - lo):
                 task = await self._build(k, records, epochs, refs)
-            finally:
-                st.fetch.end(t0)
-            t1 = st.process.begin()
-            try:
+            with st.process.timed(items=hi - lo):
                 result = await self.pool.run(task, describe=f"task {k} (output positions "
                                                             f"{lo}..{hi - 1})")
-            finally:
-                st.process.end(t1)
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
         if result.reads and self.local:  # the worker's reads of local files (not of a
-            self.worker_reads += result.reads  # remote dataset's copy in memory)
-            self.worker_bytes += result.bytes_read
+            st.add_worker_reads(result.reads, result.bytes_read)  # remote dataset's copy)
         st.records += hi - lo
         st.elements += result.count
         return result
@@ -111,3 +102,4 @@ class TaskRunner:
             nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
             self._goal = self.plan.task_size_goal(nbytes)
         self.batches_per_task = min(self._goal, 2 * self.batches_per_task)
+        self.stats.batches_per_task = self.batches_per_task
