@@ -158,9 +158,11 @@ class RecordTable:
         counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.urls = [f.url for f in files]
-        # Files whose chunks hold more than one record: a chunk may be read again for
-        # another record (the fetch stage caches their raw chunks, `read` their records).
-        self.grouped = np.array([ix.group_size > 1 for ix in indices], dtype=bool)
+        # Files with chunks of more than one record (counted, not the writer's group_size,
+        # as `max_group_size` is): a chunk may be needed again for another of its records,
+        # so the fetch stage caches their raw chunks, and `read` their decoded records.
+        self.grouped = np.array([ix.num_chunks > 0 and int(ix.chunk_records.max()) > 1
+                                 for ix in indices], dtype=bool)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -176,6 +178,7 @@ class RecordTable:
 
     @property
     def max_group_size(self) -> int:
+        """The most records any chunk holds (1: every record is its own chunk)."""
         return max((int(ix.chunk_records.max()) if ix.num_chunks else 1)
                    for ix in self.indices) if self.indices else 1
 
