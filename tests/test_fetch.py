@@ -139,3 +139,26 @@ async def test_resident_copy_bypasses_the_cache(gcs, files):
             assert [bytes(v) for v in await src.fetch_refs(refs)] == \
                 _expected(blob, refs)
         assert src.resident is not None and len(src.fetcher.raw_cache) == 0
+
+
+async def test_refs_carry_file_numbers_through_take_and_read_from(tmp_path):
+    """Fetching goes by the source's file numbers, which `take` and `read_from` keep (the
+    paths may be copies; URLs are never looked up again)."""
+    paths, blobs = [], []
+    for k in range(3):
+        path = tmp_path / f"part-{k}.ar"
+        write_theirs(path, make_records(50, 40, seed=k), "group_size:1")
+        paths.append(path)
+        blobs.append(path.read_bytes())
+    async with ArrayRecordSource(paths) as src:
+        refs = src.chunk_refs([5, 85, 45, 110])  # files 0, 2, 1, 2
+        assert refs.ids.tolist() == [0, 1, 2] and refs.paths == src.urls
+        part = refs.take(1, 3)  # files 2 and 1
+        assert part.ids.tolist() == [1, 2] and part.paths == [src.urls[1], src.urls[2]]
+        moved = part.read_from(["/nonexistent/a", "/nonexistent/b"], [0, 0])
+        assert moved.ids.tolist() == [1, 2]
+        got = await src.fetch_refs(moved)  # by number: the copies' paths are not read
+        files = moved.ids[moved.file].tolist()
+        assert files == [2, 1]
+        assert [bytes(v) for v in got] == [blobs[f][s:e] for f, s, e in
+                                           zip(files, moved.start.tolist(), moved.end.tolist())]
