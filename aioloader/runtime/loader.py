@@ -329,7 +329,8 @@ class Loader:
 
 
 def _cache_figures(src: ArrayRecordSource) -> dict[str, int]:
-    cache, kept = src.cache, src.resident
+    """The fetch stage's cache of raw multi-record chunks, and the memory copy."""
+    cache, kept = src.fetcher.raw_cache, src.resident
     out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
     if kept is not None:
         out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
