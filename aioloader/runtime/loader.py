@@ -265,7 +265,6 @@ class Loader:
         needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
         self._plan = IndexPlan(len(src), ops, src.chunk_starts if needs_chunks else None)
         check_position({**self._state, "unit": self._unit}, self._plan.length, self._batch_mode)
-        self._raw_mode = src.max_group_size == 1
         self._local = src.all_local
         self._restart_producer()
 
@@ -472,8 +471,8 @@ class Loader:
         st.elements += result.count
         return result
 
-    def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs | None]:
-        """Record indices, epochs and (raw mode) chunk refs of output positions `lo..hi-1`.
+    def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:
+        """Record indices, epochs and chunk refs of output positions `lo..hi-1`.
 
         Computed for LOOKAHEAD_TASKS tasks at a time: the permutation and the chunk table
         are vectorized, and most of their cost on one batch is per call, not per record.
@@ -488,30 +487,23 @@ class Loader:
                 stop = min(stop, plan.length)
             stop = max(stop, hi)
             records, epochs = plan.lookup(np.arange(lo, stop, dtype=np.int64))
-            refs = src.chunk_refs(records) if self._raw_mode else None
-            w = self._ahead = (lo, stop, records, epochs, refs)
+            w = self._ahead = (lo, stop, records, epochs, src.chunk_refs(records))
         a, b = lo - w[0], hi - w[0]
-        return w[2][a:b], w[3][a:b], (w[4].take(a, b) if w[4] is not None else None)
+        return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
     async def _build_task(self, k: int, records: np.ndarray, epochs: np.ndarray,
-                          refs: ChunkRefs | None) -> Task:
+                          refs: ChunkRefs) -> Task:
         """What task `k` needs: where its records' chunks are (the worker reads local files,
-        and the memory copies of a remote dataset kept in memory, itself), their fetched
-        bytes (remote files), or decoded records (group size > 1)."""
+        and the memory copies of a remote dataset kept in memory, itself), and for remote
+        files their fetched bytes; the worker decodes, whatever the group size."""
         src = self._source
         assert src is not None
-        if refs is not None:
-            if self._local:
-                return Task(k, records, epochs, refs=refs)
-            kept = await src.resident_refs(refs)  # a remote dataset kept in memory
-            if kept is not None:
-                return Task(k, records, epochs, refs=kept)
-            return Task(k, records, epochs, refs=refs, raws=await src.fetch_refs(refs))
-        files, chunks, within = src.locate(records)
-        decoded = await src.read_chunks(files, chunks)
-        return Task(k, records, epochs,
-                    records=[decoded[(f, c)].record(j) for f, c, j in
-                             zip(files.tolist(), chunks.tolist(), within.tolist())])
+        if self._local:
+            return Task(k, records, epochs, refs=refs)
+        kept = await src.resident_refs(refs)  # a remote dataset kept in memory
+        if kept is not None:
+            return Task(k, records, epochs, refs=kept)
+        return Task(k, records, epochs, refs=refs, raws=await src.fetch_refs(refs))
 
     # -- consuming --------------------------------------------------------------------
 
