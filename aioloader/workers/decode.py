@@ -31,30 +31,40 @@ from .localfiles import LocalFiles
 DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
 
 
+Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]
+
+
+def _unpacked(records: ChunkRecords) -> Chunk:
+    """A decoded chunk as bytes and Python ints: a record is then one slice, no view made
+    (and no view kept of the arena or a map, which later tasks reuse)."""
+    values = records.values
+    obj = values.obj
+    data = obj if type(obj) is bytes and len(obj) == len(values) else bytes(values)
+    return data, records.bounds.tolist()
+
+
 class ChunkCache:
-    """Decoded multi-record chunks by (file name, chunk start), least recently used out
-    first, bounded in bytes (their values and bounds)."""
+    """Decoded multi-record chunks by where their bytes lie (path or URL, offset), least
+    recently used out first, bounded in bytes (their data, and ~40 bytes a record for the
+    bounds)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._items: OrderedDict[tuple[str, int], tuple[ChunkRecords, int]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], tuple[Chunk, int]] = OrderedDict()
 
-    def get(self, key: tuple[str, int]) -> ChunkRecords | None:
+    def get(self, key: tuple[str, int]) -> Chunk | None:
         item = self._items.get(key)
         if item is None:
             return None
         self._items.move_to_end(key)
         return item[0]
 
-    def put(self, key: tuple[str, int], records: ChunkRecords) -> None:
-        values = records.values
-        if not isinstance(values.obj, bytes):  # a view of the arena or a map: reused later
-            records = ChunkRecords(memoryview(bytes(values)), records.bounds)
-        size = len(records.values) + records.bounds.nbytes
+    def put(self, key: tuple[str, int], chunk: Chunk) -> None:
+        size = len(chunk[0]) + 40 * len(chunk[1])
         if size > self.max_bytes or key in self._items:
             return
-        self._items[key] = (records, size)
+        self._items[key] = (chunk, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, (_, old) = self._items.popitem(last=False)
@@ -80,10 +90,21 @@ def _pick(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
         count=refs.count[idx] if refs.count is not None else None)
 
 
+def _check_within(refs: ChunkRefs, names: list[str]) -> None:
+    """Every record's place is inside its chunk (decode_chunk holds a chunk to the count)."""
+    bad = np.flatnonzero((refs.within < 0) | (refs.within >= refs.count))
+    if bad.size:
+        i = int(bad[0])
+        raise ArrayRecordFormatError(
+            f"record {int(refs.within[i])} asked of a chunk of {int(refs.count[i])} records",
+            path=names[int(refs.file[i])], offset=int(refs.start[i]),
+            chunk=int(refs.chunk[i]), hint=CORRUPT_HINT)
+
+
 class Decoder:
     """What one decoding process keeps across tasks: its local file descriptors (`files`) and
-    its cache of decoded multi-record chunks; and per task, `decoded` and `hits` (chunks
-    decoded, chunks found in the cache)."""
+    its cache of decoded multi-record chunks; and for the last task, `decoded` and `hits`
+    (multi-record chunks it decoded, and found already decoded in the cache)."""
 
     def __init__(self, cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
         self.files = LocalFiles()
@@ -127,37 +148,38 @@ class Decoder:
         counts = refs.count.tolist()  # type: ignore[union-attr]
         names = [refs.name(f) for f in range(len(refs.paths))]
         file, start = refs.file.tolist(), refs.start.tolist()
+        _check_within(refs, names)
+        # Cached by where the bytes lie (a memory copy holds every file, file f at shift[f]).
+        shift = refs.shift or [0] * len(refs.paths)
+        where = [(refs.paths[file[i]], shift[file[i]] + start[i]) for i in first]
         chunks: list[Any] = [None] * len(first)
-        missing = []
+        missing = []  # the distinct chunks to decode
+        get = self.cache.get
         for j, i in enumerate(first):
-            hit = self.cache.get((names[file[i]], start[i])) if counts[i] > 1 else None
+            hit = get(where[j]) if counts[i] > 1 else None
             if hit is None:
-                missing.append(i)
+                missing.append(j)
             else:
                 chunks[j] = hit
-                self.hits += 1
+        self.hits += len(first) - len(missing)
         if missing:
-            got = (self.files.read(_pick(refs, np.asarray(missing, dtype=np.int64)))
-                   if raws is None else [raws[i] for i in missing])
-            for i, raw in zip(missing, got):
-                name = names[file[i]]
-                _, records = decode_chunk(raw, start[i], verify=verify, path=name,
+            take = [first[j] for j in missing]
+            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
+                   if raws is None else [raws[i] for i in take])
+            for j, i, raw in zip(missing, take, got):
+                _, records = decode_chunk(raw, start[i], verify=verify, path=names[file[i]],
                                           chunk=int(refs.chunk[i]),
                                           expected_records=counts[i], max_decoded=max_decoded,
                                           whole_range=True)
-                chunks[inverse[i]] = records
-                self.decoded += 1
+                chunks[j] = chunk = _unpacked(records)
                 if counts[i] > 1:
-                    self.cache.put((name, start[i]), records)
+                    self.decoded += 1
+                    self.cache.put(where[j], chunk)
         out = []
-        for i, (j, w) in enumerate(zip(inverse, refs.within.tolist())):
-            records = chunks[j]
-            if not 0 <= w < len(records):
-                raise ArrayRecordFormatError(
-                    f"record {w} asked of a chunk of {len(records)} records",
-                    path=names[file[i]], offset=start[i], chunk=int(refs.chunk[i]),
-                    hint=CORRUPT_HINT)
-            out.append(records.record(w))
+        append = out.append
+        for j, w in zip(inverse, refs.within.tolist()):
+            data, bounds = chunks[j]
+            append(data[bounds[w] : bounds[w + 1]])
         return out
 
     def close(self) -> None:
