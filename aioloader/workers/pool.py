@@ -274,22 +274,24 @@ class Pool:
 
 
 def _ship_inputs(task: Task, arena: Arena, slot: int) -> None:
-    """Move a task's fetched chunks into its slot's input half, or else make them bytes to
-    pickle through the pipe; either way a chunk that several of its records share (group
-    size > 1) goes once: one span, or one bytes object (pickle sends an object once)."""
-    keys = chunk_keys(task.refs)
-    spans = arena.place_inputs(slot, task.raws, keys) if slot >= 0 else None  # type: ignore[arg-type]
-    if spans is not None:
-        task.raw_spans, task.raws = spans, None
-        return
+    """Move a task's fetched chunks into its slot's input half, or else (no slot, or too big
+    for it) make them bytes to pickle through the pipe; either way a chunk that several of
+    its records share (group size > 1) goes once: one span, or one bytes object (pickle
+    sends an object once)."""
     raws = task.raws
     assert raws is not None
-    if keys is None:  # no slot, or too big for it: pickle them through the pipe
+    keys = chunk_keys(task.refs)
+    spans = arena.place_inputs(slot, raws, keys) if slot >= 0 else None
+    if spans is not None:
+        task.raw_spans, task.raws = spans, None
+    elif keys is None:
         task.raws = [bytes(r) for r in raws]
-        return
-    blobs: dict = {}
-    task.raws = [blobs[k] if k in blobs else blobs.setdefault(k, bytes(r))
-                 for k, r in zip(keys, raws)]
+    else:
+        blobs: dict = {}
+        for key, r in zip(keys, raws):
+            if key not in blobs:
+                blobs[key] = bytes(r)
+        task.raws = [blobs[key] for key in keys]
 
 
 def _stop(procs: list, grace: float) -> None:
