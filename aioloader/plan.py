@@ -118,6 +118,13 @@ class Plan:
     def length(self) -> int | None:
         return self.index.length
 
+    @property
+    def op_names(self) -> list[str]:
+        """The workers' transforms as the stats table names them (`Result.op_seconds`)."""
+        p = self.pipeline
+        return ([op.describe() for op in p.record_ops]
+                + [op.describe() + " [per batch]" for op in p.batch_ops])
+
     def span(self, lo: int, batches_per_task: int = 1) -> tuple[int, int] | None:
         """Output positions `[lo, hi)` of the task starting at `lo`; None past the end.
 

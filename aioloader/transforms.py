@@ -8,6 +8,7 @@ are identical for any worker count, prefetch depth or retry.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,24 @@ class PackOp:
 RecordOp = MapOp | RandomMapOp | FilterOp
 
 
+@dataclass
+class OpTimes:
+    """What each op of a pipeline received and the seconds it took, summed over the calls
+    that timed it (a worker times one task's): op i is `record_ops[i]`, then the batch ops
+    after them. `items` counts elements for a record op, batches for a batch op.
+
+    Timed once per op per call (a `perf_counter` pair around the op's loop), never per
+    record: the cost does not show.
+    """
+
+    items: list[int]
+    seconds: list[float]
+
+    @classmethod
+    def zeros(cls, n: int) -> OpTimes:
+        return cls([0] * n, [0.0] * n)
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
@@ -87,15 +106,20 @@ def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random
 
 
 def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[int],
-                     epochs: Sequence[int], paths: Sequence[str] | None = None) -> list:
+                     epochs: Sequence[int], paths: Sequence[str] | None = None, *,
+                     times: OpTimes | None = None) -> list:
     """Run the record ops over a batch of elements, op by op; filtered ones are dropped.
 
     `indices`/`epochs` key `random_map`'s generators; `paths` (each record's file) only go
     into error messages. One loop per op keeps the per-record cost to the user's function.
+    With `times`, op i's elements and seconds are added to its entry i (the caller's
+    record, not a global: this stays a pure function of its inputs).
     """
     keep = list(range(len(elements)))  # positions (in the input) of the surviving elements
+    clock = time.perf_counter
     for pos, op in enumerate(ops):
         k = 0
+        t0 = clock()
         out: list = []
         append = out.append
         try:
@@ -124,6 +148,9 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 f"(epoch {epochs[i]}){where}\n--- original traceback ---\n"
                 + "".join(traceback.format_exception(exc))
             ) from None
+        if times is not None:
+            times.items[pos] += len(elements)
+            times.seconds[pos] += clock() - t0
         elements = out
     return elements
 
@@ -227,8 +254,13 @@ def _same_structure(elements: Sequence[Any], path: str, kind: type,
                                "map() before batch()", k)
 
 
-def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:
-    for op in ops:
+def apply_batch_ops(ops: Sequence[MapOp], batch: Any, *, times: OpTimes | None = None,
+                    first: int = 0) -> Any:
+    """Run the batch ops (maps after batch) over one batch; with `times`, op i counts the
+    batch and its seconds in entry `first + i` (`first`: the number of record ops)."""
+    clock = time.perf_counter
+    for pos, op in enumerate(ops, first):
+        t0 = clock()
         try:
             batch = op.fn(batch)
         except Exception as exc:
@@ -236,4 +268,7 @@ def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:
                 f"{op.describe()} (after batch) raised {type(exc).__name__}: {exc}\n"
                 "--- original traceback ---\n" + "".join(traceback.format_exception(exc))
             ) from None
+        if times is not None:
+            times.items[pos] += 1
+            times.seconds[pos] += clock() - t0
     return batch

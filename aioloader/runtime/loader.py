@@ -161,7 +161,7 @@ class Loader:
             list(ds.source.paths), storage=storage, verify=ds.source.verify,
             max_gap=read.max_gap, resident_bytes=read.resident_bytes)
         self._stats.io_source = src.storage.stats.as_dict
-        self._stats.cache_source = lambda: _cache_figures(src)
+        self._stats.cache_source = lambda: _cache_figures(src, self._runner)
         await src.aopen()
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
                           ds.source.verify)
@@ -328,10 +328,13 @@ class Loader:
         return self._stats
 
 
-def _cache_figures(src: ArrayRecordSource) -> dict[str, int]:
-    """The fetch stage's cache of raw multi-record chunks, and the memory copy."""
+def _cache_figures(src: ArrayRecordSource, runner: TaskRunner | None) -> dict[str, int]:
+    """The fetch stage's cache of raw multi-record chunks, the workers' caches of decoded
+    ones, and the memory copy of a remote dataset."""
     cache, kept = src.fetcher.raw_cache, src.resident
     out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
+    if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
+        out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
     if kept is not None:
         out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
     return out

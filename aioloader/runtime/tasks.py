@@ -40,6 +40,8 @@ class TaskRunner:
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
         self._goal: int | None = None
         self._ahead: tuple | None = None  # see _lookup
+        self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
+        self.chunks_decoded = 0
 
     def span(self, lo: int) -> tuple[int, int] | None:
         return self.plan.span(lo, self.batches_per_task)
@@ -60,6 +62,9 @@ class TaskRunner:
             st.add_worker_reads(result.reads, result.bytes_read)  # remote dataset's copy)
         st.records += hi - lo
         st.elements += result.count
+        st.add_ops(self.plan.op_names, result.op_items, result.op_seconds)
+        self.chunk_hits += result.chunk_hits
+        self.chunks_decoded += result.chunks_decoded
         return result
 
     def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:
