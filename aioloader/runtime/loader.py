@@ -15,34 +15,26 @@ import asyncio
 import logging
 import os
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from ..options import LoaderOptions
 from ..plan import (
-    Plan,
-    SourceMeta,
-    compile,
     longest_shard,
     needs_processes,
     shape,
-    worker_pipeline,
 )
-from ..source import ArrayRecordSource
 from ..state import LoaderState
-from ..storage import Storage
 from ..sync import pump
 from ..workers import Pool
 from .output import Run
+from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .stats import PipelineStats
-from .tasks import TaskRunner
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
 
 log = logging.getLogger("aioloader")
-SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 
 
 class Loader:
@@ -65,20 +57,16 @@ class Loader:
         self._shape = shape(dataset, options.worker.window, procs)
         self._state = LoaderState(unit=self._shape.unit, pipeline=self._shape.fingerprint,
                                   process_count=self._shape.process_count)
-        self._plan: Plan | None = None  # once the files are open
+        self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
+                                    graph=dataset.describe())
+        self._parts = Parts(self, dataset, options, self._shape, self._stats)
         if state is not None:
             self._apply_state(state)
         self._run: Run | None = None
-        self._runner: TaskRunner | None = None
-        self._source: ArrayRecordSource | None = None
-        self._pool: Pool | None = None
         self._binding = Binding(self)  # the loop and process it runs on
         self._start_task: asyncio.Future | None = None
         self._guard: LoopGuard | None = None  # closes it when its loop ends
-        self._finalizer: weakref.finalize | None = None
         self._closed = False
-        self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
-                                    graph=dataset.describe())
 
     def __repr__(self) -> str:
         return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
@@ -98,8 +86,8 @@ class Loader:
         sh = self._shape
         new = LoaderState.from_json(state).resume_as(sh.fingerprint, sh.unit,
                                                       sh.process_count, sh.batch_mode)
-        if self._plan is not None:
-            new.check_position(self._plan.length, sh.batch_mode)
+        if self._parts.plan is not None:
+            new.check_position(self._parts.plan.length, sh.batch_mode)
         self._state = new
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -142,38 +130,16 @@ class Loader:
             self._start_task = asyncio.ensure_future(self._start())
 
     async def _start(self) -> None:
-        ds, opts = self.dataset, self.options
         self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
         await self._guard.arm()
-        # The workers first: their interpreters start while the files open. Slots: tasks in
-        # flight or done (prefetch), batches in the sync hand-off, and a few the consumer
-        # holds (its step, device prefetch); beyond that a batch goes by value.
-        pipeline = worker_pipeline(ds, self._shape, ds.source.verify, opts.read.memory_budget)
-        self._pool = Pool(pipeline, self.workers,
-                          slots=self.prefetch + SYNC_HANDOFF_DEPTH + 4,
-                          slot_size=opts.worker.slot_size)
-        self._finalizer = weakref.finalize(self, self._pool.close)
-        self._pool.warm_up()
-        read = opts.read
-        storage = Storage(concurrency=read.io_concurrency, max_inflight_bytes=read.memory_budget,
-                          retry=read.retry, storage_options=dict(ds.source.storage_options))
-        src = self._source = ArrayRecordSource(
-            list(ds.source.paths), storage=storage, verify=ds.source.verify,
-            max_gap=read.max_gap, resident_bytes=read.resident_bytes)
-        self._stats.io_source = src.storage.stats.as_dict
-        self._stats.cache_source = lambda: _cache_figures(src, self._runner)
-        await src.aopen()
-        meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
-                          ds.source.verify)
-        self._plan = compile(ds, meta, opts, unit=self._state.unit, procs=self._shape.procs)
-        self._state.check_position(self._plan.length, self._plan.batch_mode)
-        self._runner = TaskRunner(self._plan, src, self._pool, self._stats, owner=self)
+        plan = await self._parts.open(self._state.unit)
+        self._state.check_position(plan.length, plan.batch_mode)
         self._new_run()
 
     def _new_run(self) -> None:
-        assert self._plan is not None and self._runner is not None
-        self._run = Run(self._plan, self._runner, self._state, self.prefetch, self.dataset,
-                        self._stats)
+        p = self._parts
+        assert p.plan is not None and p.runner is not None
+        self._run = Run(p.plan, p.runner, self._state, self.prefetch, self.dataset, self._stats)
 
     @property
     def closed(self) -> bool:
@@ -199,11 +165,7 @@ class Loader:
         await asyncio.gather(*pending, return_exceptions=True)
         if self._run is not None:
             await self._run.aclose()
-        if self._finalizer is not None:
-            self._finalizer()
-        if self._source is not None:
-            await self._source.aclose()
-            await self._source.storage.aclose()
+        await self._parts.aclose()
 
     def close(self) -> None:
         """Close from sync code (also called when a `for` loop over the loader ends), from
@@ -218,8 +180,7 @@ class Loader:
 
     def _close_unreachable(self) -> None:
         self._closed = True
-        if self._finalizer is not None:
-            self._finalizer()
+        self._parts.free()
 
     async def __aenter__(self) -> Loader:
         await self.start()
@@ -307,7 +268,7 @@ class Loader:
         steps every process must take to stay in lockstep.
         """
         await self.start()
-        plan, run = self._plan, self._run
+        plan, run = self._parts.plan, self._run
         assert plan is not None and run is not None
         index = _longest(plan, self.dataset) if longest_shard else plan.index
         if index.length is None:
@@ -321,23 +282,11 @@ class Loader:
     @property
     def pool(self) -> Pool | None:
         """The decode pool (its `arena` shows the shared-memory slots), once started."""
-        return self._pool
+        return self._parts.pool
 
     def stats(self) -> PipelineStats:
         """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines)."""
         return self._stats
-
-
-def _cache_figures(src: ArrayRecordSource, runner: TaskRunner | None) -> dict[str, int]:
-    """The fetch stage's cache of raw multi-record chunks, the workers' caches of decoded
-    ones, and the memory copy of a remote dataset."""
-    cache, kept = src.fetcher.raw_cache, src.resident
-    out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
-    if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
-        out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
-    if kept is not None:
-        out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
-    return out
 
 
 _longest = longest_shard
