@@ -584,7 +584,7 @@ def raw_client(gcs: Any, ranges: list[tuple[str, int, int]], in_flight: int) -> 
     decode. Connections are opened first (untimed)."""
     import aiohttp
 
-    from aioloader.aioutil import new_event_loop
+    from .common import new_event_loop
 
     fs = gcs.fs()
     http = {u: fs.url(u) for u in dict.fromkeys(u for u, _, _ in ranges)}
