@@ -52,6 +52,12 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
                           "pipelines, fewer for the slow peers; 3 or fewer with --quick)")
     run.add_argument("--verify-workers", type=int, action="append", default=None, metavar="W",
                      help="worker counts for the verify benchmark (repeatable; default 2 and 0)")
+    run.add_argument("--aio-workers", type=int, default=None, metavar="W",
+                     help="aioloader's workers in loop and large-group (default: the best "
+                          "found by pipeline in the same run, else 1); pin it to compare runs")
+    run.add_argument("--grain-threads", type=int, default=None, metavar="N",
+                     help="Grain's threads in loop (default: the best found by pipeline in "
+                          "the same run, else 1)")
     run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                      help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
     run.add_argument("--output", type=Path, default=None, metavar="FILE",

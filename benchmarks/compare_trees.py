@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -33,6 +34,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 #: Units where a larger figure is better; every other unit is a cost.
 RATE_UNITS = ("rec/s", "MB/s", "GB/s", "×", "batches/s")
+#: A configuration named in a row's note.
+CONFIG = re.compile(r"(?:workers|threads)=\d+")
 
 
 def log(msg: str) -> None:
@@ -87,8 +90,15 @@ def run_once(python: str, tree: Path, workdir: Path, bench_args: list[str], tag:
     return json.loads(out.read_text())
 
 
-def _rows(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(b["bench"], r["workload"]): r for b in result["benchmarks"] for r in b["rows"]}
+def _rows(result: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Rows by (benchmark, workload, k): the k-th row of that name (some tables repeat a
+    workload for another configuration, told apart in the note)."""
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for b in result["benchmarks"]:
+        for r in b["rows"]:
+            k = sum(1 for key in out if key[:2] == (b["bench"], r["workload"]))
+            out[(b["bench"], r["workload"], k)] = r
+    return out
 
 
 def _med(stats: dict[str, float] | None) -> float | None:
@@ -147,7 +157,13 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[s
             x is not None for x in b_med) else None
         a_val = statistics.median(x for x in a_med if x is not None) if any(
             x is not None for x in a_med) else None
-        lines.append(f"| {key[0]} (peer: {peers[key[0]]}) | {key[1]} | {unit} | {_fmt(b_val)} "
+        # Notes name the configuration a run chose ("workers=2", "threads=4"): flag rows
+        # where it differs between runs, as their ratios compare unlike with unlike.
+        configs = {tuple(CONFIG.findall(r["note"])) for pair in pairs for r in pair}
+        flag = " ⚠ configuration differs between runs" if len(configs) > 1 else ""
+        nth = f" (#{key[2] + 1})" if key[2] else ""
+        lines.append(f"| {key[0]} (peer: {peers[key[0]]}) | {key[1]}{nth}{flag} | {unit} "
+                     f"| {_fmt(b_val)} "
                      f"| {_fmt(a_val)} | {_summary(ours, unit == '%')} | {_summary(peer)} "
                      f"| {_summary(vs)} |")
     return lines
