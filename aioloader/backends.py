@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from .errors import ObjectChangedError, StorageError
+from .errors import ObjectChangedError, StorageError, Transient
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -48,14 +48,6 @@ class Tail(NamedTuple):
 
     info: ObjectInfo
     data: bytes
-
-
-class Transient(Exception):
-    """A failure worth retrying; `cause` is what the error message reports."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
 
 
 

@@ -73,3 +73,12 @@ class ConvertError(ValueError):
         from .urls import redact
 
         super().__init__(redact(message))
+
+
+class Transient(Exception):
+    """Internal: a storage attempt's failure worth retrying (`aioloader.retry` retries it;
+    users see a `StorageError`); `cause` is what the error message reports."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .dataset import Dataset, JaxProcessShard
 from .options import DEFAULT_WINDOW
 from .sampling import IndexPlan, Shard, Shuffle
 from .transforms import BatchOp, FilterOp
-from .workers.worker import Pipeline
+from .workers.messages import Pipeline
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
     from .options import LoaderOptions
 
 TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
@@ -63,8 +63,6 @@ def shape(dataset: Dataset, window: int | None = None,
 
 def needs_processes(dataset: Dataset) -> bool:
     """Whether the pipeline shards by JAX process (the runtime then asks jax who it is)."""
-    from .dataset import JaxProcessShard  # (dataset.py imports nothing of the runtime)
-
     return any(isinstance(op, JaxProcessShard) for op in dataset.index_ops)
 
 
@@ -82,8 +80,6 @@ def fingerprint(dataset: Dataset, procs: tuple[int, int] | None) -> tuple[str, .
 def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
     """Index ops with `shard_by_jax_process()` turned into a block-dealt `Shard` (whole
     batches dealt round-robin: the global batch is the same for any process count)."""
-    from .dataset import JaxProcessShard
-
     return [Shard(procs[0], procs[1], drop_remainder=op.drop_remainder, block=block)
             if isinstance(op, JaxProcessShard) and procs is not None else op for op in ops]
 

@@ -25,10 +25,10 @@ from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
 from ..planning import ChunkRefs
 from .localfiles import LocalFiles
+from .messages import DEFAULT_CHUNK_CACHE_BYTES
 
 # The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
 # shares it out among its workers (`Pool`), so the loader holds no more than before.
-DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
 
 
 Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]

@@ -33,15 +33,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..errors import WorkerError
 from .arena import Arena, Blob, Pickled
 from .decode import Decoder, chunk_keys
 from .inline import InlineExecutor
+from .messages import Pipeline, Result, Task
 from .semnames import forget_names, pool_semaphores
-from .worker import (  # the messages are re-exported: the pool's callers import them here
-    Pipeline,
-    Result,
-    Task,
-    WorkerError,
+from .worker import (
     _init_worker,
     _pack_pipeline,
     _raise_malloc_thresholds,
