@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,7 @@ class Loader:
         self._start_task: asyncio.Future | None = None
         self._guard: LoopGuard | None = None  # closes it when its loop ends
         self._closed = False
+        self._closing = threading.RLock()
 
     def __repr__(self) -> str:
         return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
@@ -172,11 +174,12 @@ class Loader:
         any thread: a consumer iterating in another thread (or, on the loader's loop, in
         another task) sees its iteration end (StopIteration / StopAsyncIteration, as after
         the last batch; `closed` tells the two apart). See `aclose`."""
-        try:
-            if not self._closed:
-                self._binding.close(self.aclose, self._close_unreachable)
-        finally:
-            self._binding.release()
+        with self._closing:  # a second closer waits for the first: the background loop is
+            try:             # released only once nothing runs on it any more
+                if not self._closed:
+                    self._binding.close(self.aclose, self._close_unreachable)
+            finally:
+                self._binding.release()
 
     def _close_unreachable(self) -> None:
         self._closed = True
