@@ -3,10 +3,7 @@
 A thin facade over the two stages the loader uses directly: `table` (`RecordTable`, where each
 record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range reads, the
 memory copy, the raw chunk cache). What it adds is the user's view: records by global index,
-decoded. `read` decodes each needed chunk once, and keeps the decoded chunks of files with
-group size > 1 in a byte-bounded LRU (`ChunkCache`): `src[i]` one record at a time then costs
-one decompression per chunk, not one per record (the fetcher's raw cache would save only the
-download). `read` bypasses the raw cache, so a chunk is not held twice.
+decoded (`records`: each needed chunk decoded once, multi-record chunks kept decoded).
 
 The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
 it works in scripts and in notebooks that run their own loop.
@@ -16,53 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
-from ..arrayrecord.index import decode_chunk
 from ..index_cache import IndexCache
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..resident import ResidentFiles
 from ..storage import Storage, StorageError, is_local, redact
 from ..sync import release, run_sync
 from .fetch import Fetcher
+from .records import ChunkCache, read_chunks
 from .table import RecordTable, open_table
-
-_DECODE_IN_THREAD_BYTES = 1 << 20
-
-
-class ChunkCache:
-    """Decoded chunks, least recently used out first, bounded in bytes."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._items: OrderedDict[tuple[int, int], ChunkRecords] = OrderedDict()
-
-    def get(self, key: tuple[int, int]) -> ChunkRecords | None:
-        item = self._items.get(key)
-        if item is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._items.move_to_end(key)
-        return item
-
-    def put(self, key: tuple[int, int], records: ChunkRecords) -> None:
-        size = len(records.values)
-        if size > self.max_bytes or key in self._items:
-            return
-        self._items[key] = records
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.bytes -= len(old.values)
 
 
 class ArrayRecordSource:
@@ -232,43 +196,12 @@ class ArrayRecordSource:
     async def read_chunks(self, files, chunks) -> dict[tuple[int, int], ChunkRecords]:
         """Fetch and decode the distinct (file, chunk) pairs named; each read once."""
         await self.aopen()
-        keys = sorted(set(zip(np.asarray(files).tolist(), np.asarray(chunks).tolist())))
-        grouped = self.table.grouped
-        out: dict[tuple[int, int], ChunkRecords] = {}
-        missing = []
-        for key in keys:
-            hit = self.cache.get(key) if grouped[key[0]] else None
-            if hit is None:
-                missing.append(key)
-            else:
-                out[key] = hit
-        if not missing:
-            return out
         try:
-            raw = await self.fetcher.fetch_chunks(missing)
-            work = [(key, *raw[key]) for key in missing]
-            if sum(len(w[1]) for w in work) > _DECODE_IN_THREAD_BYTES:
-                decoded = await asyncio.to_thread(self._decode_all, work)
-            else:
-                decoded = self._decode_all(work)
+            return await read_chunks(self.table, self.fetcher, self.cache, files, chunks,
+                                     verify=self.verify,
+                                     max_decoded=self.storage.max_inflight_bytes)
         except (ArrayRecordFormatError, StorageError) as err:
-            raise await self.explain(err, {f for f, _ in missing}) from None
-        for key, records in zip(missing, decoded):
-            if grouped[key[0]]:
-                self.cache.put(key, records)
-            out[key] = records
-        return out
-
-    def _decode_all(self, work) -> list[ChunkRecords]:
-        return [self._decode(key, raw, start) for key, raw, start in work]
-
-    def _decode(self, key: tuple[int, int], raw, start: int) -> ChunkRecords:
-        f, c = key
-        index = self.table.indices[f]
-        _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=c,
-                                  expected_records=int(index.chunk_records[c]),
-                                  max_decoded=self.storage.max_inflight_bytes, whole_range=True)
-        return records
+            raise await self.explain(err, set(np.asarray(files).tolist())) from None
 
     # -- sync API ---------------------------------------------------------------------
 
