@@ -3,14 +3,23 @@
 Only the public names live here; see DESIGN.md for the layers behind them.
 """
 
-from .arrayrecord import ArrayRecordFormatError, ArrayRecordWriter
+from .arrayrecord import ArrayRecordWriter
 from .dataset import Dataset
+from .errors import (
+    ArrayRecordFormatError,
+    CollateError,
+    ConvertError,
+    ObjectChangedError,
+    StateError,
+    StorageError,
+    StoreUnavailableError,
+    TransformError,
+    WorkerError,
+)
+from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
+from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
-from .state import StateError
-from .storage import ObjectChangedError, RetryPolicy, StorageError, StoreUnavailableError
-from .transforms import CollateError, TransformError
-from .workers import WorkerError
 
 __version__ = "0.1.0"
 
@@ -19,14 +28,19 @@ __all__ = [
     "ArrayRecordSource",
     "ArrayRecordWriter",
     "CollateError",
+    "ConvertError",
     "Dataset",
     "Loader",
+    "LoaderOptions",
     "ObjectChangedError",
+    "PrefetchOptions",
+    "ReadOptions",
     "RetryPolicy",
     "StateError",
     "StorageError",
     "StoreUnavailableError",
     "TransformError",
     "WorkerError",
+    "WorkerOptions",
     "__version__",
 ]

@@ -27,23 +27,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from .errors import ObjectChangedError, StorageError, Transient
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # "bytes 0-99/100"; an empty object on fake-gcs-server: "bytes 0--1/0".
 _CONTENT_RANGE = re.compile(r"bytes (?P<first>-?\d+)-(?P<last>-?\d+)/(?P<size>\d+)")
-
-
-class StorageError(OSError):
-    """A range read or lookup that failed for good (after retries, or not retriable)."""
-
-
-class ObjectChangedError(StorageError, FileNotFoundError):
-    """A file or object was rewritten or deleted after it was opened."""
-
-
-class StoreUnavailableError(StorageError, TimeoutError):
-    """The store kept failing or did not answer within the retry policy's deadline."""
 
 
 class ObjectInfo(NamedTuple):
@@ -59,14 +48,6 @@ class Tail(NamedTuple):
 
     info: ObjectInfo
     data: bytes
-
-
-class Transient(Exception):
-    """A failure worth retrying; `cause` is what the error message reports."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
 
 
 

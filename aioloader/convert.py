@@ -24,18 +24,10 @@ from typing import IO, Any
 import fsspec
 
 from .arrayrecord import ArrayRecordWriter
+from .errors import ConvertError
 from .storage import is_local, redact
 
 FORMATS = ("jsonl", "tfrecord", "npy", "parquet")
-
-
-class ConvertError(ValueError):
-    """Unreadable input: names the file, the byte offset or row, and what is wrong.
-
-    The message is redacted whole: an input may be a signed URL."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(redact(message))
 
 
 def guess_format(path: str) -> str:

@@ -12,19 +12,21 @@ in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack`
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
+from .retry import RetryPolicy
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
 from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp
 from .urls import redact
 
 if TYPE_CHECKING:
     from .runtime.loader import Loader
-    from .source import ArrayRecordSource
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,6 @@ class Dataset:
         return cls(SourceSpec(tuple(os.fspath(p) for p in paths),
                               dict(storage_options or {}), verify))
 
-    @classmethod
-    def from_source(cls, source: ArrayRecordSource) -> Dataset:
-        """Records of an existing `ArrayRecordSource` (its paths and options are reused)."""
-        return cls(SourceSpec(tuple(source._patterns), dict(source.storage.storage_options),
-                              source.verify))
-
     # -- index ops --------------------------------------------------------------------
 
     def _index(self, op: IndexOp | JaxProcessShard) -> Dataset:
@@ -99,8 +95,6 @@ class Dataset:
         `strategy="block"` shuffles chunks globally and records within windows of `window`
         chunks: far fewer reads for files written with a large group size.
         """
-        if strategy not in ("exact", "block"):
-            raise ValueError("strategy must be 'exact' or 'block'")
         return self._index(Shuffle(int(seed), strategy, window if strategy == "block" else 0))
 
     def block_shuffle(self, seed: int, window: int = 16) -> Dataset:
@@ -109,15 +103,11 @@ class Dataset:
 
     def repeat(self, num_epochs: int | None = None) -> Dataset:
         """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch."""
-        if num_epochs is not None and num_epochs < 1:
-            raise ValueError("num_epochs must be >= 1 or None")
         return self._index(Repeat(num_epochs))
 
     def shard(self, index: int, count: int, *, contiguous: bool = False,
               drop_remainder: bool = False) -> Dataset:
         """Keep shard `index` of `count` (strided by default)."""
-        if not 0 <= index < count:
-            raise ValueError(f"shard index {index} not in [0, {count})")
         return self._index(Shard(index, count, contiguous, drop_remainder))
 
     def shard_by_jax_process(self, *, drop_remainder: bool = True) -> Dataset:
@@ -127,8 +117,6 @@ class Dataset:
     def __getitem__(self, key: slice) -> Dataset:
         if not isinstance(key, slice):
             raise TypeError("index a Dataset with a slice, e.g. ds[:1000] or ds[::2]")
-        if key.step == 0:
-            raise ValueError("slice step cannot be zero")
         return self._index(Slice(key.start, key.stop, key.step))
 
     # -- record ops -------------------------------------------------------------------
@@ -159,8 +147,6 @@ class Dataset:
 
     def batch(self, batch_size: int, *, drop_remainder: bool = False) -> Dataset:
         """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays)."""
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
         op = BatchOp(int(batch_size), drop_remainder)
         if isinstance(self.batching, PackOp) and self.pack_batch is None:
             return replace(self, pack_batch=op)
@@ -175,25 +161,56 @@ class Dataset:
         """
         if self.batching is not None:
             raise ValueError("pack() must come before batch()")
-        if num_packing_bins < 1 or any(v < 1 for v in length_struct.values()):
-            raise ValueError("lengths and num_packing_bins must be >= 1")
         return replace(self, batching=PackOp(dict(length_struct), int(num_packing_bins)))
 
     # -- running ----------------------------------------------------------------------
 
-    def loader(self, **options: Any) -> Loader:
+    def loader(
+        self,
+        *,
+        workers: int | None = None,
+        prefetch: int | None = None,
+        io_concurrency: int | None = None,
+        memory_budget: int | None = None,
+        retry: RetryPolicy | None = None,
+        max_gap: int | None = None,
+        resident_bytes: int | None = None,
+        slot_size: int | None = None,
+        window: int | None = None,
+        read: ReadOptions | None = None,
+        worker: WorkerOptions | None = None,
+        options: LoaderOptions | None = None,
+        state: Mapping[str, Any] | None = None,
+        **unknown: NoReturn,  # none: a type checker flags a misspelt option, and so do we
+    ) -> Loader:
         """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
 
-        Options: workers (processes; 0 runs inline), prefetch (batches kept ready),
-        io_concurrency (requests in flight), memory_budget (bytes in flight), state (from
-        `get_state()`), retry (`RetryPolicy`), max_gap (merge reads across gaps up to this
-        many bytes; default 16 KiB local, 256 KiB cloud), resident_bytes (a remote dataset
-        up to this size is fetched in segments and kept in memory; default 1 GiB, 0: read
-        record by record).
+        Each setting is documented in its group: `ReadOptions` (io_concurrency,
+        memory_budget, retry, max_gap, resident_bytes), `WorkerOptions` (workers, slot_size,
+        window), `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group
+        (`read=ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once
+        (`options=LoaderOptions(...)`). The most specific wins: a flat setting overrides
+        that field of its group, and `read=`/`worker=` replace that group of `options=`;
+        None means "not given here". `state` is a `get_state()` dict to resume from.
         """
+        if unknown:
+            valid = [p for p in inspect.signature(Dataset.loader).parameters
+                     if p not in ("self", "unknown")]
+            raise unknown_options_error(unknown, valid, "Dataset.loader()")
+        if options is not None and not isinstance(options, LoaderOptions):
+            raise TypeError(f"options must be an aioloader.LoaderOptions, got "
+                            f"{type(options).__name__}")
+        opts = (options if options is not None else LoaderOptions()).merged(
+            read=read, worker=worker, workers=workers, prefetch=prefetch,
+            io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
+            max_gap=max_gap, resident_bytes=resident_bytes, slot_size=slot_size,
+            window=window)
+        # Imported here, not at the top: this module is the description and the runtime
+        # builds on it (runtime.loader imports dataset), so importing it above would be a
+        # circle, and describing a pipeline should not load the runtime.
         from .runtime.loader import Loader
 
-        return Loader(self, **options)
+        return Loader(self, opts, state=state)
 
     def check_picklable(self) -> None:
         """Raise a clear error when a transform cannot be sent to worker processes."""

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
+
+from .sync import acquire, release, run_sync
 
 
 async def _guard(ref: list) -> AsyncGenerator[None, None]:
@@ -71,3 +74,66 @@ def closed_while_waiting(closed: bool) -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+
     return task is None or cancelling is None or cancelling() == 0
+
+
+class Binding:
+    """The event loop and process a loader runs on, and how sync code reaches them.
+
+    A loader starts on the loop that first awaits it (or, from sync code, on the shared
+    background loop: `background()`), and is refused on any other loop and in a forked
+    child. `close()` stops it from any thread, on its own loop.
+    """
+
+    def __init__(self, user: object) -> None:
+        self.user = user  # what keeps the background loop up while it is used
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pid: int | None = None  # the process that started it
+        self.used_sync = False  # driven from the background loop of the sync API
+
+    def check_process(self) -> None:
+        if self.pid is not None and self.pid != os.getpid():
+            raise forked_error(self.pid)
+
+    def bind(self) -> asyncio.AbstractEventLoop:
+        """The running loop, which must be this loader's (the first one seen is)."""
+        self.check_process()
+        loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop, self.pid = loop, os.getpid()
+        elif self.loop is not loop:
+            raise RuntimeError("a Loader runs on one event loop; this one started on another")
+        return loop
+
+    def background(self) -> asyncio.AbstractEventLoop:
+        """The shared background loop, kept up until `release()`."""
+        self.used_sync = True
+        return acquire(self.user)
+
+    def release(self) -> None:
+        if self.used_sync:  # the background loop stays up until the last user is done
+            self.used_sync = False
+            release(self.user)
+
+    def close(self, aclose: Callable[[], Coroutine[Any, Any, None]],
+              unreachable: Callable[[], None]) -> None:
+        """Run `aclose()` on the loader's loop from sync code, from any thread; when that
+        loop cannot be reached (never started, gone at interpreter exit, or this is a forked
+        child whose loop and workers are the parent's) call `unreachable()` to free what is
+        this process's."""
+        loop = self.loop
+        if self.pid not in (None, os.getpid()) or loop is None or loop.is_closed():
+            unreachable()
+            return
+        if self.used_sync:
+            run_sync(aclose())
+        elif loop.is_running():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                raise RuntimeError("close() cannot wait on the loop it runs on: use "
+                                   "`await aclose()`")
+            asyncio.run_coroutine_threadsafe(aclose(), loop).result()
+        else:
+            loop.run_until_complete(aclose())

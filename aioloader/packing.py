@@ -71,7 +71,7 @@ def pack_first_fit(
       arrays of shape `(num_packing_bins, length_struct[f])`. Padding is 0 in all three.
     """
     names = list(length_struct)
-    targets = check_config(length_struct, num_packing_bins)
+    targets = check_pack_config(length_struct, num_packing_bins)
     fit = FirstFit(targets.tolist(), num_packing_bins)
     placed: list[list[np.ndarray]] = []  # truncated arrays of each placed element
     # Per feature, (trailing shape, dtype) of its first non-empty piece in this batch.
@@ -188,8 +188,9 @@ class FirstFit:
 _SCAN_IN_PYTHON = 64  # bins scanned in a Python loop; more with NumPy
 
 
-def check_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
-    """The target lengths as an array; TypeError or ValueError for a bad configuration."""
+def check_pack_config(length_struct: Mapping[str, int], num_packing_bins: int) -> np.ndarray:
+    """The one check of pack()'s settings (`PackOp` and `pack_first_fit` both use it);
+    returns the target lengths."""
     if isinstance(num_packing_bins, bool) or not isinstance(num_packing_bins, (int, np.integer)):
         raise TypeError(f"num_packing_bins must be an int, got {num_packing_bins!r}")
     if num_packing_bins < 1:

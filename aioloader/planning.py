@@ -57,7 +57,9 @@ class ChunkRefs:
     `file` indexes `paths` (where to read); `start`/`end` are the chunk's physical byte
     range; `chunk` is its number in its file, `within` the record's place in the chunk.
     `names` (default: `paths`) are what errors call the files when `paths` are copies, and
-    `shift[f]` (default 0) is where file f's byte 0 sits in its copy.
+    `shift[f]` (default 0) is where file f's byte 0 sits in its copy. `ids[f]` is file f's
+    number in its source (`ArrayRecordSource.urls`): the parent fetches by it, so a file is
+    never looked up again by its URL; workers read by `paths`.
     """
 
     paths: list[str]
@@ -69,6 +71,7 @@ class ChunkRefs:
     names: list[str] | None = None
     shift: list[int] | None = None
     count: np.ndarray | None = None  # the footer's record count of each record's chunk
+    ids: np.ndarray | None = None  # the source's number of each file in `paths`
 
     def __len__(self) -> int:
         return len(self.file)
@@ -85,14 +88,14 @@ class ChunkRefs:
                          self.within[lo:hi],
                          [self.names[f] for f in u] if self.names is not None else None,
                          [self.shift[f] for f in u] if self.shift is not None else None,
-                         self.count[lo:hi] if self.count is not None else None)
+                         self.count[lo:hi] if self.count is not None else None,
+                         self.ids[used] if self.ids is not None else None)
 
     def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
         """The same records, read from copies of the files (file f's byte 0 at `shift[f]`
         of `paths[f]`), still named by the originals in errors."""
         return dataclasses.replace(self, paths=paths, shift=shift,
                                    names=self.names or self.paths)
-
 
 
 def plan_reads(

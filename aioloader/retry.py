@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import Transient
+from .errors import Transient
 
 __all__ = ["GaveUp", "Retrier", "RetryPolicy", "Watch"]
 

@@ -154,8 +154,8 @@ class Repeat:
 
     def __post_init__(self) -> None:
         _int_field(self, "num_epochs", optional=True)
-        if self.num_epochs is not None and self.num_epochs < 0:
-            raise ValueError(f"Repeat num_epochs must be >= 0 or None, got {self.num_epochs}")
+        if self.num_epochs is not None and self.num_epochs < 1:
+            raise ValueError(f"Repeat num_epochs must be >= 1 or None, got {self.num_epochs}")
 
     def _parent_len(self, parent_len: int | None) -> int:
         n = _require_finite(self, parent_len)

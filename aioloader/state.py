@@ -1,25 +1,32 @@
-"""A saved loader state: what it holds, and the checks it must pass before anything resumes.
+"""`LoaderState`: where the consumer is in the stream, the one owner of that place.
 
-A state is a few integers and the pipeline's description (see `Loader.get_state`). It comes
-back from a checkpoint, a file a person may have edited, or another version of the code, so it
-is checked whole, once, on `loader(state=...)` / `set_state()`, with an error that says which
-field is wrong and why, rather than an IndexError (or a silent wrong batch) later.
+A state is a few integers and the pipeline's description: the output position after the
+last item delivered, plus, when filter or pack make batches uneven, how many elements
+(`skip`) or packed rows (`rows`) of the task at that position were already delivered; the
+task size (`unit`) and the process count it was saved with; the pipeline's fingerprint. It
+is JSON as `to_json()` writes it (the dict `Loader.get_state()` returns).
+
+It comes back from a checkpoint, a file a person may have edited, or another version of the
+code, so `LoaderState.from_json` checks it whole, once, with an error that says which field
+is wrong and why, rather than an IndexError (or a silent wrong batch) later. `resume_as`
+checks it against the pipeline that resumes it and moves it to another process count
+(elastic resume). Everything here is pure.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
+
+from .errors import StateError
+from .urls import redact
 
 STATE_VERSION = 1
 # Positions index int64 arrays in the samplers; past this they would wrap.
 MAX_POSITION = 2**62
 _COUNTS = ("position", "skip", "rows")
-
-
-class StateError(ValueError):
-    """A loader state that cannot be resumed from; the message names the field."""
 
 
 def _int(state: Mapping[str, Any], key: str, lo: int, default: int | None = None) -> int:
@@ -76,3 +83,71 @@ def check_position(state: Mapping[str, int], length: int | None, batch_mode: boo
     if batch_mode and (state["skip"] or state["rows"]):
         raise StateError("loader state has 'skip'/'rows' set, which only a pipeline with "
                          "filter() or pack() saves: was it saved for another pipeline?")
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """The consumer's place in the stream (see the module docstring); immutable."""
+
+    position: int = 0
+    skip: int = 0
+    rows: int = 0
+    unit: int = 1
+    process_count: int = 1
+    pipeline: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, state: Any) -> LoaderState:
+        """A saved state (`get_state()`'s dict), checked field by field (`StateError`)."""
+        d = check_state(state)
+        return cls(d["position"], d["skip"], d["rows"], d["unit"], d["process_count"],
+                   tuple(d["pipeline"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "position": self.position, "skip": self.skip,
+                "rows": self.rows, "unit": self.unit, "process_count": self.process_count,
+                "pipeline": list(self.pipeline)}
+
+    def at(self, position: int, skip: int = 0, rows: int = 0) -> LoaderState:
+        """This state moved to another place in the same stream."""
+        return replace(self, position=position, skip=skip, rows=rows)
+
+    def resume_as(self, pipeline: Sequence[str], unit: int, process_count: int,
+                  batch_mode: bool) -> LoaderState:
+        """This state for the pipeline about to resume it (its fingerprint, its task unit and
+        process count), or a `StateError` saying why it cannot be.
+
+        Fingerprints are compared redacted: states saved before URLs were redacted in the
+        fingerprint still resume, and so does a URL signed again since (the signature is not
+        the pipeline). Elastic resume: every global batch is the next unit*count positions of
+        the stream (block-dealt shards), so the step count carries over to another process
+        count when the global batch is the same. A stream-mode pipeline keeps the saved
+        window, whatever its own default.
+        """
+        if [redact(ln) for ln in self.pipeline] != list(pipeline):
+            raise StateError(redact("this state was saved by a different pipeline:\n  "
+                                    + " -> ".join(self.pipeline) + "\nis not\n  "
+                                    + " -> ".join(pipeline)))
+        if self.process_count != process_count:
+            if not batch_mode or self.skip or self.unit * self.process_count != \
+                    unit * process_count:
+                raise StateError(
+                    f"state from {self.process_count} processes cannot resume on "
+                    f"{process_count}: elastic resume needs batch() without filter/pack "
+                    "and the same global batch size"
+                )
+            if self.position % self.unit:
+                raise StateError(f"loader state position {self.position} is not on a batch "
+                                 f"boundary (a multiple of {self.unit}): it cannot move to "
+                                 f"{process_count} processes")
+            return replace(self, position=self.position // self.unit * unit, unit=unit,
+                           process_count=process_count, pipeline=tuple(pipeline))
+        if self.unit != unit and batch_mode:
+            raise StateError(f"state was saved with batch size {self.unit}, not {unit}")
+        return replace(self, pipeline=tuple(pipeline))
+
+    def check_position(self, length: int | None, batch_mode: bool) -> None:
+        """`check_position` for this state (a `StateError` if the stream cannot resume
+        here)."""
+        check_position({"position": self.position, "skip": self.skip, "rows": self.rows,
+                        "unit": self.unit}, length, batch_mode)

@@ -23,15 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import (
-    FsspecBackend,
-    GCSBackend,
-    LocalBackend,
-    ObjectChangedError,
-    ObjectInfo,
-    StorageError,
-    StoreUnavailableError,
-)
+from .backends import FsspecBackend, GCSBackend, LocalBackend, ObjectInfo
+from .errors import ObjectChangedError, StorageError, StoreUnavailableError
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
 
@@ -366,8 +359,3 @@ class Storage:
         if state is not None:
             for backend in state.backends.values():
                 await backend.aclose()
-
-    def close_loop_states(self) -> None:
-        """Forget states of loops that are already closed (their resources died with them)."""
-        for loop in [lp for lp in self._states if lp.is_closed()]:
-            del self._states[loop]

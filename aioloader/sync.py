@@ -1,4 +1,5 @@
-"""The shared background event loop that sync callers run coroutines on.
+"""The sync side: the shared background event loop sync callers run coroutines on, and the
+pump that turns an async stream into a plain iterator.
 
 Sync entry points (`len(src)`, `src[i]`, the plain `for` loop over a loader) must work from
 plain scripts and from notebooks that already run a loop. Running our coroutines on one
@@ -18,9 +19,10 @@ import asyncio
 import atexit
 import contextlib
 import os
+import queue
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -124,6 +126,57 @@ def stop_background_loop() -> None:
     if thread is not None:
         thread.join(5)
     loop.close()
+
+
+def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[T]], *,
+         depth: int, closing: Callable[[], bool], check: Callable[[], None],
+         on_exit: Callable[[], None]) -> Iterator[T]:
+    """A plain iterator over `await next_item()` (until StopAsyncIteration), run on `loop`.
+
+    A pump task on the loop keeps up to `depth` items ready in a `queue.Queue`, so a ready
+    item is taken without a round trip to the loop thread (which would have to win the GIL
+    back first). A CancelledError while `closing()` (closed from another thread) ends the
+    iteration like the last item; `check()` runs before each item (e.g. refuses in a forked
+    child), and `on_exit()` when the iteration ends, however it ends, before the items not
+    taken are dropped.
+    """
+    pid = os.getpid()
+    handoff: queue.Queue = queue.Queue()
+    credits: list[asyncio.Semaphore] = []
+
+    async def run() -> None:
+        credits.append(asyncio.Semaphore(depth))
+        try:
+            while True:
+                await credits[0].acquire()
+                try:
+                    item = await next_item()
+                except StopAsyncIteration:
+                    handoff.put(("end", None))
+                    return
+                handoff.put(("item", item))
+        except BaseException as exc:  # cancelled by close(): the iteration ends
+            done = isinstance(exc, asyncio.CancelledError) and closing()
+            handoff.put(("end", None) if done else ("error", exc))
+            raise
+
+    pumping = None
+    try:  # (Ctrl-C may come at any line: from here on, whatever started is stopped)
+        pumping = asyncio.run_coroutine_threadsafe(run(), loop)
+        while True:
+            check()
+            kind, value = handoff.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            loop.call_soon_threadsafe(credits[0].release)
+            yield value
+    finally:
+        if pumping is not None and os.getpid() == pid:
+            pumping.cancel()
+        on_exit()
+        handoff.queue.clear()  # items not taken: their memory goes now, not at a gc
 
 
 def _forget_after_fork() -> None:

@@ -8,6 +8,7 @@ are identical for any worker count, prefetch depth or retry.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,21 +16,8 @@ from typing import Any
 
 import numpy as np
 
-
-class TransformError(RuntimeError):
-    """A user transform raised; the message names the op, the record and the cause."""
-
-
-class CollateError(ValueError):
-    """batch() cannot stack the elements: the message names the field and the element.
-
-    `element` is the offending element's place in the batch, so that whoever knows which
-    record that is (the worker) can name it too.
-    """
-
-    def __init__(self, message: str, element: int | None = None) -> None:
-        super().__init__(message)
-        self.element = element
+from .errors import CollateError, TransformError
+from .packing import check_pack_config
 
 
 @dataclass(frozen=True)
@@ -62,6 +50,10 @@ class BatchOp:
     size: int
     drop_remainder: bool = False
 
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.size}")
+
     def describe(self) -> str:
         return f"batch({self.size}{', drop_remainder' if self.drop_remainder else ''})"
 
@@ -71,11 +63,32 @@ class PackOp:
     length_struct: Mapping[str, int]
     num_packing_bins: int
 
+    def __post_init__(self) -> None:
+        check_pack_config(self.length_struct, self.num_packing_bins)
+
     def describe(self) -> str:
         return f"pack({dict(self.length_struct)}, bins={self.num_packing_bins})"
 
 
 RecordOp = MapOp | RandomMapOp | FilterOp
+
+
+@dataclass
+class OpTimes:
+    """What each op of a pipeline received and the seconds it took, summed over the calls
+    that timed it (a worker times one task's): op i is `record_ops[i]`, then the batch ops
+    after them. `items` counts elements for a record op, batches for a batch op.
+
+    Timed once per op per call (a `perf_counter` pair around the op's loop), never per
+    record: the cost does not show.
+    """
+
+    items: list[int]
+    seconds: list[float]
+
+    @classmethod
+    def zeros(cls, n: int) -> OpTimes:
+        return cls([0] * n, [0.0] * n)
 
 
 def _name(fn: Any) -> str:
@@ -93,17 +106,22 @@ def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random
 
 
 def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[int],
-                     epochs: Sequence[int], paths: Sequence[str] | None = None,
-                     survivors: list[int] | None = None) -> list:
+                     epochs: Sequence[int], paths: Sequence[str] | None = None, *,
+                     times: OpTimes | None = None, survivors: list[int] | None = None
+                     ) -> list:
     """Run the record ops over a batch of elements, op by op; filtered ones are dropped.
 
     `indices`/`epochs` key `random_map`'s generators; `paths` (each record's file) only go
     into error messages. One loop per op keeps the per-record cost to the user's function.
-    `survivors`, if given, receives the input positions of the elements that survive.
+    With `times`, op i's elements and seconds are added to its entry i (the caller's
+    record, not a global: this stays a pure function of its inputs). `survivors`, if given,
+    receives the input positions of the elements that survive.
     """
     keep = list(range(len(elements)))  # positions (in the input) of the surviving elements
+    clock = time.perf_counter
     for pos, op in enumerate(ops):
         k = 0
+        t0 = clock()
         out: list = []
         append = out.append
         try:
@@ -132,6 +150,9 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 f"(epoch {epochs[i]}){where}\n--- original traceback ---\n"
                 + "".join(traceback.format_exception(exc))
             ) from None
+        if times is not None:
+            times.items[pos] += len(elements)
+            times.seconds[pos] += clock() - t0
         elements = out
     if survivors is not None:
         survivors.extend(keep)
@@ -237,8 +258,13 @@ def _same_structure(elements: Sequence[Any], path: str, kind: type,
                                "map() before batch()", k)
 
 
-def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:
-    for op in ops:
+def apply_batch_ops(ops: Sequence[MapOp], batch: Any, *, times: OpTimes | None = None,
+                    first: int = 0) -> Any:
+    """Run the batch ops (maps after batch) over one batch; with `times`, op i counts the
+    batch and its seconds in entry `first + i` (`first`: the number of record ops)."""
+    clock = time.perf_counter
+    for pos, op in enumerate(ops, first):
+        t0 = clock()
         try:
             batch = op.fn(batch)
         except Exception as exc:
@@ -246,4 +272,7 @@ def apply_batch_ops(ops: Sequence[MapOp], batch: Any) -> Any:
                 f"{op.describe()} (after batch) raised {type(exc).__name__}: {exc}\n"
                 "--- original traceback ---\n" + "".join(traceback.format_exception(exc))
             ) from None
+        if times is not None:
+            times.items[pos] += 1
+            times.seconds[pos] += clock() - t0
     return batch

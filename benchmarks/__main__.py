@@ -8,12 +8,21 @@ tables go to stdout (and to --output, if given).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from .common import DEFAULT_DATA_DIR, format_table, load_all, log, machine_info
+from .common import (
+    DEFAULT_DATA_DIR,
+    aioloader_info,
+    format_table,
+    load_all,
+    log,
+    machine_info,
+)
 
 
 def build_parser(names: list[str]) -> argparse.ArgumentParser:
@@ -43,10 +52,19 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
                           "pipelines, fewer for the slow peers; 3 or fewer with --quick)")
     run.add_argument("--verify-workers", type=int, action="append", default=None, metavar="W",
                      help="worker counts for the verify benchmark (repeatable; default 2 and 0)")
+    run.add_argument("--aio-workers", type=int, default=None, metavar="W",
+                     help="aioloader's workers in loop and large-group (default: the best "
+                          "found by pipeline in the same run, else 1); pin it to compare runs")
+    run.add_argument("--grain-threads", type=int, default=None, metavar="N",
+                     help="Grain's threads in loop (default: the best found by pipeline in "
+                          "the same run, else 1)")
     run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                      help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
     run.add_argument("--output", type=Path, default=None, metavar="FILE",
                      help="also write the machine line, command and tables to FILE")
+    run.add_argument("--json", type=Path, default=None, metavar="FILE",
+                     help="also write every row's figures to FILE as JSON (for "
+                          "benchmarks/compare_trees.py)")
     sub.add_parser("list", help="list the registered benchmarks")
     return parser
 
@@ -61,18 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)
-    header = [f"Machine: {machine_info()}", "", f"Command: `{command}`", ""]
+    header = [f"Machine: {machine_info()}", "", f"Command: `{command}`", "",
+              f"aioloader: {aioloader_info()}", ""]
     print("\n".join(header), flush=True)
     parts = list(header)
     start = time.perf_counter()
+    results = []
     for name in args.only or list(registry):
         bench = registry[name]
-        table = format_table(bench, bench.run(args))
+        rows = bench.run(args)
+        table = format_table(bench, rows)
         print(table + "\n", flush=True)
         parts += [table, ""]
+        results.append({"bench": name, "peer": bench.peer,
+                        "rows": [dataclasses.asdict(r) for r in rows]})
     log(f"all done in {time.perf_counter() - start:.0f} s")
     if args.output:
         args.output.write_text("\n".join(parts))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_info(), "command": command,
+                                         "aioloader": aioloader_info(),
+                                         "benchmarks": results}, indent=1))
     return 0
 
 

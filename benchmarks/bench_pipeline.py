@@ -87,6 +87,16 @@ def reps(args: Any, full: int = 5, quick: int = 3) -> int:
 
 #: Set by `pipeline` (best configurations found), used by `loop`; defaults if it did not run.
 BEST: dict[str, int] = {"aio_workers": 1, "grain_threads": 1}
+
+
+def best(args: Any) -> tuple[int, int]:
+    """aioloader's workers and Grain's threads for `loop` and `large-group`: pinned by
+    --aio-workers/--grain-threads, else the best `pipeline` found in this run, else 1 and 1.
+    Pin them to compare runs: the winners of a run may differ from the next run's."""
+    pinned_w = getattr(args, "aio_workers", None)
+    pinned_t = getattr(args, "grain_threads", None)
+    return (BEST["aio_workers"] if pinned_w is None else pinned_w,
+            BEST["grain_threads"] if pinned_t is None else pinned_t)
 #: Set by `limits`, used for "fraction of the limit" notes.
 LIMITS: dict[str, float] = {}
 
@@ -416,7 +426,7 @@ def run_large_group(args: Any) -> list[Row]:
     n = sizes(args)
     path = [dataset(args, "text", n["text"], 65536)]
     cap = n["grain_cap_s"]
-    workers = BEST["aio_workers"]
+    workers, _ = best(args)
     specs = {
         "exact": (_spec("aioloader", path, "decode_text", workers=workers), False),
         "N1": (_spec("grain", path, "decode_text", threads=1, batch=0, max_seconds=cap), True),
@@ -450,7 +460,7 @@ def run_large_group(args: Any) -> list[Row]:
 def run_loop(args: Any) -> list[Row]:
     n = sizes(args)
     text20 = sharded_dataset(args, "text", n["text"], SHARDS)
-    w, threads = BEST["aio_workers"], BEST["grain_threads"]
+    w, threads = best(args)
     r = reps(args)
     rows: list[Row] = []
 
@@ -584,7 +594,7 @@ def raw_client(gcs: Any, ranges: list[tuple[str, int, int]], in_flight: int) -> 
     decode. Connections are opened first (untimed)."""
     import aiohttp
 
-    from aioloader.aioutil import new_event_loop
+    from .common import new_event_loop
 
     fs = gcs.fs()
     http = {u: fs.url(u) for u in dict.fromkeys(u for u, _, _ in ranges)}

@@ -27,7 +27,8 @@ import numpy as np
 # -- registry -------------------------------------------------------------------------------
 
 #: Modules that register benchmarks when imported; later workloads append theirs here.
-MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline", "benchmarks.bench_verify")
+MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline", "benchmarks.bench_verify",
+           "benchmarks.bench_stream")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,21 @@ def load_all() -> dict[str, Benchmark]:
     for module in MODULES:
         import_module(module)
     return REGISTRY
+
+
+# -- compatibility --------------------------------------------------------------------------
+
+
+def new_event_loop() -> Any:
+    """aioloader's event loop (uvloop when installed).
+
+    Newer trees hold it in `aioloader.sync`, older ones in `aioloader.aioutil`; asking both lets
+    one copy of the benchmarks measure either tree (`benchmarks/compare_trees.py`)."""
+    try:
+        from aioloader.sync import new_event_loop as make
+    except ImportError:
+        from aioloader.aioutil import new_event_loop as make
+    return make()
 
 
 # -- progress -------------------------------------------------------------------------------
@@ -399,3 +415,19 @@ def machine_info() -> str:
         f"zstandard {_version('zstandard')}, array-record {_version('array-record')}, "
         f"grain {_version('grain')}; native highwayhash: {native}"
     )
+
+
+def aioloader_info() -> str:
+    """Where the measured aioloader was imported from, and its git commit if it is a checkout:
+    which tree a table measured (`benchmarks/compare_trees.py` runs one copy against two)."""
+    import subprocess
+
+    import aioloader
+
+    root = Path(aioloader.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{root}" + (f" (commit {commit})" if commit else "")

@@ -1,9 +1,10 @@
 """One pipeline run of aioloader or Grain, described by a JSON-able spec, in-process or as a child.
 
-`run(spec)` builds `source → shuffle → [slice] → [repeat] → map(decode) → batch(256)` with the
-library named by `spec["lib"]`, iterates it, and returns what the benchmarks need: records,
-batches, wall seconds, time to first batch, seconds the consumer waited, CPU seconds (the
-process plus its reaped children, i.e. aioloader's worker processes).
+`run(spec)` builds `source → shuffle → [slice] → [repeat] → map(decode) → [filter] → [pack]
+→ batch(256)` with the library named by `spec["lib"]`, iterates it, and returns what the
+benchmarks need: records, batches, wall seconds, time to first batch, seconds the consumer
+waited, CPU seconds (the process plus its reaped children, i.e. aioloader's worker processes)
+and `parent_cpu` (this process alone: its event-loop thread included).
 
 `python -m benchmarks.contenders SPEC_JSON` runs the same in a fresh interpreter and prints the
 result as one JSON line. The benchmarks use that when the run must be isolated: Grain against
@@ -12,10 +13,12 @@ prefetch threads would keep working in the parent), and memory figures (a clean 
 
 Spec keys: lib ("aioloader" | "grain"), paths, decode (a name in `benchmarks.fns`), seed,
 shuffle ("exact" | "block" | None), window, limit (first N shuffled positions), epochs,
-batch (0: unbatched), max_batches, max_seconds, step (seconds of simulated training per batch),
-workers, prefetch, io_concurrency, max_gap, memory_budget, resident_bytes, storage_options,
-verify (aioloader; its default if absent), threads (Grain's
-ReadOptions.num_threads), api ("sync" | "async", aioloader).
+batch (0: unbatched; after a pack, rows per batch), filter (aioloader: a predicate's name in
+`benchmarks.fns`), pack (aioloader: {"lengths": {feature: length}, "bins": N}), max_batches,
+max_seconds, step (seconds of simulated training per batch), workers, prefetch,
+io_concurrency, max_gap, memory_budget, resident_bytes, storage_options, verify (aioloader;
+its default if absent), threads (Grain's ReadOptions.num_threads), api ("sync" | "async",
+aioloader).
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ class _Clock:
         self.spec = spec
         self.t0 = time.perf_counter()
         self.cpu0 = cpu_seconds()
+        self.parent_cpu0 = time.process_time()
         self.first: float | None = None
         self.first_wait = 0.0
+        self.first_size = 0
         self.opened: float | None = None
         self.last = self.t0
         self.wait = 0.0
@@ -67,6 +72,7 @@ class _Clock:
         if self.first is None:
             self.first = now - self.t0
             self.first_wait = now - waited_since
+            self.first_size = size
         self.last = now
         self.batches += 1
         self.records += size
@@ -84,6 +90,8 @@ class _Clock:
             "records": self.records, "batches": self.batches, "wall": wall,
             "ttfb": self.first, "wait": self.wait, "first_wait": self.first_wait,
             "cpu": cpu_seconds() - self.cpu0,
+            "parent_cpu": time.process_time() - self.parent_cpu0,
+            "first_size": self.first_size,
             "opened": self.opened, "training": self.step * self.batches,
             "rate": self.records / wall if wall > 0 else 0.0,
         }
@@ -117,6 +125,10 @@ def _aio_dataset(spec: dict[str, Any]):
     if spec.get("epochs", 1) > 1:
         ds = ds.repeat(spec["epochs"])
     ds = ds.map(_decode(spec["decode"]))
+    if spec.get("filter"):
+        ds = ds.filter(_decode(spec["filter"]))
+    if spec.get("pack"):
+        ds = ds.pack(spec["pack"]["lengths"], num_packing_bins=spec["pack"]["bins"])
     return ds.batch(spec["batch"]) if spec.get("batch", 256) else ds
 
 
@@ -148,7 +160,7 @@ def _aio_run_async(spec: dict[str, Any]) -> dict[str, Any]:
 
     import asyncio
 
-    from aioloader.aioutil import new_event_loop
+    from .common import new_event_loop
 
     ds = _aio_dataset(spec)
     unbatched = not spec.get("batch", 256)

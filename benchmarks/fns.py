@@ -26,3 +26,15 @@ def identity(record: bytes) -> bytes:
 def decode_image(record: bytes) -> np.ndarray:
     """The image workload's decode: a zero-copy (128, 128, 4) uint8 view of the record."""
     return np.frombuffer(record, dtype=np.uint8).reshape(IMAGE_SHAPE)
+
+
+def keep_even_label(element: dict) -> bool:
+    """The filter workload's predicate: keeps the ~half of decoded records whose label is even."""
+    return element["label"] % 2 == 0
+
+
+def text_tokens(record: bytes) -> dict:
+    """The pack workload's "tokenizer": `json.loads`, then 50–1000 int32 tokens (the record's
+    bytes; the length follows the record's pseudo-random label, so it varies like real text)."""
+    n = 50 + json.loads(record)["label"] * 951 // 1000
+    return {"tokens": np.frombuffer(record, dtype=np.uint8, count=n).astype(np.int32)}

@@ -13,9 +13,13 @@ import statistics
 import sys
 import time
 
-from aioloader.aioutil import new_event_loop
 from aioloader.storage import Storage
 from aioloader.testing import local_gcs
+
+try:  # newer trees: aioloader.sync
+    from aioloader.sync import new_event_loop
+except ImportError:
+    from aioloader.aioutil import new_event_loop
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3

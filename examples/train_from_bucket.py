@@ -119,9 +119,14 @@ def main() -> None:
         replicated = NamedSharding(mesh, P())
         params = jax.device_put(init_params(jax.random.key(0)), replicated)
         opt_state = opt.init(params)
+        # One set of loader options, for the loader before the checkpoint and the one after.
+        # A bucket far away wants more range reads in flight than the default 64.
+        options = al.LoaderOptions(read=al.ReadOptions(io_concurrency=128),
+                                   worker=al.WorkerOptions(workers=args.workers),
+                                   prefetch=al.PrefetchOptions(prefetch=4))
 
         # Part 1: train, then checkpoint model + loader together.
-        loader = ds.loader(workers=args.workers, prefetch=4)
+        loader = ds.loader(options=options)
         loader.start_prefetch()  # overlaps opening the bucket with compiling the step
         it = loader.to_jax(sharding)
         print(f"training {first} steps from {url}")
@@ -139,7 +144,7 @@ def main() -> None:
               "positions in; restarting")
 
         # Part 2: a fresh loader and model, restored from the checkpoint.
-        loader = ds.loader(workers=args.workers, prefetch=4)
+        loader = ds.loader(options=options)
         with ocp.CheckpointManager(ckpt_dir) as mngr:
             restored = mngr.restore(first, args=ocp.args.Composite(
                 model=ocp.args.StandardRestore({"params": params, "opt": opt_state}),

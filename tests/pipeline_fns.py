@@ -80,3 +80,11 @@ def text_on_13(element: dict) -> dict:
 
 def keep_all(element) -> bool:
     return True
+
+
+def slow_batch(batch):
+    """A batch op that takes 2 ms: per-op timings must single it out."""
+    import time
+
+    time.sleep(0.002)
+    return batch

@@ -13,9 +13,9 @@ import dataclasses
 
 import pytest
 
-from aioloader import source as source_mod
 from aioloader.arrayrecord import ArrayRecordFormatError
 from aioloader.source import ArrayRecordSource
+from aioloader.source import table as source_table
 from aioloader.storage import ObjectChangedError, RetryPolicy, Storage, StorageError
 from aioloader.testing import ProxyStats, local_gcs
 
@@ -43,7 +43,7 @@ def shards(tmp_path_factory):
     big = root / "big.ar"
     records = make_records(1000, 2500, seed=99)
     write_theirs(big, records, "group_size:1,uncompressed")
-    assert big.stat().st_size > 2 * source_mod.CLOUD_TAIL
+    assert big.stat().st_size > 2 * source_table.CLOUD_TAIL
     out.append((big, records))
     return out
 
@@ -82,7 +82,7 @@ async def test_size_and_generation_match_the_metadata(gcs, shards):
     try:
         assert seen["requests"] == 1
         meta = await src.storage.info(url)  # gcsfs's metadata lookup, for comparison
-        (info,) = src._files
+        (info,) = src.table.files
         assert info == meta and info.size == path.stat().st_size and info.version
         assert src.storage._pins[url] == info.version  # reads are pinned to it
         assert src.file_indices[0].size == info.size
@@ -104,7 +104,7 @@ async def test_glob_opens_with_one_listing_and_one_read_per_file(gcs, shards):
 
 async def test_footer_beyond_the_tail_costs_a_second_request(gcs, shards, monkeypatch):
     # With a 64 KiB speculative tail only the postscript block arrives with the first GET.
-    monkeypatch.setattr(source_mod, "CLOUD_TAIL", 1 << 16)
+    monkeypatch.setattr(source_table, "CLOUD_TAIL", 1 << 16)
     path, records = shards[-1]
     url = gcs.upload(path, "short-tail/big.ar")
     src, seen = await _open_counted(gcs, url)
@@ -232,7 +232,7 @@ async def test_whole_body_empty_object_and_missing_generation(shards, mode):
             # metadata is asked for (then the tail is read again): the pin is never skipped.
             assert requests == (["download", "metadata", "download"]
                                 if mode == "no-generation" else ["download"])
-            (info,) = src._files
+            (info,) = src.table.files
             assert (info.size, info.version) == (len(objects["small.ar"]), "7")
             assert storage._pins["gs://b/small.ar"] == "7"
             assert await src.read([0, len(records) - 1]) == [records[0], records[-1]]

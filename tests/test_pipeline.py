@@ -269,7 +269,7 @@ async def test_batches_are_lent_without_copy_and_never_overwritten(data, workers
         _same(copies, ref[::3])
         assert any(isinstance(b["id"].base, np.ndarray) for b in kept), \
             "no batch came back as a view of its slot"
-        arena = it._pool.arena
+        arena = it.pool.arena
         slots = arena.map.size() // (2 * arena.slot_size)
         assert len(arena.free) < slots  # the kept batches hold theirs
         del batch, kept, b
@@ -306,7 +306,7 @@ async def test_large_non_array_payloads_come_back_through_the_slot(data, batch, 
         ds = ds.batch(batch)
     ref = await collect(ds, workers=0)
     async with ds.loader(workers=1, slot_size=slot_size) as it:
-        arena = it._pool.arena
+        arena = it.pool.arena
         through_slot = []
         unpickle = arena.unpickle
         arena.unpickle = lambda ref: (through_slot.append(ref.size) if hasattr(ref, "size")
@@ -337,7 +337,7 @@ async def test_tasks_grow_by_doubling_after_the_first_batch(data):
     sizes = []
     async with ds.loader(workers=1, prefetch=2) as it:
         async for _ in it:
-            sizes.append(it._batches_per_task)
+            sizes.append(it.stats().as_dict()["batches_per_task"])
     steps = sorted(set(sizes))
     assert steps[0] in (1, 2) and steps[-1] == 8  # the goal: MAX_BATCHES_PER_TASK
     assert all(b == 2 * a for a, b in itertools.pairwise(steps))
@@ -355,7 +355,7 @@ async def test_small_batches_share_tasks_without_changing_batches_or_state(data,
         async for b in it:
             batches.append({k: np.array(v) for k, v in b.items()})
             states.append(it.get_state())
-        assert it._batches_per_task > 1  # the grouping under test did happen
+        assert it.stats().as_dict()["batches_per_task"] > 1  # the grouping under test did happen
     full = N // 32 if drop else -(-N // 32)
     assert len(batches) == full
     assert [s["position"] for s in states] == [32 * (j + 1) for j in range(full)]

@@ -166,7 +166,8 @@ def test_descriptions_show_option_keys_never_values():
         src = al.ArrayRecordSource(path, storage_options=LEAKY_OPTIONS)
         assert_clean(repr(src), "repr(ArrayRecordSource)")
         assert_clean(str(src), "str(ArrayRecordSource)")
-        assert_clean(repr(al.Dataset.from_source(src)), "repr(Dataset.from_source)")
+        assert_clean(repr(al.Dataset.from_arrayrecord(path, storage_options=LEAKY_OPTIONS)),
+                     "repr(Dataset.from_arrayrecord)")
     loader = ds.loader()
     for where, text in [("repr(Loader)", repr(loader)), ("stats()", str(loader.stats())),
                         ("stats().as_dict()", json.dumps(loader.stats().as_dict()))]:

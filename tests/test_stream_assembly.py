@@ -311,13 +311,6 @@ def test_packed_rows_from_pieces_are_what_pack_first_fit_gave(data, bins, batch,
     assert new == old
 
 
-def test_a_bad_packing_config_fails_as_before_at_every_call():
-    op = PackOp({"a": 2.5}, 2)  # type: ignore[dict-item]
-    windows = [[{"a": np.arange(3)}]]
-    old, new = both(windows, op, None, (), (), {"position": 0, "skip": 0, "rows": 0}, op, False)
-    assert new == old and new[0][0] == "error" and len(new) == 3
-
-
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=40),
        target=st.integers(70, 200), bins=st.integers(1, 5))

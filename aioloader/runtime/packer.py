@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..packing import FirstFit, assemble, check_config, pack_first_fit
+from ..packing import FirstFit, assemble, check_pack_config, pack_first_fit
 from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops, collate
 from ..workers.pieces import Packed, Piece
 from .batcher import Raise
@@ -91,7 +91,7 @@ class Packer:
     def _pack(self, final: bool) -> None:
         """Close every block the windows decide (all of them, if `final`)."""
         try:
-            targets = check_config(self.op.length_struct, self.op.num_packing_bins).tolist()
+            targets = check_pack_config(self.op.length_struct, self.op.num_packing_bins).tolist()
             while self._windows:
                 closed = self._fast(targets, final)
                 if closed is None:

@@ -1,65 +1,298 @@
-"""Per-stage figures of a running pipeline, the summary table and the pipeline graph.
+"""Per-stage and per-transform figures of a running pipeline, and the summary table.
 
-Every stage counts its items and the time it spent; the consumer's waiting time says
-whether the pipeline keeps up (a training loop that waits > 1% of its time is input-bound).
-`print(it.stats())` gives a table a person can read; `.as_dict()` gives the same for machines.
+Each stage is owned by the component that does its work and timed there (a hook, in the
+manner of SPDL's `TaskStatsHook`): `with stage.timed():` or `begin()`/`end()` around work
+done here, `add(items, seconds)` for work timed elsewhere (a worker process times its task
+and reports the figure in its result). Per-transform figures come the same way, one task
+at a time (`PipelineStats.add_ops`), so a slow map can be found.
+
+Busy is per core: a stage done by N processes, or with many calls in flight on one event
+loop, reads at most 100% (concurrent time is never summed into "553%").
+The consumer's waiting time says whether the pipeline keeps up (a training loop that waits
+> 1% of its time is input-bound). `print(it.stats())` gives a table a person can read;
+`.as_dict()` the same for machines.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+Clock = Callable[[], float]
+PROCESS = "decode+transform"  # the workers' stage; transforms are shown under it
 
-@dataclass
+
+class Call:
+    """One timed call of `StageStats.timed()`; set `items` when the count is known late."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: int) -> None:
+        self.items = items
+
+
 class StageStats:
-    """One stage: how many items it finished and how long they took."""
+    """One stage: items done, time taken (total, per item, longest call), calls in flight.
 
-    name: str
-    items: int = 0
-    seconds: float = 0.0  # busy time summed over concurrent work
-    in_flight: int = 0
-    peak_in_flight: int = 0
+    `cores` is how many processes share the stage's work (the workers, for decode+transform):
+    busy time is divided by it. Calls timed here (begin/end) count as busy while at least
+    one is in flight, at most `cores` at once, so overlapping awaits are not summed; figures
+    from `add()` were measured where the work ran and count as they are.
+    """
+
+    def __init__(self, name: str, cores: int = 1, unit: str = "workers",
+                 clock: Clock = time.perf_counter) -> None:
+        self.name = name
+        self.cores = max(1, cores)
+        self.unit = unit  # what the cores are called in the table ("95% of 2 workers")
+        self.clock = clock
+        self.count = 0  # items done
+        self.calls = 0
+        self.total = 0.0  # seconds, summed over calls (concurrent calls overlap)
+        self.max = 0.0  # the longest single call
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self._occupied = 0.0  # core-seconds of begin/end calls, at most `cores` at once
+        self._added = 0.0  # seconds reported by add()
+        self._mark = 0.0  # when _occupied was last brought up to date
+
+    def __repr__(self) -> str:
+        return (f"StageStats({self.name!r}, count={self.count}, total={self.total:.3f}, "
+                f"max={self.max:.3f}, in_flight={self.in_flight})")
+
+    # -- the hook ---------------------------------------------------------------------
 
     def begin(self) -> float:
+        """Start a call; pass the returned time to `end()`."""
+        now = self.clock()
+        self._advance(now)
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        return time.perf_counter()
+        return now
 
     def end(self, t0: float, items: int = 1) -> None:
+        """Finish the call started at `t0`, which did `items` items."""
+        now = self.clock()
+        self._advance(now)
         self.in_flight -= 1
-        self.items += items
-        self.seconds += time.perf_counter() - t0
+        self._record(items, now - t0)
+
+    @contextmanager
+    def timed(self, items: int = 1) -> Iterator[Call]:
+        """Time the block as one call (counted also when it raises, as begin/end pairs in
+        `try/finally` do); `as call` lets the block set `call.items` once it knows."""
+        call = Call(items)
+        t0 = self.begin()
+        try:
+            yield call
+        finally:
+            self.end(t0, call.items)
+
+    def add(self, items: int, seconds: float) -> None:
+        """A call timed elsewhere (in a worker process): `items` items in `seconds`."""
+        self._record(items, seconds)
+        self._added += seconds
+
+    def _record(self, items: int, seconds: float) -> None:
+        self.count += items
+        self.calls += 1
+        self.total += seconds
+        self.max = max(self.max, seconds)
+
+    def _advance(self, now: float) -> None:
+        if self.in_flight:
+            self._occupied += (now - self._mark) * min(self.in_flight, self.cores)
+        self._mark = now
+
+    # -- figures ----------------------------------------------------------------------
+
+    @property
+    def mean(self) -> float:
+        """Seconds per item."""
+        return self.total / self.count if self.count else 0.0
+
+    def busy_seconds(self) -> float:
+        """Core-seconds spent so far (calls still in flight count up to now)."""
+        open_ = (self.clock() - self._mark) * min(self.in_flight, self.cores) \
+            if self.in_flight else 0.0
+        return self._occupied + open_ + self._added
+
+    def busy_fraction(self, elapsed: float) -> float:
+        """Share of `elapsed` x `cores` the stage was busy: at most 1 when timed here."""
+        return self.busy_seconds() / (elapsed * self.cores) if elapsed > 0 else 0.0
+
+    def as_dict(self, elapsed: float) -> dict[str, Any]:
+        return {"items": self.count, "calls": self.calls, "total_s": self.total,
+                "mean_s": self.mean, "max_s": self.max,
+                "busy_s": self.total,  # the name before busy was per core; = total_s
+                "busy_fraction": self.busy_fraction(elapsed), "cores": self.cores,
+                "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight}
+
+    # the names before count/total
+    items = property(lambda self: self.count)
+    seconds = property(lambda self: self.total)
 
 
-@dataclass
+class OpStats:
+    """One transform (map, filter, random_map, a map after batch) over all tasks."""
+
+    __slots__ = ("count", "max", "name", "stage", "tasks", "total")
+
+    def __init__(self, name: str, stage: str = PROCESS) -> None:
+        self.name = name
+        self.stage = stage  # the stage row it is shown under
+        self.count = 0  # items that went in
+        self.tasks = 0
+        self.total = 0.0
+        self.max = 0.0  # the most one task spent in it
+
+    @property
+    def mean(self) -> float:
+        """Seconds per item."""
+        return self.total / self.count if self.count else 0.0
+
+    def merge(self, items: int, seconds: float) -> None:
+        self.count += items
+        self.tasks += 1
+        self.total += seconds
+        self.max = max(self.max, seconds)
+
+    def as_dict(self, elapsed: float, cores: int) -> dict[str, Any]:
+        return {"stage": self.stage, "items": self.count, "tasks": self.tasks,
+                "total_s": self.total, "mean_s": self.mean, "max_s": self.max,
+                "busy_fraction": self.total / (elapsed * cores) if elapsed > 0 else 0.0}
+
+
 class PipelineStats:
-    """Figures of one loader since it started."""
+    """Figures of one loader since it started: its stages, transforms, consumer and I/O.
 
-    started: float = field(default_factory=time.perf_counter)
-    first_batch_seconds: float | None = None
-    batches: int = 0
-    records: int = 0  # records read from storage (before filters)
-    elements: int = 0  # elements that survived filters
-    wait_seconds: float = 0.0  # time the consumer spent waiting for the next batch
-    ready_samples: int = 0
-    ready_total: int = 0  # sum of ready batches seen at each request (queue occupancy)
-    fetch: StageStats = field(default_factory=lambda: StageStats("fetch"))
-    process: StageStats = field(default_factory=lambda: StageStats("decode+transform"))
-    assemble: StageStats = field(default_factory=lambda: StageStats("assemble"))
-    io: dict[str, Any] = field(default_factory=dict)
-    cache: dict[str, int] = field(default_factory=dict)
-    workers: int = 0
-    prefetch: int = 0
-    graph: list[str] = field(default_factory=list)
+    Stages are registered in pipeline order; fetch, decode+transform and assemble exist
+    from the start (`fetch`, `process`, `assemble`). The I/O and cache figures are read
+    from `io_source`/`cache_source` (callables the owner gives, read when asked) plus the
+    reads workers made themselves (`add_worker_reads`); `io`/`cache` may also be set.
+    """
+
+    def __init__(self, workers: int = 0, prefetch: int = 0, graph: Sequence[str] = (),
+                 io_source: Callable[[], dict[str, Any]] | None = None,
+                 cache_source: Callable[[], dict[str, int]] | None = None,
+                 clock: Clock = time.perf_counter) -> None:
+        self.workers = workers
+        self.prefetch = prefetch
+        self.graph = list(graph)
+        self.io_source = io_source
+        self.cache_source = cache_source
+        self.clock = clock
+        self.started = clock()
+        self.first_batch_seconds: float | None = None
+        self.batches = 0
+        self.records = 0  # records read from storage (before filters)
+        self.elements = 0  # elements that survived filters
+        self.wait_seconds = 0.0  # time the consumer spent waiting for the next batch
+        self.ready_samples = 0
+        self.ready_total = 0  # sum of ready batches seen at each request (queue occupancy)
+        self.worker_reads = 0  # reads of local files the workers made themselves
+        self.batches_per_task = 1  # batches a task covers now (they grow: `Plan.task_size_goal`)
+        self.worker_bytes = 0
+        self._io: dict[str, Any] = {}
+        self._cache: dict[str, int] = {}
+        self.stages: dict[str, StageStats] = {}
+        self.transforms: dict[str, OpStats] = {}
+        self.stage("fetch")
+        self.stage(PROCESS, cores=workers)
+        self.stage("assemble")
+
+    # -- stages -----------------------------------------------------------------------
+
+    def stage(self, name: str, cores: int = 1, unit: str = "workers",
+              after: str | None = None) -> StageStats:
+        """The stage `name`, registered (last, or right after stage `after`) if new."""
+        st = self.stages.get(name)
+        if st is None:
+            st = StageStats(name, cores, unit, self.clock)
+            if after is None:
+                self.stages[name] = st
+            else:
+                items = list(self.stages.items())
+                at = [k for k, _ in items].index(after) + 1
+                self.stages = dict([*items[:at], (name, st), *items[at:]])
+        return st
+
+    fetch = property(lambda self: self.stages["fetch"])
+    process = property(lambda self: self.stages[PROCESS])
+    assemble = property(lambda self: self.stages["assemble"])
+
+    def add_ops(self, names: Sequence[str], items: Sequence[int], seconds: Sequence[float],
+                stage: str = PROCESS) -> None:
+        """Merge one task's per-transform figures: op `names[i]` took `seconds[i]` over
+        `items[i]` items. A name repeated within one task (`map(f)` twice) gets its own
+        row ("map(f) #2"), so the same pipeline always lands on the same rows."""
+        if not len(names) == len(items) == len(seconds):
+            raise ValueError(f"add_ops: {len(names)} names, {len(items)} item counts, "
+                             f"{len(seconds)} timings")
+        seen: dict[str, int] = {}
+        for name, n, s in zip(names, items, seconds):
+            seen[name] = seen.get(name, 0) + 1
+            key = name if seen[name] == 1 else f"{name} #{seen[name]}"
+            op = self.transforms.get(key)
+            if op is None:
+                op = self.transforms[key] = OpStats(key, stage)
+            op.merge(n, s)
+
+    # -- the consumer and I/O ---------------------------------------------------------
+
+    def note_batch(self, waited: float, ready: int) -> None:
+        """The consumer got a batch after waiting `waited` s; `ready` were ready on asking."""
+        self.ready_samples += 1
+        self.ready_total += ready
+        self.wait_seconds += waited
+        self.batches += 1
+        if self.first_batch_seconds is None:
+            self.first_batch_seconds = self.clock() - self.started
+
+    def add_worker_reads(self, reads: int, nbytes: int) -> None:
+        """Reads the workers made themselves (of local files), reported in their results."""
+        self.worker_reads += reads
+        self.worker_bytes += nbytes
+
+    @property
+    def io(self) -> dict[str, Any]:
+        """Storage's figures with the workers' own reads added to reads/requests/bytes
+        (and shown apart as worker_reads/worker_bytes), and records per read."""
+        io = dict(self.io_source() if self.io_source is not None else self._io)
+        if self.worker_reads or self.worker_bytes:
+            for k, v in (("requests", self.worker_reads), ("reads", self.worker_reads),
+                         ("bytes", self.worker_bytes)):
+                io[k] = io.get(k, 0) + v
+            io["worker_reads"] = self.worker_reads
+            io["worker_bytes"] = self.worker_bytes
+        if io:
+            io["records_per_read"] = self.records / io["reads"] if io.get("reads") else 0.0
+        return io
+
+    @io.setter
+    def io(self, value: dict[str, Any]) -> None:
+        self._io = dict(value)
+
+    @property
+    def cache(self) -> dict[str, int]:
+        """The cache's figures (the dict set, itself, when there is no `cache_source`)."""
+        return dict(self.cache_source()) if self.cache_source is not None else self._cache
+
+    @cache.setter
+    def cache(self, value: dict[str, int]) -> None:
+        self._cache = value  # kept as given: its owner may update() it afterwards
+
+    # -- figures ----------------------------------------------------------------------
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
     def as_dict(self) -> dict[str, Any]:
         elapsed = self.elapsed
+        cores = self.process.cores
         return {
             "elapsed_s": elapsed,
             "time_to_first_batch_s": self.first_batch_seconds,
@@ -71,55 +304,97 @@ class PipelineStats:
             "wait_fraction": self.wait_seconds / elapsed if elapsed else 0.0,
             "mean_ready_batches": self.ready_total / self.ready_samples
             if self.ready_samples else 0.0,
-            "stages": {s.name: {"items": s.items, "busy_s": s.seconds,
-                                "peak_in_flight": s.peak_in_flight}
-                       for s in (self.fetch, self.process, self.assemble)},
-            "io": dict(self.io),
+            "stages": {name: st.as_dict(elapsed) for name, st in self.stages.items()},
+            "transforms": {name: op.as_dict(elapsed, self._cores_of(op.stage, cores))
+                           for name, op in self.transforms.items()},
+            "io": self.io,
             "cache": dict(self.cache),
             "workers": self.workers,
             "prefetch": self.prefetch,
+            "batches_per_task": self.batches_per_task,
         }
 
+    def _cores_of(self, stage: str, default: int) -> int:
+        st = self.stages.get(stage)
+        return st.cores if st is not None else default
+
     def __str__(self) -> str:
-        d = self.as_dict()
-        elapsed = d["elapsed_s"] or 1e-9
-        ttfb = d["time_to_first_batch_s"]
-        lines = ["pipeline: " + " -> ".join(self.graph)] if self.graph else []
+        return render(self, self.as_dict())
+
+
+def render(stats: PipelineStats, d: dict[str, Any]) -> str:
+    """The table `str(stats)` prints, from `d = stats.as_dict()`."""
+    elapsed = d["elapsed_s"] or 1e-9
+    ttfb = d["time_to_first_batch_s"]
+    lines = ["pipeline: " + " -> ".join(stats.graph)] if stats.graph else []
+    lines.append(
+        f"{d['batches']:,} batches, {d['records']:,} records in {elapsed:.2f} s "
+        f"({d['records_per_s']:,.0f} records/s); first batch after "
+        + (f"{ttfb:.3f} s" if ttfb is not None else "-")
+    )
+    lines.append(f"consumer waited {d['wait_s']:.2f} s ({100 * d['wait_fraction']:.1f}% "
+                 f"of the time); {d['mean_ready_batches']:.1f} of {stats.prefetch} batches "
+                 "ready on average")
+    lines += _table(stats, d)
+    lines += _io_lines(d["io"], d["cache"], elapsed)
+    return "\n".join(lines)
+
+
+def _table(stats: PipelineStats, d: dict[str, Any]) -> list[str]:
+    rows = [("stage", "items", "total s", "per item", "max call", "busy", "peak in flight")]
+    for name, s in d["stages"].items():
+        if not s["items"]:
+            continue
+        st = stats.stages[name]
+        rows.append((name, f"{s['items']:,}", f"{s['total_s']:.2f}", _dur(s["mean_s"]),
+                     _dur(s["max_s"]), _busy(s["busy_fraction"], st.cores, st.unit),
+                     str(s["peak_in_flight"])))
+        for op_name, op in d["transforms"].items():
+            if op["stage"] == name:
+                rows.append(("  " + op_name, f"{op['items']:,}", f"{op['total_s']:.2f}",
+                             _dur(op["mean_s"]), _dur(op["max_s"]),
+                             _busy(op["busy_fraction"], st.cores, st.unit), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list[str]:
+    lines = []
+    if io:
+        mb = io.get("bytes", 0) / 1e6
+        by_workers = (f" ({io['worker_reads']:,} by the workers)"
+                      if io.get("worker_reads") else "")
         lines.append(
-            f"{d['batches']:,} batches, {d['records']:,} records in {elapsed:.2f} s "
-            f"({d['records_per_s']:,.0f} records/s); first batch after "
-            + (f"{ttfb:.3f} s" if ttfb is not None else "-")
+            f"I/O: {io.get('reads', 0):,} reads{by_workers}, {mb:,.1f} MB "
+            f"({mb / elapsed:,.1f} MB/s), {io.get('retries', 0)} retries, "
+            f"{io.get('hedges', 0)} hedges ({io.get('hedge_wins', 0)} won), "
+            f"peak {io.get('peak_in_flight', 0)} in flight, "
+            f"{io.get('records_per_read', 0):.1f} records per read"
         )
-        lines.append(f"consumer waited {d['wait_s']:.2f} s ({100 * d['wait_fraction']:.1f}% "
-                     f"of the time); {d['mean_ready_batches']:.1f} of {self.prefetch} batches "
-                     "ready on average")
-        rows = [("stage", "items", "busy s", "busy %", "peak in flight")]
-        for s in (self.fetch, self.process, self.assemble):
-            if not s.items:
-                continue
-            rows.append((s.name, f"{s.items:,}", f"{s.seconds:.2f}",
-                         f"{100 * s.seconds / elapsed:.0f}%", str(s.peak_in_flight)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for k, r in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths))))
-            if k == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        io = d["io"]
-        if io:
-            mb = io.get("bytes", 0) / 1e6
-            lines.append(
-                f"I/O: {io.get('reads', 0):,} reads, {mb:,.1f} MB ({mb / elapsed:,.1f} MB/s), "
-                f"{io.get('retries', 0)} retries, {io.get('hedges', 0)} hedges "
-                f"({io.get('hedge_wins', 0)} won), peak {io.get('peak_in_flight', 0)} in flight, "
-                f"{io.get('records_per_read', 0):.1f} records per read"
-            )
-        cache = d["cache"]
-        if cache.get("hits", 0) or cache.get("misses", 0):
-            lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
-                         f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
-        if cache.get("resident_segments"):
-            lines.append(f"kept in memory: {cache['resident_bytes'] / 1e6:,.1f} MB in "
-                         f"{cache['resident_segments']:,} segments (the whole dataset fits "
-                         "resident_bytes; later epochs read no bytes)")
-        return "\n".join(lines)
+    if cache.get("hits", 0) or cache.get("misses", 0):
+        lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
+                     f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
+    if cache.get("resident_segments"):
+        lines.append(f"kept in memory: {cache['resident_bytes'] / 1e6:,.1f} MB in "
+                     f"{cache['resident_segments']:,} segments (the whole dataset fits "
+                     "resident_bytes; later epochs read no bytes)")
+    return lines
+
+
+def _busy(fraction: float, cores: int, unit: str) -> str:
+    pct = f"{100 * fraction:.0f}%"
+    return f"{pct} of {cores} {unit}" if cores > 1 else pct
+
+
+def _dur(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"

@@ -3,11 +3,11 @@
 One memory file (`aioloader.memfile`: on Linux an anonymous memfd that the kernel frees with
 the last process holding it, so no kill can leave it behind) cut into slots that are reused
 for the life of the pool, so no segment is created or unlinked per batch. A slot has an
-input half (the raw chunks the parent fetched from a remote store, instead of pickling them
-through a pipe) and an output half, where the worker stacks the batch's arrays
-(`SlotAlloc`). The parent hands the batch on as views of the slot, without a copy, and the
-slot is reused once the consumer drops them (`Arena.lend`). What is not an array is pickled
-into the slot after the arrays when it is more than the pipe holds.
+input half (the raw chunks the parent fetched from a remote store, each distinct chunk once,
+instead of pickling them through a pipe) and an output half, where the worker stacks the
+batch's arrays (`SlotAlloc`). The parent hands the batch on as views of the slot, without
+a copy, and the slot is reused once the consumer drops them (`Arena.lend`). What is not an
+array is pickled into the slot after the arrays when it is more than the pipe holds.
 """
 
 from __future__ import annotations
@@ -149,18 +149,35 @@ class Arena:
         self.map = self._file.map
         assert self.map is not None
 
-    def place_inputs(self, slot: int, raws: list) -> list[tuple[int, int]] | None:
-        """Copy raw chunks into the slot's input half; None if they do not fit."""
-        if sum(len(r) for r in raws) > self.slot_size:
+    def place_inputs(self, slot: int, raws: list, keys: list | None = None
+                     ) -> list[tuple[int, int]] | None:
+        """Copy raw chunks into the slot's input half; each one's (offset, length), or None
+        if they do not fit. Raws with equal `keys` (the same chunk, wanted by several
+        records) are copied once and share a span."""
+        if keys is None:
+            if sum(len(r) for r in raws) > self.slot_size:
+                return None
+            pos = (2 * slot + 1) * self.slot_size
+            spans = []
+            for r in raws:
+                n = len(r)
+                self.map[pos : pos + n] = r
+                spans.append((pos, n))
+                pos += n
+            return spans
+        first: dict = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        if sum(len(raws[i]) for i in first.values()) > self.slot_size:
             return None
         pos = (2 * slot + 1) * self.slot_size
-        spans = []
-        for r in raws:
-            n = len(r)
-            self.map[pos : pos + n] = r
-            spans.append((pos, n))
+        span: dict = {}
+        for key, i in first.items():
+            n = len(raws[i])
+            self.map[pos : pos + n] = raws[i]
+            span[key] = (pos, n)
             pos += n
-        return spans
+        return [span[key] for key in keys]
 
     def take(self) -> int:
         """A free slot, or -1 if every slot is busy or lent (the task then goes by value)."""

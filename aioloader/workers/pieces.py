@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import Schema, stack, take
-from ..packing import check_config
+from ..packing import check_pack_config
 from ..transforms import BatchOp, PackOp
 from .arena import SlotAlloc
 
@@ -139,7 +139,7 @@ def pack_window(
     """
     names = list(length_struct)
     try:
-        targets = check_config(length_struct, 1).tolist()
+        targets = check_pack_config(length_struct, 1).tolist()
     except (TypeError, ValueError):
         return None
     pieces: list[list[np.ndarray]] = [[] for _ in names]

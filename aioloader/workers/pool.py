@@ -1,12 +1,14 @@
 """The decode pool: the parent's side of the worker processes that turn fetched chunks into
 finished batches (what runs in a worker, and the messages, are `aioloader.workers.worker`).
 
-A task carries the raw chunk bytes (or already decoded records) for one batch or window; the
-worker decodes, runs the record transforms, and collates inside the process, so that only
-finished batches come back. Bytes travel through the shared-memory arena both ways
+A task says where the chunks of one batch or window lie, with the fetched bytes of remote
+ones; the worker decodes, runs the record transforms, and collates inside the process, so
+that only finished batches come back. Bytes travel through the shared-memory arena both ways
 (`aioloader.workers.arena`): the batch's arrays are stacked right in a slot and lent to the consumer
 as views; what does not fit, or finds no free slot, travels by value through the pipe
-instead. Local files are read by the workers themselves.
+instead; records of one chunk (group size > 1) ship its bytes once. Local files are read by
+the workers themselves. Each worker keeps decoded multi-record chunks across tasks
+(`aioloader.workers.decode`), in its share of `Pipeline.chunk_cache_bytes`.
 
 Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
 runs the same task code on one daemon thread of the parent, for debugging
@@ -31,15 +33,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..errors import WorkerError
 from .arena import Arena, Blob, Pickled
+from .decode import Decoder, chunk_keys
 from .inline import InlineExecutor
-from .localfiles import LocalFiles
+from .messages import Pipeline, Result, Task
 from .semnames import forget_names, pool_semaphores
-from .worker import (  # the messages are re-exported: the pool's callers import them here
-    Pipeline,
-    Result,
-    Task,
-    WorkerError,
+from .worker import (
     _init_worker,
     _pack_pipeline,
     _raise_malloc_thresholds,
@@ -110,7 +110,10 @@ class Pool:
         self._closing = threading.Lock()
         self._closed = False
         self._procs: list = []
-        self._files = LocalFiles()  # the inline worker's (workers == 0)
+        # Each decoding process keeps its share of the decoded-chunk cache, so the pool holds
+        # what the parent used to (the chunks a task wants are decoded where it runs).
+        cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
+        self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
         if workers == 0:
             self._executor: Any = InlineExecutor()
@@ -126,7 +129,7 @@ class Pool:
                 mp_context=ctx,
                 initializer=_init_worker,
                 initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
-                          self.arena.named_path, self._started),
+                          self.arena.named_path, self._started, cache_bytes),
             )
         except BaseException:
             self.arena.close()
@@ -161,16 +164,12 @@ class Pool:
         cf = None
         try:
             if self.workers == 0:
-                cf = self._executor.submit(run_task, task, self.pipeline, self._files,
+                cf = self._executor.submit(run_task, task, self.pipeline, self._decoder,
                                            arena.map, arena.slot_size,
                                            label=describe or f"task {task.task_id}")
             else:
                 if task.raws is not None:
-                    spans = arena.place_inputs(slot, task.raws) if slot >= 0 else None
-                    if spans is not None:
-                        task.raw_spans, task.raws = spans, None
-                    else:  # no slot, or too big for it: pickle them through the pipe
-                        task.raws = [bytes(r) for r in task.raws]
+                    _ship_inputs(task, arena, slot)
                 cf = self._executor.submit(run_task, task)
             # Shielded: cancelling a waiting task must not cancel `cf`, which races the
             # executor's own clean-up of a broken pool (CPython 3.11 then crashes its manager
@@ -240,7 +239,7 @@ class Pool:
                 if self._pid == os.getpid():
                     self._stop_workers(grace)
             finally:
-                self._files.close()
+                self._decoder.close()
                 self.arena.close()
 
     def _stop_workers(self, grace: float) -> None:
@@ -270,6 +269,27 @@ class Pool:
                         p.kill()
                 raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
+
+
+def _ship_inputs(task: Task, arena: Arena, slot: int) -> None:
+    """Move a task's fetched chunks into its slot's input half, or else (no slot, or too big
+    for it) make them bytes to pickle through the pipe; either way a chunk that several of
+    its records share (group size > 1) goes once: one span, or one bytes object (pickle
+    sends an object once)."""
+    raws = task.raws
+    assert raws is not None
+    keys = chunk_keys(task.refs)
+    spans = arena.place_inputs(slot, raws, keys) if slot >= 0 else None
+    if spans is not None:
+        task.raw_spans, task.raws = spans, None
+    elif keys is None:
+        task.raws = [bytes(r) for r in raws]
+    else:
+        blobs: dict = {}
+        for key, r in zip(keys, raws):
+            if key not in blobs:
+                blobs[key] = bytes(r)
+        task.raws = [blobs[key] for key in keys]
 
 
 def _stop(procs: list, grace: float) -> None:

@@ -1,11 +1,13 @@
-"""What a worker process receives, runs and returns: the task messages and the worker's code.
+"""What a worker process runs: its start-up, and `run_task` over the messages it receives
+and returns (`aioloader.workers.messages`).
 
-A task carries the raw chunk bytes (or already decoded records, or only where they lie: local
-files the worker reads itself) for one batch or window; the worker decodes, runs the record
-transforms, and collates inside the process, stacking the batch's arrays right in its slot of
-the shared-memory arena (`aioloader.workers.arena`). The parent's side, the pool that sends
-tasks and hands results on, is `aioloader.workers.pool`; `workers=0` runs `run_task` on a
-thread of the parent with the pool's own pipeline, files and arena.
+A task says where the records of one batch or window lie (their chunks), with the fetched
+chunk bytes for remote files (local files the worker reads itself), whatever the group size;
+the worker decodes (`aioloader.workers.decode`), runs the record transforms, timing each, and
+collates inside the process, stacking the batch's arrays right in its slot of the
+shared-memory arena (`aioloader.workers.arena`). The parent's side, the pool that sends tasks
+and hands results on, is `aioloader.workers.pool`; `workers=0` runs `run_task` on a thread of
+the parent with the pool's own pipeline, decoder and arena.
 
 A worker that cannot load the pipeline (a transform it cannot unpickle) stays up and fails
 every task with the cause, naming the transform, instead of dying.
@@ -22,74 +24,24 @@ import os
 import pickle
 import signal
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
-from ..arrayrecord.index import decode_records
-from ..planning import ChunkRefs
+from ..errors import WorkerError
 from ..transforms import (
-    BatchOp,
-    MapOp,
-    PackOp,
-    RecordOp,
+    OpTimes,
     apply_batch_ops,
     apply_record_ops,
     collate_named,
 )
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
-from .localfiles import LocalFiles
+from .decode import Decoder
+from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
 from .pieces import Survivors, has_arrays, window_payload
 
-
-class WorkerError(RuntimeError):
-    """A worker process died, or could not send its result back; the message says why."""
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """What every worker runs (sent once, when the pool starts)."""
-
-    record_ops: tuple[RecordOp, ...]
-    batch: BatchOp | None  # collate in the worker; None: return elements (filter/pack mode)
-    batch_ops: tuple[MapOp, ...]
-    verify: str = "headers"
-    max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
-    stream: BatchOp | PackOp | None = None  # stream mode's batching, for `pieces`
-
-
-@dataclass
-class Task:
-    """One unit of work: the records of one batch (or window), in output order.
-
-    Either `refs` (where each record's chunk lies; with `raws` the fetched chunk bytes, or
-    none when the files are local and the worker reads them itself) or `records` (decoded
-    bytes) is set.
-    """
-
-    task_id: int
-    indices: np.ndarray  # global record index of each record
-    epochs: np.ndarray
-    refs: ChunkRefs | None = None
-    raws: list | None = None  # physical chunk bytes, parallel to refs
-    records: list[bytes] | None = None
-    raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
-    slot: int = -1
-
-
-@dataclass
-class Result:
-    task_id: int
-    payload: Any  # batch mode: a list of batches (arrays may be ShmRef); else the elements
-    count: int  # elements that survived the filters
-    slot: int = -1
-    reads: int = 0  # local reads the worker made itself, and their bytes
-    bytes_read: int = 0
-
-
 _pipeline: Pipeline | None = None
+_decoder: Decoder | None = None
 _init_error: str | None = None
 _arena: mmap.mmap | None = None
 _slot_size = 0
@@ -109,16 +61,19 @@ def _raise_malloc_thresholds() -> None:
 
 
 def _init_worker(pipeline_parts: tuple, arena_path: str | None, slot_size: int,
-                 unlink_path: str | None = None, started: Any = None) -> None:
+                 unlink_path: str | None = None, started: Any = None,
+                 cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
     """Load the pipeline and map the arena; what fails is kept (`_init_error`) and raised
     by every task, so the parent gets the cause at once instead of a dead worker. Releases
-    `started`: this worker has opened the pool's semaphores (`Pool._forget_names`)."""
-    global _pipeline, _arena, _slot_size, _init_error
+    `started`: this worker has opened the pool's semaphores (`Pool._forget_names`).
+    `cache_bytes`: this worker's share of the decoded-chunk cache."""
+    global _pipeline, _arena, _slot_size, _init_error, _decoder
     if started is not None:
         started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _raise_malloc_thresholds()
     _slot_size = slot_size
+    _decoder = Decoder(cache_bytes)
     _watch_parent(unlink_path)
     try:
         _pipeline = _load_pipeline(pipeline_parts)
@@ -181,53 +136,44 @@ def _watch_parent(unlink_path: str | None) -> None:
     threading.Thread(target=watch, name="aioloader-parent-watch", daemon=True).start()
 
 
-_files = LocalFiles()
-
-
-def _records_of(task: Task, pipeline: Pipeline, files: LocalFiles, arena: Any,
-                paths: list[str] | None) -> list[bytes]:
-    """The task's records; `paths` names each record's file in errors."""
-    if task.records is not None:
-        return task.records
-    refs = task.refs
-    assert refs is not None
+def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
+                paths: list[str]) -> list[bytes]:
+    """The task's records, decoded; `paths` names each record's file in errors."""
+    raws = task.raws
     if task.raw_spans is not None:
         view = memoryview(arena)
-        raws: list = [view[o : o + n] for o, n in task.raw_spans]
-    elif task.raws is not None:
-        raws = task.raws
-    else:
-        raws = files.read(refs)
-    return decode_records(raws, refs.start.tolist(), refs.within.tolist(),
-                          verify=pipeline.verify, paths=paths, chunks=refs.chunk.tolist(),
-                          counts=None if refs.count is None else refs.count.tolist(),
-                          max_decoded=pipeline.max_decoded)
+        raws = [view[o : o + n] for o, n in task.raw_spans]
+    return decoder.records(task.refs, raws, verify=pipeline.verify,
+                           max_decoded=pipeline.max_decoded, paths=paths)
 
 
-def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | None = None,
+def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
              arena: Any = None, slot_size: int = 0) -> Result:
     """Decode, transform and (in batch mode) collate one task.
 
-    In a worker process the pipeline, descriptors and arena are this process's globals; the
+    In a worker process the pipeline, decoder and arena are this process's globals; the
     inline pool (workers=0) passes its own.
     """
     inline = pipeline is not None
     if not inline and _init_error is not None:
         raise WorkerError(_init_error)
     pipeline = pipeline or _pipeline
-    assert pipeline is not None, "worker not initialised"
-    files = files or _files
+    decoder = decoder or _decoder
+    assert pipeline is not None and decoder is not None, "worker not initialised"
     arena = arena if inline else _arena
     slot_size = slot_size if inline else _slot_size
+    files = decoder.files
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
-    paths = [refs.name(f) for f in refs.file.tolist()] if refs is not None else None
-    records = _records_of(task, pipeline, files, arena, paths)
-    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes}
+    paths = [refs.name(f) for f in refs.file.tolist()]
+    records = _records_of(task, pipeline, decoder, arena, paths)
+    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
+          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
+    times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
     kept: list[int] = []  # the survivors' places in the task (stream mode's resume tags)
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
-                                task.epochs.tolist(), paths, kept)
-    if pipeline.batch is None:  # stream mode: the window's survivors (`pieces`)
+                                task.epochs.tolist(), paths, times=times, survivors=kept)
+    if pipeline.batch is None:  # stream mode: the task's survivors (`pieces`)
         survivors = (len(task.indices), np.asarray(kept, dtype=np.int32))
         payload, slot, room = _stream_payload(elements, survivors, pipeline, arena, task.slot,
                                               slot_size, inline)
@@ -241,7 +187,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
             return f"record {indices[k]} (epoch {epochs[k]}){where}"
 
         batches = [apply_batch_ops(pipeline.batch_ops, collate_named(
-                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc))
+                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),
+                       times=times, first=len(pipeline.record_ops))
                    for i in range(0, len(elements), size)]
         placed = alloc.export(batches) if alloc is not None else None
         if placed is None:  # no slot, or too big for it: the batches travel by value
@@ -251,7 +198,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, files: LocalFiles | N
             payload, slot, room = placed, task.slot, alloc
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
         payload = _outgoing(payload, room)
-    return Result(task.task_id, payload, len(elements), slot, **io)
+    return Result(task.task_id, payload, len(elements), slot, **io,
+                  op_items=times.items, op_seconds=times.seconds)
 
 
 def _stream_payload(elements: list, survivors: Survivors, pipeline: Pipeline, arena: Any,

@@ -1,0 +1,171 @@
+"""The loader's settings: grouped by the part that uses them, typed, and checked here, once.
+
+`ds.loader(...)` takes each setting as a keyword (`workers=2, io_concurrency=256`) or by group
+(`read=ReadOptions(...)`, `worker=WorkerOptions(...)`, or all of them as `options=
+LoaderOptions(...)`); either way it builds one frozen `LoaderOptions` that the runtime reads
+and never checks again. Each setting is documented once, in its group's docstring.
+
+Counts and byte sizes must be whole numbers; a float with an integral value (`1e9`) is taken
+as that integer, since `memory_budget=1e9` is a natural way to write a size.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .retry import RetryPolicy
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "LoaderOptions",
+    "PrefetchOptions",
+    "ReadOptions",
+    "WorkerOptions",
+    "unknown_options_error",
+]
+
+DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
+
+
+def _whole(obj: Any, name: str, lo: int, *, optional: bool = False) -> None:
+    """Check that field `name` is a whole number >= `lo` (or None, if `optional`) and store
+    it as an `int`; the error names the option as the user spelled it."""
+    value = getattr(obj, name)
+    if value is None and optional:
+        return
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer{' or None' if optional else ''}, "
+                        f"got {value!r} ({type(value).__name__})")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}{' or None' if optional else ''}, got {value}")
+    object.__setattr__(obj, name, int(value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadOptions:
+    """How bytes are fetched (the source and its `Storage`).
+
+    - `io_concurrency` (64): range reads in flight at once; raise it for high-latency buckets.
+    - `memory_budget` (512 MiB): bytes being fetched at once, and the most one chunk may
+      decode to (a file claiming more is refused before anything is allocated).
+    - `retry` (None: `RetryPolicy()`'s defaults): how reads are retried, timed out, hedged.
+    - `max_gap` (None: 16 KiB for local files, 256 KiB for remote): neighbouring reads are
+      merged across gaps up to this many bytes; 0 merges only touching reads.
+    - `resident_bytes` (1 GiB): a remote dataset up to this size is fetched in segments
+      after the first batch and kept in memory (per process); 0 reads record by record.
+    """
+
+    io_concurrency: int = 64
+    memory_budget: int = 512 << 20
+    retry: RetryPolicy | None = None
+    max_gap: int | None = None
+    resident_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        _whole(self, "io_concurrency", 1)
+        _whole(self, "memory_budget", 1)
+        _whole(self, "max_gap", 0, optional=True)
+        _whole(self, "resident_bytes", 0)
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be an aioloader.RetryPolicy or None, got "
+                            f"{type(self.retry).__name__}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How records are decoded and transformed (the decode pool).
+
+    - `workers` (0): worker processes; 0 runs the same code on one thread of this process.
+    - `slot_size` (32 MiB): bytes of one shared-memory slot, which holds a task's output (and
+      its remote input); a batch that does not fit comes back by value instead.
+    - `window` (None: 256): output positions per task in filter/pack pipelines, where a
+      task's output size is not known in advance; ignored with a plain `batch()`, whose
+      tasks are whole batches. A resumed state keeps the window it was saved with.
+    """
+
+    workers: int = 0
+    slot_size: int = 32 << 20
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        _whole(self, "workers", 0)
+        _whole(self, "slot_size", 1)
+        _whole(self, "window", 1, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchOptions:
+    """How far ahead the loader works.
+
+    - `prefetch` (4): tasks (batches, or windows) in flight and kept ready ahead of the
+      consumer, delivered in order whatever finishes first.
+    """
+
+    prefetch: int = 4
+
+    def __post_init__(self) -> None:
+        _whole(self, "prefetch", 1)
+
+
+_GROUPS: dict[str, type] = {"read": ReadOptions, "worker": WorkerOptions,
+                            "prefetch": PrefetchOptions}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """All of a loader's settings: `read` (`ReadOptions`), `worker` (`WorkerOptions`) and
+    `prefetch` (`PrefetchOptions`); each defaults to its group's defaults."""
+
+    read: ReadOptions = field(default_factory=ReadOptions)
+    worker: WorkerOptions = field(default_factory=WorkerOptions)
+    prefetch: PrefetchOptions = field(default_factory=PrefetchOptions)
+
+    def __post_init__(self) -> None:
+        for name, cls in _GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                hint = " (the number of processes is workers=)" if name == "worker" else ""
+                raise TypeError(f"LoaderOptions.{name} must be a {cls.__name__}, got "
+                                f"{value!r}{hint}")
+
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
+        """Every setting's name, group by group (`workers`, `io_concurrency`, ...)."""
+        return tuple(f.name for cls in _GROUPS.values() for f in fields(cls))
+
+    def merged(self, *, read: ReadOptions | None = None, worker: WorkerOptions | None = None,
+               **settings: Any) -> LoaderOptions:
+        """A copy with the groups given replaced, then the settings given (not None) replaced
+        in their groups: the most specific wins. The result is checked again."""
+        stray = set(settings) - set(self.field_names())
+        if stray:
+            raise unknown_options_error(stray, self.field_names(), "LoaderOptions.merged()")
+        base = LoaderOptions(read=self.read if read is None else read,
+                             worker=self.worker if worker is None else worker,
+                             prefetch=self.prefetch)  # checks the groups' types
+        groups = {name: getattr(base, name) for name in _GROUPS}
+        for name, cls in _GROUPS.items():
+            changes = {f.name: settings[f.name] for f in fields(cls)
+                       if settings.get(f.name) is not None}
+            if changes:
+                groups[name] = replace(groups[name], **changes)
+        return LoaderOptions(**groups)
+
+
+def unknown_options_error(unknown: Iterable[str], valid: Iterable[str], where: str) -> TypeError:
+    """The error for keywords `where` does not take, with the closest valid name for each
+    (`num_workers` -> `workers`), and the list of valid ones."""
+    valid = list(valid)
+    parts = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return TypeError(f"{where} got unknown option{'s' if len(parts) > 1 else ''} "
+                     f"{', '.join(parts)}; valid: {', '.join(valid)}")
+

@@ -1,0 +1,202 @@
+"""compile(dataset, source, options) → an immutable `Plan`: what the runtime will do (pure).
+
+Everything the runtime decides from the description, the opened files and the options is
+decided here, once, as data, so that it can be read and unit-tested without files, event
+loops or processes: the index ops with the per-process shard resolved, the mode, the task
+unit and how tasks grow, what the workers run, and the pipeline's fingerprint (saved in
+states). The runtime then only executes a plan.
+
+Modes. *Batch mode* (`batch()` and no filter): a task is one or more whole batches and the
+workers return finished batches. *Stream mode* (filter or pack, or no batching): a task is a
+window of `unit` output positions, the workers return what survived, and the batches (or
+packed rows) are assembled in order from consecutive windows (`runtime.assembly`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .dataset import Dataset, JaxProcessShard
+from .options import DEFAULT_WINDOW
+from .sampling import IndexPlan, Shard, Shuffle
+from .transforms import BatchOp, FilterOp
+from .workers.messages import Pipeline
+
+if TYPE_CHECKING:
+    from .options import LoaderOptions
+
+TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
+MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What is known of a pipeline before its files are opened (enough to check a state)."""
+
+    batch_mode: bool
+    unit: int  # batch size (batch mode) or window (stream mode)
+    drop_remainder: bool  # batch mode: a last partial batch is dropped
+    fingerprint: tuple[str, ...]
+    procs: tuple[int, int] | None  # (process index, count) with shard_by_jax_process()
+
+    @property
+    def process_count(self) -> int:
+        return self.procs[1] if self.procs else 1
+
+
+def shape(dataset: Dataset, window: int | None = None,
+          procs: tuple[int, int] | None = None) -> Shape:
+    """The mode, unit and fingerprint of `dataset`; `procs` resolves shard_by_jax_process()."""
+    batching = dataset.batching
+    batch_mode = isinstance(batching, BatchOp) and not any(
+        isinstance(op, FilterOp) for op in dataset.record_ops)
+    default = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
+    unit = default if batch_mode else int(window or default)
+    if not needs_processes(dataset):
+        procs = None
+    drop = bool(batch_mode and batching.drop_remainder)  # type: ignore[union-attr]
+    return Shape(batch_mode, unit, drop, fingerprint(dataset, procs), procs)
+
+
+def needs_processes(dataset: Dataset) -> bool:
+    """Whether the pipeline shards by JAX process (the runtime then asks jax who it is)."""
+    return any(isinstance(op, JaxProcessShard) for op in dataset.index_ops)
+
+
+def fingerprint(dataset: Dataset, procs: tuple[int, int] | None) -> tuple[str, ...]:
+    """The pipeline as text (URLs redacted: it is saved in checkpoints); with process
+    sharding, the global batch instead of the local."""
+    lines = dataset.describe()
+    b = dataset.batching
+    if procs and isinstance(b, BatchOp):
+        lines = [f"batch(global {b.size * procs[1]})" if ln == b.describe() else ln
+                 for ln in lines]
+    return tuple(lines)
+
+
+def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
+    """Index ops with `shard_by_jax_process()` turned into a block-dealt `Shard` (whole
+    batches dealt round-robin: the global batch is the same for any process count)."""
+    return [Shard(procs[0], procs[1], drop_remainder=op.drop_remainder, block=block)
+            if isinstance(op, JaxProcessShard) and procs is not None else op for op in ops]
+
+
+@dataclass(frozen=True)
+class SourceMeta:
+    """What the plan needs of the opened files."""
+
+    num_records: int
+    chunk_starts: np.ndarray | None  # first record of each chunk (for block shuffle)
+    local: bool  # every file is on a local disk
+    resident: bool  # a remote dataset kept in memory (read like local files)
+    verify: str = "headers"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An immutable description of one run (see the module docstring)."""
+
+    shape: Shape
+    index: IndexPlan
+    unit: int  # the shape's, or a resumed stream-mode state's window
+    pipeline: Pipeline  # what every worker runs
+    groups_batches: bool  # small batches may share a task (local or kept in memory)
+    slot_size: int
+
+    @property
+    def batch_mode(self) -> bool:
+        return self.shape.batch_mode
+
+    @property
+    def length(self) -> int | None:
+        return self.index.length
+
+    @property
+    def op_names(self) -> list[str]:
+        """The workers' transforms as the stats table names them (`Result.op_seconds`)."""
+        p = self.pipeline
+        return ([op.describe() for op in p.record_ops]
+                + [op.describe() + " [per batch]" for op in p.batch_ops])
+
+    def span(self, lo: int, batches_per_task: int = 1) -> tuple[int, int] | None:
+        """Output positions `[lo, hi)` of the task starting at `lo`; None past the end.
+
+        A task covers `batches_per_task` whole batches (the last one may be partial, unless
+        drop_remainder), or in stream mode as many windows.
+        """
+        unit = self.unit
+        hi = lo + unit * batches_per_task
+        length = self.length
+        if length is not None:
+            if lo >= length:
+                return None
+            hi = min(hi, length)
+            if self.shape.drop_remainder:
+                hi = lo + (hi - lo) // unit * unit
+                if hi == lo:
+                    return None
+        return lo, hi
+
+    def batches_from(self, position: int, length: int | None = None) -> int | None:
+        """Batches a batch-mode run starting at `position` yields (None if endless)."""
+        length = self.length if length is None else length
+        if length is None:
+            return None
+        left = max(0, length - position)
+        return left // self.unit if self.shape.drop_remainder else -(-left // self.unit)
+
+    def task_size_goal(self, batch_nbytes: int) -> int:
+        """How many batches (stream mode: windows) a task should grow to, once the size of
+        one is known.
+
+        Small batches from local files (or a remote dataset kept in memory) go several to a
+        task, so the per-task cost of scheduling and the process hop amortizes, as long as
+        they fit a slot. Read record by record from a bucket, the reads dominate, and bigger
+        tasks would only queue more reads behind io_concurrency. A window's outputs are cut
+        by the parent whatever the task size, so windows group up to TASK_RECORDS.
+        """
+        if not self.groups_batches:
+            return 1
+        most = MAX_BATCHES_PER_TASK if self.batch_mode else TASK_RECORDS
+        return max(1, min(most, TASK_RECORDS // self.unit,
+                          self.slot_size // (batch_nbytes + 4096)))
+
+
+def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
+            unit: int | None = None, procs: tuple[int, int] | None = None) -> Plan:
+    """The plan for `dataset` over the opened files `meta` (`unit`: a resumed state's)."""
+    sh = shape(dataset, options.worker.window, procs)
+    block = dataset.batching.size if isinstance(dataset.batching, BatchOp) else 1
+    ops = resolve_index_ops(dataset.index_ops, sh.procs, block)
+    needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
+    index = IndexPlan(meta.num_records, ops, meta.chunk_starts if needs_chunks else None)
+    pipeline = worker_pipeline(dataset, sh, meta.verify, options.read.memory_budget)
+    return Plan(sh, index, unit or sh.unit, pipeline, meta.local or meta.resident,
+                options.worker.slot_size)
+
+
+def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) -> Pipeline:
+    """What every worker runs: the record ops, and in batch mode the batching and the maps
+    after it (in stream mode those run where the stream is assembled)."""
+    return Pipeline(
+        record_ops=dataset.record_ops,
+        batch=dataset.batching if sh.batch_mode else None,  # type: ignore[arg-type]
+        batch_ops=dataset.batch_ops if sh.batch_mode else (),
+        verify=verify,
+        max_decoded=max_decoded,
+        stream=None if sh.batch_mode else dataset.batching,
+    )
+
+
+def longest_shard(plan: Plan, dataset: Dataset) -> IndexPlan:
+    """The index plan of process 0, whose shard is the longest (every process must take as
+    many steps to stay in lockstep)."""
+    procs = plan.shape.procs
+    if not procs:
+        return plan.index
+    block = dataset.batching.size  # type: ignore[union-attr]
+    ops = resolve_index_ops(dataset.index_ops, (0, procs[1]), block)
+    return IndexPlan(plan.index.num_records, ops, plan.index.chunk_starts)

@@ -1,0 +1,81 @@
+"""The run's output in order, each item with the loader state after it.
+
+A run is the scheduler's ordered task results turned into what the consumer gets: in batch
+mode the finished batches of each result (several per task once tasks grow), in stream mode
+what the `Assembler` makes of consecutive windows. Either way an item leaves here with the
+`LoaderState` after it, which the loader makes the consumer's state when the item is handed
+out (`Loader._deliver`), and nowhere else.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from ..plan import Plan
+from ..state import LoaderState
+from .assembly import Assembler
+from .scheduler import Scheduler
+from .tasks import TaskRunner
+
+
+class Run:
+    """One run of a plan from a start state: a scheduler and what turns its results into
+    items. Restarting (set_state) makes a new run."""
+
+    def __init__(self, plan: Plan, runner: TaskRunner, start: LoaderState, depth: int,
+                 dataset: Any, stats: Any) -> None:
+        self.plan = plan
+        self.runner = runner
+        self.start = start
+        self.scheduler = Scheduler(runner.span, runner.run, start.position, depth)
+        self._ready: collections.deque = collections.deque()  # batch mode: (batch, position)
+        self._assembler = None if plan.batch_mode else Assembler(
+            dataset.batching, dataset.pack_batch, dataset.batch_ops,
+            {"position": start.position, "skip": start.skip, "rows": start.rows},
+            _next_task(self.scheduler, runner), stats.assemble, plan.unit)
+
+    @property
+    def ready(self) -> int:
+        return self.scheduler.ready + len(self._ready)
+
+    async def next(self) -> tuple[Any, LoaderState]:
+        """The next item and the state after it; StopAsyncIteration after the last."""
+        if self._assembler is not None:
+            out, at = await self._assembler.next()
+            return out, self.start.at(at["position"], at["skip"], at["rows"])
+        while not self._ready:
+            item = await self.scheduler.next()
+            if item is None:
+                raise StopAsyncIteration
+            lo, _, result = item
+            self.runner.observe(result.payload)
+            unit = self.plan.unit
+            for j, batch in enumerate(result.payload or ()):
+                self._ready.append((batch, lo + (j + 1) * unit))
+        batch, position = self._ready.popleft()
+        return batch, self.start.at(position)
+
+    async def aclose(self) -> None:
+        if self._assembler is not None:
+            self._assembler.close()
+        await self.scheduler.aclose()
+        self._ready.clear()  # lent batches nobody took: their slots (and memory) go now,
+        # not when the garbage collector finds this run
+
+
+def _next_task(scheduler: Scheduler, runner: TaskRunner):
+    """Stream mode: a function giving the next task's first position and what its worker
+    sent (`workers.pieces`), or None after the last; tasks grow as batches' tasks do. Not
+    a method: the assembler holding it must not keep the run alive (a run dropped by
+    set_state then goes at once, and its assembler's thread with it)."""
+
+    async def next_task() -> tuple[int, Any] | None:
+        item = await scheduler.next()
+        if item is None:
+            return None
+        lo, _, result = item
+        runner.observe([result.payload])
+        return lo, result.payload
+
+    return next_task

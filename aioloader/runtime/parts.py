@@ -1,0 +1,95 @@
+"""What a started loader holds open: the decode pool, the source (and its storage), the plan
+and the task runner — opened in the right order, closed in the right order, by one owner.
+
+The workers start first (their interpreters come up while the files open); the plan is
+compiled once the files are open (it needs their record count and chunk table). Closing
+frees the pool's processes and shared memory, then the source's connections. When the
+owner is garbage-collected without being closed, a finalizer still frees the pool.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ..options import LoaderOptions
+from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
+from ..source import ArrayRecordSource
+from ..storage import Storage
+from ..workers import Pool
+from .tasks import TaskRunner
+
+if TYPE_CHECKING:
+    from ..dataset import Dataset
+    from .stats import PipelineStats
+
+# Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few the
+# consumer holds (its step, device prefetch); beyond that a batch goes by value.
+SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
+HELD_SLOTS = 4
+
+
+class Parts:
+    """The pool, source, plan and runner of one loader (`owner`), once `open` ran."""
+
+    def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions,
+                 shape: Shape, stats: PipelineStats) -> None:
+        self._owner = weakref.ref(owner)
+        self.dataset, self.options, self.shape, self.stats = dataset, options, shape, stats
+        self.pool: Pool | None = None
+        self.source: ArrayRecordSource | None = None
+        self.plan: Plan | None = None
+        self.runner: TaskRunner | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    async def open(self, unit: int) -> Plan:
+        """Start the workers, open the files, compile the plan (`unit`: the state's)."""
+        ds, opts = self.dataset, self.options
+        pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
+        self.pool = Pool(pipeline, opts.worker.workers,
+                         slots=opts.prefetch.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
+                         slot_size=opts.worker.slot_size)
+        owner = self._owner()
+        self._finalizer = weakref.finalize(owner if owner is not None else self,
+                                           self.pool.close)
+        self.pool.warm_up()
+        read = opts.read
+        storage = Storage(concurrency=read.io_concurrency, max_inflight_bytes=read.memory_budget,
+                          retry=read.retry, storage_options=dict(ds.source.storage_options))
+        src = self.source = ArrayRecordSource(
+            list(ds.source.paths), storage=storage, verify=ds.source.verify,
+            max_gap=read.max_gap, resident_bytes=read.resident_bytes)
+        self.stats.io_source = storage.stats.as_dict
+        self.stats.cache_source = self._cache_figures
+        await src.aopen()
+        meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
+                          ds.source.verify)
+        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs)
+        self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
+        return self.plan
+
+    def free(self) -> None:
+        """Free what is this process's without the event loop (the pool's processes and
+        shared memory): at interpreter exit, in a forked child, or before `aclose`."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    async def aclose(self) -> None:
+        self.free()
+        if self.source is not None:
+            await self.source.aclose()
+            await self.source.storage.aclose()
+
+    def _cache_figures(self) -> dict[str, Any]:
+        """The fetch stage's cache of raw multi-record chunks, the workers' caches of
+        decoded ones, and the memory copy of a remote dataset."""
+        src, runner = self.source, self.runner
+        if src is None:
+            return {}
+        cache, kept = src.fetcher.raw_cache, src.resident
+        out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
+        if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
+            out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
+        if kept is not None:
+            out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
+        return out

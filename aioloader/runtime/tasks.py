@@ -1,0 +1,110 @@
+"""One task, from output positions to the workers' result: look up, fetch, run.
+
+A task covers output positions `lo..hi-1`. Its record indices and epochs come from the plan's
+index ops (`sampling`), where their chunks lie from the source's chunk table; remote bytes
+come through the source's fetch stage (merged range reads, or the in-memory copy of a
+remote dataset), local files the worker reads itself; the decode pool then decodes,
+transforms and batches it (`workers`). This module owns that sequence and the figures of
+its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrayrecord import ArrayRecordFormatError
+from ..plan import Plan
+from ..planning import ChunkRefs
+from ..storage import StorageError
+from ..workers import Pool, Result, Task
+from ..workers.arena import array_leaves
+
+LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
+
+
+class TaskRunner:
+    """Runs tasks of one plan over one opened source and pool."""
+
+    def __init__(self, plan: Plan, source: Any, pool: Pool, stats: Any,
+                 owner: object = None) -> None:
+        # The loader: its running tasks keep it alive, so that when a loop ends under an
+        # `async for` left without `async with`, its LoopGuard still finds it to close.
+        self.owner = owner
+        self.plan = plan
+        self.source = source
+        self.pool = pool
+        self.stats = stats
+        self.local = source.all_local
+        self.batches_per_task = 1  # grows after the first batch (see `observe`)
+        self._goal: int | None = None
+        self._ahead: tuple | None = None  # see _lookup
+        self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
+        self.chunks_decoded = 0
+
+    def span(self, lo: int) -> tuple[int, int] | None:
+        return self.plan.span(lo, self.batches_per_task)
+
+    async def run(self, k: int, lo: int, hi: int) -> Result:
+        src, st = self.source, self.stats
+        records, epochs, refs = self._lookup(lo, hi)
+        try:
+            with st.fetch.timed(items=hi - lo):
+                task = await self._build(k, records, epochs, refs)
+            with st.process.timed(items=hi - lo):
+                result = await self.pool.run(task, describe=f"task {k} (output positions "
+                                                            f"{lo}..{hi - 1})")
+        except (ArrayRecordFormatError, StorageError) as err:
+            # A file rewritten under us shows up as corrupt bytes or short reads: say so.
+            raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
+        if result.reads and self.local:  # the worker's reads of local files (not of a
+            st.add_worker_reads(result.reads, result.bytes_read)  # remote dataset's copy)
+        st.records += hi - lo
+        st.elements += result.count
+        st.add_ops(self.plan.op_names, result.op_items, result.op_seconds)
+        self.chunk_hits += result.chunk_hits
+        self.chunks_decoded += result.chunks_decoded
+        return result
+
+    def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:
+        """Record indices, epochs and chunk refs of output positions `lo..hi-1`.
+
+        Computed for LOOKAHEAD_TASKS tasks at a time: the permutation and the chunk table
+        are vectorized, and most of their cost on one batch is per call, not per record.
+        Tasks start in order, so the window is hit; a miss only recomputes (pure).
+        """
+        plan, w = self.plan, self._ahead
+        if w is None or not (w[0] <= lo and hi <= w[1]):
+            stop = lo + plan.unit * self.batches_per_task * LOOKAHEAD_TASKS
+            if plan.length is not None:
+                stop = min(stop, plan.length)
+            stop = max(stop, hi)
+            records, epochs = plan.index.lookup(np.arange(lo, stop, dtype=np.int64))
+            w = self._ahead = (lo, stop, records, epochs, self.source.chunk_refs(records))
+        a, b = lo - w[0], hi - w[0]
+        return w[2][a:b], w[3][a:b], w[4].take(a, b)
+
+    async def _build(self, k: int, records: np.ndarray, epochs: np.ndarray,
+                     refs: ChunkRefs) -> Task:
+        """What task `k` needs: where its records' chunks are (the worker reads local files,
+        and the memory copies of a remote dataset kept in memory, itself), plus the fetched
+        bytes of remote files."""
+        if self.local:
+            return Task(k, records, epochs, refs=refs)
+        kept = await self.source.resident_refs(refs)  # a remote dataset kept in memory
+        if kept is not None:
+            return Task(k, records, epochs, refs=kept)
+        return Task(k, records, epochs, refs=refs, raws=await self.source.fetch_refs(refs))
+
+    def observe(self, batches: list | None) -> None:
+        """After a result: tasks double in size per result up to the plan's goal, rather
+        than jump to it (a consumer that has had one batch would otherwise wait for a whole
+        large task, one worker a few times the step, before its second)."""
+        if not batches:
+            return
+        if self._goal is None:
+            nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
+            self._goal = self.plan.task_size_goal(nbytes)
+        self.batches_per_task = min(self._goal, 2 * self.batches_per_task)
+        self.stats.batches_per_task = self.batches_per_task

@@ -1,0 +1,273 @@
+"""`ArrayRecordSource`: a set of ArrayRecord files as one indexed record space, for users.
+
+A thin facade over the two stages the loader uses directly: `table` (`RecordTable`, where each
+record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range reads, the
+memory copy, the raw chunk cache). What it adds is the user's view: records by global index,
+decoded (`records`: each needed chunk decoded once, multi-record chunks kept decoded).
+
+The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
+it works in scripts and in notebooks that run their own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
+from ..index_cache import IndexCache
+from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
+from ..resident import ResidentFiles
+from ..storage import Storage, StorageError, is_local, redact
+from ..sync import release, run_sync
+from .fetch import Fetcher
+from .records import ChunkCache, read_chunks
+from .table import RecordTable, open_table
+
+
+class ArrayRecordSource:
+    """Random access to the records of one or more ArrayRecord files.
+
+    `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
+    records are numbered across files in that order (globs sorted). With `resident_bytes`
+    (off by default here; the loader's default is 1 GiB) a remote dataset up to that size is
+    fetched in segments and kept in memory after the first read (`aioloader.resident`).
+    `cache_bytes` bounds each chunk cache: the decoded chunks `read` keeps, and the raw
+    chunks `fetch_refs` keeps (files with group size > 1 only).
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        verify: str = "headers",
+        storage: Storage | None = None,
+        cache_bytes: int = 256 << 20,
+        max_gap: int | None = None,
+        max_merged: int = DEFAULT_MAX_MERGED,
+        index_cache_dir: str | os.PathLike | None = None,
+        resident_bytes: int = 0,
+    ) -> None:
+        self._patterns = ([os.fspath(paths)] if isinstance(paths, (str, os.PathLike))
+                          else [os.fspath(p) for p in paths])
+        if not self._patterns:
+            raise ValueError("ArrayRecordSource needs at least one path")
+        self.verify = verify
+        self._owns_storage = storage is None
+        self.storage = storage or Storage(storage_options=storage_options)
+        self.cache_bytes = cache_bytes
+        self.cache = ChunkCache(cache_bytes)
+        local = all(is_local(p) for p in self._patterns)
+        self.max_gap = max_gap if max_gap is not None else (LOCAL_MAX_GAP if local
+                                                             else CLOUD_MAX_GAP)
+        # A merged read must fit the byte budget with room for others in flight.
+        self.max_merged = max(1, min(max_merged, self.storage.max_inflight_bytes // 4))
+        self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
+        self._index_cache = IndexCache(index_cache_dir) if index_cache_dir else None
+        self.resident_bytes = resident_bytes
+        self._table: RecordTable | None = None
+        self._fetcher: Fetcher | None = None
+        self._open_lock: asyncio.Lock | None = None
+        self._used_sync = False
+
+    # -- opening ----------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, paths, **kw: Any) -> ArrayRecordSource:
+        """Create and open a source from async code."""
+        src = cls(paths, **kw)
+        try:
+            await src.aopen()
+        except BaseException:
+            await src.aclose()
+            raise
+        return src
+
+    async def aopen(self) -> None:
+        """List and index every file (idempotent)."""
+        if self._table is not None:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._table is None:
+                table = await open_table(self._patterns, self.storage, verify=self.verify,
+                                         index_cache=self._index_cache)
+                self._fetcher = Fetcher(self.storage, table, max_gap=self.max_gap,
+                                        max_merged=self.max_merged,
+                                        resident_bytes=self.resident_bytes,
+                                        cache_bytes=self.cache_bytes)
+                self._table = table
+
+    def _require_open(self) -> None:
+        if self._table is None:
+            try:
+                self._sync(self.aopen())
+            except BaseException:
+                self.close()
+                raise
+
+    # -- the stages -------------------------------------------------------------------
+
+    @property
+    def table(self) -> RecordTable:
+        """Where every record lies: the files, their indices, the chunk table."""
+        self._require_open()
+        return self._table  # type: ignore[return-value]
+
+    @property
+    def fetcher(self) -> Fetcher:
+        """The fetch stage: merged reads, the memory copy, the raw chunk cache."""
+        self._require_open()
+        return self._fetcher  # type: ignore[return-value]
+
+    @property
+    def resident(self) -> ResidentFiles | None:
+        """The in-memory copy of a small remote dataset, if kept (see aioloader.resident)."""
+        return self._fetcher.resident if self._fetcher is not None else None
+
+    # -- what is open -----------------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return self.table.urls
+
+    @property
+    def file_indices(self) -> list[FileIndex]:
+        return self.table.indices
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def chunk_starts(self) -> np.ndarray:
+        """Global index of the first record of every chunk of every file, plus the total."""
+        return self.table.chunk_starts
+
+    @property
+    def max_group_size(self) -> int:
+        return self.table.max_group_size
+
+    @property
+    def all_local(self) -> bool:
+        """Every file is on a local disk (workers may then read records themselves)."""
+        return self.table.all_local
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global record indices → (file, chunk, index within chunk), vectorized."""
+        return self.table.locate(indices)
+
+    def chunk_refs(self, indices) -> ChunkRefs:
+        """Where each record's chunk lies: what a worker needs to read and decode it (a
+        chunk over the byte budget is refused here, as reading it would be)."""
+        refs = self.table.chunk_refs(indices)
+        self.fetcher.check_budget(refs)
+        return refs
+
+    # -- fetching (the loader's calls; see Fetcher) -----------------------------------
+
+    async def fetch_refs(self, refs: ChunkRefs) -> list[memoryview]:
+        """The physical bytes of each record's chunk in `refs` (merged reads)."""
+        return await self.fetcher.fetch_refs(refs)
+
+    async def resident_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
+        """`refs` read from the memory copy of the files, when there is one to read."""
+        return await self.fetcher.resident_refs(refs)
+
+    async def explain(self, err: Exception, files) -> Exception:
+        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened."""
+        return await self.fetcher.explain(err, files)
+
+    # -- reading ----------------------------------------------------------------------
+
+    async def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The records at `indices`, in that order."""
+        await self.aopen()
+        files, chunks, within = self.locate(indices)
+        decoded = await self.read_chunks(files, chunks)
+        return [decoded[(f, c)].record(j)
+                for f, c, j in zip(files.tolist(), chunks.tolist(), within.tolist())]
+
+    async def read_chunks(self, files, chunks) -> dict[tuple[int, int], ChunkRecords]:
+        """Fetch and decode the distinct (file, chunk) pairs named; each read once."""
+        await self.aopen()
+        try:
+            return await read_chunks(self.table, self.fetcher, self.cache, files, chunks,
+                                     verify=self.verify,
+                                     max_decoded=self.storage.max_inflight_bytes)
+        except (ArrayRecordFormatError, StorageError) as err:
+            raise await self.explain(err, set(np.asarray(files).tolist())) from None
+
+    # -- sync API ---------------------------------------------------------------------
+
+    def read_chunk(self, file: int, chunk: int) -> ChunkRecords:
+        """All records of one chunk of one file (sync)."""
+        self._require_open()
+        return self._sync(self.read_chunks([file], [chunk]))[(file, chunk)]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self._sync(self.read(range(*key.indices(len(self)))))
+        if isinstance(key, (list, tuple, np.ndarray, range)):
+            return self._sync(self.read(key))
+        i = int(key)
+        if i < 0:
+            i += len(self)
+        return self._sync(self.read([i]))[0]
+
+    def __iter__(self):
+        n = len(self)
+        step = 4096
+        for lo in range(0, n, step):
+            yield from self[lo : min(n, lo + step)]
+
+    # -- closing ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Release this loop's I/O resources (call from the loop you read on)."""
+        if self._fetcher is not None:  # read again: record by record, from storage
+            await self._fetcher.aclose()
+        if self._owns_storage:
+            await self.storage.aclose()
+
+    def _sync(self, coro):
+        self._used_sync = True
+        return run_sync(coro, user=self)
+
+    def close(self) -> None:
+        """Release the I/O resources the sync API used (and the background loop, if last)."""
+        if not self._used_sync:
+            return
+        self._used_sync = False
+        try:
+            run_sync(self.aclose())
+        finally:  # a failed close (or open) still lets the background loop go
+            release(self)
+
+    def __enter__(self) -> ArrayRecordSource:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ArrayRecordSource:
+        try:
+            await self.aopen()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        t = self._table
+        state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
+        more = ", ..." if len(self._patterns) > 1 else ""
+        return f"ArrayRecordSource({redact(self._patterns[0])!r}{more}; {state})"

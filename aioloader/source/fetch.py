@@ -1,0 +1,286 @@
+"""The fetch stage: chunks' byte ranges in, their bytes out, through one `Storage`.
+
+This is where records' chunk ranges become merged reads (`plan_reads`: sorted, deduplicated,
+neighbours joined across small gaps) issued concurrently under the storage's limits. Files
+are named by number (their place in the `RecordTable`), never by URL. Two things sit in
+front of the reads:
+
+- a remote dataset small enough (`resident_bytes`) is kept in memory whole
+  (`aioloader.resident`), and reads are served from it once its segments are in;
+- the raw (still compressed) chunks of files with group size > 1 stay in a byte-bounded
+  LRU (`RawChunkCache`), and a chunk being fetched is shared with whoever else asks for it
+  meanwhile: a chunk that several tasks (batches) touch is downloaded once. One-record
+  chunks are not cached: one epoch never reads a record twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..planning import ChunkRefs, plan_reads
+from ..resident import SEGMENT_BYTES, ResidentFiles
+from ..storage import (
+    ObjectChangedError,
+    Storage,
+    StoreUnavailableError,
+    is_local,
+    redact,
+)
+from .table import RecordTable
+
+Key = tuple[int, int]  # (file number, chunk number)
+
+
+class RawChunkCache:
+    """Raw chunk bytes by (file, chunk), least recently used out first, bounded in bytes.
+
+    `hits` counts chunks served without a new read (cached, or shared with a read already
+    in flight), `misses` the chunks read.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[Key, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Key) -> bytes | None:
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: Key, data: bytes) -> None:
+        if len(data) > self.max_bytes or key in self._items:
+            return
+        self._items[key] = data
+        self.bytes += len(data)
+        while self.bytes > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= len(old)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+class _Abandoned(Exception):
+    """The read a waiter shared failed or was cancelled: the waiter reads the chunk itself
+    (and sees the error, if any, in its own context)."""
+
+
+class Fetcher:
+    """Fetches byte ranges of the files of one `RecordTable` through `storage`."""
+
+    def __init__(self, storage: Storage, table: RecordTable, *, max_gap: int,
+                 max_merged: int, resident_bytes: int = 0, cache_bytes: int = 0) -> None:
+        self.storage = storage
+        self.table = table
+        self.max_gap = max_gap
+        self.max_merged = max_merged
+        self.raw_cache = RawChunkCache(cache_bytes)
+        self._inflight: dict[Key, asyncio.Future] = {}
+        self.resident: ResidentFiles | None = None  # see aioloader.resident
+        files = table.files
+        total = sum(f.size for f in files)
+        if files and not any(is_local(f.url) for f in files) and 0 < total <= resident_bytes:
+            segment = max(1, min(SEGMENT_BYTES, storage.max_inflight_bytes // 4))
+            self.resident = ResidentFiles(table.urls, [f.size for f in files],
+                                          storage.read_into, segment)
+
+    # -- by records' chunk refs (the loader) ----------------------------------------------
+
+    def check_budget(self, refs: ChunkRefs) -> None:
+        """Refuse a chunk larger than the byte budget now, as Storage would on reading it
+        (a worker reading it itself would not ask Storage)."""
+        sizes = refs.end - refs.start
+        if sizes.size and int(sizes.max()) > self.storage.max_inflight_bytes:
+            k = int(sizes.argmax())
+            url = self.table.urls[int(_ids(refs)[refs.file[k]])]
+            self.storage.check_budget(url, int(refs.start[k]), int(refs.end[k]))
+
+    async def fetch_refs(self, refs: ChunkRefs) -> list[memoryview]:
+        """The physical bytes of each record's chunk in `refs`, one view per record."""
+        files = _ids(refs)[refs.file]
+        grouped = self.table.grouped[files]
+        if self.resident is not None or self.raw_cache.max_bytes <= 0 or not grouped.any():
+            return await self.fetch_ranges(files, refs.start, refs.end)
+        return await self._fetch_cached(files, refs.chunk, refs.start, refs.end, grouped)
+
+    async def resident_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
+        """`refs` read from the in-memory copies of the files, once their segments are in
+        (worker processes read those themselves); None when the dataset is not kept in
+        memory that way, or this is the first read (fetch it with `fetch_refs`)."""
+        kept = self.resident
+        if kept is None or kept.worker_path is None or kept.unclaimed:
+            return None
+        used = _ids(refs)
+        if not await kept.ensure(used[refs.file], refs.start, refs.end):
+            return None  # another event loop
+        return refs.read_from([kept.worker_path] * len(used), kept.base[used].tolist())
+
+    # -- by (file, chunk) and by byte range ---------------------------------------------
+
+    async def fetch_chunks(self, keys: Sequence[Key]) -> dict[Key, tuple[memoryview, int]]:
+        """The physical bytes of each (file, chunk), with its file offset; merged reads."""
+        keys = list(dict.fromkeys(keys))
+        indices = self.table.indices
+        ranges = [indices[f].chunk_range(c) for f, c in keys]
+        views = await self.fetch_ranges(np.array([f for f, _ in keys], dtype=np.int64),
+                                        np.array([r[0] for r in ranges], np.int64),
+                                        np.array([r[1] for r in ranges], np.int64))
+        return {key: (view, start) for key, view, (start, _) in zip(keys, views, ranges)}
+
+    async def fetch_ranges(self, files: np.ndarray, starts: np.ndarray,
+                           ends: np.ndarray) -> list[memoryview]:
+        """Byte ranges of files (by number): from resident segments when the dataset is
+        kept in memory, else through merged range reads."""
+        kept = self.resident
+        if kept is not None:
+            views = await kept.views(files, starts, ends)
+            if views is not None:
+                return views
+            try:
+                return await self.read_ranges(files, starts, ends)
+            finally:  # the first read is done (or failed): segments may come now
+                kept.start(files, starts, ends)
+        return await self.read_ranges(files, starts, ends)
+
+    async def read_ranges(self, files: np.ndarray, starts: np.ndarray,
+                          ends: np.ndarray) -> list[memoryview]:
+        """Plan the ranges into merged reads, read them concurrently, and slice each
+        range back out of its read."""
+        plan = plan_reads(files, starts, ends, max_gap=self.max_gap,
+                          max_merged=self.max_merged)
+        urls = self.table.urls
+        raws = await self.storage.read_many(
+            [(urls[f], s, e) for f, s, e in zip(plan.read_file.tolist(),
+                                                 plan.read_start.tolist(),
+                                                 plan.read_end.tolist())])
+        views = [memoryview(r) for r in raws]
+        return [views[r][o : o + n] for r, o, n in zip(plan.item_read.tolist(),
+                                                       plan.item_offset.tolist(),
+                                                       plan.item_length.tolist())]
+
+    # -- the raw chunk cache ------------------------------------------------------------
+
+    async def _fetch_cached(self, files: np.ndarray, chunks: np.ndarray, starts: np.ndarray,
+                            ends: np.ndarray, grouped: np.ndarray) -> list[memoryview]:
+        """`fetch_ranges`, with the chunks of grouped files taken from the raw cache or a
+        read in flight when they can be; those read here are cached and shared."""
+        cache, loop = self.raw_cache, asyncio.get_running_loop()
+        keys = list(zip(files.tolist(), chunks.tolist()))
+        have: dict[Key, bytes] = {}
+        shared: dict[Key, asyncio.Future] = {}
+        mine: dict[Key, asyncio.Future] = {}
+        direct: list[int] = []  # records read here: one per chunk of a grouped file
+        for i, (key, g) in enumerate(zip(keys, grouped.tolist())):
+            if not g:
+                direct.append(i)
+            elif key in have or key in shared or key in mine:
+                continue
+            elif (data := cache.get(key)) is not None:
+                have[key] = data
+            elif (fut := self._inflight.get(key)) is not None and fut.get_loop() is loop:
+                shared[key] = fut
+            else:
+                mine[key] = self._inflight[key] = loop.create_future()
+                direct.append(i)
+        cache.hits += len(have) + len(shared)
+        cache.misses += len(mine)
+        at = np.array(direct, dtype=np.int64)
+        out: list[memoryview | None] = [None] * len(keys)
+        try:
+            views = await self.fetch_ranges(files[at], starts[at], ends[at]) if direct else []
+        except BaseException:
+            for key, fut in mine.items():
+                self._settle(key, fut, None)
+            raise
+        for i, view in zip(direct, views):
+            key = keys[i]
+            fut = mine.get(key)
+            if fut is None:
+                out[i] = view
+            else:
+                data = have[key] = _own(view)
+                cache.put(key, data)
+                self._settle(key, fut, data)
+        for key, fut in shared.items():
+            try:
+                have[key] = await asyncio.shield(fut)  # cancelling us leaves it to the others
+            except _Abandoned:
+                have[key] = await self._read_alone(key, keys.index(key), files, starts, ends)
+        for i, (key, g) in enumerate(zip(keys, grouped.tolist())):
+            if g:
+                out[i] = memoryview(have[key])
+        return out  # type: ignore[return-value]
+
+    def _settle(self, key: Key, fut: asyncio.Future, data: bytes | None) -> None:
+        """Hand a chunk read here (None: the read failed) to those waiting for it."""
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if data is not None:
+            fut.set_result(data)
+        else:
+            fut.set_exception(_Abandoned())
+            fut.exception()  # retrieved: waiters, if any, read it themselves
+
+    async def _read_alone(self, key: Key, i: int, files: np.ndarray, starts: np.ndarray,
+                          ends: np.ndarray) -> bytes:
+        (view,) = await self.fetch_ranges(files[i : i + 1], starts[i : i + 1], ends[i : i + 1])
+        data = _own(view)
+        self.raw_cache.put(key, data)
+        return data
+
+    # -- errors and closing -------------------------------------------------------------
+
+    async def explain(self, err: Exception, files) -> Exception:
+        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened."""
+        if isinstance(err, (ObjectChangedError, StoreUnavailableError)):
+            return err  # already precise, or the store is not answering: don't ask it again
+        for f in sorted(files):
+            old = self.table.files[f]
+            try:
+                now = await asyncio.wait_for(self.storage.info(old.url),
+                                             self.storage.retry.timeout)
+            except FileNotFoundError:
+                return ObjectChangedError(f"{redact(old.url)} was deleted after it was opened "
+                                          f"({err})")
+            except (OSError, asyncio.TimeoutError):
+                return err
+            if (now.size, now.version) != (old.size, old.version):
+                return ObjectChangedError(
+                    f"{redact(old.url)} changed after it was opened (size {old.size} -> "
+                    f"{now.size}, version {old.version} -> {now.version}); re-open the "
+                    f"dataset to read the new contents ({err})"
+                )
+        return err
+
+    async def aclose(self) -> None:
+        """Drop the memory copy and the cached chunks; later reads go to storage."""
+        self.raw_cache.clear()
+        kept, self.resident = self.resident, None
+        if kept is not None:
+            await kept.aclose()
+
+
+def _ids(refs: ChunkRefs) -> np.ndarray:
+    if refs.ids is None:
+        raise ValueError("these ChunkRefs carry no file numbers: make them with chunk_refs()")
+    return refs.ids
+
+
+def _own(view: memoryview) -> bytes:
+    """The bytes of `view`, not holding on to the rest of a larger merged read."""
+    obj = view.obj
+    if isinstance(obj, bytes) and len(obj) == view.nbytes:
+        return obj
+    return bytes(view)

@@ -1,0 +1,186 @@
+"""Turning a task's chunk refs (and, for remote files, the fetched chunk bytes) into records, in
+the process that runs the task: a worker, or the inline pool of `workers=0`.
+
+Every group size goes this one way. With group size 1 (the layout of shuffled training data)
+every record is its own chunk, and `decode_records` decodes a task's records in one call. With
+larger groups many records of a task share a chunk: each distinct chunk is read (local files)
+or shipped (remote bytes, deduplicated by the pool) once and decoded once per task, and kept,
+decoded, in a byte-bounded LRU (`ChunkCache`) for the next tasks, which with a block shuffle
+or a sequential read ask for the same chunks again. One-record chunks are not cached:
+`decode_records` decodes them inline in a few microseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..arrayrecord import ArrayRecordFormatError, ChunkRecords
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
+from ..arrayrecord.errors import CORRUPT_HINT
+from ..arrayrecord.index import decode_chunk, decode_records
+from ..planning import ChunkRefs
+from .localfiles import LocalFiles
+from .messages import DEFAULT_CHUNK_CACHE_BYTES
+
+# The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
+# shares it out among its workers (`Pool`), so the loader holds no more than before.
+
+
+Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]
+
+
+def _unpacked(records: ChunkRecords) -> Chunk:
+    """A decoded chunk as bytes and Python ints: a record is then one slice, no view made
+    (and no view kept of the arena or a map, which later tasks reuse)."""
+    values = records.values
+    obj = values.obj
+    data = obj if type(obj) is bytes and len(obj) == len(values) else bytes(values)
+    return data, records.bounds.tolist()
+
+
+class ChunkCache:
+    """Decoded multi-record chunks by where their bytes lie (path or URL, offset), least
+    recently used out first, bounded in bytes (their data, and ~40 bytes a record for the
+    bounds)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[tuple[str, int], tuple[Chunk, int]] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> Chunk | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: tuple[str, int], chunk: Chunk) -> None:
+        size = len(chunk[0]) + 40 * len(chunk[1])
+        if size > self.max_bytes or key in self._items:
+            return
+        self._items[key] = (chunk, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, old) = self._items.popitem(last=False)
+            self.bytes -= old
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def chunk_keys(refs: ChunkRefs) -> list[tuple[int, int]] | None:
+    """Each record's chunk as (file, start), for spotting records that share one; None when
+    every chunk holds one record (group size 1: records share chunks only by repeating)."""
+    if refs.count is None or not len(refs) or int(refs.count.max()) <= 1:
+        return None
+    return list(zip(refs.file.tolist(), refs.start.tolist()))
+
+
+def _pick(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
+    """The refs of records `idx` (same files and names)."""
+    return dataclasses.replace(
+        refs, file=refs.file[idx], chunk=refs.chunk[idx], start=refs.start[idx],
+        end=refs.end[idx], within=refs.within[idx],
+        count=refs.count[idx] if refs.count is not None else None)
+
+
+def _check_within(refs: ChunkRefs, names: list[str]) -> None:
+    """Every record's place is inside its chunk (decode_chunk holds a chunk to the count)."""
+    bad = np.flatnonzero((refs.within < 0) | (refs.within >= refs.count))
+    if bad.size:
+        i = int(bad[0])
+        raise ArrayRecordFormatError(
+            f"record {int(refs.within[i])} asked of a chunk of {int(refs.count[i])} records",
+            path=names[int(refs.file[i])], offset=int(refs.start[i]),
+            chunk=int(refs.chunk[i]), hint=CORRUPT_HINT)
+
+
+class Decoder:
+    """What one decoding process keeps across tasks: its local file descriptors (`files`) and
+    its cache of decoded multi-record chunks; and for the last task, `decoded` and `hits`
+    (multi-record chunks it decoded, and found already decoded in the cache)."""
+
+    def __init__(self, cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
+        self.files = LocalFiles()
+        self.cache = ChunkCache(cache_bytes)
+        self.decoded = 0
+        self.hits = 0
+
+    def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = "headers",
+                max_decoded: int = DEFAULT_MAX_DECODED,
+                paths: Sequence[str] | None = None) -> list[bytes]:
+        """Record `refs.within[i]` of the chunk `refs` places record i in, for every i.
+
+        `raws[i]` is that chunk's physical bytes (records of one chunk may share them), or
+        None: the files are local (or the memory copy of a remote dataset) and are read
+        here. `paths` names each record's file in errors (group size 1; otherwise the
+        names come from `refs`).
+        """
+        self.decoded = self.hits = 0
+        keys = chunk_keys(refs)
+        if keys is None:  # group size 1: one call decodes them all
+            if raws is None:
+                raws = self.files.read(refs)
+            return decode_records(raws, refs.start.tolist(), refs.within.tolist(),
+                                  verify=verify, paths=paths, chunks=refs.chunk.tolist(),
+                                  counts=None if refs.count is None else refs.count.tolist(),
+                                  max_decoded=max_decoded)
+        return self._shared(refs, raws, keys, verify, max_decoded)
+
+    def _shared(self, refs: ChunkRefs, raws: Sequence | None, keys: list[tuple[int, int]],
+                verify: str, max_decoded: int) -> list[bytes]:
+        """Records of chunks that hold several: each distinct chunk read and decoded once."""
+        number: dict[tuple[int, int], int] = {}
+        first: list[int] = []  # a record of each distinct chunk
+        inverse = []  # each record's distinct chunk
+        for i, key in enumerate(keys):
+            j = number.get(key)
+            if j is None:
+                j = number[key] = len(first)
+                first.append(i)
+            inverse.append(j)
+        counts = refs.count.tolist()  # type: ignore[union-attr]
+        names = [refs.name(f) for f in range(len(refs.paths))]
+        file, start = refs.file.tolist(), refs.start.tolist()
+        _check_within(refs, names)
+        # Cached by where the bytes lie (a memory copy holds every file, file f at shift[f]).
+        shift = refs.shift or [0] * len(refs.paths)
+        where = [(refs.paths[file[i]], shift[file[i]] + start[i]) for i in first]
+        chunks: list[Any] = [None] * len(first)
+        missing = []  # the distinct chunks to decode
+        get = self.cache.get
+        for j, i in enumerate(first):
+            hit = get(where[j]) if counts[i] > 1 else None
+            if hit is None:
+                missing.append(j)
+            else:
+                chunks[j] = hit
+        self.hits += len(first) - len(missing)
+        if missing:
+            take = [first[j] for j in missing]
+            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
+                   if raws is None else [raws[i] for i in take])
+            for j, i, raw in zip(missing, take, got):
+                _, records = decode_chunk(raw, start[i], verify=verify, path=names[file[i]],
+                                          chunk=int(refs.chunk[i]),
+                                          expected_records=counts[i], max_decoded=max_decoded,
+                                          whole_range=True)
+                chunks[j] = chunk = _unpacked(records)
+                if counts[i] > 1:
+                    self.decoded += 1
+                    self.cache.put(where[j], chunk)
+        out = []
+        append = out.append
+        for j, w in zip(inverse, refs.within.tolist()):
+            data, bounds = chunks[j]
+            append(data[bounds[w] : bounds[w + 1]])
+        return out
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,80 @@
+"""The messages between the parent and its workers: the `Pipeline` every worker runs, a
+`Task`, and its `Result`. Plain data (pickled across the process boundary), so that the
+planner can build a pipeline without importing any of the worker's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
+from ..planning import ChunkRefs
+from ..transforms import BatchOp, MapOp, PackOp, RecordOp
+
+# Decoded multi-record chunks kept across tasks, by all workers together (`Pool` gives each
+# its share): as much as the parent's decoded-chunk cache held before workers decoded them.
+DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What every worker runs (sent once, when the pool starts)."""
+
+    record_ops: tuple[RecordOp, ...]
+    batch: BatchOp | None  # collate in the worker; None: return elements (filter/pack mode)
+    batch_ops: tuple[MapOp, ...]
+    verify: str = "headers"
+    max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
+    # Decoded multi-record chunks kept across tasks, by all workers together: the pool gives
+    # each worker its share (`Pool`).
+    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
+    stream: BatchOp | PackOp | None = None  # stream mode's batching (`workers.pieces`)
+
+
+@dataclass
+class Task:
+    """One unit of work: the records of one batch (or window), in output order.
+
+    `refs` says where each record's chunk lies, whatever the group size; the worker decodes.
+    For remote files the parent fetched the chunks: `raws`, parallel to `refs` (the pool moves
+    them into the slot's input half, `raw_spans`, each distinct chunk once); without either,
+    the files are local (or the memory copy of a remote dataset) and the worker reads them.
+    """
+
+    task_id: int
+    indices: np.ndarray  # global record index of each record
+    epochs: np.ndarray
+    refs: ChunkRefs
+    raws: list | None = None  # physical chunk bytes, parallel to refs
+    raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
+    slot: int = -1
+
+
+@dataclass
+class Result:
+    """What a task gave, and what it cost.
+
+    `op_items[i]` and `op_seconds[i]` are what op i received and the seconds it took in this
+    task, op i counted over the pipeline's record ops (map, random_map, filter: elements
+    received) then its batch ops (maps after batch: batches received). `chunks_decoded` is
+    the chunks this task decoded that hold several records (each decoded once, however many
+    of its records the task wanted) and `chunk_hits` those it found already decoded in the
+    worker's cache; one-record chunks count in neither.
+    """
+
+    task_id: int
+    payload: Any  # batch mode: a list of batches (arrays may be ShmRef); else `pieces`
+    count: int  # elements that survived the filters
+    slot: int = -1
+    reads: int = 0  # local reads the worker made itself, and their bytes
+    bytes_read: int = 0
+    op_items: list[int] = dataclasses.field(default_factory=list)
+    op_seconds: list[float] = dataclasses.field(default_factory=list)
+    chunks_decoded: int = 0
+    chunk_hits: int = 0
+
+
