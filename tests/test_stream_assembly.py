@@ -126,26 +126,26 @@ UNIT = 16  # output positions per window (more than any window holds)
 
 
 def tasks_of(windows, group: int, stream, slot: bool):
-    """What workers send for `windows` taken `group` to a task: (position, payload). The
-    survivors of window i sit at the end of its positions, as if the first ones were
+    """What workers send for `windows` taken `group` to a task: (lo, hi, payload, survivors).
+    The survivors of window i sit at the end of its positions, as if the first ones were
     filtered out."""
     out = []
     for k in range(0, len(windows), group):
         ws = windows[k : k + group]
         kept = np.array([i * UNIT + UNIT - len(w) + j for i, w in enumerate(ws)
                          for j in range(len(w))], np.int32)
-        out.append((k * UNIT, wire([e for w in ws for e in w], (len(ws) * UNIT, kept),
-                                   stream, slot)))
+        out.append((k * UNIT, (k + len(ws)) * UNIT,
+                    wire([e for w in ws for e in w], stream, slot), kept))
     return out
 
 
-def wire(elements, windows, stream, slot: bool):
+def wire(elements, stream, slot: bool):
     """The payload a worker sends for a task, through a slot (or by value)."""
     if not slot:
-        return pickle.loads(pickle.dumps(window_payload(elements, windows, stream, None)))
+        return pickle.loads(pickle.dumps(window_payload(elements, stream, None)))
     buf = bytearray(1 << 16)
     alloc = SlotAlloc(buf, 0, len(buf))
-    payload = window_payload(elements, windows, stream, alloc)
+    payload = window_payload(elements, stream, alloc)
     placed = alloc.export(payload) if has_arrays(payload) else None
     return lend(placed, buf) if placed is not None else pickle.loads(pickle.dumps(payload))
 
@@ -226,8 +226,9 @@ def test_filtered_elements_pass_through_with_their_tags(windows, skip, group):
 def test_a_window_of_one_structure_travels_as_columns_else_as_elements():
     op = BatchOp(4)
     uniform = [{"x": i, "t": f"{i}", "v": np.full(2, i, np.int32)} for i in range(5)]
-    survivors = (2 * UNIT, np.array([0, 1, UNIT, UNIT + 4, UNIT + 9]))
-    (pos_a, a), (pos_b, b) = read(window_payload(uniform, survivors, op, None), 100, UNIT)
+    survivors = np.array([0, 1, UNIT, UNIT + 4, UNIT + 9])
+    (pos_a, a), (pos_b, b) = read(100, 100 + 2 * UNIT, window_payload(uniform, op, None),
+                                  survivors, UNIT)
     assert (pos_a, pos_b) == (100, 100 + UNIT) and isinstance(a, Columns)
     assert canon(a.cols) == canon(collate(uniform[:2]))
     assert canon(b.cols) == canon(collate(uniform[2:]))
@@ -235,9 +236,10 @@ def test_a_window_of_one_structure_travels_as_columns_else_as_elements():
                 {"t": "1", "x": 1, "v": np.zeros(2, np.int32)},  # keys in another order
                 {"x": 1, "t": "1", "v": np.zeros(3, np.int32)},  # another shape
                 {"x": 1, "t": "1"}):  # a key missing
-        payload = window_payload([*uniform, odd], (6, np.arange(6)), op, None)
-        assert not has_arrays(payload) and read(payload, 0, 0) == [(0, [*uniform, odd])]
-    assert not has_arrays(window_payload(uniform, (5, np.arange(5)), BatchOp(1), None))
+        payload = window_payload([*uniform, odd], op, None)
+        assert payload == [*uniform, odd]  # the elements, as they were
+        assert read(0, 6, payload, np.arange(6), 0) == [(0, [*uniform, odd])]
+    assert window_payload(uniform, BatchOp(1), None) is uniform
 
 
 @settings(max_examples=200, deadline=None)
@@ -344,7 +346,7 @@ def test_a_cancelled_consumer_loses_nothing(stream):
                 for i in range(12)]
 
     async def run(cancel: bool):
-        queue = [(0, window_payload(elements, (12, np.arange(12)), stream, None))]
+        queue = [(0, 12, window_payload(elements, stream, None), np.arange(12))]
 
         async def next_window():
             await asyncio.sleep(0)

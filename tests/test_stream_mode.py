@@ -49,16 +49,34 @@ def test_outputs_do_not_depend_on_the_window_and_each_state_resumes(pipelines, n
         assert [d for d, _ in outputs(ds, state=state)] == ref[k + 1 :]
 
 
+def _after_set_state(ds, state):
+    """(digest, state) of the outputs of a running loader (window 64) after `state`."""
+
+    async def rest():
+        async with ds.loader(window=64, workers=1) as it:
+            await it.__anext__()
+            it.set_state(state)
+            return [(fx.digest(b), it.get_state()) async for b in it]
+
+    return asyncio.run(rest())
+
+
 @pytest.mark.parametrize("name", STREAM)
 def test_a_state_with_another_window_set_on_a_running_loader(pipelines, name):
     ds = pipelines[name]
     ref = outputs(ds, window=5)
     k = len(ref) // 2
+    got = _after_set_state(ds, ref[k][1])  # saved with window 5
+    assert [d for d, _ in got] == [d for d, _ in ref[k + 1 :]]
 
-    async def rest():
-        async with ds.loader(window=64, workers=1) as it:
-            await it.__anext__()
-            it.set_state(ref[k][1])  # saved with window 5: the running loader takes it up
-            return [fx.digest(b) async for b in it]
 
-    assert asyncio.run(rest()) == [d for d, _ in ref[k + 1 :]]
+@pytest.mark.xfail(strict=True, reason="the running loader's plan keeps the window it started "
+                   "with (Plan.unit) while its states take the set state's: they disagree")
+@pytest.mark.parametrize("name", STREAM)
+def test_states_after_setting_one_with_another_window_resume(pipelines, name):
+    ds = pipelines[name]
+    ref = outputs(ds, window=5)
+    got = _after_set_state(ds, ref[len(ref) // 2][1])
+    k = len(got) // 2
+    state = json.loads(json.dumps(got[k][1]))
+    assert [d for d, _ in outputs(ds, state=state)] == [d for d, _ in got[k + 1 :]]

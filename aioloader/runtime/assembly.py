@@ -29,8 +29,9 @@ from .batcher import Batcher, Raise
 from .packer import Packer, Stuck
 from .stats import StageStats
 
-# (the task's first output position, the payload a worker sent for it), or None at the end
-NextWindow = Callable[[], Awaitable["tuple[int, Any] | None"]]
+# A task's output positions [lo, hi), what its worker sent and where in the task each
+# survivor was (`workers.pieces`): `(lo, hi, payload, survivors)`, or None after the last
+NextWindow = Callable[[], Awaitable["tuple[int, int, Any, Any] | None"]]
 
 
 class Assembler:
@@ -73,8 +74,7 @@ class Assembler:
                     self._done = True
                     self._submit(self._stage.finish)
                 else:
-                    self._submit(_feed, self._stage, window[1], window[0], self.window,
-                                 self._skip())
+                    self._submit(_feed, self._stage, window, self.window, self._skip())
         item = self._ready[0]
         if isinstance(item, Stuck):
             raise item.exc
@@ -130,7 +130,7 @@ class Assembler:
                 self._done = True
                 raise StopAsyncIteration
             skip = self._skip()
-            for k, (pos, elements) in enumerate(read(task[1], task[0], self.window)):
+            for k, (pos, elements) in enumerate(read(*task, self.window)):
                 self._windows.append([pos, elements, skip if k == 0 else 0])
         window = self._windows[0]
         pos, elements, j = window
@@ -138,10 +138,10 @@ class Assembler:
         return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
 
-def _feed(stage: Batcher | Packer, payload: tuple, pos: int, window: int, skip: int) -> list:
+def _feed(stage: Batcher | Packer, task: tuple, window: int, skip: int) -> list:
     """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
     the first window's elements, those delivered before the run started)."""
     out: list = []
-    for k, (at, piece) in enumerate(read(payload, pos, window)):
+    for k, (at, piece) in enumerate(read(*task, window)):
         out += stage.feed(at, piece, skip if k == 0 else 0)
     return out

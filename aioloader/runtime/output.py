@@ -70,12 +70,12 @@ def _next_task(scheduler: Scheduler, runner: TaskRunner):
     a method: the assembler holding it must not keep the run alive (a run dropped by
     set_state then goes at once, and its assembler's thread with it)."""
 
-    async def next_task() -> tuple[int, Any] | None:
+    async def next_task() -> tuple[int, int, Any, Any] | None:
         item = await scheduler.next()
         if item is None:
             return None
-        lo, _, result = item
+        lo, hi, result = item
         runner.observe([result.payload])
-        return lo, result.payload
+        return lo, hi, result.payload, result.survivors
 
     return next_task

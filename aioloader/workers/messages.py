@@ -76,5 +76,6 @@ class Result:
     op_seconds: list[float] = dataclasses.field(default_factory=list)
     chunks_decoded: int = 0
     chunk_hits: int = 0
+    survivors: np.ndarray | None = None  # stream mode: each survivor's place in the task
 
 

@@ -10,11 +10,12 @@ belong to.
   themselves, and the parent collates or packs them as it always did.
 
 A task may cover several windows of output positions (fewer, larger tasks cost the parent
-less); the payload says where in the task each survivor was, so that the parent, which owns
-the windows, gives every element its resume tag `(window position, index among the window's
-survivors)`, whatever the task size.
-On the wire a payload is a tagged tuple (not a class) so that the arena's tree walks
-(`arena.replace_leaves`) reach its arrays; `read` turns it into typed pieces, one per window.
+less); the result says where in the task each survivor was (`Result.survivors`), so that
+the parent, which owns the windows, gives every element its resume tag `(window position,
+index among the window's survivors)`, whatever the task size.
+On the wire columns and packing pieces are tagged tuples (not classes) so that the arena's
+tree walks (`arena.replace_leaves`) reach their arrays; elements are the plain list they
+always were. `read` turns a payload into typed pieces, one per window.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ from ..packing import check_pack_config
 from ..transforms import BatchOp, PackOp
 from .arena import SlotAlloc
 
-_ELEMENTS, _COLUMNS, _PACKED = "aioloader.elements", "aioloader.columns", "aioloader.packed"
+_COLUMNS, _PACKED = "aioloader.columns", "aioloader.packed"
 Windows = tuple[tuple[int, int], ...]  # (offset from the task's first position, survivors)
-Survivors = tuple[int, np.ndarray]  # (the task's records, the survivors' places among them)
 
 
 @dataclass(frozen=True)
@@ -67,49 +67,52 @@ def windows_of(kept: Sequence[int], records: int, window: int) -> Windows:
     return tuple((k * window, c) for k, c in enumerate(counts))
 
 
-def window_payload(elements: list, survivors: Survivors, stream: BatchOp | PackOp | None,
-                   alloc: SlotAlloc | None) -> tuple:
+def window_payload(elements: list, stream: BatchOp | PackOp | None,
+                   alloc: SlotAlloc | None) -> tuple | list:
     """The wire form of a task's survivors for the parent's `stream` step."""
     if elements and stream is not None and not (isinstance(stream, BatchOp)
                                                 and stream.size == 1):
         if isinstance(stream, PackOp):
             packed = pack_window(elements, stream.length_struct, alloc)
             if packed is not None:
-                return (_PACKED, survivors, len(elements), *packed)
+                return (_PACKED, len(elements), *packed)
         else:
             stacked = stack(elements, alloc)
             if stacked is not None:
-                return (_COLUMNS, survivors, len(elements), *stacked)
-    return (_ELEMENTS, survivors, elements)
+                return (_COLUMNS, len(elements), *stacked)
+    return elements
 
 
-def has_arrays(payload: tuple) -> bool:
+def has_arrays(payload: tuple | list) -> bool:
     """Whether the payload's arrays go into the slot (elements are pickled as they are)."""
-    return payload[0] != _ELEMENTS
+    return not isinstance(payload, list)
 
 
-def read(payload: tuple, pos: int, window: int) -> list[tuple[int, Piece]]:
-    """The pieces a worker sent for the task at output position `pos` (`window_payload`;
-    its arrays already lent from the slot): `(window position, piece)` for each window of
-    `window` positions (0: the task is one window)."""
-    kind, (records, kept) = payload[0], payload[1]
-    windows = windows_of(kept, records, window)
+def read(lo: int, hi: int, payload: tuple | list, survivors: Sequence[int],
+         window: int) -> list[tuple[int, Piece]]:
+    """The pieces a worker sent for the task over output positions `[lo, hi)`
+    (`window_payload`; its arrays already lent from the slot; `survivors`: each survivor's
+    place in the task): `(window position, piece)` for each window of `window` positions
+    (0: the task is one window)."""
+    pos = lo
+    windows = windows_of(survivors, hi - lo, window)
     out: list[tuple[int, Piece]] = []
     lo = 0
-    if kind == _ELEMENTS:
-        elements = payload[2]
+    kind = None if isinstance(payload, list) else payload[0]
+    if kind is None:
+        elements = payload
         for offset, count in windows:
             out.append((pos + offset, elements[lo : lo + count] if len(windows) > 1
                         else elements))
             lo += count
     elif kind == _COLUMNS:
-        _, _, _, sch, cols = payload
+        _, _, sch, cols = payload
         for offset, count in windows:
             part = cols if len(windows) == 1 else take(sch, cols, lo, lo + count)
             out.append((pos + offset, Columns(count, sch, part)))
             lo += count
     else:
-        _, _, _, signature, lengths, datas = payload
+        _, _, signature, lengths, datas = payload
         # where each element's piece starts in datas[f], and the end of the last
         starts = np.zeros((len(lengths) + 1, len(datas)), np.int64)
         np.cumsum(lengths, axis=0, out=starts[1:])

@@ -38,7 +38,7 @@ from ..transforms import (
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
 from .decode import Decoder
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
-from .pieces import Survivors, has_arrays, window_payload
+from .pieces import has_arrays, window_payload
 
 _pipeline: Pipeline | None = None
 _decoder: Decoder | None = None
@@ -173,10 +173,11 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     kept: list[int] = []  # the survivors' places in the task (stream mode's resume tags)
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths, times=times, survivors=kept)
+    survivors = None
     if pipeline.batch is None:  # stream mode: the task's survivors (`pieces`)
-        survivors = (len(task.indices), np.asarray(kept, dtype=np.int32))
-        payload, slot, room = _stream_payload(elements, survivors, pipeline, arena, task.slot,
-                                              slot_size, inline)
+        survivors = np.asarray(kept, dtype=np.int32)
+        payload, slot, room = _stream_payload(elements, pipeline, arena, task.slot, slot_size,
+                                              inline)
     else:  # the task's elements are one or more whole batches (the last may be short)
         size = pipeline.batch.size
         alloc = _room(arena, task.slot, slot_size)
@@ -198,17 +199,16 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
             payload, slot, room = placed, task.slot, alloc
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
         payload = _outgoing(payload, room)
-    return Result(task.task_id, payload, len(elements), slot, **io,
+    return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,
                   op_items=times.items, op_seconds=times.seconds)
 
 
-def _stream_payload(elements: list, survivors: Survivors, pipeline: Pipeline, arena: Any,
-                    slot: int, slot_size: int, inline: bool
-                    ) -> tuple[Any, int, SlotAlloc | None]:
+def _stream_payload(elements: list, pipeline: Pipeline, arena: Any, slot: int,
+                    slot_size: int, inline: bool) -> tuple[Any, int, SlotAlloc | None]:
     """(payload, slot, room) of a stream-mode task: columns or packing pieces with their
     arrays in the slot where they fit (by value where not), else the elements."""
     alloc = _room(arena, slot, slot_size)
-    payload = window_payload(elements, survivors, pipeline.stream, alloc)
+    payload = window_payload(elements, pipeline.stream, alloc)
     if not has_arrays(payload):  # the elements, pickled (into the slot if big)
         return payload, -1, alloc
     placed = alloc.export(payload) if alloc is not None else None
