@@ -70,8 +70,6 @@ def test_a_state_with_another_window_set_on_a_running_loader(pipelines, name):
     assert [d for d, _ in got] == [d for d, _ in ref[k + 1 :]]
 
 
-@pytest.mark.xfail(strict=True, reason="the running loader's plan keeps the window it started "
-                   "with (Plan.unit) while its states take the set state's: they disagree")
 @pytest.mark.parametrize("name", STREAM)
 def test_states_after_setting_one_with_another_window_resume(pipelines, name):
     ds = pipelines[name]

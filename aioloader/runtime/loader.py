@@ -12,6 +12,7 @@ integers, JSON-able, and resumes bit-for-bit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -141,6 +142,9 @@ class Loader:
     def _new_run(self) -> None:
         p = self._parts
         assert p.plan is not None and p.runner is not None
+        if p.plan.unit != self._state.unit:  # a stream-mode state set with another window
+            p.plan = dataclasses.replace(p.plan, unit=self._state.unit)
+            p.runner.use(p.plan)
         self._run = Run(p.plan, p.runner, self._state, self.prefetch, self.dataset, self._stats)
 
     @property

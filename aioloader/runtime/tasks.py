@@ -43,6 +43,10 @@ class TaskRunner:
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
 
+    def use(self, plan: Plan) -> None:
+        """Run tasks of `plan` from now on (the same pipeline with another window)."""
+        self.plan, self._ahead = plan, None
+
     def span(self, lo: int) -> tuple[int, int] | None:
         return self.plan.span(lo, self.batches_per_task)
 
