@@ -113,9 +113,16 @@ class Assembler:
         assert job is not None
         try:
             outputs = await asyncio.shield(job)
-        finally:
-            if job.done():
+        except asyncio.CancelledError:
+            # Cancelled as the work finished: its outputs are kept, not dropped with it.
+            if job.done() and not job.cancelled() and job.exception() is None:
                 self._job = None
+                self._ready.extend(job.result())
+            raise
+        except BaseException:
+            self._job = None
+            raise
+        self._job = None
         self._ready.extend(outputs)
 
     async def _next_element(self) -> tuple[Any, dict[str, int]]:
