@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import fmt  # (run as a script: benchmarks/ is on sys.path)
+
 HERE = Path(__file__).resolve().parent
 #: Units where a larger figure is better; every other unit is a cost.
 RATE_UNITS = ("rec/s", "MB/s", "GB/s", "×", "batches/s")
@@ -121,15 +123,6 @@ def _summary(values: list[float | None], points: bool = False) -> str:
     return f"**{statistics.median(v):.2f}×** [{v[0]:.2f}–{v[-1]:.2f}]"
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "—"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{suffix}"
-    return f"{x:.3g}"
-
-
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
     """Markdown rows: one per benchmark row, ratios paired per round."""
     lines = ["| benchmark | workload | unit | before | after | after vs before (× better; "
@@ -163,8 +156,8 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[s
         flag = " ⚠ configuration differs between runs" if len(configs) > 1 else ""
         nth = f" (#{key[2] + 1})" if key[2] else ""
         lines.append(f"| {key[0]} (peer: {peers[key[0]]}) | {key[1]}{nth}{flag} | {unit} "
-                     f"| {_fmt(b_val)} "
-                     f"| {_fmt(a_val)} | {_summary(ours, unit == '%')} | {_summary(peer)} "
+                     f"| {fmt(b_val)} "
+                     f"| {fmt(a_val)} | {_summary(ours, unit == '%')} | {_summary(peer)} "
                      f"| {_summary(vs)} |")
     return lines
 
