@@ -161,3 +161,57 @@ def plan_reads(
         item_offset=starts - rs[item_read] if n else np.zeros(0, dtype=np.int64),
         item_length=ends - starts,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Consecutive whole chunks of one file cut into runs of about `target` bytes.
+
+    Run r is global chunks `[chunk[r], chunk[r+1])`, all in file `file[r]`, bytes
+    `[start[r], end[r])` of that file. The same cut serves the block shuffle (a block is a
+    run: records that lie together are read together) and the segment tiers (a segment is a
+    run: a record never straddles two segments, whatever the group size).
+    """
+
+    chunk: np.ndarray  # R + 1 boundaries in global chunk numbers
+    file: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+
+def cut_runs(chunk_file, chunk_start, chunk_end, target: int) -> Runs:
+    """Cut the global chunk table (chunks in file order, each file's chunks in byte order)
+    into runs: a run never crosses a file, and closes at the first chunk that brings it to
+    `target` bytes or more (so a chunk larger than `target` is a run of its own). O(chunks),
+    vectorized per file by prefix sums; pure."""
+    if target <= 0:
+        raise ValueError(f"run target must be positive, got {target}")
+    f = np.asarray(chunk_file, dtype=np.int64)
+    s = np.asarray(chunk_start, dtype=np.int64)
+    e = np.asarray(chunk_end, dtype=np.int64)
+    n = len(f)
+    if not (len(s) == len(e) == n):
+        raise ValueError("chunk_file, chunk_start and chunk_end must have the same length")
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return Runs(np.zeros(1, dtype=np.int64), z, z, z)
+    if (e < s).any() or (np.diff(f) < 0).any():
+        raise ValueError("chunks must be in file order with end >= start")
+    bounds = [0]
+    file_starts = np.flatnonzero(np.diff(f)) + 1
+    for a, b in zip([0, *file_starts.tolist()], [*file_starts.tolist(), n]):
+        # Run closes after chunk k when the bytes since the run's first chunk reach target:
+        # greedy over a prefix sum, one searchsorted per run.
+        sizes = np.cumsum(e[a:b] - s[a:b])
+        base, k = 0, 0
+        while k < b - a:
+            k = int(np.searchsorted(sizes, base + target, side="left")) + 1
+            k = min(k, b - a)
+            bounds.append(a + k)
+            base = int(sizes[k - 1])
+    chunk = np.asarray(bounds, dtype=np.int64)
+    first, last = chunk[:-1], chunk[1:] - 1
+    return Runs(chunk, f[first], s[first], e[last])

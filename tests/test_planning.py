@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioloader.planning import plan_reads
+from aioloader.planning import cut_runs, plan_reads
 
 ranges = st.lists(
     st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(0, 3_000)),
@@ -93,3 +93,36 @@ def test_bad_input():
     with pytest.raises(ValueError):
         plan_reads([0, 1], [0], [1])
     assert plan_reads([], [], []).num_reads == 0
+
+
+# --------------------------------------------------------------------------- cut_runs
+
+
+@st.composite
+def _chunk_tables(draw):
+    files = draw(st.integers(1, 4))
+    f, s, e = [], [], []
+    for k in range(files):
+        pos = draw(st.integers(0, 100))
+        for size in draw(st.lists(st.integers(0, 300), max_size=30)):
+            f.append(k)
+            s.append(pos)
+            e.append(pos + size)
+            pos += size + draw(st.integers(0, 20))
+    return f, s, e
+
+
+@given(_chunk_tables(), st.integers(1, 1000))
+def test_cut_runs_are_whole_chunks_of_one_file_closing_at_the_target(table, target):
+    f, s, e = (np.asarray(x, dtype=np.int64) for x in table)
+    runs = cut_runs(f, s, e, target)
+    assert runs.chunk[0] == 0 and runs.chunk[-1] == len(f)
+    assert (np.diff(runs.chunk) >= 1).all()
+    for r in range(len(runs)):
+        a, b = int(runs.chunk[r]), int(runs.chunk[r + 1])
+        assert (f[a:b] == runs.file[r]).all()
+        assert runs.start[r] == s[a] and runs.end[r] == e[b - 1]
+        sizes = (e[a:b] - s[a:b]).tolist()
+        # closes at the first chunk reaching the target, or at the file's end
+        assert sum(sizes[:-1]) < target
+        assert sum(sizes) >= target or b == len(f) or f[b] != f[b - 1]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..arrayrecord import FileIndex, open_index
 from ..index_cache import IndexCache
-from ..planning import ChunkRefs
+from ..planning import ChunkRefs, Runs, cut_runs
 from ..storage import ObjectInfo, Storage, has_glob, is_local, redact
 
 LOCAL_TAIL = 1 << 18
@@ -163,6 +163,7 @@ class RecordTable:
         # so the fetch stage caches their raw chunks, and `read` their decoded records.
         self.grouped = np.array([ix.num_chunks > 0 and int(ix.chunk_records.max()) > 1
                                  for ix in indices], dtype=bool)
+        self._runs: dict[int, Runs] = {}
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -175,6 +176,20 @@ class RecordTable:
     def chunk_starts(self) -> np.ndarray:
         """Global index of the first record of every chunk of every file, plus the total."""
         return self._chunks.record_starts
+
+    def runs(self, target: int) -> Runs:
+        """Every file cut into runs of whole chunks of about `target` bytes (see
+        `planning.cut_runs`): the blocks of the block shuffle and the segments of the cache
+        tiers. Computed once per target."""
+        runs = self._runs.get(target)
+        if runs is None:
+            t = self._chunks
+            runs = self._runs[target] = cut_runs(t.file, t.offsets, t.ends, target)
+        return runs
+
+    def run_record_starts(self, target: int) -> np.ndarray:
+        """Global index of the first record of each run, plus the total (prefix sums)."""
+        return self._chunks.record_starts[self.runs(target).chunk]
 
     @property
     def max_group_size(self) -> int:
