@@ -98,6 +98,16 @@ class ChunkRefs:
                                    names=self.names or self.paths)
 
 
+def _ranges(files, starts, ends, names: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three int64 columns of one length, each range ending at or after its start."""
+    f, s, e = (np.asarray(x, dtype=np.int64) for x in (files, starts, ends))
+    if not (len(s) == len(e) == len(f)):
+        raise ValueError(f"{names} must have the same length")
+    if len(f) and (e < s).any():
+        raise ValueError("a range ends before it starts")
+    return f, s, e
+
+
 def plan_reads(
     files,
     starts,
@@ -114,14 +124,8 @@ def plan_reads(
     stays within `max_amplification` times the bytes the ranges in it need. A range longer
     than `max_merged` is read on its own and never split.
     """
-    files = np.asarray(files, dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
+    files, starts, ends = _ranges(files, starts, ends, "files, starts and ends")
     n = len(files)
-    if not (len(starts) == len(ends) == n):
-        raise ValueError("files, starts and ends must have the same length")
-    if n and (ends < starts).any():
-        raise ValueError("a range ends before it starts")
     if max_gap < 0 or max_merged <= 0 or max_amplification < 1:
         raise ValueError("max_gap must be >= 0, max_merged > 0, max_amplification >= 1")
     order = np.lexsort((ends, starts, files))
@@ -189,17 +193,13 @@ def cut_runs(chunk_file, chunk_start, chunk_end, target: int) -> Runs:
     vectorized per file by prefix sums; pure."""
     if target <= 0:
         raise ValueError(f"run target must be positive, got {target}")
-    f = np.asarray(chunk_file, dtype=np.int64)
-    s = np.asarray(chunk_start, dtype=np.int64)
-    e = np.asarray(chunk_end, dtype=np.int64)
+    f, s, e = _ranges(chunk_file, chunk_start, chunk_end, "chunk_file, chunk_start and chunk_end")
     n = len(f)
-    if not (len(s) == len(e) == n):
-        raise ValueError("chunk_file, chunk_start and chunk_end must have the same length")
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
         return Runs(np.zeros(1, dtype=np.int64), z, z, z)
-    if (e < s).any() or (np.diff(f) < 0).any():
-        raise ValueError("chunks must be in file order with end >= start")
+    if (np.diff(f) < 0).any():
+        raise ValueError("chunks must be in file order")
     bounds = [0]
     file_starts = np.flatnonzero(np.diff(f)) + 1
     for a, b in zip([0, *file_starts.tolist()], [*file_starts.tolist(), n]):
