@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -115,38 +113,61 @@ class _Opener:
         return index
 
 
-@dataclass(frozen=True)
 class _Chunks:
     """Every chunk of every file in one table, so a batch is located with one search.
 
-    Global chunk g is chunk `g - first_chunk[file[g]]` of file `file[g]`; a per-record cost
-    independent of the number of files and chunks (unlike a per-file loop).
+    Lean for millions of chunks (the whole table is about 12 bytes per group_size-1 record):
+    `bounds` holds each file's chunk offsets followed by its footer offset, so chunk g of
+    file f starts at `bounds[g + f]` and ends at `bounds[g + f + 1]` (a chunk's range runs
+    to the next chunk or the footer, as `FileIndex.chunk_ends` says), and the files' own
+    `chunk_offsets` / `chunk_ends` are rebound as views of it; a chunk's file is a search
+    over `first_chunk`; when every chunk holds one record (group_size 1), chunk g is record
+    g and no record table is kept.
     """
 
-    record_starts: np.ndarray  # global index of each chunk's first record, plus the total
-    file: np.ndarray
-    first_chunk: np.ndarray
-    offsets: np.ndarray
-    ends: np.ndarray
-    one_record_chunks: bool  # every chunk holds one record (group_size 1): no search needed
+    def __init__(self, indices: Sequence[FileIndex], starts: np.ndarray) -> None:
+        counts = np.array([ix.num_chunks for ix in indices], dtype=np.int64)
+        self.first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_chunks = int(self.first_chunk[-1])
+        self.bounds = np.empty(self.num_chunks + len(indices), dtype=np.int64)
+        for f, ix in enumerate(indices):
+            lo = int(self.first_chunk[f]) + f
+            self.bounds[lo : lo + ix.num_chunks] = ix.chunk_offsets
+            self.bounds[lo + ix.num_chunks] = ix.footer_offset
+        self.one_record_chunks = all(ix.one_record_chunks for ix in indices)
+        # Global index of each chunk's first record, plus the total (None: chunk g is record g).
+        self.record_starts: np.ndarray | None = None
+        if not self.one_record_chunks:
+            rs = np.empty(self.num_chunks + 1, dtype=np.int64)
+            rs[0] = 0
+            for f, ix in enumerate(indices):
+                lo = int(self.first_chunk[f])
+                np.cumsum(ix.chunk_records, out=rs[lo + 1 : lo + 1 + ix.num_chunks])
+                rs[lo + 1 : lo + 1 + ix.num_chunks] += starts[f]
+            self.record_starts = rs
 
-    @classmethod
-    def build(cls, indices: Sequence[FileIndex], starts: np.ndarray) -> _Chunks:
-        counts = [ix.num_chunks for ix in indices]
-        first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        if not indices:
-            empty = np.zeros(0, dtype=np.int64)
-            return cls(np.zeros(1, np.int64), empty, first, empty, empty, True)
-        rec = [ix.record_starts[:-1] + s for ix, s in zip(indices, starts[:-1].tolist())]
-        record_starts = np.concatenate([*rec, starts[-1:]]).astype(np.int64)
-        return cls(
-            record_starts=record_starts,
-            file=np.repeat(np.arange(len(indices), dtype=np.int64), counts),
-            first_chunk=first,
-            offsets=np.concatenate([ix.chunk_offsets for ix in indices]).astype(np.int64),
-            ends=np.concatenate([ix.chunk_ends for ix in indices]).astype(np.int64),
-            one_record_chunks=bool((np.diff(record_starts) == 1).all()),
-        )
+    def rebind(self, indices: Sequence[FileIndex]) -> list[FileIndex]:
+        """The files' indices with their chunk offsets and ends as views of `bounds`."""
+        out = []
+        for f, ix in enumerate(indices):
+            lo = int(self.first_chunk[f]) + f
+            out.append(ix.with_bounds(self.bounds[lo : lo + ix.num_chunks + 1]))
+        return out
+
+    def record_start(self, g: np.ndarray) -> np.ndarray:
+        """Global index of the first record of chunks `g` (g may be num_chunks: the total)."""
+        return g if self.record_starts is None else self.record_starts[g]
+
+    def file_of(self, g: np.ndarray) -> np.ndarray:
+        """The file each of the global chunks `g` lies in."""
+        return np.searchsorted(self.first_chunk, g, side="right") - 1
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(file, start, end) of every chunk as arrays (built on demand: 24 bytes a chunk)."""
+        sizes = np.diff(self.first_chunk)
+        file = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        g = np.arange(self.num_chunks, dtype=np.int64) + file
+        return file, self.bounds[g], self.bounds[g + 1]
 
 
 class RecordTable:
@@ -154,28 +175,28 @@ class RecordTable:
 
     def __init__(self, files: list[ObjectInfo], indices: list[FileIndex]) -> None:
         self.files = files
-        self.indices = indices
         counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.urls = [f.url for f in files]
+        self._chunks = _Chunks(indices, self.starts)
+        self.indices = self._chunks.rebind(indices)
         # Files with chunks of more than one record (counted, not the writer's group_size,
         # as `max_group_size` is): a chunk may be needed again for another of its records,
         # so the fetch stage caches their raw chunks, and `read` their decoded records.
-        self.grouped = np.array([ix.num_chunks > 0 and int(ix.chunk_records.max()) > 1
-                                 for ix in indices], dtype=bool)
+        self.grouped = np.array([ix.max_records > 1 for ix in self.indices], dtype=bool)
         self._runs: dict[int, Runs] = {}
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    @cached_property
-    def _chunks(self) -> _Chunks:
-        return _Chunks.build(self.indices, self.starts)
-
     @property
     def chunk_starts(self) -> np.ndarray:
-        """Global index of the first record of every chunk of every file, plus the total."""
-        return self._chunks.record_starts
+        """Global index of the first record of every chunk of every file, plus the total
+        (for group_size 1 files, built on each call: it is `arange`)."""
+        t = self._chunks
+        if t.record_starts is None:
+            return np.arange(t.num_chunks + 1, dtype=np.int64)
+        return t.record_starts
 
     def runs(self, target: int) -> Runs:
         """Every file cut into runs of whole chunks of about `target` bytes (see
@@ -183,19 +204,17 @@ class RecordTable:
         tiers. Computed once per target."""
         runs = self._runs.get(target)
         if runs is None:
-            t = self._chunks
-            runs = self._runs[target] = cut_runs(t.file, t.offsets, t.ends, target)
+            runs = self._runs[target] = cut_runs(*self._chunks.columns(), target)
         return runs
 
     def run_record_starts(self, target: int) -> np.ndarray:
         """Global index of the first record of each run, plus the total (prefix sums)."""
-        return self._chunks.record_starts[self.runs(target).chunk]
+        return self._chunks.record_start(self.runs(target).chunk)
 
     @property
     def max_group_size(self) -> int:
         """The most records any chunk holds (1: every record is its own chunk)."""
-        return max((int(ix.chunk_records.max()) if ix.num_chunks else 1)
-                   for ix in self.indices) if self.indices else 1
+        return max(max(ix.max_records, 1) for ix in self.indices) if self.indices else 1
 
     @property
     def all_local(self) -> bool:
@@ -208,17 +227,17 @@ class RecordTable:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise IndexError(f"record {bad} out of range: the source has {n} records")
-        t = self._chunks
-        if t.one_record_chunks:  # group_size 1 everywhere: chunk g holds record g
+        rs = self._chunks.record_starts
+        if rs is None:  # group_size 1 everywhere: chunk g holds record g
             return idx, np.zeros_like(idx)
-        g = np.searchsorted(t.record_starts, idx, side="right") - 1
-        return g, idx - t.record_starts[g]
+        g = np.searchsorted(rs, idx, side="right") - 1
+        return g, idx - rs[g]
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Global record indices → (file, chunk, index within chunk), vectorized."""
         g, within = self._chunks_of(indices)
         t = self._chunks
-        files = t.file[g]
+        files = t.file_of(g)
         return files, g - t.first_chunk[files], within
 
     def chunk_refs(self, indices) -> ChunkRefs:
@@ -226,10 +245,13 @@ class RecordTable:
         the file numbers the fetch stage reads it by."""
         g, within = self._chunks_of(indices)
         t = self._chunks
-        files = t.file[g]
+        files = t.file_of(g)
         used, local_file = np.unique(files, return_inverse=True)
         u = used.tolist()
+        at = g + files
+        count = (np.ones_like(g) if t.record_starts is None else
+                 t.record_starts[g + 1] - t.record_starts[g])
         return ChunkRefs(paths=[self.urls[f] for f in u], file=local_file.astype(np.int64),
-                         chunk=g - t.first_chunk[files], start=t.offsets[g], end=t.ends[g],
-                         within=within, count=t.record_starts[g + 1] - t.record_starts[g],
+                         chunk=g - t.first_chunk[files], start=t.bounds[at],
+                         end=t.bounds[at + 1], within=within, count=count,
                          names=[self.indices[f].path for f in u], ids=used.astype(np.int64))
