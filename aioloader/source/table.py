@@ -14,7 +14,7 @@ reading and for errors. It fetches nothing after opening.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,8 +43,18 @@ async def gather_all(coros) -> list[Any]:
 
 async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
                      index_cache: IndexCache | None) -> RecordTable:
-    """List and index the files `patterns` name, in order, all at once."""
-    opener = _Opener(storage, verify, index_cache)
+    """List and index the files `patterns` name, in order, all at once. With an index
+    cache: list, then map the files' cached table, or index them and store it."""
+    opener = _Opener(storage, verify)
+    if index_cache is not None:
+        infos = [i for group in await gather_all(opener.list_pattern(p) for p in patterns)
+                 for i in group]
+        cached = index_cache.load(infos)
+        if cached is not None:
+            return RecordTable(infos, cached.indices, cached.bounds)
+        table = RecordTable(infos, await opener.open_files(infos))
+        index_cache.store(infos, table.indices)
+        return table
     groups = await gather_all(opener.open_pattern(p) for p in patterns)
     return RecordTable([info for group in groups for info, _ in group],
                        [index for group in groups for _, index in group])
@@ -53,10 +63,17 @@ async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
 class _Opener:
     """Reads files' tails into footer indices through one storage."""
 
-    def __init__(self, storage: Storage, verify: str, index_cache: IndexCache | None) -> None:
+    def __init__(self, storage: Storage, verify: str) -> None:
         self.storage = storage
         self.verify = verify
-        self.index_cache = index_cache
+
+    async def list_pattern(self, pattern: str) -> list[ObjectInfo]:
+        """The files `pattern` names, pinned: a listing for a glob, a lookup for a name."""
+        if has_glob(pattern):
+            return await self._list(pattern)
+        info = await self.storage.info(pattern)
+        self.storage.pin(info)
+        return [info]
 
     async def open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
         """Open the files `pattern` names, in order, each pinned to the version first seen.
@@ -68,10 +85,40 @@ class _Opener:
         """
         if has_glob(pattern):
             files = await self._list(pattern)
-            return list(zip(files, await gather_all(self._open_file(f) for f in files)))
+            return list(zip(files, await self.open_files(files)))
         info, tail = await self.storage.read_tail(pattern, self._tail_bytes(pattern))
         self.storage.pin(info)
         return [(info, await self._open_file(info, tail))]
+
+    async def open_files(self, files: list[ObjectInfo]) -> list[FileIndex]:
+        """Index many files at once: every parser's next read goes out in one `read_many`
+        (local files: a few batched thread-pool jobs, not a hop per file; remote: all
+        requests in flight), in waves that fit the byte budget."""
+        out: list[FileIndex | None] = [None] * len(files)
+        steps: dict[int, Generator] = {}
+        wanted: dict[int, tuple[int, int]] = {}
+        for k, info in enumerate(files):
+            steps[k] = open_index(info.size, path=redact(info.url), verify=self.verify,
+                                  tail=self._tail_bytes(info.url),
+                                  max_decoded=self.storage.max_inflight_bytes)
+            wanted[k] = next(steps[k])
+        wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
+        while wanted:
+            keys, total = [], 0
+            for k, (_, length) in wanted.items():
+                if keys and total + length > wave_bytes:
+                    break
+                keys.append(k)
+                total += length
+            datas = await self.storage.read_many(
+                [(files[k].url, wanted[k][0], wanted[k][0] + wanted[k][1]) for k in keys])
+            for k, data in zip(keys, datas):
+                try:
+                    wanted[k] = steps[k].send(data)
+                except StopIteration as done:
+                    del wanted[k]
+                    out[k] = done.value
+        return out  # type: ignore[return-value]
 
     def _tail_bytes(self, url: str) -> int:
         """How much of a file's end to read speculatively at open (within the byte budget)."""
@@ -90,9 +137,6 @@ class _Opener:
 
     async def _open_file(self, info: ObjectInfo, tail: bytes | None = None) -> FileIndex:
         """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read."""
-        cached = self.index_cache.load(info) if self.index_cache else None
-        if cached is not None:
-            return cached
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
                            tail=self._tail_bytes(info.url),
                            max_decoded=self.storage.max_inflight_bytes)
@@ -107,10 +151,7 @@ class _Opener:
                     data = await self.storage.read(info.url, offset, offset + length)
                 offset, length = steps.send(data)
         except StopIteration as done:
-            index = done.value
-        if self.index_cache is not None:
-            self.index_cache.store(info, index)
-        return index
+            return done.value
 
 
 class _Chunks:
@@ -125,15 +166,21 @@ class _Chunks:
     g and no record table is kept.
     """
 
-    def __init__(self, indices: Sequence[FileIndex], starts: np.ndarray) -> None:
+    def __init__(self, indices: Sequence[FileIndex], starts: np.ndarray,
+                 bounds: np.ndarray | None = None) -> None:
         counts = np.array([ix.num_chunks for ix in indices], dtype=np.int64)
         self.first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_chunks = int(self.first_chunk[-1])
-        self.bounds = np.empty(self.num_chunks + len(indices), dtype=np.int64)
-        for f, ix in enumerate(indices):
-            lo = int(self.first_chunk[f]) + f
-            self.bounds[lo : lo + ix.num_chunks] = ix.chunk_offsets
-            self.bounds[lo + ix.num_chunks] = ix.footer_offset
+        self.shared = bounds is not None  # the indices are views of it already (mapped)
+        if bounds is None:
+            bounds = np.empty(self.num_chunks + len(indices), dtype=np.int64)
+            for f, ix in enumerate(indices):
+                lo = int(self.first_chunk[f]) + f
+                bounds[lo : lo + ix.num_chunks] = ix.chunk_offsets
+                bounds[lo + ix.num_chunks] = ix.footer_offset
+        elif len(bounds) != self.num_chunks + len(indices):
+            raise ValueError("bounds do not hold the files' chunks")
+        self.bounds = bounds
         self.one_record_chunks = all(ix.one_record_chunks for ix in indices)
         # Global index of each chunk's first record, plus the total (None: chunk g is record g).
         self.record_starts: np.ndarray | None = None
@@ -148,6 +195,8 @@ class _Chunks:
 
     def rebind(self, indices: Sequence[FileIndex]) -> list[FileIndex]:
         """The files' indices with their chunk offsets and ends as views of `bounds`."""
+        if self.shared:
+            return list(indices)
         out = []
         for f, ix in enumerate(indices):
             lo = int(self.first_chunk[f]) + f
@@ -173,12 +222,15 @@ class _Chunks:
 class RecordTable:
     """The opened files (numbered in order) and where each global record lies in them."""
 
-    def __init__(self, files: list[ObjectInfo], indices: list[FileIndex]) -> None:
+    def __init__(self, files: list[ObjectInfo], indices: list[FileIndex],
+                 bounds: np.ndarray | None = None) -> None:
+        """`bounds`, when given, is the table of chunk boundaries the indices are already
+        views of (an index cache's mapped entry: see `_Chunks`)."""
         self.files = files
         counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.urls = [f.url for f in files]
-        self._chunks = _Chunks(indices, self.starts)
+        self._chunks = _Chunks(indices, self.starts, bounds)
         self.indices = self._chunks.rebind(indices)
         # Files with chunks of more than one record (counted, not the writer's group_size,
         # as `max_group_size` is): a chunk may be needed again for another of its records,
