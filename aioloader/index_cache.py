@@ -276,7 +276,7 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
         raise CacheEntryError("its chunk offsets are not increasing within the files")
     if (decoded.dtype == np.int64 and len(decoded) and decoded.min() < 0):
         raise CacheEntryError("its decoded sizes are out of range")
-    stored = np.array([bool(f[2]) for f in files])
+    stored = np.array([bool(f[2]) for f in files], dtype=bool)
     if len(counts) != int(chunks[stored].sum()):
         raise CacheEntryError("its record counts do not match its files' chunks")
     out, c_at, d_at = [], 0, 0

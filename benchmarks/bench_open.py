@@ -163,6 +163,11 @@ def main() -> None:
                     contenders.append(((name, "gs", tname, "cold"), tree,
                                        {"lib": "aio", "paths": gs_urls[name],
                                         "storage_options": storage_options}))
+                    gcache = cache + "-gs"
+                    os.makedirs(gcache, mode=0o700, exist_ok=True)
+                    contenders.append(((name, "gs", tname, "cached"), tree,
+                                       {"lib": "aio", "paths": gs_urls[name], "cache": gcache,
+                                        "storage_options": storage_options}))
             if not args.no_grain:
                 contenders.append(((name, "local", "grain", "-"), None,
                                    {"lib": "grain", "paths": _expand(data[name])}))

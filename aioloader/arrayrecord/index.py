@@ -152,10 +152,14 @@ class FileIndex:
         return int(self.chunk_offsets[chunk]), int(self.chunk_ends[chunk])
 
 
+_ONE = np.ones(1, dtype=np.int64)
+_ONE.flags.writeable = False
+
+
 def compact_counts(counts: np.ndarray) -> np.ndarray:
     """Record counts, as a read-only broadcast of 1 when every chunk holds one record."""
     if len(counts) and counts.strides != (0,) and counts.min() == 1 and counts.max() == 1:
-        return np.broadcast_to(np.int64(1), counts.shape)
+        return np.ndarray(counts.shape, np.int64, _ONE, 0, (0,))
     return counts
 
 
@@ -496,18 +500,18 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
             f"footer lists {n_chunks} chunks, metadata says {claimed_chunks}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
-    if n_chunks and (
-        offsets[0] < 64
-        or offsets[-1] >= footer_offset
-        or (np.diff(offsets) <= 0).any()
-    ):
+    # Each chunk's span: to the next chunk, the last one to the footer.
+    spans = np.empty_like(offsets)
+    np.subtract(offsets[1:], offsets[:-1], out=spans[:-1])
+    if n_chunks:
+        spans[-1] = footer_offset - offsets[-1]
+    if n_chunks and (offsets[0] < 64 or spans.min() <= 0):
         raise ArrayRecordFormatError(
             "footer chunk offsets are not increasing within the file", path=path,
             offset=footer_offset, hint=CORRUPT_HINT,
         )
     # A data chunk holds at least one record, and a chunk of n records occupies at least n
     # bytes (Riegeli's chunk_end), so the counts are bounded by the file and sum safely.
-    spans = np.append(offsets[1:], footer_offset) - offsets
     bad = np.flatnonzero((counts < 1) | (counts > spans))
     if bad.size:
         c = int(bad[0])
