@@ -19,7 +19,7 @@ import numpy as np
 
 from .chunk import decode_simple
 from .codecs import decompress_block
-from .errors import ArrayRecordFormatError
+from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .layout import CHUNK_SIMPLE, ChunkHeader
 from .proto import _ENTRIES_AT_ONCE, _decode_entries_bulk, _decode_entries_slow, _NotBulk
 from .varint import MAX_VARINT64_BYTES, decode_varints, read_varint
@@ -52,7 +52,7 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterDat
     if header.chunk_type != CHUNK_SIMPLE or n < 2:  # the generic decoder says what is wrong
         records = decode_simple(header, data, max_decoded)
         if len(records) == 0:
-            raise ArrayRecordFormatError("footer holds no metadata record")
+            raise ArrayRecordFormatError("footer holds no metadata record", hint=CORRUPT_HINT)
         z = np.zeros(0, dtype=np.int64)
         return FooterData(bytes(records.view(0)), z, z.copy(), z.copy())
     decoded_size = header.decoded_data_size
