@@ -1,10 +1,11 @@
 """Locating records: the opened files, their footer indices, and one table of every chunk.
 
 Opening lists the files (one listing for a glob), then reads every file's tail — postscript
-and footer together in one speculative range read — all files in parallel; a gs:// file named
-without a glob takes one request (a suffix-range GET also gives its size and generation).
-Each file is pinned to the version first seen, so a rewrite shows up as an error, not as
-other records.
+and footer together in one speculative range read — all files in parallel (local tails in a
+few batched thread-pool jobs, remote ones all in flight); a gs:// file named without a glob
+takes one request (a suffix-range GET also gives its size and generation). With an index
+cache, the listing is followed by one mapped table instead (`index_cache`). Each file is
+pinned to the version first seen, so a rewrite shows up as an error, not as other records.
 
 The result, a `RecordTable`, is what the rest of the source asks "where is record i?": file
 numbers (a file's place in `urls`) are the ids every later stage uses; URLs are only for
