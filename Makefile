@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test test-slow lint demo bench bench-quick clean
 
-$(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c
+$(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[dev]'

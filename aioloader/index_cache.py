@@ -1,16 +1,29 @@
-"""The footer index cache on disk (`index_cache_dir`): one small entry per data file.
+"""The footer index cache on disk (`index_cache_dir`): one mapped table per set of files.
 
-A cached index saves a file's tail read at open (on a bucket, a round trip per file). A wrong
-index silently drops or invents records, so an entry is used only when it proves that it
-belongs to this version of the file and is intact:
+A cached index saves every file's tail read and footer parse at open (on a bucket, a round
+trip per file). An entry holds the whole table of a source's files, in one flat file that
+is memory-mapped, not read: the `RecordTable` of every process that opens the same files on
+this host is a view of the same page-cache pages (about 12 bytes per group_size-1 record:
+chunk offsets with each file's footer offset after its own, uint32 decoded sizes where they
+fit, record counts only for files whose chunks hold more than one), so N processes cost one
+copy, and a 5M-record open maps 60 MB instead of parsing footers.
 
-- bound to the file: its name and a key stored inside are a hash of (URL, size, version: the
-  generation on gs://, mtime_ns locally), so a rewritten file misses;
-- bound to its content: a BLAKE2b digest over the key and every value, arrays with their
-  dtype and shape. This catches damage and edits; it is not a signature (whoever can write
-  the directory can recompute it), which is why the directory must be private;
-- sane: 1-D int64 arrays of one length, chunk offsets increasing inside the file, counts and
-  sizes not negative, in an uncompressed archive no larger than its own file.
+Layout: 8-byte magic, 8-byte little-endian header length, a JSON header (format, key,
+digest, per file: footer offset, chunk count, whether counts are stored; array dtypes and
+places), then the arrays, each 64-byte aligned. A wrong index silently drops or invents
+records, so an entry is used only when it proves that it belongs to these versions of these
+files and is intact:
+
+- bound to the files: its name and a key stored inside are a hash of every file's (URL,
+  size, version: the generation on gs://, mtime_ns locally) in order, so a rewritten,
+  added or removed file misses (the whole table is rebuilt);
+- bound to its content: a BLAKE2b digest over the header's fields and every array's bytes.
+  This catches damage and edits; it is not a signature (whoever can write the directory can
+  recompute it), which is why the directory must be private;
+- sane: what any real index satisfies, checked vectorized over the table: per file, chunk
+  offsets increasing from byte 64 to below the footer, footer inside the file, record counts
+  at least 1 and at most the chunk's bytes; arrays inside the entry; an entry no larger than
+  its files.
 
 An entry that fails a check is ignored with a warning on the "aioloader" logger and rebuilt.
 
@@ -32,10 +45,12 @@ import errno
 import hashlib
 import json
 import logging
+import mmap
 import os
 import secrets
 import stat
-import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,10 +59,21 @@ from .storage import ObjectInfo, redact
 
 log = logging.getLogger("aioloader")
 
-_FORMAT = "aioloader-index-cache-2"
-_ARRAYS = ("chunk_offsets", "chunk_records", "chunk_decoded_sizes")
-_SUFFIX = ".v2.npz"  # entries of earlier versions (`<key>.npz`, no digest) are never read
-_SLACK = 1 << 20  # an entry is at most this much larger than its data file
+_FORMAT = "aioloader-index-table-3"
+_MAGIC = b"AIOLIDX3"
+_SUFFIX = ".v3.idx"  # entries of earlier versions (`.npz`, one per file) are never read
+_SLACK = 1 << 20  # an entry is at most this much larger than its data files
+_ALIGN = 64
+_MAX_HEADER = 1 << 30
+
+
+@dataclass(frozen=True)
+class CachedTable:
+    """The indices of a list of files, all views of one mapped `bounds` array (each file's
+    chunk offsets then its footer offset, as `RecordTable` lays them out)."""
+
+    indices: list[FileIndex]
+    bounds: np.ndarray
 
 
 class CacheEntryError(ValueError):
@@ -62,9 +88,9 @@ class IndexCache:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         os.close(self._open_dir())  # refuse an unsafe directory now, not at first use
 
-    def load(self, info: ObjectInfo) -> FileIndex | None:
-        """The cached index of `info`'s file, or None (missing, or failed a check: warned)."""
-        key = _key(info)
+    def load(self, infos: Sequence[ObjectInfo]) -> CachedTable | None:
+        """The cached table of these files, or None (missing, or failed a check: warned)."""
+        key = _key(infos)
         name = key[:32] + _SUFFIX
         try:
             dir_fd = self._open_dir()
@@ -82,16 +108,17 @@ class IndexCache:
         finally:
             os.close(dir_fd)
         try:
-            with os.fdopen(fd, "rb") as f:
-                return _read(f, key, info)
+            return _read(fd, key, infos)
         except Exception as err:  # whatever is wrong with it, it is only a miss
             self._warn(name, str(err) if isinstance(err, CacheEntryError) else
                        f"it cannot be read ({type(err).__name__}: {err})")
             return None
+        finally:
+            os.close(fd)
 
-    def store(self, info: ObjectInfo, index: FileIndex) -> None:
-        """Write `info`'s entry: a private temporary, renamed over the entry."""
-        key = _key(info)
+    def store(self, infos: Sequence[ObjectInfo], indices: Sequence[FileIndex]) -> None:
+        """Write the files' table: a private temporary, renamed over the entry."""
+        key = _key(infos)
         name = key[:32] + _SUFFIX
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         try:
@@ -104,7 +131,7 @@ class IndexCache:
                          | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    _write(f, key, index)
+                    _write(f, key, indices)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -146,65 +173,128 @@ class IndexCache:
         return fd
 
 
-def _key(info: ObjectInfo) -> str:
-    return hashlib.sha256(f"{info.url}\0{info.size}\0{info.version}".encode()).hexdigest()
-
-
-def _digest(key: str, footer_offset: int, writer_options: str, arrays: dict) -> str:
-    h = hashlib.blake2b(digest_size=32)
-    h.update(json.dumps([_FORMAT, key, footer_offset, writer_options]).encode())
-    for name in _ARRAYS:
-        a = arrays[name]
-        h.update(f"\0{name}:{a.dtype.str}:{a.shape}\0".encode())
-        h.update(np.ascontiguousarray(a).data)
+def _key(infos: Sequence[ObjectInfo]) -> str:
+    h = hashlib.sha256(_FORMAT.encode())
+    for info in infos:
+        h.update(f"\0{info.url}\0{info.size}\0{info.version}".encode())
     return h.hexdigest()
 
 
-def _write(f, key: str, index: FileIndex) -> None:
-    arrays = {n: np.ascontiguousarray(getattr(index, n), dtype="<i8") for n in _ARRAYS}
-    digest = _digest(key, int(index.footer_offset), index.writer_options, arrays)
-    np.savez(f, key=np.array(key), footer_offset=np.array(index.footer_offset, dtype="<i8"),
-             writer_options=np.array(index.writer_options), digest=np.array(digest), **arrays)
+def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.blake2b(digest_size=32)
+    h.update(json.dumps([_FORMAT, key, files]).encode())
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(f"\0{name}:{a.dtype.str}:{a.shape}\0".encode())
+        h.update(a.data)
+    return h.hexdigest()
 
 
-def _read(f, key: str, info: ObjectInfo) -> FileIndex:
-    st = os.fstat(f.fileno())
+def _write(f, key: str, indices: Sequence[FileIndex]) -> None:
+    files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
+              ix.writer_options] for ix in indices]
+    bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
+    at = 0
+    for ix in indices:
+        bounds[at : at + ix.num_chunks] = ix.chunk_offsets
+        bounds[at + ix.num_chunks] = ix.footer_offset
+        at += ix.num_chunks + 1
+    sizes = [ix.chunk_decoded_sizes for ix in indices]
+    narrow = all(len(d) == 0 or (d.min() >= 0 and d.max() < 1 << 32) for d in sizes)
+    decoded = (np.concatenate(sizes) if sizes else np.zeros(0)).astype(
+        "<u4" if narrow else "<i8")
+    counts = [ix.chunk_records for ix in indices if not ix.one_record_chunks]
+    arrays = {"bounds": bounds, "decoded": decoded,
+              "counts": (np.concatenate(counts) if counts else np.zeros(0)).astype("<i8")}
+    digest = _digest(key, files, arrays)
+    places, at = {}, 0
+    for name, a in arrays.items():
+        places[name] = [a.dtype.str, at, len(a)]
+        at += -(-a.nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"format": _FORMAT, "key": key, "digest": digest, "files": files,
+                         "arrays": places}).encode()
+    head = len(_MAGIC) + 8 + len(header)
+    pad = -head % _ALIGN
+    f.write(_MAGIC + (len(header) + pad).to_bytes(8, "little") + header + b" " * pad)
+    for a in arrays.values():
+        f.write(a.data)
+        f.write(b"\0" * (-a.nbytes % _ALIGN))
+
+
+def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
+    st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         raise CacheEntryError("it is not a plain file of ours")
-    if st.st_size > info.size + _SLACK:
+    if st.st_size > sum(i.size for i in infos) + _SLACK:
         raise CacheEntryError(f"it is larger ({st.st_size} bytes) than an index can be")
-    with np.load(f, allow_pickle=False) as z:
-        members = z.zip.infolist()
-        if (any(m.compress_type != zipfile.ZIP_STORED for m in members)
-                or sum(m.file_size for m in members) > st.st_size):
-            raise CacheEntryError("it is not an uncompressed archive of its own size")
-        values = {n: z[n] for n in ("key", "footer_offset", "writer_options", "digest",
-                                    *_ARRAYS)}
-    if str(values["key"]) != key:
-        raise CacheEntryError("it belongs to another file or version")
-    arrays = {n: values[n] for n in _ARRAYS}
-    footer_offset = values["footer_offset"]
-    if footer_offset.shape or footer_offset.dtype != np.dtype("<i8"):
-        raise CacheEntryError("its footer offset is not one int64")
-    footer_offset = int(footer_offset)
-    writer_options = str(values["writer_options"])
-    if str(values["digest"]) != _digest(key, footer_offset, writer_options, arrays):
+    head = os.pread(fd, 16, 0)
+    if len(head) != 16 or head[:8] != _MAGIC:
+        raise CacheEntryError("it is not an index table of this version")
+    n = int.from_bytes(head[8:], "little")
+    if n > min(_MAX_HEADER, st.st_size - 16):
+        raise CacheEntryError("its header runs past its end")
+    header = json.loads(os.pread(fd, n, 16))
+    if header.get("key") != key:
+        raise CacheEntryError("it belongs to other files or versions")
+    files, places = header["files"], header["arrays"]
+    if len(files) != len(infos):
+        raise CacheEntryError("it holds another number of files")
+    body = 16 + n
+    mm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) if st.st_size else b""
+    arrays = {}
+    for name, dtypes in (("bounds", ("<i8",)), ("decoded", ("<u4", "<i8")), ("counts", ("<i8",))):
+        dtype, at, length = places[name]
+        if dtype not in dtypes or not (isinstance(at, int) and isinstance(length, int)) \
+                or at < 0 or length < 0 or body + at + length * np.dtype(dtype).itemsize > \
+                st.st_size:
+            raise CacheEntryError(f"its {name} array lies outside it")
+        arrays[name] = np.frombuffer(mm, dtype=dtype, count=length, offset=body + at)
+    if header.get("digest") != _digest(key, files, arrays):
         raise CacheEntryError("its checksum does not match its content (edited or damaged)")
-    _check(arrays, footer_offset, info.size)
-    return FileIndex(path=redact(info.url), size=info.size, footer_offset=footer_offset,
-                     writer_options=writer_options, **arrays)
+    return _indices(files, arrays, infos)
 
 
-def _check(arrays: dict, footer_offset: int, size: int) -> None:
-    """What any real index satisfies; a digest alone would pass a buggy writer's entry."""
-    offsets, counts, decoded = (arrays[n] for n in _ARRAYS)
-    if any(a.dtype != np.dtype("<i8") or a.ndim != 1 or len(a) != len(offsets)
-           for a in arrays.values()):
-        raise CacheEntryError("its arrays are not 1-D int64 of one length")
-    if not 0 < footer_offset < size:
-        raise CacheEntryError(f"its footer offset {footer_offset} is outside the file")
-    if len(offsets) and (offsets[0] < 64 or offsets[-1] >= footer_offset
-                         or (np.diff(offsets) <= 0).any()):
-        raise CacheEntryError("its chunk offsets are not increasing within the file")
-    if (counts < 0).any() or (decoded < 0).any() or counts.sum(dtype=np.float64) >= 2**62:
-        raise CacheEntryError("its record counts or decoded sizes are out of range")
+def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectInfo]
+             ) -> CachedTable:
+    """The files' indices as views of the entry's arrays, after the checks any real index
+    passes (a digest alone would pass a buggy writer's entry)."""
+    bounds, decoded, counts = arrays["bounds"], arrays["decoded"], arrays["counts"]
+    chunks = np.array([f[1] for f in files], dtype=np.int64)
+    footers = np.array([f[0] for f in files], dtype=np.int64)
+    sizes = np.array([i.size for i in infos], dtype=np.int64)
+    if (chunks < 0).any() or len(bounds) != int(chunks.sum()) + len(files) or \
+            len(decoded) != int(chunks.sum()):
+        raise CacheEntryError("its arrays do not hold its files' chunks")
+    ends = np.cumsum(chunks + 1)  # one past each file's footer offset in bounds
+    firsts = ends - chunks - 1
+    if (bounds[ends - 1] != footers).any() or (footers <= 0).any() or (footers >= sizes).any():
+        raise CacheEntryError("its footer offsets are outside their files")
+    steps = np.diff(bounds)
+    ok = steps > 0
+    ok[ends[:-1] - 1] = True  # from one file's footer to the next file's first chunk: any
+    if len(bounds) and (not ok.all() or (bounds[firsts[chunks > 0]] < 64).any()):
+        raise CacheEntryError("its chunk offsets are not increasing within the files")
+    if (decoded.dtype == np.int64 and len(decoded) and decoded.min() < 0):
+        raise CacheEntryError("its decoded sizes are out of range")
+    stored = np.array([bool(f[2]) for f in files], dtype=bool)
+    if len(counts) != int(chunks[stored].sum()):
+        raise CacheEntryError("its record counts do not match its files' chunks")
+    out, c_at, d_at = [], 0, 0
+    for k, (footer, n, has_counts, options) in enumerate(files):
+        lo = int(firsts[k])
+        if has_counts:
+            rec = counts[c_at : c_at + n]
+            c_at += n
+            spans = bounds[lo + 1 : lo + n + 1] - bounds[lo : lo + n]
+            if n and ((rec < 1).any() or (rec > spans).any()):
+                raise CacheEntryError("its record counts are out of range")
+        else:
+            rec = np.broadcast_to(np.int64(1), (n,))
+        ix = FileIndex(path=redact(infos[k].url), size=infos[k].size, footer_offset=int(footer),
+                       chunk_offsets=bounds[lo : lo + n], chunk_records=rec,
+                       chunk_decoded_sizes=decoded[d_at : d_at + n],
+                       writer_options=str(options))
+        vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
+        d_at += n
+        out.append(ix)
+    return CachedTable(out, bounds)

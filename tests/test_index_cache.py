@@ -1,9 +1,12 @@
-"""The footer index cache on disk: entries are checked before use, written privately."""
+"""The footer index cache on disk: one mapped table per set of files, checked before use,
+written privately."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import mmap
 import os
 import shutil
 import stat
@@ -33,7 +36,7 @@ def data(tmp_path):
 
 
 def _entries(cache) -> list[str]:
-    return sorted(n for n in os.listdir(cache) if n.endswith(".npz"))
+    return sorted(n for n in os.listdir(cache) if n.endswith(".idx"))
 
 
 def _open(paths, cache):
@@ -44,22 +47,48 @@ def _open(paths, cache):
         return n, list(src), requests
 
 
-def _rewrite(entry, change) -> None:
-    """Edit a cached entry's arrays as a person or a bad tool would: valid file, old checksum."""
-    with np.load(entry) as z:
-        arrays = {k: z[k] for k in z.files}
-    change(arrays)
+def _load_raw(entry) -> tuple[dict, dict]:
+    """An entry's header and arrays (copies), as a person with the format at hand reads it."""
+    with open(entry, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[8:16], "little")
+    header = json.loads(data[16 : 16 + n])
+    arrays = {name: np.frombuffer(data, dtype=dt, count=length, offset=16 + n + at).copy()
+              for name, (dt, at, length) in header["arrays"].items()}
+    return header, arrays
+
+
+def _save_raw(entry, header: dict, arrays: dict) -> None:
+    """Write an entry back in the same layout, keeping its (now stale) digest."""
+    places, at, body = {}, 0, b""
+    for name, a in arrays.items():
+        places[name] = [a.dtype.str, at, len(a)]
+        raw = a.tobytes() + b"\0" * (-a.nbytes % 64)
+        body += raw
+        at += len(raw)
+    header = {**header, "arrays": places}
+    text = json.dumps(header).encode()
+    text += b" " * (-(16 + len(text)) % 64)
     with open(entry, "wb") as f:
-        np.savez(f, **arrays)
+        f.write(b"AIOLIDX3" + len(text).to_bytes(8, "little") + text + body)
 
 
-def _drop_last_chunk(a):
-    for k in ("chunk_offsets", "chunk_records", "chunk_decoded_sizes"):
-        a[k] = a[k][:-1]
+def _rewrite(entry, change) -> None:
+    """Edit a cached entry as a person or a bad tool would: valid layout, old checksum."""
+    header, arrays = _load_raw(entry)
+    change(header, arrays)
+    _save_raw(entry, header, arrays)
 
 
-def _zero_counts(a):
-    a["chunk_records"] = np.zeros_like(a["chunk_records"])
+def _drop_last_chunk(header, a):
+    a["bounds"] = np.delete(a["bounds"], -2)
+    a["decoded"] = a["decoded"][:-1]
+    header["files"][-1][1] -= 1
+
+
+def _zero_counts(header, a):
+    header["files"][0][2] = True
+    a["counts"] = np.zeros(header["files"][0][1], dtype="<i8")
 
 
 @pytest.mark.parametrize("change", [_drop_last_chunk, _zero_counts], ids=["drop", "zero"])
@@ -68,7 +97,7 @@ def test_an_edited_entry_is_ignored_with_a_warning_and_rebuilt(tmp_path, data, c
     cache = tmp_path / "idx"
     assert _open(paths, cache)[:2] == (len(expected), expected)
     entries = _entries(cache)
-    assert len(entries) == SHARDS
+    assert len(entries) == 1  # one table for the files opened together
     _rewrite(cache / entries[0], change)
     with caplog.at_level(logging.WARNING, logger="aioloader"):
         n, got, requests = _open(paths, cache)
@@ -110,7 +139,7 @@ def test_a_symlink_at_an_entry_name_is_not_followed(tmp_path, data, caplog):
     paths, expected = data
     cache = _first_cache(tmp_path, paths)
     name = _entries(cache)[0]
-    elsewhere = tmp_path / "elsewhere.npz"
+    elsewhere = tmp_path / "elsewhere.idx"
     os.replace(cache / name, elsewhere)
     _rewrite(elsewhere, _drop_last_chunk)
     before = elsewhere.read_bytes()
@@ -146,12 +175,14 @@ def test_a_cache_directory_owned_by_someone_else_is_refused(tmp_path, data):
 def test_an_entry_copied_over_another_files_entry_is_not_used(tmp_path, data, caplog):
     paths, expected = data
     cache = tmp_path / "idx"
-    _open(paths, cache)
-    first, second = _entries(cache)
-    shutil.copyfile(cache / first, cache / second)  # one file's index under both names
+    _open(paths[:1], cache)
+    first = _entries(cache)
+    _open(paths[1:], cache)
+    second = [n for n in _entries(cache) if n not in first]
+    shutil.copyfile(cache / first[0], cache / second[0])  # one file's table under both names
     with caplog.at_level(logging.WARNING, logger="aioloader"):
-        assert _open(paths, cache)[:2] == (len(expected), expected)
-    assert second in caplog.text and "another file" in caplog.text
+        assert _open(paths[1:], cache)[:2] == (PER_SHARD, expected[PER_SHARD:])
+    assert second[0] in caplog.text and "other files" in caplog.text
 
 
 def test_a_valid_checksum_does_not_excuse_an_impossible_index(tmp_path, data, caplog):
@@ -162,16 +193,17 @@ def test_a_valid_checksum_does_not_excuse_an_impossible_index(tmp_path, data, ca
     with al.ArrayRecordSource(paths[0]) as src:
         good = src.file_indices[0]
     info = _info(paths[0])
-    assert cache.load(info) is None
-    cache.store(info, good)
-    assert cache.load(info).num_records == PER_SHARD
+    assert cache.load([info]) is None
+    cache.store([info], [good])
+    assert cache.load([info]).indices[0].num_records == PER_SHARD
     for bad in (dict(chunk_offsets=good.chunk_offsets[::-1].copy()),
                 dict(chunk_records=-good.chunk_records),
+                dict(chunk_records=np.full(good.num_chunks, 1 << 40)),
                 dict(footer_offset=good.size + 10)):
-        cache.store(info, dataclasses.replace(good, **bad))
+        cache.store([info], [dataclasses.replace(good, **bad)])
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="aioloader"):
-            assert cache.load(info) is None
+            assert cache.load([info]) is None
         assert "ignored: its" in caplog.text and "does not match" not in caplog.text
 
 
@@ -190,10 +222,10 @@ def test_a_symlink_at_the_temporary_name_is_never_written_through(tmp_path, data
     name = _key_name(info)
     os.symlink(victim, tmp_path / "idx" / f".{name}.guessed.tmp")
     with caplog.at_level(logging.WARNING, logger="aioloader"):
-        cache.store(info, index)
+        cache.store([info], [index])
     assert victim.read_bytes() == b"precious"
     assert "not written" in caplog.text
-    assert cache.load(info) is None
+    assert cache.load([info]) is None
 
 
 def _info(path):
@@ -206,4 +238,54 @@ def _info(path):
 def _key_name(info):
     import aioloader.index_cache as ic
 
-    return ic._key(info)[:32] + ic._SUFFIX
+    return ic._key([info])[:32] + ic._SUFFIX
+
+
+def _mapped(a: np.ndarray) -> bool:
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = a.obj if isinstance(a, memoryview) else a.base
+    return isinstance(a, mmap.mmap)
+
+
+def test_a_cached_table_is_mapped_shared_and_answers_alike(tmp_path, data):
+    paths, expected = data
+    cache = tmp_path / "idx"
+    with al.ArrayRecordSource(paths) as plain:
+        want = plain.table.chunk_refs(np.arange(len(plain)))
+        plain_indices = plain.file_indices
+    _open(paths, cache)
+    with al.ArrayRecordSource(paths, index_cache_dir=cache) as a, \
+            al.ArrayRecordSource(paths, index_cache_dir=cache) as b:
+        assert list(a) == expected and list(b) == expected
+        for src in (a, b):
+            bounds = src.table._chunks.bounds
+            assert _mapped(bounds) and not bounds.flags.writeable
+            assert all(_mapped(ix.chunk_offsets) and _mapped(ix.chunk_ends)
+                       for ix in src.file_indices)
+            got = src.table.chunk_refs(np.arange(len(src)))
+            for field in ("file", "chunk", "start", "end", "within", "count"):
+                assert np.array_equal(getattr(got, field), getattr(want, field)), field
+            for ix, ref in zip(src.file_indices, plain_indices):
+                assert ix.footer_offset == ref.footer_offset
+                assert ix.writer_options == ref.writer_options
+                assert np.array_equal(ix.chunk_decoded_sizes, ref.chunk_decoded_sizes)
+                assert np.array_equal(ix.chunk_records, ref.chunk_records)
+
+
+def test_a_truncated_entry_is_ignored_and_a_rewritten_file_misses(tmp_path, data, caplog):
+    paths, expected = data
+    cache = tmp_path / "idx"
+    _open(paths, cache)
+    (name,) = _entries(cache)
+    size = os.path.getsize(cache / name)
+    os.truncate(cache / name, size - 100)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        assert _open(paths, cache)[:2] == (len(expected), expected)
+    assert "outside it" in caplog.text
+    # A file rewritten (another version): its table is another entry, built from the files.
+    records = make_records(90, PER_SHARD + 5, seed=9)
+    write_theirs(paths[1], records, "group_size:4,zstd:3")
+    n, got, requests = _open(paths, cache)
+    assert (n, got) == (PER_SHARD * 2 + 5, expected[:PER_SHARD] + records) and requests > 0
+    assert len(_entries(cache)) == 2
+    assert _open(paths, cache)[1:] == (got, 0)

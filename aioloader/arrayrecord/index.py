@@ -27,6 +27,7 @@ from .chunk import (
 )
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size, _local, _zstd_decompressor
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
+from .footer import decode_footer_data
 from .hashing import highwayhash64
 from .layout import (
     _HEADER,
@@ -43,7 +44,7 @@ from .layout import (
     strip_block_headers,
 )
 from .options import WriterOptions, parse_options
-from .proto import POSTSCRIPT_MAGIC, decode_footer_entries, parse_fields
+from .proto import POSTSCRIPT_MAGIC, parse_fields
 from .varint import read_varint
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
@@ -61,14 +62,21 @@ def _check_verify(verify: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class FileIndex:
-    """Where every chunk of one file is, and how many records each holds."""
+    """Where every chunk of one file is, and how many records each holds.
+
+    Kept lean, since millions of chunks are common (group_size 1): an all-ones
+    `chunk_records` is a read-only broadcast (no memory per chunk; see `compact_counts`),
+    decoded sizes are uint32 when they fit, and `chunk_ends` / `record_starts` are derived
+    on first use. The source's `RecordTable` rebinds `chunk_offsets` and `chunk_ends` as views
+    of its one table of every file's chunk boundaries (`with_bounds`), so nothing is kept twice.
+    """
 
     path: str | None
     size: int
     footer_offset: int
     chunk_offsets: np.ndarray  # int64, one per data chunk
-    chunk_records: np.ndarray  # int64
-    chunk_decoded_sizes: np.ndarray  # int64
+    chunk_records: np.ndarray  # int64 (a broadcast when every chunk holds one record)
+    chunk_decoded_sizes: np.ndarray  # int64 or uint32
     writer_options: str
 
     @cached_property
@@ -78,18 +86,40 @@ class FileIndex:
 
     @cached_property
     def record_starts(self) -> np.ndarray:
-        """First global record of each chunk, plus the total at the end."""
+        """First record of each chunk, plus the total at the end."""
         out = np.zeros(len(self.chunk_records) + 1, dtype=np.int64)
         np.cumsum(self.chunk_records, out=out[1:])
         return out
 
-    @property
+    @cached_property
     def num_records(self) -> int:
-        return int(self.record_starts[-1])
+        return int(self.chunk_records.sum(dtype=np.int64)) if self.num_chunks else 0
 
     @property
     def num_chunks(self) -> int:
         return len(self.chunk_offsets)
+
+    @cached_property
+    def max_records(self) -> int:
+        """The most records one chunk holds (0 for a file without chunks)."""
+        return int(self.chunk_records.max()) if self.num_chunks else 0
+
+    @cached_property
+    def one_record_chunks(self) -> bool:
+        """Every chunk holds exactly one record (group_size 1): chunk c is record c."""
+        return self.num_chunks == self.num_records and self.max_records <= 1
+
+    def with_bounds(self, bounds: np.ndarray) -> FileIndex:
+        """This index with `chunk_offsets` and `chunk_ends` as views of `bounds` (its chunk
+        offsets followed by its footer offset, equal to its own)."""
+        n = self.num_chunks
+        if len(bounds) != n + 1 or bounds[n] != self.footer_offset or \
+                not np.array_equal(bounds[:n], self.chunk_offsets):
+            raise ValueError("bounds are not this index's chunk offsets and footer offset")
+        out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
+                        self.chunk_records, self.chunk_decoded_sizes, self.writer_options)
+        vars(out).update(chunk_ends=bounds[1:], num_records=self.num_records)
+        return out
 
     @cached_property
     def options(self) -> WriterOptions | None:
@@ -112,12 +142,32 @@ class FileIndex:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise IndexError(f"{self.path or 'file'}: record {bad} out of range [0, {n})")
+        if self.one_record_chunks:
+            return idx, np.zeros_like(idx)
         chunks = np.searchsorted(self.record_starts, idx, side="right") - 1
         return chunks, idx - self.record_starts[chunks]
 
     def chunk_range(self, chunk: int) -> tuple[int, int]:
         """The physical byte range `[start, end)` that holds chunk `chunk`."""
         return int(self.chunk_offsets[chunk]), int(self.chunk_ends[chunk])
+
+
+_ONE = np.ones(1, dtype=np.int64)
+_ONE.flags.writeable = False
+
+
+def compact_counts(counts: np.ndarray) -> np.ndarray:
+    """Record counts, as a read-only broadcast of 1 when every chunk holds one record."""
+    if len(counts) and counts.strides != (0,) and counts.min() == 1 and counts.max() == 1:
+        return np.ndarray(counts.shape, np.int64, _ONE, 0, (0,))
+    return counts
+
+
+def compact_sizes(sizes: np.ndarray) -> np.ndarray:
+    """Decoded chunk sizes, as uint32 when they fit (half the memory)."""
+    if len(sizes) and sizes.dtype != np.uint32 and sizes.min() >= 0 and sizes.max() < 1 << 32:
+        return sizes.astype(np.uint32)
+    return sizes
 
 
 def open_index(
@@ -220,6 +270,7 @@ def decode_chunk(
     max_records: int | None = None,
     max_decoded: int = DEFAULT_MAX_DECODED,
     whole_range: bool = False,
+    decoder=decode_simple,
 ) -> tuple[ChunkHeader, ChunkRecords]:
     """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
 
@@ -261,7 +312,7 @@ def decode_chunk(
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
-        return header, decode_simple(header, data, max_decoded)
+        return header, decoder(header, data, max_decoded)
     except ArrayRecordFormatError as err:
         if err.offset is None:
             err = ArrayRecordFormatError(err.what, path=err.path, offset=start,
@@ -426,12 +477,10 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
-    _, records = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
-                              max_records=most, max_decoded=max_decoded, whole_range=True)
-    if len(records) == 0:
-        raise ArrayRecordFormatError("footer holds no metadata record", path=path,
-                                     offset=footer_offset, hint=CORRUPT_HINT)
-    meta = parse_fields(records.view(0)).get(1)
+    _, footer = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
+                             max_records=most, max_decoded=max_decoded, whole_range=True,
+                             decoder=decode_footer_data)
+    meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):
         raise ArrayRecordFormatError("footer metadata is not ArrayRecord metadata", path=path,
                                      offset=footer_offset, hint=CORRUPT_HINT)
@@ -443,27 +492,26 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         )
     options = fields.get(4, b"")
     options = options.decode("utf-8", "replace") if isinstance(options, bytes) else ""
-    entries = decode_footer_entries(records.values, records.bounds[1:])
-    n_chunks = len(entries)
+    offsets, decoded, counts = footer.offsets, footer.decoded, footer.records
+    n_chunks = len(offsets)
     claimed_chunks = fields.get(2, n_chunks)
     if claimed_chunks != n_chunks:
         raise ArrayRecordFormatError(
             f"footer lists {n_chunks} chunks, metadata says {claimed_chunks}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
-    offsets, decoded, counts = entries[:, 0], entries[:, 1], entries[:, 2]
-    if n_chunks and (
-        offsets[0] < 64
-        or offsets[-1] >= footer_offset
-        or (np.diff(offsets) <= 0).any()
-    ):
+    # Each chunk's span: to the next chunk, the last one to the footer.
+    spans = np.empty_like(offsets)
+    np.subtract(offsets[1:], offsets[:-1], out=spans[:-1])
+    if n_chunks:
+        spans[-1] = footer_offset - offsets[-1]
+    if n_chunks and (offsets[0] < 64 or spans.min() <= 0):
         raise ArrayRecordFormatError(
             "footer chunk offsets are not increasing within the file", path=path,
             offset=footer_offset, hint=CORRUPT_HINT,
         )
     # A data chunk holds at least one record, and a chunk of n records occupies at least n
     # bytes (Riegeli's chunk_end), so the counts are bounded by the file and sum safely.
-    spans = np.append(offsets[1:], footer_offset) - offsets
     bad = np.flatnonzero((counts < 1) | (counts > spans))
     if bad.size:
         c = int(bad[0])
@@ -483,8 +531,8 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         path=path,
         size=size,
         footer_offset=footer_offset,
-        chunk_offsets=np.ascontiguousarray(offsets),
-        chunk_records=np.ascontiguousarray(counts),
-        chunk_decoded_sizes=np.ascontiguousarray(decoded),
+        chunk_offsets=offsets,
+        chunk_records=compact_counts(counts),
+        chunk_decoded_sizes=compact_sizes(decoded),
         writer_options=options,
     )

@@ -1,0 +1,102 @@
+"""Decode a footer chunk straight into the index's columns, lean enough for millions of chunks.
+
+The footer is one simple chunk: a metadata record, then one `ArrayRecordFooter` entry per data
+chunk (offset, decoded size, record count). Decoding it as generic records costs 48 bytes per
+entry in bounds and sizes before the entries themselves (24 more, then copied into columns),
+and NumPy takes seconds for the 30M varints of a 5M-chunk file (group_size 1), which also
+failed the default 256 MiB budget. Here the record sizes are turned into record ends in
+place, and the entries are parsed by a small C loop (`_footer.c`; a NumPy fallback decodes
+a slice at a time when it is not built): at most 40 bytes per chunk while decoding.
+
+The same checks as the generic decoder hold (the header's claims are checked against the
+budget before anything is allocated; record sizes must add up to the decoded size; each
+entry's own length must match its record size, else the slow path parses it or says why).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .chunk import decode_simple
+from .codecs import decompress_block
+from .errors import CORRUPT_HINT, ArrayRecordFormatError
+from .layout import CHUNK_SIMPLE, ChunkHeader
+from .proto import _ENTRIES_AT_ONCE, _decode_entries_bulk, _decode_entries_slow, _NotBulk
+from .varint import MAX_VARINT64_BYTES, decode_varints, read_varint
+
+try:
+    from . import _footer as _native
+except ImportError:  # no compiler at install: NumPy decodes them (slower, same answers)
+    _native = None
+
+FOOTER_COST = 40
+"""Bytes per footer entry while decoding: record ends (8), three columns (24), sizes (≤ 8)."""
+
+
+class FooterData:
+    """The footer's metadata record and its entries as columns (one row per data chunk)."""
+
+    __slots__ = ("decoded", "metadata", "offsets", "records")
+
+    def __init__(self, metadata: bytes, offsets: np.ndarray, decoded: np.ndarray,
+                 records: np.ndarray) -> None:
+        self.metadata = metadata
+        self.offsets = offsets
+        self.decoded = decoded
+        self.records = records
+
+
+def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterData:
+    """Decode a footer chunk's data (its header already parsed and checked)."""
+    n = header.num_records
+    if header.chunk_type != CHUNK_SIMPLE or n < 2:  # the generic decoder says what is wrong
+        records = decode_simple(header, data, max_decoded)
+        if len(records) == 0:
+            raise ArrayRecordFormatError("footer holds no metadata record", hint=CORRUPT_HINT)
+        z = np.zeros(0, dtype=np.int64)
+        return FooterData(bytes(records.view(0)), z, z.copy(), z.copy())
+    decoded_size = header.decoded_data_size
+    if decoded_size + FOOTER_COST * n > max_decoded:
+        raise ArrayRecordFormatError(
+            f"footer declares {n} records and {decoded_size} decoded bytes, more than the "
+            f"memory budget of {max_decoded} bytes allows",
+            hint="the file is corrupted or crafted; if it is genuine, raise the budget (the "
+                 "loader's memory_budget, or max_decoded)",
+        )
+    if len(data) < 2:
+        raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
+    codec = data[0]
+    sizes_len, pos = read_varint(data, 1)
+    if pos + sizes_len > len(data):
+        raise ArrayRecordFormatError(
+            f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
+        )
+    sizes = decompress_block(codec, data[pos : pos + sizes_len], None,
+                             min(n * MAX_VARINT64_BYTES, max_decoded))
+    ends = decode_varints(sizes, n)
+    del sizes
+    if int(ends.max()) > decoded_size:
+        raise ArrayRecordFormatError("a record size exceeds the chunk's decoded size")
+    ends = ends.view(np.int64)
+    np.cumsum(ends, out=ends)  # record k ends at ends[k]; each is at most decoded_size
+    if ends[-1] != decoded_size:
+        raise ArrayRecordFormatError(
+            f"record sizes add up to {int(ends[-1])} bytes, header says {decoded_size}"
+        )
+    values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+    metadata = bytes(memoryview(values)[: int(ends[0])])
+    m = n - 1  # entries: entry k is record k + 1, bytes ends[k] .. ends[k + 1]
+    offsets, decoded, records = (np.empty(m, dtype=np.int64) for _ in range(3))
+    first = 0  # the canonical form in C; the rest (if any) below
+    if _native is not None:
+        first = _native.entries(values, ends, offsets, decoded, records)
+    for lo in range(first, m, _ENTRIES_AT_ONCE):
+        hi = min(m, lo + _ENTRIES_AT_ONCE)
+        part = ends[lo : hi + 1]
+        try:
+            got = _decode_entries_bulk(values, part)
+        except _NotBulk:
+            got = np.zeros((hi - lo, 3), dtype=np.int64)
+            _decode_entries_slow(values, part, got, lo)
+        offsets[lo:hi], decoded[lo:hi], records[lo:hi] = got[:, 0], got[:, 1], got[:, 2]
+    return FooterData(metadata, offsets, decoded, records)
