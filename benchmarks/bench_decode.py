@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench_pipeline import BATCH, IMG_BYTES, SHARDS, reps, sizes
+from .bench_pipeline import BATCH, IMG_BYTES, SHARDS, TEXT_BYTES, reps, sizes
 from .common import Row, Runs, Stats, alternate, log, register, sharded_dataset, throughput_row
 from .contenders import run as run_pipeline
 
@@ -119,6 +119,15 @@ class Limit:
                         out=self.slot[: len(records)])
 
 
+def _each(fn: Any, batches: list[Any]) -> Any:
+    """`fn` of every batch, each result dropped when the next is made (as a worker does:
+    keeping them all would time the page faults of fresh memory instead)."""
+    out = None
+    for b in batches:
+        out = fn(b)
+    return out
+
+
 def _pipeline(paths: list[str], workers: int) -> tuple[float, float]:
     """(seconds, CPU seconds) per record of the whole pipeline after its first batch."""
     res = run_pipeline({"lib": "aioloader", "paths": paths, "decode": "decode_image",
@@ -159,7 +168,7 @@ def run_decode(args: Any) -> list[Row]:
     decoder = Decoder()
 
     def each(fn: Any) -> Any:
-        return lambda: [fn(b) for b in batches][-1]
+        return lambda: _each(fn, batches)
 
     log(f"decode: {n} records, {r} repeats")
     runs = alternate({
@@ -216,6 +225,32 @@ def run_decode(args: Any) -> list[Row]:
             1, "rec/s", IMG_BYTES,
             note=f"{statistics.median(pipes[f'w{w}'].cpu) * 1e6:.1f} µs CPU a record "
                  "(workers incl.)"))
+    rows += _text(args, r)
     rows += _profile(decoder, batches, n)
     decoder.close()
     return rows
+
+
+def _text(args: Any, r: int) -> list[Row]:
+    """The same for 1 KiB text records (the short path must not cost them anything)."""
+    from aioloader.workers.decode import Decoder
+
+    paths = [str(p) for p in sharded_dataset(args, "text", sizes(args)["text"], SHARDS)]
+    _, batches, n = _batches(paths)
+    limit, decoder = Limit(paths), Decoder()
+
+    def each(fn: Any) -> Any:
+        return lambda: _each(fn, batches)
+
+    runs = alternate({"limit": each(limit.records),
+                      "ours": each(lambda b: decoder.records(b, None, verify="headers"))}, r)
+    runs = {k: Runs(v.cpu, v.cpu) for k, v in runs.items()}
+    decoder.close()
+    return [
+        throughput_row("text 1 KiB: limit, preadv + zstandard decompress", runs["limit"],
+                       None, n, "rec/s", TEXT_BYTES,
+                       note=f"{statistics.median(runs['limit'].wall) / n * 1e6:.2f} µs"),
+        throughput_row("text 1 KiB: ours, Decoder.records, verify=headers, vs the limit",
+                       runs["ours"], runs["limit"], n, "rec/s", TEXT_BYTES,
+                       note=f"{statistics.median(runs['ours'].wall) / n * 1e6:.2f} µs"),
+    ]
