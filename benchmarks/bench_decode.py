@@ -70,7 +70,7 @@ class Limit:
     def _read(self, fd: int, start: int, end: int) -> memoryview:
         """The chunk's logical bytes (block headers left out) in the reused buffer."""
         plan, lo, at, k = [], 0, 0, 0
-        boundary = BLOCK - start % BLOCK
+        boundary = -start % BLOCK  # 0: the chunk begins with a block header
         while boundary < end - start:
             plan += [self.buf[at : at + boundary - lo],
                      self.heads[k * BLOCK_HEADER : (k + 1) * BLOCK_HEADER]]
