@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from .chunk import ONE_RECORD_HEADS, one_record_head
+from .chunk import _HEADS, ONE_RECORD_HEADS, one_record_head
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size
 from .hashing import highwayhash64
 from .layout import (
@@ -39,8 +39,8 @@ the general path (a `preadv` takes at most IOV_MAX buffers, and the copy matters
 
 def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx):
     """The record of the one-record simple chunk that `logical` (a memoryview: chunk header
-    and data, block headers removed) holds exactly, or None when it is anything else, or
-    anything is wrong with it.
+    and data, block headers removed) holds exactly, or None (or an exception) when it is
+    anything else, or anything is wrong with it: the caller's general path then decides.
 
     `budget` is the most bytes the record may decode to, `hashes` says to check the chunk
     header's hash and `data_hashes` the data's; `dctx` is a zstandard decompressor.
@@ -49,36 +49,60 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx):
     if n <= CHUNK_HEADER_SIZE + 2:
         return None
     header_hash, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(logical)
-    end = CHUNK_HEADER_SIZE + data_size
-    if type_count != ONE_SIMPLE or end != n or decoded > budget or \
+    if type_count != ONE_SIMPLE or CHUNK_HEADER_SIZE + data_size != n or decoded > budget or \
             (hashes and highwayhash64(logical[8:CHUNK_HEADER_SIZE]) != header_hash):
         return None
-    data = logical[CHUNK_HEADER_SIZE:end]
-    # Codec byte, sizes length and sizes block, as seen before for this size.
-    head = ONE_RECORD_HEADS.get(decoded)
+    data = logical[CHUNK_HEADER_SIZE:]
+    # A zstd chunk of a size seen before: its codec byte, sizes block and the values
+    # block's size prefix are the bytes checked then (`ZSTD_HEADS`).
+    head = ZSTD_HEADS.get(decoded)
     if head is None or data[: len(head)] != head:
-        head = one_record_head(data, decoded)  # checks the sizes block (raises if odd)
-    codec, pos = head[0], len(head)
-    if pos >= data_size or (data_hashes and highwayhash64(data) != data_hash):
+        head = ONE_RECORD_HEADS.get(decoded)  # codec byte and sizes block
+        if head is None or data[: len(head)] != head:
+            head = one_record_head(data, decoded)  # checks the sizes block (raises if odd)
+        if head[0] == NONE:
+            if not len(head) < data_size == len(head) + decoded or \
+                    (data_hashes and highwayhash64(data) != data_hash):
+                return None
+            return bytes(data[len(head) :])
+        head = _zstd_head(data, head, decoded)
+        if head is None:
+            return None
+    if data_hashes and highwayhash64(data) != data_hash:
         return None
-    if codec == NONE:
-        return bytes(data[pos:]) if data_size - pos == decoded else None
-    if codec != ZSTD:
-        return None
-    size, p = data[pos], pos + 1
-    if size >= 0x80:
-        size, p = read_varint(data, pos)
-    stream = data[p:]
-    if size != decoded or not size or size > _ZSTD_RATIO * len(stream) + 64:
+    stream = data[len(head) :]
+    if decoded > _ZSTD_RATIO * len(stream) + 64:
         return None
     declared = _frame_content_size(stream)
-    if declared == size:  # libzstd fails a frame that decodes to more or less
+    if declared == decoded:  # libzstd fails a frame that decodes to more or less
         record = dctx.decompress(stream)
-    elif declared == -1:  # no content size: exactly `size` allocated, never written past
-        record = dctx.decompress(stream, max_output_size=size)
+    elif declared == -1:  # no content size: exactly `decoded` allocated, never written past
+        record = dctx.decompress(stream, max_output_size=decoded)
     else:
         return None
-    return record if len(record) == size else None
+    return record if len(record) == decoded else None
+
+
+ZSTD_HEADS: dict[int, bytes] = {}
+"""Record size -> the start of a one-record zstd chunk's data up to its values block's
+stream (codec byte, sizes block, the values block's size prefix), checked once: a
+group_size 1 file repeats a few record sizes, each encoded the same way."""
+
+
+def _zstd_head(data, head: bytes, size: int) -> bytes | None:
+    """`head` (a one-record chunk's checked codec byte and sizes block) and the values
+    block's size prefix, when the codec is zstd and the prefix says `size` (not 0);
+    remembered in `ZSTD_HEADS`. None otherwise."""
+    pos = len(head)
+    if head[0] != ZSTD or pos >= len(data):
+        return None
+    got, end = read_varint(data, pos)
+    if got != size or not size:
+        return None
+    full = head + bytes(data[pos:end])
+    if len(ZSTD_HEADS) < _HEADS:
+        ZSTD_HEADS[size] = full
+    return full
 
 
 def headers_in(start: int, n: int) -> int:

@@ -37,6 +37,8 @@ from .messages import DEFAULT_CHUNK_CACHE_BYTES
 
 
 _PREADV = getattr(os, "preadv", None)  # Linux, macOS 11+: else reads take the general path
+_PREAD = os.pread
+_SMALL = 16 << 10  # smaller one-record chunks are read by a pread of their own
 _MAX_READ = 4 << 20  # bigger one-record chunks take the general path (not kept in `_buf`)
 
 
@@ -175,7 +177,19 @@ class Decoder:
             total += n
             crossed = headers_in(s, n) if j == 0 and n <= _MAX_READ and \
                 (counts is None or counts[k] == 1) else -1
-            if crossed >= 0:
+            if crossed == 0 and n <= _SMALL:  # a read of its own costs less than the views
+                raw = _PREAD(fds[f], n, s)
+                if len(raw) != n:
+                    raise short_read_error(refs.name(f), s, e, len(raw))
+                try:
+                    record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
+                except Exception:
+                    record = None
+                if record is not None:
+                    append(record)
+                    continue
+            elif crossed >= 0:
+                raw = None
                 if len(self._buf) < n:
                     self._buf = bytearray(max(n, 2 * len(self._buf)))
                 buf = memoryview(self._buf)
@@ -198,9 +212,12 @@ class Decoder:
                             continue
                 except Exception:  # anything odd: the general path decodes it or says why
                     pass
-            raw = os.pread(fds[f], n, s)
-            if len(raw) != n:
-                raise short_read_error(refs.name(f), s, e, len(raw))
+            else:
+                raw = None
+            if raw is None:
+                raw = _PREAD(fds[f], n, s)
+                if len(raw) != n:
+                    raise short_read_error(refs.name(f), s, e, len(raw))
             append(decode_records(
                 [raw], [s], [j], verify=verify, paths=None if paths is None else [paths[k]],
                 chunks=[int(refs.chunk[k])], counts=None if counts is None else [counts[k]],
