@@ -169,6 +169,8 @@ class Decoder:
         counts = refs.count.tolist() if refs.count is not None else None
         starts, ends, within = refs.start.tolist(), refs.end.tolist(), refs.within.tolist()
         heads = self._headers
+        head = heads[:BLOCK_HEADER_SIZE]  # where the one block header of a crossing goes
+        buf = memoryview(self._buf)
         out: list[bytes] = []
         append = out.append
         total = 0
@@ -190,21 +192,21 @@ class Decoder:
                     continue
             elif crossed >= 0:
                 raw = None
-                if len(self._buf) < n:
-                    self._buf = bytearray(max(n, 2 * len(self._buf)))
-                buf = memoryview(self._buf)
+                if len(buf) < n:
+                    self._buf = bytearray(max(n, 2 * len(buf)))
+                    buf = memoryview(self._buf)
                 if crossed == 1:  # a ~64 KiB record: the common crossing, without a loop
                     cut = BLOCK_SIZE - s % BLOCK_SIZE
-                    plan: Any = (buf[:cut], heads[:BLOCK_HEADER_SIZE],
-                                 buf[cut : n - BLOCK_HEADER_SIZE])
+                    plan: Any = (buf[:cut], head, buf[cut : n - BLOCK_HEADER_SIZE])
                 else:
                     plan = read_plan(s, n, crossed, buf, heads) if crossed else (buf[:n],)
                 got = _PREADV(fds[f], plan, s)
                 if got != n:
                     raise short_read_error(refs.name(f), s, e, got)
                 try:
-                    if not hashes or not crossed or all(map(header_ok,
-                                                            _pieces(heads, crossed))):
+                    if not hashes or not crossed or (header_ok(head) if crossed == 1 else
+                                                     all(map(header_ok,
+                                                             _pieces(heads, crossed)))):
                         record = one_record(buf[: n - crossed * BLOCK_HEADER_SIZE], budget,
                                             hashes, data_hashes, dctx)
                         if record is not None:
