@@ -128,9 +128,10 @@ def _each(fn: Any, batches: list[Any]) -> Any:
     return out
 
 
-def _pipeline(paths: list[str], workers: int) -> tuple[float, float]:
+def _pipeline(paths: list[str], workers: int, decode: str = "decode_image"
+              ) -> tuple[float, float]:
     """(seconds, CPU seconds) per record of the whole pipeline after its first batch."""
-    res = run_pipeline({"lib": "aioloader", "paths": paths, "decode": "decode_image",
+    res = run_pipeline({"lib": "aioloader", "paths": paths, "decode": decode,
                         "batch": BATCH, "seed": 0, "workers": workers})
     records = res["records"] - res["first_size"]
     return (res["wall"] - res["ttfb"]) / records, res["cpu"] / res["records"]
@@ -205,13 +206,15 @@ def run_decode(args: Any) -> list[Row]:
 
     # Whole pipelines (after the first batch) against the limit with the collate's copy.
     pipes: dict[str, Runs] = {"limit_collated": Runs([], []), "w0": Runs([], []),
-                              "w2": Runs([], [])}
+                              "w2": Runs([], []), "w0_listed": Runs([], [])}
     _pipeline(paths, 0)
     for _ in range(r):
         for name in pipes:
             if name == "limit_collated":
                 got = alternate({"x": each(limit.collated)}, 1, 0)["x"]
                 wall, cpu = got.cpu[0] / n, got.cpu[0] / n
+            elif name == "w0_listed":
+                wall, cpu = _pipeline(paths, 0, "identity")
             else:
                 wall, cpu = _pipeline(paths, int(name[1:]))
             pipes[name].wall.append(wall)
@@ -225,6 +228,10 @@ def run_decode(args: Any) -> list[Row]:
             1, "rec/s", IMG_BYTES,
             note=f"{statistics.median(pipes[f'w{w}'].cpu) * 1e6:.1f} µs CPU a record "
                  "(workers incl.)"))
+    rows.append(throughput_row(
+        "pipeline, records listed as bytes (no np.stack), workers=0: the collate's share",
+        pipes["w0_listed"], pipes["limit_collated"], 1, "rec/s", IMG_BYTES,
+        note=f"{statistics.median(pipes['w0_listed'].cpu) * 1e6:.1f} µs CPU a record"))
     rows += _text(args, r)
     rows += _profile(decoder, batches, n)
     decoder.close()
