@@ -2,7 +2,9 @@
 the process that runs the task: a worker, or the inline pool of `workers=0`.
 
 Every group size goes this one way. With group size 1 (the layout of shuffled training data)
-every record is its own chunk, and `decode_records` decodes a task's records in one call. With
+every record is its own chunk: read from a local file, each is read into one reused buffer
+and decoded from there (`Decoder._read_ones`: no buffer per read, no copy to cut out block
+headers); fetched bytes go to `decode_records`, which decodes a task's records in one call. With
 larger groups many records of a task share a chunk: each distinct chunk is read (local files)
 or shipped (remote bytes, deduplicated by the pool) once and decoded once per task, and kept,
 decoded, in a byte-bounded LRU (`ChunkCache`) for the next tasks, which with a block shuffle
