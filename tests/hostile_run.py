@@ -51,9 +51,37 @@ def observe(data: bytes, *, verify: str, max_decoded: int | None = None) -> list
         [data[s:e] for s, e in ranges], [s for s, _ in ranges], within.tolist(),
         verify=verify, paths=[NAME] * n, chunks=chunks.tolist(),
         counts=ix.chunk_records[chunks].tolist(), **kw))
+    out.append(decoder_reads(data, ix, chunks, within, verify, kw))
     if n != len(out[0]):
         out.append([b"len() says %d" % n])
     return out
+
+
+def decoder_reads(data: bytes, ix, chunks, within, verify: str, kw: dict) -> list[bytes]:
+    """The records as a worker reads them from a local file (`Decoder.records`: preads of
+    its own, block headers put aside, one-record chunks on the short path)."""
+    import tempfile
+
+    import numpy as np
+
+    from aioloader.planning import ChunkRefs
+    from aioloader.workers.decode import Decoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, NAME)
+        with open(path, "wb") as f:
+            f.write(data)
+        ranges = np.asarray([ix.chunk_range(int(c)) for c in chunks], dtype=np.int64)
+        ranges = ranges.reshape(-1, 2)
+        refs = ChunkRefs(paths=[path], file=np.zeros(len(chunks), np.int64),
+                         chunk=np.asarray(chunks, np.int64), start=ranges[:, 0],
+                         end=ranges[:, 1], within=np.asarray(within, np.int64),
+                         count=ix.chunk_records[chunks], names=[NAME])
+        dec = Decoder()
+        try:
+            return dec.records(refs, None, verify=verify, paths=[NAME] * len(chunks), **kw)
+        finally:
+            dec.close()
 
 
 def verdict(data: bytes, records: list[bytes], *, verify: str,

@@ -25,7 +25,7 @@ from aioloader.arrayrecord.layout import BLOCK_SIZE
 from aioloader.arrayrecord.proto import encode_footer_entry
 
 from .hostile import craft, grouped, honest, simple_chunk
-from .hostile_run import NAME, run_cases
+from .hostile_run import NAME, decoder_reads, run_cases
 
 CODECS = {"uncompressed": NONE, "zstd": ZSTD, "brotli": BROTLI, "snappy": SNAPPY}
 RECORDS = [b"record %d " % i * (i + 1) for i in range(6)]
@@ -44,10 +44,19 @@ def worker_decode(data: bytes, **kw) -> list[bytes]:
     ix = reader.index
     chunks, within = ix.locate(range(len(reader)))
     ranges = [ix.chunk_range(int(c)) for c in chunks]
-    return decode_records([data[s:e] for s, e in ranges], [s for s, _ in ranges],
-                          within.tolist(), paths=[NAME] * len(ranges),
-                          chunks=chunks.tolist(), counts=ix.chunk_records[chunks].tolist(),
-                          **kw)
+    verify = kw.pop("verify", "headers")
+    try:
+        got = decode_records([data[s:e] for s, e in ranges], [s for s, _ in ranges],
+                             within.tolist(), paths=[NAME] * len(ranges),
+                             chunks=chunks.tolist(), counts=ix.chunk_records[chunks].tolist(),
+                             verify=verify, **kw)
+    except ArrayRecordFormatError:
+        # A worker reading the file itself refuses it too.
+        with pytest.raises(ArrayRecordFormatError, match=NAME):
+            decoder_reads(data, ix, chunks, within, verify, kw)
+        raise
+    assert decoder_reads(data, ix, chunks, within, verify, kw) == got
+    return got
 
 
 def with_chunk(codec: int, group: int, c: int, **lies) -> bytes:

@@ -18,24 +18,19 @@ import numpy as np
 
 from .chunk import (
     DEFAULT_MAX_DECODED,
-    ONE_RECORD_HEADS,
     RECORD_COST,
     ChunkRecords,
     decode_simple,
-    one_record_head,
     verify_data,
 )
-from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size, _local, _zstd_decompressor
+from .codecs import _local, _zstd_decompressor
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .footer import decode_footer_data
-from .hashing import highwayhash64
 from .layout import (
-    _HEADER,
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
     CHUNK_PADDING,
-    CHUNK_SIMPLE,
     ChunkHeader,
     _parse_chunk_header,
     check_block_header,
@@ -43,9 +38,9 @@ from .layout import (
     padding_length,
     strip_block_headers,
 )
+from .onerecord import headers_in, one_record, strip_into
 from .options import WriterOptions, parse_options
 from .proto import POSTSCRIPT_MAGIC, parse_fields
-from .varint import read_varint
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
 POSTSCRIPT_MAX_DECODED = 1 << 16
@@ -347,10 +342,6 @@ def _check_fills(start: int, raw, header: ChunkHeader) -> None:
         )
 
 
-_ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
-_ZSTD_RATIO = _MAX_RATIO[ZSTD]
-
-
 def decode_records(
     raws: Sequence,
     starts: Sequence[int],
@@ -373,50 +364,32 @@ def decode_records(
     inline path does not accept, `decode_chunk` decodes, or names the error.
     """
     out: list[bytes] = []
+    append = out.append
     hashes, data_hashes = verify != "none", verify == "all"
-    unpack, hh, fcs = _HEADER.unpack_from, highwayhash64, _frame_content_size
     budget = max_decoded - RECORD_COST
-    heads = ONE_RECORD_HEADS
     try:
         dctx = _local.zstd
     except AttributeError:
         dctx = _zstd_decompressor()
+    scratch = None
     for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
-        n = len(raw)
-        in_block = start % BLOCK_SIZE
-        if j == 0 and n > CHUNK_HEADER_SIZE + 2 and \
-                in_block >= BLOCK_HEADER_SIZE and in_block + n <= BLOCK_SIZE and \
-                (counts is None or counts[k] == 1):
+        if j == 0 and (counts is None or counts[k] == 1):
             try:
-                header_hash, data_size, data_hash, type_count, decoded = unpack(raw)
-                end = CHUNK_HEADER_SIZE + data_size
-                # The chunk fills its range (a padding chunk after it: decode_chunk checks it).
-                fills = end == n
-                if type_count == _ONE_SIMPLE and fills and decoded <= budget and \
-                        (not hashes or hh(raw[8:CHUNK_HEADER_SIZE]) == header_hash):
-                    data = memoryview(raw)[CHUNK_HEADER_SIZE:end]
-                    # Codec byte, sizes length and sizes block, as seen before for this size.
-                    head = heads.get(decoded)
-                    if head is None or not (raw.startswith(head, CHUNK_HEADER_SIZE)
-                                            if type(raw) is bytes else
-                                            data[: len(head)] == head):
-                        head = one_record_head(data, decoded)  # checks the sizes block
-                    codec, pos = head[0], len(head)
-                    if pos < data_size and (not data_hashes or hh(data) == data_hash):
-                        if codec == NONE and data_size - pos == decoded:
-                            out.append(bytes(data[pos:]))
-                            continue
-                        if codec == ZSTD:
-                            size, p = data[pos], pos + 1
-                            if size >= 0x80:
-                                size, p = read_varint(data, pos)
-                            stream = data[p:]
-                            if size == decoded and fcs(stream) == size and \
-                                    size <= _ZSTD_RATIO * len(stream) + 64:
-                                record = dctx.decompress(stream)
-                                if len(record) == size:
-                                    out.append(record)
-                                    continue
+                n = len(raw)
+                crossed = headers_in(start, n)
+                if crossed == 0:
+                    record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
+                elif crossed > 0:
+                    if scratch is None:
+                        scratch = _scratch()
+                    logical = strip_into(raw, start, crossed, scratch, hashes)
+                    record = None if logical is None \
+                        else one_record(logical, budget, hashes, data_hashes, dctx)
+                else:
+                    record = None
+                if record is not None:
+                    append(record)
+                    continue
             except Exception:  # anything odd: the general path decodes it or says why
                 pass
         _, records = decode_chunk(raw, start, verify=verify,
@@ -430,8 +403,17 @@ def decode_records(
                 path=paths[k] if paths is not None else None, offset=start,
                 chunk=chunks[k] if chunks is not None else None, hint=CORRUPT_HINT,
             )
-        out.append(records.record(j))
+        append(records.record(j))
     return out
+
+
+def _scratch() -> bytearray:
+    """This thread's buffer for the logical bytes of chunks that cross block boundaries."""
+    try:
+        return _local.scratch
+    except AttributeError:
+        buf = _local.scratch = bytearray()
+        return buf
 
 
 def _index_verify(verify: str) -> str:

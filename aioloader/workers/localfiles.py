@@ -30,6 +30,10 @@ class LocalFiles:
         self.reads = 0
         self.bytes = 0
 
+    def fd(self, url: str) -> int:
+        """The descriptor of the local file `url` (opened on first use, kept)."""
+        return self._fd(url)
+
     def _fd(self, url: str) -> int:
         fd = self._fds.get(url)
         if fd is None:
