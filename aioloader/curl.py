@@ -36,8 +36,9 @@ _ERROR_TEXT = 200  # bytes of an error answer's body kept for the message
 class Response:
     """One transfer: its status, its body (or bytes written into `dest`), headers if asked.
 
-    `write` is libcurl's body callback; the first call learns the status, so an error
-    answer's body never lands in `dest`.
+    `write` is libcurl's body callback. A transfer into `dest` also takes the header callback,
+    which learns the status from the status line, so an error answer's body never lands in
+    `dest` (libcurl's handle cannot be asked for the status mid-transfer).
     """
 
     __slots__ = ("chunks", "curl", "dest", "got", "headers", "n", "status", "watch")
@@ -66,8 +67,8 @@ class Response:
                 self.status = -1  # long body: abort (E_WRITE_ERROR)
                 return 0
             self.dest[self.got : self.got + k] = chunk
-        elif self.dest is None or self.got < _ERROR_TEXT:
-            self.chunks.append(chunk)
+        elif self.dest is None or self.status == 200 or self.got < _ERROR_TEXT:
+            self.chunks.append(chunk)  # (200: the whole object, the range was ignored)
         self.got += k
         return None
 
