@@ -17,6 +17,7 @@ works from the caller's loop and from the background loop of the sync API.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -111,6 +112,51 @@ class _ByteBudget:
                 fut.set_result(None)
 
 
+GCS_CLIENTS = ("auto", "curl", "aiohttp")
+
+
+def gcs_client_for(client: str | None = None,
+                   options: dict[str, Any] | None = None) -> str:
+    """Which client gs:// reads use: "curl" or "aiohttp" (`client` or AIOLOADER_GCS_CLIENT;
+    "auto" picks curl when pycurl is installed and `options` are ones it serves)."""
+    client = client or os.environ.get("AIOLOADER_GCS_CLIENT") or "auto"
+    if client != "auto":
+        return client
+    from importlib.util import find_spec
+
+    if find_spec("pycurl") is None:
+        return "aiohttp"
+    return "curl" if set(options or {}) <= _CURL_OPTIONS else "aiohttp"
+
+
+# storage_options the curl backend serves (gcs_curl.SERVED_OPTIONS, without importing it).
+_CURL_OPTIONS = frozenset({"token", "endpoint_url", "project", "access"})
+
+
+def gcs_backend(client: str, options: dict[str, Any], connections: int,
+                pins: dict[str, str]) -> Any:
+    """The gs:// backend `client` names: "curl" (libcurl, about half the CPU per GET; needs
+    pycurl, in the `gcs` extra), "aiohttp", or "auto": curl when pycurl is installed and the
+    storage_options are ones it serves, else aiohttp."""
+    if client != "aiohttp":
+        try:
+            from .gcs_curl import SERVED_OPTIONS, CurlGCSBackend, curl_serves
+        except ImportError as exc:
+            if client == "curl":
+                raise StorageError(
+                    f"gcs_client='curl' needs pycurl ({exc}): pip install 'aioloader[gcs]' "
+                    "(or pip install pycurl), or use gcs_client='aiohttp'") from None
+        else:
+            if curl_serves(options):
+                return CurlGCSBackend(options, connections, pins)
+            if client == "curl":
+                raise StorageError(
+                    "gcs_client='curl' reads only with storage_options "
+                    f"{sorted(SERVED_OPTIONS)}; these need gcsfs's own reads: "
+                    f"{sorted(set(options) - SERVED_OPTIONS)} (use gcs_client='aiohttp')")
+    return GCSBackend(options, connections, pins)
+
+
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
         self.slots = asyncio.Semaphore(concurrency)
@@ -129,9 +175,15 @@ class Storage:
         retry: RetryPolicy | None = None,
         storage_options: dict[str, Any] | None = None,
         seed: int | None = None,
+        gcs_client: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        client = gcs_client or os.environ.get("AIOLOADER_GCS_CLIENT") or "auto"
+        if client not in GCS_CLIENTS:
+            raise ValueError(f"gcs_client must be one of {', '.join(GCS_CLIENTS)}, got "
+                             f"{client!r} (from AIOLOADER_GCS_CLIENT?)")
+        self.gcs_client = client
         self.concurrency = concurrency
         self.max_inflight_bytes = max_inflight_bytes
         self.retry = retry or RetryPolicy()
@@ -162,8 +214,8 @@ class Storage:
             if key == "file":
                 backend = LocalBackend(min(32, self.concurrency))
             elif key in ("gs", "gcs"):
-                backend = GCSBackend(self.storage_options,
-                                     self.concurrency + self.retry.max_hedges, self._pins)
+                backend = gcs_backend(self.gcs_client, self.storage_options,
+                                      self.concurrency + self.retry.max_hedges, self._pins)
             else:
                 backend = FsspecBackend(key, self.storage_options)
             state.backends[key] = backend

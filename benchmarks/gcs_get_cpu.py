@@ -1,6 +1,10 @@
-"""Client CPU per range GET in GCSBackend.read: 1 KiB reads, 64 in flight, local_gcs() at 0 ms.
+"""Client CPU per range GET of the gs:// backend: 1 KiB reads, 64 in flight, local_gcs() at 0 ms.
 
 Usage: PYTHONPATH=. python benchmarks/gcs_get_cpu.py [reads] [repeats]
+
+Runs the backend AIOLOADER_GCS_CLIENT picks (auto: libcurl when pycurl is installed); run it
+with AIOLOADER_GCS_CLIENT=aiohttp for the aiohttp one (benchmarks/request_cost.py compares
+them, and other clients, side by side).
 
 The fake-gcs-server runs in its own process, so process_time() is the client alone.
 """
@@ -25,11 +29,13 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 IN_FLIGHT = 64
 SIZE = 8 << 20
+BACKEND: list = []
 
 
 async def run(url: str, opts: dict) -> tuple[list[float], list[float]]:
     storage = Storage(concurrency=IN_FLIGHT, storage_options=opts)
     backend, path = storage._backend(url)
+    BACKEND[:] = [backend]
     rng = random.Random(0)
     offsets = [rng.randrange(0, SIZE - 1024) for _ in range(N)]
 
@@ -65,7 +71,8 @@ def main() -> None:
         finally:
             loop.close()
     print(f"{N} x 1 KiB range GETs, {IN_FLIGHT} in flight, {type(loop).__module__} loop")
-    print(f"  GCSBackend.read : median {statistics.median(backend):.0f} µs CPU/GET  "
+    name = type(BACKEND[0]).__name__
+    print(f"  {name}.read : median {statistics.median(backend):.0f} µs CPU/GET  "
           f"(runs {', '.join(f'{x:.0f}' for x in backend)})")
     print(f"  Storage.read    : median {statistics.median(storage):.0f} µs CPU/GET  "
           f"(runs {', '.join(f'{x:.0f}' for x in storage)})")

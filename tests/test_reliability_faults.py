@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 import aioloader as al
+from aioloader.storage import gcs_client_for
 from aioloader.testing import ProxyStats, local_gcs
 
 from . import reliability_child as rc
@@ -98,6 +99,9 @@ def _run(ds: al.Dataset, gcs, faults: dict | None = None, **kw) -> tuple[list, d
     return batches, it.stats().as_dict()["io"], _delta(before, gcs.proxy_stats)
 
 
+GCS_CLIENT = gcs_client_for()  # AIOLOADER_GCS_CLIENT=aiohttp runs these on aiohttp
+
+
 def _account(io: dict, proxy: dict) -> dict[str, int]:
     """Every faulted request led to exactly one more request, and the loader made it.
 
@@ -109,8 +113,17 @@ def _account(io: dict, proxy: dict) -> dict[str, int]:
     hidden = proxy["downloads"] - io["requests"]
     http = io["statuses"].get("HTTP 503", 0) + io["statuses"].get("HTTP 429", 0)
     surfaced = sum(v for k, v in io["statuses"].items() if not k.startswith("HTTP "))
-    assert hidden == 0  # no request was re-sent behind the loader's back
     assert http == proxy["faults"]  # every 503/429 reached the loader and was retried
+    if GCS_CLIENT == "curl":
+        # libcurl re-sends a request, once, when the kept-alive connection it reused dies
+        # before any byte of the answer (a stale connection), and has no switch to stop it:
+        # such a reset costs one hidden request instead of a retry (no backoff, no stat).
+        assert 0 <= hidden <= proxy["resets"]
+        assert surfaced + hidden == proxy["resets"]
+        assert io["retries"] == http + surfaced
+        assert io["failures"] == 0
+        return {"surfaced_resets": surfaced}
+    assert hidden == 0  # no request was re-sent behind the loader's back
     assert surfaced == proxy["resets"]  # so did every reset
     assert io["retries"] == http + surfaced == proxy["faults"] + proxy["resets"]
     assert io["failures"] == 0
@@ -152,8 +165,12 @@ def test_every_reset_is_retried_by_the_loader(small):
     _same(got, ref)
     assert ref_proxy["downloads"] == ref_io["requests"]
     acc = _account(io, proxy)
-    assert acc["surfaced_resets"] > 100
-    assert set(io["statuses"]) <= {"ServerDisconnectedError", "ClientOSError"}
+    if GCS_CLIENT == "curl":  # fresh connections reset: libcurl's "recv failure" (56)
+        assert acc["surfaced_resets"] > 20
+        assert all(k.startswith("libcurl error") for k in io["statuses"]), io["statuses"]
+    else:
+        assert acc["surfaced_resets"] > 100
+        assert set(io["statuses"]) <= {"ServerDisconnectedError", "ClientOSError"}
     print(f"\nresets: {proxy['resets']} of {proxy['requests']} requests, {acc}")
 
 

@@ -1,0 +1,175 @@
+"""gs:// range reads on libcurl (`curl.CurlSession`): the same reads as `GCSBackend`, at about
+half the client CPU per GET (benchmarks/request_cost.py; RESULTS.md "Issue 15: cost per
+request").
+
+Only the reads move: listing, metadata lookups and credentials stay gcsfs's, which is made
+only when one of them is first needed. With no credentials to fetch (`token="anon"`, or an
+emulator), opening files by name and reading them never imports gcsfs (~0.7-1.3 s in a new
+process) nor aiohttp; with credentials, gcsfs is imported on a thread from the moment the
+backend is made, so the import overlaps the rest of start-up.
+
+Same contract as `GCSBackend`: one attempt per call, `Transient` for what is worth retrying,
+reads pinned to the generation seen at open, progress told to the caller's `retry.Watch` (the
+head counts as heard with the first body bytes), no timeouts of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote
+
+from .backends import ObjectInfo, Tail, gcs_failure, gcs_key, parse_tail
+from .curl import CurlSession
+from .errors import Transient
+from .urls import STORAGE_LOGGERS, redact, redact_logs
+
+__all__ = ["CurlGCSBackend", "curl_serves"]
+
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+# storage_options this backend's reads honour themselves; any other (requester pays, a
+# custom session, ...) changes how gcsfs reads, so such stores keep the aiohttp backend.
+SERVED_OPTIONS = frozenset({"token", "endpoint_url", "project", "access"})  # = storage's
+
+
+def curl_serves(options: dict[str, Any]) -> bool:
+    """Whether reads with these storage_options can go through libcurl."""
+    return set(options) <= SERVED_OPTIONS
+
+
+def _endpoint(options: dict[str, Any]) -> str:
+    """gcsfs's choice of endpoint: `endpoint_url`, else `STORAGE_EMULATOR_HOST`, else GCS."""
+    url = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if url in ("", "default"):
+        return DEFAULT_ENDPOINT
+    return (url if url.startswith(("http://", "https://")) else f"http://{url}").rstrip("/")
+
+
+class CurlGCSBackend:
+    streams = True  # reads take a `retry.Watch`: silence is timed, slow heads are hedged
+
+    def __init__(self, options: dict[str, Any], connections: int,
+                 pins: dict[str, str]) -> None:
+        self.pins = pins
+        opts = dict(options)
+        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
+            opts["token"] = "anon"  # emulators take no credentials
+        self._options = opts
+        self._anon = opts.get("token") == "anon"
+        self._base = _endpoint(opts)
+        self._urls: dict[tuple[str, str | None], str] = {}
+        self._fs: Any = None
+        self._import: Future | None = None
+        if not self._anon:  # the first read needs a token: start gcsfs's import now
+            pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-import")
+            self._import = pool.submit(importlib.import_module, "gcsfs")
+            pool.shutdown(wait=False)
+        self.session = CurlSession(connections)
+
+    _key = staticmethod(gcs_key)
+
+    async def _gcsfs(self) -> Any:
+        """gcsfs's filesystem (listing, metadata, credentials), made on first need."""
+        if self._fs is None:
+            if self._import is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-import")
+                self._import = pool.submit(importlib.import_module, "gcsfs")
+                pool.shutdown(wait=False)
+            await asyncio.wrap_future(self._import)
+            if self._fs is None:
+                import gcsfs
+
+                redact_logs(*STORAGE_LOGGERS)
+                self._fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
+                                               loop=asyncio.get_running_loop(),
+                                               **self._options)
+        return self._fs
+
+    async def _auth(self) -> list[str]:
+        """The request headers that carry credentials (none for anonymous access)."""
+        if self._anon:
+            return []
+        headers: dict[str, str] = {}
+        (await self._gcsfs()).credentials.apply(headers)
+        return [f"{k}: {v}" for k, v in headers.items()]
+
+    async def info(self, path: str) -> ObjectInfo:
+        meta = await (await self._gcsfs())._info(path)
+        if meta.get("type") == "directory":
+            raise IsADirectoryError(path)
+        return ObjectInfo(self._key(path), int(meta["size"]),
+                          str(meta.get("generation") or meta.get("etag") or ""))
+
+    async def glob(self, pattern: str) -> list[ObjectInfo]:
+        found = await (await self._gcsfs())._glob(pattern, detail=True)
+        return sorted(
+            (ObjectInfo(self._key(name), int(m["size"]), str(m.get("generation") or ""))
+             for name, m in found.items() if m.get("type", "file") == "file"),
+        )
+
+    def _http_url(self, path: str, generation: str | None) -> str:
+        """The JSON API download URL, built once per object and generation."""
+        url = self._urls.get((path, generation))
+        if url is None:
+            bucket, _, name = self._key(path)[5:].partition("/")
+            url = (f"{self._base}/download/storage/v1/b/{quote(bucket, safe='')}/o/"
+                   f"{quote(name, safe='')}?alt=media")
+            if generation:
+                url += f"&generation={generation}"
+            self._urls[(path, generation)] = url
+        return url
+
+    async def read(self, path: str, start: int, end: int, watch: Any = None) -> bytes:
+        return await self._get(path, start, end, None, watch)
+
+    async def read_into(self, path: str, start: int, end: int, dest: memoryview,
+                        watch: Any = None) -> None:
+        """Bytes `[start, end)` written into `dest` as they arrive (see `GCSBackend`)."""
+        await self._get(path, start, end, dest, watch)
+
+    async def _get(self, path: str, start: int, end: int, dest: memoryview | None,
+                   watch: Any) -> Any:
+        n = end - start
+        generation = self.pins.get(self._key(path)) or None
+        auth = [] if self._anon else await self._auth()
+        resp = await self.session.get(self._http_url(path, generation), start, end, auth,
+                                      dest=dest, watch=watch)
+        status = resp.status
+        if status == 206 and dest is not None:
+            if resp.got != n:
+                raise Transient(f"short body ({resp.got} of {n} bytes)")
+            return None
+        if status in (200, 206):
+            body = resp.body
+            if status == 200 and len(body) > n:
+                body = body[start:end]  # server ignored the range
+            if len(body) != n:
+                raise Transient(f"short body ({len(body)} of {n} bytes)")
+            if dest is None:
+                return body
+            dest[:n] = body
+            return None
+        raise gcs_failure(self._key(path), status, _text(resp.body), generation)
+
+    async def read_tail(self, path: str, n: int, watch: Any = None) -> Tail | None:
+        """Size, generation and the last `n` bytes in one GET (see `GCSBackend.read_tail`)."""
+        auth = [] if self._anon else await self._auth()
+        resp = await self.session.get(self._http_url(path, None), None, n, auth, watch=watch,
+                                      headers=True)
+        if resp.status not in (200, 206, 416):
+            raise gcs_failure(self._key(path), resp.status, _text(resp.body), None)
+        return parse_tail(self._key(path), n, resp.status, resp.body,
+                          resp.header_value("Content-Range"),
+                          resp.header_value("x-goog-generation"))
+
+    async def aclose(self) -> None:
+        await self.session.aclose()
+        if self._fs is not None and getattr(self._fs, "_session", None) is not None:
+            await self._fs.session.close()
+
+
+def _text(body: bytes) -> str:
+    return redact(body[:200].decode("utf-8", "replace"))

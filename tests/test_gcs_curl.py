@@ -1,0 +1,193 @@
+"""The libcurl gs:// backend against the emulator over real HTTP, and how a backend is chosen.
+
+The reliability, stall and secret suites run on whichever client `gcs_client_for()` picks
+(curl when pycurl is installed; AIOLOADER_GCS_CLIENT=aiohttp runs them on aiohttp); this file
+pins each client explicitly and compares them byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aioloader.backends import GCSBackend
+from aioloader.storage import RetryPolicy, Storage, StorageError, gcs_backend, gcs_client_for
+from aioloader.testing import local_gcs
+
+pycurl = pytest.importorskip("pycurl")
+from aioloader.gcs_curl import CurlGCSBackend  # noqa: E402
+
+BLOB = np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+FAST = RetryPolicy(attempts=20, base_delay=0.001, max_delay=0.01, hedge_after=None)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    with local_gcs(proxy=True, seed=11) as g:
+        g.upload_bytes(BLOB, "curl/blob")
+        g.upload_bytes(b"", "curl/empty")
+        g.upload_bytes(b"x" * 10, "curl/dir name/ü+%.bin")
+        yield g
+
+
+@pytest.fixture(autouse=True)
+def _no_faults(gcs):
+    gcs.set_faults()
+    yield
+    gcs.set_faults()
+
+
+def _storage(gcs, client: str, **kw) -> Storage:
+    return Storage(storage_options=gcs.storage_options, gcs_client=client, **kw)
+
+
+async def test_reads_are_byte_identical_to_the_object_and_to_aiohttp(gcs):
+    url = gcs.url("curl/blob")
+    rng = np.random.default_rng(2)
+    spans = [(0, 1), (0, len(BLOB)), (len(BLOB) - 1, len(BLOB))]
+    spans += [tuple(sorted(rng.integers(0, len(BLOB), 2).tolist())) for _ in range(200)]
+    spans = [(s, e) for s, e in spans if e > s]
+    curl, aio = _storage(gcs, "curl"), _storage(gcs, "aiohttp")
+    try:
+        assert isinstance(curl._backend(url)[0], CurlGCSBackend)
+        assert isinstance(aio._backend(url)[0], GCSBackend)
+        got = await curl.read_many([(url, s, e) for s, e in spans])
+        ref = await aio.read_many([(url, s, e) for s, e in spans])
+        assert got == ref == [BLOB[s:e] for s, e in spans]
+        dest = bytearray(len(BLOB) - 7)
+        await curl.read_into(url, 7, len(BLOB), memoryview(dest))
+        assert dest == BLOB[7:]
+        for n in (1, 1000, len(BLOB), len(BLOB) + 5):
+            (info, tail), (ref_info, ref_tail) = (await curl.read_tail(url, n),
+                                                  await aio.read_tail(url, n))
+            assert (info, tail) == (ref_info, ref_tail)
+            assert info.size == len(BLOB) and tail == BLOB[-n:]
+        odd = gcs.url("curl/dir name/ü+%.bin")  # names are quoted like gcsfs quotes them
+        assert await curl.read(odd, 2, 9) == b"x" * 7
+        info, tail = await curl.read_tail(gcs.url("curl/empty"), 100)
+        assert info.size == 0 and not tail
+    finally:
+        await curl.aclose()
+        await aio.aclose()
+
+
+async def test_injected_503_and_429_are_retried(gcs):
+    storage = _storage(gcs, "curl", retry=FAST)
+    try:
+        gcs.set_faults(error_rate=0.3, statuses=(503, 429))
+        url = gcs.url("curl/blob")
+        got = await storage.read_many([(url, i * 1000, i * 1000 + 1000) for i in range(100)])
+        assert got == [BLOB[i * 1000 : i * 1000 + 1000] for i in range(100)]
+        io = storage.stats.as_dict()
+        assert io["retries"] >= 10 and io["failures"] == 0
+        assert set(io["statuses"]) <= {"HTTP 503", "HTTP 429"}
+    finally:
+        await storage.aclose()
+
+
+async def test_a_missing_object_is_a_clear_file_not_found(gcs):
+    storage = _storage(gcs, "curl")
+    try:
+        with pytest.raises(FileNotFoundError, match="curl/nope"):
+            await storage.read(gcs.url("curl/nope"), 0, 10)
+        with pytest.raises(FileNotFoundError, match="no such file or object"):
+            await storage.read_tail(gcs.url("curl/nope"), 10)
+        assert storage.stats.retries == 0
+    finally:
+        await storage.aclose()
+
+
+async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gcs):
+    policy = RetryPolicy(timeout=0.3, deadline=1.5, hedge_after=None)
+    storage = _storage(gcs, "curl", retry=policy)
+    try:
+        gcs.set_faults(hold_first=1, hold_s=math.inf)
+        assert await storage.read(gcs.url("curl/blob"), 5, 500) == BLOB[5:500]
+        assert storage.stats.statuses == {"no answer within 0.3 s": 1}
+        gcs.set_faults(stall=True)
+        with pytest.raises(TimeoutError, match="curl/blob"):
+            await storage.read(gcs.url("curl/blob"), 5, 500)
+    finally:
+        await storage.aclose()
+
+
+async def test_errors_show_no_credentials(gcs):
+    secret = "s3cr3t-pw"
+    port = gcs.endpoint.rsplit(":", 1)[1]
+    opts = {"token": "anon", "endpoint_url": f"http://user:{secret}@127.0.0.1:1"}
+    storage = Storage(storage_options=opts, gcs_client="curl",
+                      retry=RetryPolicy(attempts=2, base_delay=0.001, deadline=2))
+    try:
+        with pytest.raises(OSError) as err:
+            await storage.read(f"gs://{gcs.bucket}/curl/blob?X-Goog-Signature={secret}", 0, 9)
+        assert secret not in str(err.value) and port
+    finally:
+        await storage.aclose()
+    gcs.set_faults(error_rate=1.0, statuses=(403,))
+    storage = _storage(gcs, "curl")
+    try:
+        with pytest.raises(PermissionError) as err:
+            await storage.read(gcs.url(f"curl/blob?sig={secret}"), 0, 9)
+        assert secret not in str(err.value)
+    finally:
+        await storage.aclose()
+
+
+async def test_selection_auto_curl_aiohttp_and_fallbacks(gcs, monkeypatch):
+    opts, pins = gcs.storage_options, {}
+    for client, want in (("auto", CurlGCSBackend), ("curl", CurlGCSBackend),
+                         ("aiohttp", GCSBackend)):
+        backend = gcs_backend(client, opts, 8, pins)
+        assert isinstance(backend, want)
+        await backend.aclose()
+    odd = {**opts, "requester_pays": True}  # read by gcsfs's own rules: keep aiohttp
+    backend = gcs_backend("auto", odd, 8, pins)
+    assert isinstance(backend, GCSBackend) and gcs_client_for("auto", odd) == "aiohttp"
+    await backend.aclose()
+    with pytest.raises(StorageError, match="requester_pays"):
+        gcs_backend("curl", odd, 8, pins)
+    with pytest.raises(ValueError, match="gcs_client"):
+        Storage(gcs_client="h2")
+    monkeypatch.setitem(sys.modules, "pycurl", None)  # the extra not installed
+    for mod in ("aioloader.curl", "aioloader.gcs_curl"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    backend = gcs_backend("auto", opts, 8, pins)
+    assert isinstance(backend, GCSBackend)
+    await backend.aclose()
+    with pytest.raises(StorageError, match=r"aioloader\[gcs\]"):
+        gcs_backend("curl", opts, 8, pins)
+
+
+CHILD = r"""
+import json, sys
+import aioloader as al
+spec = json.loads(sys.argv[1])
+ds = al.Dataset.from_arrayrecord(spec["url"], storage_options=spec["opts"]).batch(4)
+with ds.loader(workers=0) as it:
+    batch = next(iter(it))
+print(json.dumps({"n": len(batch), "gcsfs": "gcsfs" in sys.modules,
+                  "aiohttp": "aiohttp" in sys.modules}))
+"""
+
+
+def test_a_named_file_is_read_without_importing_gcsfs_or_aiohttp(gcs, tmp_path):
+    from .arrayrecord_util import write_theirs
+
+    path = tmp_path / "t.array_record"
+    write_theirs(path, [b"r%d" % i for i in range(10)], "group_size:1")
+    url = gcs.upload(path, "curl/t.array_record")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("AIOLOADER_GCS_CLIENT", None)
+    out = subprocess.run([sys.executable, "-c", CHILD,
+                          json.dumps({"url": url, "opts": gcs.storage_options})],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"n": 4, "gcsfs": False,
+                                                       "aiohttp": False}
