@@ -254,3 +254,45 @@ def test_real_files_of_any_group_size_give_each_record_once(tmp_path, group):
             break
     rest = [i for b in ds.loader(workers=0, state=state) for i in fns.ids_of(b)]
     assert head + rest == ids
+
+
+def test_loaders_of_simulated_processes_move_from_2_to_4_exactly(tmp_path, monkeypatch):
+    """Real loaders over real files, each told it is process p of P (as jax would): 2
+    processes stop mid-window, 4 resume from process 0's state; every record of both epochs
+    comes exactly once, and the 4 read disjoint shares."""
+    pytest.importorskip("jax")
+    import aioloader.jax as aljax
+
+    from .test_pipeline import _write
+
+    n, global_batch = 600, 16
+    paths = _write(tmp_path, n=n, shards=3, group=8)
+
+    def run(procs: int, state=None, stop=None):
+        per = global_batch // procs
+        ds = (al.Dataset.from_arrayrecord(paths)
+              .shuffle(9, strategy="block", block_bytes=1024, window_bytes=6144)
+              .repeat(2).shard_by_jax_process().map(fns.decode).map(fns.only_id_noise_det)
+              .batch(per, drop_remainder=True))
+        outs, states = [], []
+        for p in range(procs):
+            monkeypatch.setattr(aljax, "process_index_and_count", lambda p=p: (p, procs))
+            loader = ds.loader(workers=0, state=state)
+            got = []
+            for k, b in enumerate(loader):
+                got.append(fns.ids_of(b))
+                if stop is not None and k + 1 == stop:
+                    break
+            outs.append(got)
+            states.append(loader.get_state())
+            loader.close()
+        steps = len(outs[0])
+        assert all(len(o) == steps for o in outs)
+        return [[i for o in outs for i in o[k]] for k in range(steps)], states[0]
+
+    first, state = run(2, stop=5)
+    rest, _ = run(4, state=state)
+    ids = [i for b in first + rest for i in b]
+    assert len(ids) == (2 * n) // global_batch * global_batch
+    counts = np.bincount(ids, minlength=n)
+    assert counts.max() == 2 and counts.sum() == len(ids)
