@@ -19,7 +19,7 @@ record starts (`RecordTable.run_record_starts(block_bytes)`):
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,11 +42,14 @@ def _as_int(obj, name: str) -> int:
 class BlockShuffle:
     """Blocks (the source's runs of whole chunks, given to the plan as their record starts)
     in a keyed order per epoch; with `window >= 1`, records shuffled within each window of
-    `window` consecutive blocks of that order (`permutation.block_shuffle`); with 0, records
-    stay in order (`permutation.block_order`) for a later `Windows` op. First op only."""
+    `window` consecutive blocks of that order (`permutation.block_shuffle`) — or, given the
+    blocks' byte sizes `sizes`, windows of about `window` bytes (at least one block), so a
+    window of large blocks (group_size 65536) holds few of them; with 0, records stay in
+    order (`permutation.block_order`) for a later `Windows` op. First op only."""
 
     seed: int
     window: int = 0
+    sizes: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _as_int(self, "seed")
@@ -67,7 +70,7 @@ class BlockShuffle:
         def permute(p: np.ndarray, epoch: int) -> np.ndarray:
             key = epoch_key(self.seed, epoch)
             if self.window:
-                return block_shuffle(p, starts, key, self.window)
+                return block_shuffle(p, starts, key, self.window, self.sizes)
             return block_order(p, starts, key)
 
         return apply_per_epoch(positions, epochs, permute), epochs

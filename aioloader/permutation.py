@@ -240,7 +240,8 @@ def block_order(positions: np.ndarray, block_starts: np.ndarray, key: int) -> np
 
 
 def block_shuffle(
-    positions: np.ndarray, chunk_starts: np.ndarray, key: int, window: int
+    positions: np.ndarray, chunk_starts: np.ndarray, key: int, window: int,
+    block_sizes: np.ndarray | None = None,
 ) -> np.ndarray:
     """An I/O-friendly permutation of `[0, n)`, `n = chunk_starts[-1]`, at `positions`.
 
@@ -248,8 +249,10 @@ def block_shuffle(
     none: chunks, or runs of chunks) are put in the order `feistel_permute(arange(K), K,
     key)`; consecutive runs of `window` blocks of that order form windows, emitted one after
     the other; within window w, records are permuted by a Feistel keyed on `(key, w)`. So
-    output positions of one window draw from at most `window` blocks. Costs O(K) per call
-    plus O(len(positions) log K).
+    output positions of one window draw from at most `window` blocks. With `block_sizes`
+    (K byte counts), `window` is bytes instead: a window is the blocks whose first byte, laid
+    end to end in that order, falls in the same `window`-byte stretch (about `window` bytes,
+    at least one block). Costs O(K) per call plus O(len(positions) log K).
     """
     window = operator.index(window)
     if window < 1:
@@ -263,8 +266,18 @@ def block_shuffle(
     key = operator.index(key) & _M64
     k = cs.size - 1
     order, slot_starts = _slots(cs, key)
-    num_windows = -(-k // window)
-    win_starts = slot_starts[np.minimum(np.arange(num_windows + 1) * window, k)]
+    if block_sizes is None:
+        num_windows = -(-k // window)
+        first_slots = np.minimum(np.arange(num_windows + 1) * window, k)
+    else:
+        sizes_b = np.asarray(block_sizes, dtype=np.int64)
+        if sizes_b.shape != (k,):
+            raise ValueError(f"block_shuffle: {sizes_b.size} block sizes for {k} blocks")
+        byte_starts = np.cumsum(sizes_b[order]) - sizes_b[order]
+        wid = byte_starts // window
+        first_slots = np.concatenate(([0], np.flatnonzero(np.diff(wid)) + 1, [k]))
+        num_windows = first_slots.size - 1
+    win_starts = slot_starts[first_slots]
     # The largest w with win_starts[w] <= p: a non-empty window, since p < n.
     w = np.searchsorted(win_starts, flat, side="right") - 1
     base = win_starts[w]

@@ -87,9 +87,9 @@ class SourceMeta:
     local: bool  # every file is on a local disk
     resident: bool  # a remote dataset kept in memory (read like local files)
     verify: str = "headers"
-    # block_bytes → (first record of each block, plus the total; bytes of all blocks): the
-    # files cut into runs of whole chunks (`RecordTable.run_record_starts`), for block shuffle
-    blocks: Callable[[int], tuple[np.ndarray, int]] | None = None
+    # block_bytes → (first record of each block, plus the total; bytes of each block): the
+    # files cut into runs of whole chunks (`RecordTable.runs`), for block shuffle
+    blocks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
     (whole per-process batches dealt round-robin: the global batch is the same for any
     process count), and a block `Shuffle` resolved against the files' blocks (`meta`).
 
-    Alone, a block shuffle is `BlockShuffle` with `round(window_bytes / block_bytes)` blocks
-    (at least one) per window. Sharded by process, it is the blocks' order, then `Windows`
+    Alone, a block shuffle is `BlockShuffle` with windows of about `window_bytes` of blocks
+    (at least one block). Sharded by process, it is the blocks' order, then `Windows`
     of about `window_bytes` (a multiple of the global batch) just before the process shard,
     one lane per process (`layout`: earlier process counts of the run, from the resumed
     state), so that each process reads its own ~1/P of every window instead of a slice of
@@ -132,10 +132,10 @@ def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
         if op is shuffle:
             if meta is None or meta.blocks is None:
                 raise ValueError("a block shuffle needs the opened files' block table")
-            starts, total = meta.blocks(shuffle.block_bytes)
-            blocks = max(1, round(shuffle.window_bytes / shuffle.block_bytes))
-            out.append(BlockShuffle(shuffle.seed, 0 if dealt else blocks))
-            window = min(blocks * shuffle.block_bytes, total)
+            starts, sizes = meta.blocks(shuffle.block_bytes)
+            total = int(sizes.sum())
+            out.append(BlockShuffle(shuffle.seed, 0 if dealt else shuffle.window_bytes, sizes))
+            window = min(max(shuffle.window_bytes, int(sizes.max(initial=0))), total)
         elif isinstance(op, JaxProcessShard) and procs is not None:
             if dealt:
                 assert shuffle is not None and meta is not None

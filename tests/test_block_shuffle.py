@@ -42,9 +42,9 @@ def _meta(num_records: int, group_size: int, record_bytes: int = 100,
         ends[m] = np.cumsum(size[m])
         start[m] = ends[m] - size[m]
 
-    def blocks(target: int) -> tuple[np.ndarray, int]:
+    def blocks(target: int) -> tuple[np.ndarray, np.ndarray]:
         runs = cut_runs(np.array(owner), start, ends, target)
-        return record_starts[runs.chunk], int((runs.end - runs.start).sum())
+        return record_starts[runs.chunk], runs.end - runs.start
 
     return SourceMeta(num_records, record_starts, True, False, "headers", blocks)
 
@@ -296,3 +296,36 @@ def test_loaders_of_simulated_processes_move_from_2_to_4_exactly(tmp_path, monke
     assert len(ids) == (2 * n) // global_batch * global_batch
     counts = np.bincount(ids, minlength=n)
     assert counts.max() == 2 and counts.sum() == len(ids)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30),
+       counts=st.data(), window=st.integers(1, 200), key=st.integers(0, 2**64 - 1))
+def test_byte_windows_are_a_permutation_of_whole_blocks_of_about_window_bytes(
+        sizes, counts, window, key):
+    from aioloader.permutation import _slots, block_shuffle
+
+    c = counts.draw(st.lists(st.integers(0, 9), min_size=len(sizes), max_size=len(sizes)))
+    starts = np.concatenate(([0], np.cumsum(c))).astype(np.int64)
+    n = int(starts[-1])
+    out = block_shuffle(np.arange(n), starts, key, window, np.array(sizes))
+    assert sorted(out.tolist()) == list(range(n))
+    order, slots = _slots(starts, key)  # the windows: blocks by the stretch of their 1st byte
+    byte_starts = np.cumsum(np.array(sizes)[order]) - np.array(sizes)[order]
+    for w in np.unique(byte_starts // window):
+        members = order[byte_starts // window == w]
+        lo, hi = slots[np.flatnonzero(byte_starts // window == w)[[0, -1]] + [0, 1]]
+        got = set(out[lo:hi].tolist())
+        assert got == {r for b in members for r in range(starts[b], starts[b + 1])}
+
+
+def test_a_window_of_large_chunks_holds_few_of_them():
+    """The large-group cliff (issue 15, section 4): 1M records in 16 chunks of 65536 (about
+    24 MiB each on disk); a 64 MiB window holds at most 3 of them, not the whole file."""
+    meta = _meta(1 << 20, 65536, record_bytes=384, files=1)
+    plan = compile(DS.shuffle(2, strategy="block"), meta, LoaderOptions())
+    records, _ = plan.index.lookup(np.arange(1 << 20))
+    chunk = records // 65536
+    change = np.flatnonzero(np.diff(chunk)) + 1  # every window is a few whole chunks
+    assert len(np.unique(chunk[:3 * 65536])) <= 3
+    assert plan.window_bytes == 64 << 20 and len(change) > 16

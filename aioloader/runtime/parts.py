@@ -67,9 +67,9 @@ class Parts:
         await src.aopen()
         table = src.table
 
-        def blocks(target: int) -> tuple[np.ndarray, int]:
+        def blocks(target: int) -> tuple[np.ndarray, np.ndarray]:
             runs = table.runs(target)
-            return table.run_record_starts(target), int((runs.end - runs.start).sum())
+            return table.run_record_starts(target), runs.end - runs.start
 
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
                           ds.source.verify, blocks)
