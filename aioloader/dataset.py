@@ -95,8 +95,8 @@ class Dataset:
 
         `strategy="block"` trades randomness for I/O: the files are cut into blocks of whole
         chunks of about `block_bytes` (default 4 MiB), the blocks are put in a random order
-        every epoch, and records are shuffled within windows of about `window_bytes`
-        (default 64 MiB of consecutive blocks, at least one). So reads are whole
+        every epoch, and records are shuffled within windows of about `window_bytes` of
+        decoded records (default 64 MiB of consecutive blocks, at least one). So reads are whole
         blocks and memory is bounded by the window, for files of any group size. With
         `shard_by_jax_process()`, each process reads only its ~1/P share of every window
         (README, "Shuffling"); resume, elastic included, stays exact.

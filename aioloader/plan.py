@@ -87,8 +87,9 @@ class SourceMeta:
     local: bool  # every file is on a local disk
     resident: bool  # a remote dataset kept in memory (read like local files)
     verify: str = "headers"
-    # block_bytes → (first record of each block, plus the total; bytes of each block): the
-    # files cut into runs of whole chunks (`RecordTable.runs`), for block shuffle
+    # block_bytes → (first record of each block, plus the total; decoded bytes of each
+    # block): the files cut into runs of whole chunks of about block_bytes on disk
+    # (`RecordTable.runs`), for block shuffle; windows count decoded bytes (memory held)
     blocks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
 
 
@@ -163,7 +164,7 @@ class Plan:
     slot_size: int
     meta: SourceMeta | None = None  # the opened files, to re-resolve the index ops
     layout: tuple[tuple[int, int], ...] = ()  # earlier process counts (`LoaderState.layout`)
-    window_bytes: int | None = None  # block shuffle: bytes one process's window spans
+    window_bytes: int | None = None  # block shuffle: decoded bytes of one process's window
 
     @property
     def batch_mode(self) -> bool:

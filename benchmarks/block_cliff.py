@@ -15,7 +15,6 @@ import argparse
 import inspect
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -57,10 +56,33 @@ def run(path: str, seconds: float, mode: str) -> None:
             n += len(b)
             if time.perf_counter() - t0 > seconds:
                 break
-    dt = time.perf_counter() - t0
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"rate": n / dt, "rss_mb": own / 1024, "worker_rss_mb": kids / 1024}))
+        dt = time.perf_counter() - t0
+        kids = sum(_hwm_mb(pid) for pid in _children())
+    print(json.dumps({"rate": n / dt, "rss_mb": _hwm_mb("self"), "worker_rss_mb": kids}))
+    # worker_rss_mb: the peak RSS of every descendant (worker, fork server), summed
+
+
+def _hwm_mb(pid) -> float:
+    """Peak RSS (VmHWM) in MB; unlike ru_maxrss it is not inherited across fork + exec."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children(pid="self") -> list[int]:
+    """Every descendant process (workers may be grandchildren, under a fork server)."""
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                out += [int(child), *_children(int(child))]
+    except OSError:
+        pass
+    return out
 
 
 def main() -> None:

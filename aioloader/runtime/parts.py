@@ -68,8 +68,15 @@ class Parts:
         table = src.table
 
         def blocks(target: int) -> tuple[np.ndarray, np.ndarray]:
+            """Blocks of about `target` bytes on disk, weighed by their decoded bytes (what a
+            window holds in memory)."""
             runs = table.runs(target)
-            return table.run_record_starts(target), runs.end - runs.start
+            decoded = np.concatenate([ix.chunk_decoded_sizes for ix in table.indices]
+                                     or [np.zeros(0, np.int64)]).astype(np.int64)
+            first = runs.chunk[:-1]
+            sizes = (np.add.reduceat(decoded, first) if first.size
+                     else np.zeros(0, np.int64))
+            return table.run_record_starts(target), sizes
 
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
                           ds.source.verify, blocks)
