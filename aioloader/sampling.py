@@ -115,8 +115,9 @@ class Shuffle:
     source cut into blocks (runs of whole chunks) of about `block_bytes`, the blocks in a
     keyed order, and records shuffled within windows of about `window_bytes` (decoded);
     valid only as the first op. It is a description: `plan.compile` resolves it, once the
-    files' sizes are known, into `blocks.BlockShuffle` (and, sharded by JAX process, `blocks.Windows`), whose
-    docstrings say what each process reads and why resume stays exact.
+    files' sizes are known, into `blocks.BlockShuffle` (and, sharded by JAX process,
+    `blocks.Windows`), whose docstrings say what each process reads and why resume stays
+    exact.
     """
 
     seed: int
