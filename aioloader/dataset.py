@@ -89,17 +89,36 @@ class Dataset:
                              "it reorders records, not batches")
         return replace(self, index_ops=(*self.index_ops, op))
 
-    def shuffle(self, seed: int, *, strategy: str = "exact", window: int = 16) -> Dataset:
+    def shuffle(self, seed: int, *, strategy: str = "exact", block_bytes: int | None = None,
+                window_bytes: int | None = None, window: None = None) -> Dataset:
         """Exact global shuffle (a keyed permutation, re-keyed every epoch).
 
-        `strategy="block"` shuffles chunks globally and records within windows of `window`
-        chunks: far fewer reads for files written with a large group size.
+        `strategy="block"` trades randomness for I/O: the files are cut into blocks of whole
+        chunks of about `block_bytes` (default 4 MiB), the blocks are put in a random order
+        every epoch, and records are shuffled within windows of about `window_bytes` of
+        decoded records (default 64 MiB of consecutive blocks, at least one). So reads are whole
+        blocks and memory is bounded by the window, for files of any group size. With
+        `shard_by_jax_process()`, each process reads only its ~1/P share of every window
+        (README, "Shuffling"); resume, elastic included, stays exact.
         """
-        return self._index(Shuffle(int(seed), strategy, window if strategy == "block" else 0))
+        if window is not None:
+            raise TypeError("shuffle(window=...) counted chunks and is gone: the block "
+                            "shuffle's window is now window_bytes= (and its blocks "
+                            "block_bytes=), e.g. shuffle(seed, strategy='block', "
+                            "window_bytes=64 << 20)")
+        if strategy != "block" and (block_bytes is not None or window_bytes is not None):
+            raise ValueError("block_bytes/window_bytes apply only to strategy='block'")
+        for name, value in (("block_bytes", block_bytes), ("window_bytes", window_bytes)):
+            if value is not None and int(value) < 1:
+                raise ValueError(f"block shuffle needs {name} >= 1, got {value}")
+        return self._index(Shuffle(int(seed), strategy, int(block_bytes or 0),
+                                   int(window_bytes or 0)))
 
-    def block_shuffle(self, seed: int, window: int = 16) -> Dataset:
-        """Shorthand for `shuffle(seed, strategy="block", window=window)`."""
-        return self.shuffle(seed, strategy="block", window=window)
+    def block_shuffle(self, seed: int, *, block_bytes: int | None = None,
+                      window_bytes: int | None = None) -> Dataset:
+        """Shorthand for `shuffle(seed, strategy="block", block_bytes=..., window_bytes=...)`."""
+        return self.shuffle(seed, strategy="block", block_bytes=block_bytes,
+                            window_bytes=window_bytes)
 
     def repeat(self, num_epochs: int | None = None) -> Dataset:
         """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch."""
@@ -240,7 +259,10 @@ class Dataset:
 
 def _describe_index(op: Any) -> str:
     if isinstance(op, Shuffle):
-        return f"shuffle(seed={op.seed}{', block' if op.strategy == 'block' else ''})"
+        if op.strategy == "block":
+            return (f"shuffle(seed={op.seed}, block, block_bytes={op.block_bytes}, "
+                    f"window_bytes={op.window_bytes})")
+        return f"shuffle(seed={op.seed})"
     if isinstance(op, Repeat):
         return f"repeat({op.num_epochs if op.num_epochs is not None else 'forever'})"
     if isinstance(op, Shard):

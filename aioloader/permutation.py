@@ -4,8 +4,10 @@ The exact global shuffle is a keyed Feistel network over the smallest even-bit d
 holds the `n` records, brought back into `[0, n)` by cycle walking: a bijection that costs O(1)
 memory and evaluates any position on its own, vectorized — so a shuffled stream needs no
 shuffle buffer and no permutation table, and its state is just a position. `block_shuffle`
-trades some randomness for I/O: it shuffles the order of chunks and then only records within
-a window of chunks. Keys come from `epoch_key(seed, epoch)`, so every epoch has its own order.
+trades some randomness for I/O: it shuffles the order of blocks (runs of whole chunks) and
+then only records within a window of blocks; `block_order` and `window_lanes` are the same
+two steps apart, so that a window can be cut in lanes that processes read on their own. Keys
+come from `epoch_key(seed, epoch)`, so every epoch has its own order.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import numpy as np
 
 __all__ = [
     "apply_per_epoch",
+    "block_order",
     "block_shuffle",
     "check_chunk_starts",
     "epoch_key",
     "feistel_permute",
     "mix64",
     "permute_by_epoch",
+    "window_lanes",
 ]
 
 _M64 = (1 << 64) - 1
@@ -203,20 +207,56 @@ def check_chunk_starts(chunk_starts) -> np.ndarray:
     return cs
 
 
+def _slots(cs: np.ndarray, key: int) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' keyed order (slot j holds block `order[j]`) and each slot's first position
+    when the blocks are laid end to end in that order (K + 1 prefix sums)."""
+    k = cs.size - 1
+    order = feistel_permute(np.arange(k, dtype=np.int64), k, key)
+    slot_starts = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.diff(cs)[order], out=slot_starts[1:])
+    return order, slot_starts
+
+
+def _unslot(q: np.ndarray, cs: np.ndarray, order: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Slot-order positions → record indices (empty blocks are skipped by the search)."""
+    slot = np.searchsorted(slots, q, side="right") - 1
+    return cs[order[slot]] + (q - slots[slot])
+
+
+def block_order(positions: np.ndarray, block_starts: np.ndarray, key: int) -> np.ndarray:
+    """Blocks in a keyed order, the records of each in place, at `positions`.
+
+    Block b holds records `[block_starts[b], block_starts[b+1])`; the blocks are laid end to
+    end in the order `feistel_permute(arange(K), K, key)` (the "slot order"). Consecutive
+    output positions are consecutive records of one block, so a reader of any contiguous
+    range of outputs touches only the blocks laid there.
+    """
+    cs = check_chunk_starts(block_starts)
+    pos = _as_positions(positions, int(cs[-1]), "block_order")
+    if pos.size == 0:
+        return np.zeros(pos.shape, dtype=np.int64)
+    order, slots = _slots(cs, operator.index(key) & _M64)
+    return _unslot(pos.ravel(), cs, order, slots).reshape(pos.shape)
+
+
 def block_shuffle(
-    positions: np.ndarray, chunk_starts: np.ndarray, key: int, window: int
+    positions: np.ndarray, chunk_starts: np.ndarray, key: int, window: int,
+    block_sizes: np.ndarray | None = None,
 ) -> np.ndarray:
     """An I/O-friendly permutation of `[0, n)`, `n = chunk_starts[-1]`, at `positions`.
 
-    The K chunks (chunk c holds records `[chunk_starts[c], chunk_starts[c+1])`, possibly none)
-    are put in the order `feistel_permute(arange(K), K, key)`; consecutive runs of `window`
-    chunks of that order form windows, emitted one after the other; within window w, records
-    are permuted by a Feistel keyed on `(key, w)`. So output positions of one window draw from
-    at most `window` chunks. Costs O(K) per call plus O(len(positions) log K).
+    The K blocks (block c holds records `[chunk_starts[c], chunk_starts[c+1])`, possibly
+    none: chunks, or runs of chunks) are put in the order `feistel_permute(arange(K), K,
+    key)`; consecutive runs of `window` blocks of that order form windows, emitted one after
+    the other; within window w, records are permuted by a Feistel keyed on `(key, w)`. So
+    output positions of one window draw from at most `window` blocks. With `block_sizes`
+    (K byte counts), `window` is bytes instead: a window is the blocks whose first byte, laid
+    end to end in that order, falls in the same `window`-byte stretch (about `window` bytes,
+    at least one block). Costs O(K) per call plus O(len(positions) log K).
     """
     window = operator.index(window)
     if window < 1:
-        raise ValueError(f"block_shuffle: window must be >= 1 chunk, got {window}")
+        raise ValueError(f"block_shuffle: window must be >= 1 block, got {window}")
     cs = check_chunk_starts(chunk_starts)
     n = int(cs[-1])
     pos = _as_positions(positions, n, "block_shuffle")
@@ -225,25 +265,67 @@ def block_shuffle(
     flat = pos.ravel()
     key = operator.index(key) & _M64
     k = cs.size - 1
-    counts = np.diff(cs)
-    order = feistel_permute(np.arange(k, dtype=np.int64), k, key)  # slot j holds chunk order[j]
-    slot_starts = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(counts[order], out=slot_starts[1:])
-    num_windows = -(-k // window)
-    win_starts = slot_starts[np.minimum(np.arange(num_windows + 1) * window, k)]
+    order, slot_starts = _slots(cs, key)
+    if block_sizes is None:
+        num_windows = -(-k // window)
+        first_slots = np.minimum(np.arange(num_windows + 1) * window, k)
+    else:
+        sizes_b = np.asarray(block_sizes, dtype=np.int64)
+        if sizes_b.shape != (k,):
+            raise ValueError(f"block_shuffle: {sizes_b.size} block sizes for {k} blocks")
+        byte_starts = np.cumsum(sizes_b[order]) - sizes_b[order]
+        wid = byte_starts // window
+        first_slots = np.concatenate(([0], np.flatnonzero(np.diff(wid)) + 1, [k]))
+        num_windows = first_slots.size - 1
+    win_starts = slot_starts[first_slots]
     # The largest w with win_starts[w] <= p: a non-empty window, since p < n.
     w = np.searchsorted(win_starts, flat, side="right") - 1
     base = win_starts[w]
     sizes = (win_starts[1:] - win_starts[:-1])[w]
     wkeys = mix64((np.uint64(key) ^ np.arange(num_windows, dtype=np.uint64)) + np.uint64(_GOLDEN))
-    rks = [rk[w] for rk in _round_keys_array(wkeys, 6)]
+    local = _permute_within(flat - base, sizes, wkeys[w])
+    return _unslot(base + local, cs, order, slot_starts).reshape(pos.shape)
+
+
+def _permute_within(local: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Element i: `feistel_permute(local[i], sizes[i], keys[i])`, all at once (int64)."""
+    rks = _round_keys_array(keys, 6)
     h = _half_bits_array(sizes)
     mask = (np.uint64(1) << h) - np.uint64(1)
-    local = _cycle_walk((flat - base).astype(np.uint64), sizes.astype(np.uint64), h, mask, rks)
-    q = base + local.view(np.int64)
-    slot = np.searchsorted(slot_starts, q, side="right") - 1
-    out = cs[order[slot]] + (q - slot_starts[slot])
-    return out.reshape(pos.shape)
+    out = _cycle_walk(local.astype(np.uint64), sizes.astype(np.uint64), h, mask, rks)
+    return out.view(np.int64)
+
+
+def window_lanes(positions: np.ndarray, key: int, size: int, group: int, lanes: np.ndarray,
+                 parent_len: int | None = None) -> np.ndarray:
+    """Windows of `size` consecutive positions, each shuffled in `lanes` lanes, at `positions`.
+
+    Window g is parent positions `[g*size, (g+1)*size)` (the last one shorter when
+    `parent_len` ends the stream). Laid out in L lanes (`lanes[i]`, the count for position
+    i's window), lane l is its l-th contiguous `size / L` positions, and each run of `group`
+    output positions (a global batch) takes the next `group / L` of every lane's own keyed
+    permutation, lane by lane — so the l-th `group / L` slice of every global batch comes
+    from lane l alone: dealt to L processes, each reads one contiguous lane per window. A
+    short last window is one lane. Needs `size % group == 0` and `group % L == 0`.
+    """
+    pos = np.asarray(positions, dtype=np.int64).ravel()
+    if pos.size == 0:
+        return pos.copy()
+    g, q = np.divmod(pos, size)
+    whole = np.full(pos.shape, size, dtype=np.int64)
+    s = whole if parent_len is None else np.minimum(whole, parent_len - g * size)
+    n_lanes = np.where(s == size, np.asarray(lanes, dtype=np.int64), 1)
+    per = group // n_lanes
+    j, r = np.divmod(q, group)
+    lane, o = np.divmod(r, per)
+    lane_len = s // n_lanes
+    with np.errstate(over="ignore"):
+        k = mix64((np.uint64(operator.index(key) & _M64) ^ g.astype(np.uint64))
+                  + np.uint64(_GOLDEN))
+        tag = (n_lanes.astype(np.uint64) << np.uint64(32)) | lane.astype(np.uint64)
+        k = mix64((k ^ tag) + np.uint64(_GOLDEN))
+    local = _permute_within(j * per + o, lane_len, k)
+    return g * size + lane * lane_len + local
 
 
 def permute_by_epoch(positions: np.ndarray, epochs: np.ndarray, n: int, seed: int) -> np.ndarray:

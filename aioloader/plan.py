@@ -14,14 +14,15 @@ packed rows) are assembled in order from consecutive windows (`runtime.assembly`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .dataset import Dataset, JaxProcessShard
 from .options import DEFAULT_WINDOW
-from .sampling import IndexPlan, Shard, Shuffle
+from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
 from .transforms import BatchOp, FilterOp
 from .workers.messages import Pipeline
 
@@ -77,22 +78,78 @@ def fingerprint(dataset: Dataset, procs: tuple[int, int] | None) -> tuple[str, .
     return tuple(lines)
 
 
-def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int) -> list:
-    """Index ops with `shard_by_jax_process()` turned into a block-dealt `Shard` (whole
-    batches dealt round-robin: the global batch is the same for any process count)."""
-    return [Shard(procs[0], procs[1], drop_remainder=op.drop_remainder, block=block)
-            if isinstance(op, JaxProcessShard) and procs is not None else op for op in ops]
-
-
 @dataclass(frozen=True)
 class SourceMeta:
     """What the plan needs of the opened files."""
 
     num_records: int
-    chunk_starts: np.ndarray | None  # first record of each chunk (for block shuffle)
+    chunk_starts: np.ndarray | None  # first record of each chunk (informational)
     local: bool  # every file is on a local disk
     resident: bool  # a remote dataset kept in memory (read like local files)
     verify: str = "headers"
+    # block_bytes → (first record of each block, plus the total; decoded bytes of each
+    # block): the files cut into runs of whole chunks of about block_bytes on disk
+    # (`RecordTable.runs`), for block shuffle; windows count decoded bytes (memory held)
+    blocks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedIndex:
+    """The index ops as they run, and what the block shuffle among them decided."""
+
+    ops: list
+    block_starts: np.ndarray | None = None  # the blocks' record starts (block shuffle)
+    window_bytes: int | None = None  # about how much of the data one process's window spans
+
+
+def window_records(window_bytes: int, num_records: int, data_bytes: int, group: int) -> int:
+    """Records in a dealt block-shuffle window: about `window_bytes` of the files' records
+    at their mean size, rounded to a multiple of the global batch `group` (at least one)."""
+    mean = data_bytes / num_records if num_records and data_bytes else 1.0
+    return max(group, round(window_bytes / mean / group) * group)
+
+
+def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
+                      meta: SourceMeta | None = None,
+                      layout: tuple[tuple[int, int], ...] = ()) -> ResolvedIndex:
+    """Index ops as they run: `shard_by_jax_process()` turned into a block-dealt `Shard`
+    (whole per-process batches dealt round-robin: the global batch is the same for any
+    process count), and a block `Shuffle` resolved against the files' blocks (`meta`).
+
+    Alone, a block shuffle is `BlockShuffle` with windows of about `window_bytes` of blocks
+    (at least one block). Sharded by process, it is the blocks' order, then `Windows`
+    of about `window_bytes` (a multiple of the global batch) just before the process shard,
+    one lane per process (`layout`: earlier process counts of the run, from the resumed
+    state), so that each process reads its own ~1/P of every window instead of a slice of
+    all of it.
+    """
+    shuffle = next((op for op in ops if isinstance(op, Shuffle) and op.strategy == "block"),
+                   None)
+    dealt = shuffle is not None and procs is not None and any(
+        isinstance(op, JaxProcessShard) for op in ops)
+    out: list = []
+    starts, window, total = None, None, 0
+    for op in ops:
+        if op is shuffle:
+            if meta is None or meta.blocks is None:
+                raise ValueError("a block shuffle needs the opened files' block table")
+            starts, sizes = meta.blocks(shuffle.block_bytes)
+            total = int(sizes.sum())
+            out.append(BlockShuffle(shuffle.seed, 0 if dealt else shuffle.window_bytes, sizes))
+            window = min(max(shuffle.window_bytes, int(sizes.max(initial=0))), total)
+        elif isinstance(op, JaxProcessShard) and procs is not None:
+            if dealt:
+                assert shuffle is not None and meta is not None
+                group = block * procs[1]
+                size = window_records(shuffle.window_bytes, meta.num_records, total, group)
+                out.append(Windows(shuffle.seed, size, group, procs[1], layout))
+                mean = total / meta.num_records if meta.num_records else 0
+                window = int(size * mean / procs[1])
+            out.append(Shard(procs[0], procs[1], drop_remainder=op.drop_remainder,
+                             block=block))
+        else:
+            out.append(op)
+    return ResolvedIndex(out, starts, window)
 
 
 @dataclass(frozen=True)
@@ -105,6 +162,9 @@ class Plan:
     pipeline: Pipeline  # what every worker runs
     groups_batches: bool  # small batches may share a task (local or kept in memory)
     slot_size: int
+    meta: SourceMeta | None = None  # the opened files, to re-resolve the index ops
+    layout: tuple[tuple[int, int], ...] = ()  # earlier process counts (`LoaderState.layout`)
+    window_bytes: int | None = None  # block shuffle: decoded bytes of one process's window
 
     @property
     def batch_mode(self) -> bool:
@@ -166,16 +226,30 @@ class Plan:
 
 
 def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
-            unit: int | None = None, procs: tuple[int, int] | None = None) -> Plan:
-    """The plan for `dataset` over the opened files `meta` (`unit`: a resumed state's)."""
+            unit: int | None = None, procs: tuple[int, int] | None = None,
+            layout: tuple[tuple[int, int], ...] = ()) -> Plan:
+    """The plan for `dataset` over the opened files `meta` (`unit`, `layout`: a resumed
+    state's)."""
     sh = shape(dataset, options.worker.window, procs)
-    block = dataset.batching.size if isinstance(dataset.batching, BatchOp) else 1
-    ops = resolve_index_ops(dataset.index_ops, sh.procs, block)
-    needs_chunks = any(isinstance(op, Shuffle) and op.strategy == "block" for op in ops)
-    index = IndexPlan(meta.num_records, ops, meta.chunk_starts if needs_chunks else None)
+    resolved = _resolve(dataset, meta, sh.procs, layout)
+    index = IndexPlan(meta.num_records, resolved.ops, resolved.block_starts)
     pipeline = worker_pipeline(dataset, sh, meta.verify, options.read.memory_budget)
     return Plan(sh, index, unit or sh.unit, pipeline, meta.local or meta.resident,
-                options.worker.slot_size)
+                options.worker.slot_size, meta, tuple(layout), resolved.window_bytes)
+
+
+def _resolve(dataset: Dataset, meta: SourceMeta | None, procs: tuple[int, int] | None,
+             layout: tuple[tuple[int, int], ...]) -> ResolvedIndex:
+    block = dataset.batching.size if isinstance(dataset.batching, BatchOp) else 1
+    return resolve_index_ops(dataset.index_ops, procs, block, meta, layout)
+
+
+def with_layout(plan: Plan, dataset: Dataset, layout: tuple[tuple[int, int], ...]) -> Plan:
+    """`plan` for a state with other earlier process counts (a state set on a running
+    loader): only a dealt block shuffle's windows depend on them."""
+    resolved = _resolve(dataset, plan.meta, plan.shape.procs, layout)
+    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
+    return replace(plan, index=index, layout=tuple(layout))
 
 
 def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) -> Pipeline:
@@ -197,6 +271,5 @@ def longest_shard(plan: Plan, dataset: Dataset) -> IndexPlan:
     procs = plan.shape.procs
     if not procs:
         return plan.index
-    block = dataset.batching.size  # type: ignore[union-attr]
-    ops = resolve_index_ops(dataset.index_ops, (0, procs[1]), block)
-    return IndexPlan(plan.index.num_records, ops, plan.index.chunk_starts)
+    resolved = _resolve(dataset, plan.meta, (0, procs[1]), plan.layout)
+    return IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)

@@ -10,6 +10,8 @@ the order the user wrote them (`source → op1 → op2 → ...`); `IndexPlan` va
 maps output positions back through the ops in reverse. Each op knows only
 `length(parent_len)` and `parent(positions, epochs, parent_len, chunk_starts)`; epochs flow
 from the outermost `Repeat` inwards, so a `Shuffle` inside a `Repeat` is re-keyed every epoch.
+A block `Shuffle` is a description resolved by `plan.compile` into the ops of `blocks`
+(`BlockShuffle`, `Windows`), whose `chunk_starts` are the blocks' record starts.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .blocks import BlockShuffle, Windows
 from .permutation import (
-    apply_per_epoch,
     block_shuffle,
     check_chunk_starts,
     epoch_key,
@@ -31,12 +33,16 @@ from .permutation import (
 )
 
 __all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "DEFAULT_WINDOW_BYTES",
+    "BlockShuffle",
     "IndexOp",
     "IndexPlan",
     "Repeat",
     "Shard",
     "Shuffle",
     "Slice",
+    "Windows",
     "block_shuffle",
     "epoch_key",
     "feistel_permute",
@@ -97,28 +103,43 @@ class Slice:
         return r.start + positions * r.step, epochs
 
 
+DEFAULT_BLOCK_BYTES = 4 << 20  # a block: ~one large read from a bucket (issue 15's bucket)
+DEFAULT_WINDOW_BYTES = 64 << 20  # a window: 16 blocks, held and shuffled in memory
+
+
 @dataclass(frozen=True)
 class Shuffle:
     """Permute the (finite) parent, re-keyed per epoch with `epoch_key(seed, epoch)`.
 
-    `strategy="exact"`: a Feistel permutation of the whole parent. `strategy="block"`:
-    `block_shuffle` over the source's chunks with `window` chunks per window; valid only as the
-    first op, directly on the source.
+    `strategy="exact"`: a Feistel permutation of the whole parent. `strategy="block"`: the
+    source cut into blocks (runs of whole chunks) of about `block_bytes`, the blocks in a
+    keyed order, and records shuffled within windows of about `window_bytes` (decoded);
+    valid only as the first op. It is a description: `plan.compile` resolves it, once the
+    files' sizes are known, into `blocks.BlockShuffle` (and, sharded by JAX process,
+    `blocks.Windows`), whose docstrings say what each process reads and why resume stays
+    exact.
     """
 
     seed: int
     strategy: str = "exact"
-    window: int = 0
+    block_bytes: int = 0  # block strategy; 0: DEFAULT_BLOCK_BYTES
+    window_bytes: int = 0  # block strategy; 0: DEFAULT_WINDOW_BYTES
 
     def __post_init__(self) -> None:
-        _int_field(self, "seed")
-        _int_field(self, "window")
+        for name in ("seed", "block_bytes", "window_bytes"):
+            _int_field(self, name)
         if self.strategy not in ("exact", "block"):
             raise ValueError(f"Shuffle strategy must be 'exact' or 'block', got {self.strategy!r}")
-        if self.strategy == "block" and self.window < 1:
-            raise ValueError(f"block shuffle needs window >= 1 chunk, got {self.window}")
-        if self.strategy == "exact" and self.window != 0:
-            raise ValueError("Shuffle window applies only to strategy='block'")
+        if self.strategy == "exact":
+            if self.block_bytes or self.window_bytes:
+                raise ValueError("block_bytes/window_bytes apply only to strategy='block'")
+            return
+        for name, default in (("block_bytes", DEFAULT_BLOCK_BYTES),
+                              ("window_bytes", DEFAULT_WINDOW_BYTES)):
+            value = getattr(self, name) or default
+            if value < 1:
+                raise ValueError(f"block shuffle needs {name} >= 1, got {value}")
+            object.__setattr__(self, name, value)
 
     def length(self, parent_len: int | None) -> int | None:
         return _require_finite(self, parent_len, " (a shuffle must see the whole sequence)")
@@ -131,16 +152,13 @@ class Shuffle:
         chunk_starts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         n = _require_finite(self, parent_len)
-        if self.strategy == "exact":
-            return permute_by_epoch(positions, epochs, n, self.seed), epochs
-        if chunk_starts is None:
-            raise ValueError("block shuffle needs the source's chunk_starts")
-        starts = chunk_starts
+        if self.strategy == "block":
+            raise ValueError(_UNRESOLVED)
+        return permute_by_epoch(positions, epochs, n, self.seed), epochs
 
-        def permute(p: np.ndarray, epoch: int) -> np.ndarray:
-            return block_shuffle(p, starts, epoch_key(self.seed, epoch), self.window)
 
-        return apply_per_epoch(positions, epochs, permute), epochs
+_UNRESOLVED = ("a block Shuffle is resolved against the files' block sizes by plan.compile "
+               "(into blocks.BlockShuffle / blocks.Windows) before it can run")
 
 
 @dataclass(frozen=True)
@@ -250,7 +268,7 @@ class Shard:
         return rounds * (b * self.count) + self.index * b + within, epochs
 
 
-IndexOp = Slice | Shuffle | Repeat | Shard
+IndexOp = Slice | Shuffle | Repeat | Shard | BlockShuffle | Windows
 
 
 # --------------------------------------------------------------------------- the plan
@@ -293,17 +311,20 @@ class IndexPlan:
             self.chunk_starts = cs
         lengths: list[int | None] = [num_records]
         for i, op in enumerate(self.ops):
-            if not isinstance(op, (Slice, Shuffle, Repeat, Shard)):
+            if not isinstance(op, (Slice, Shuffle, Repeat, Shard, BlockShuffle, Windows)):
                 raise TypeError(f"op {i} is not an index op: {op!r}")
             if isinstance(op, Shuffle) and op.strategy == "block":
+                raise ValueError(f"op {i}: {_UNRESOLVED}")
+            if isinstance(op, BlockShuffle):
                 if i != 0:
                     raise ValueError(
-                        f"op {i}: block shuffle works on the source's chunks, so it must come "
+                        f"op {i}: block shuffle works on the source's blocks, so it must come "
                         f"first, directly on the source (found after {self.ops[i - 1]!r}); "
                         "use strategy='exact' here or move the block shuffle first"
                     )
                 if self.chunk_starts is None:
-                    raise ValueError("block shuffle needs the source's chunk_starts")
+                    raise ValueError("block shuffle needs the source's chunk_starts "
+                                     "(its blocks' record starts)")
             try:
                 lengths.append(op.length(lengths[-1]))
             except ValueError as e:
@@ -326,7 +347,7 @@ class IndexPlan:
         assert period is not None
         for i in range(r + 1, len(self.ops)):
             op = self.ops[i]
-            if isinstance(op, Shuffle):
+            if isinstance(op, (Shuffle, Windows)):  # windows may straddle epochs
                 return None
             if isinstance(op, Slice):
                 rng = op._range(self.lengths[i])

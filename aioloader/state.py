@@ -16,6 +16,7 @@ checks it against the pipeline that resumes it and moves it to another process c
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +28,22 @@ STATE_VERSION = 1
 # Positions index int64 arrays in the samplers; past this they would wrap.
 MAX_POSITION = 2**62
 _COUNTS = ("position", "skip", "rows")
+_OLD_BLOCK_SHUFFLE = re.compile(r"shuffle\(seed=-?\d+, block\)")  # chunk-counted window
+
+
+def _layout(state: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The optional `layout`: `[[end, count], ...]`, ends increasing, counts >= 1."""
+    raw = state.get("layout", [])
+    ok = isinstance(raw, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2
+        and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in p)
+        for p in raw)
+    pairs = [(int(e), int(c)) for e, c in raw] if ok else []
+    if not ok or any(not 0 <= e < MAX_POSITION or c < 1 for e, c in pairs) or \
+            [e for e, _ in pairs] != sorted(e for e, _ in pairs):
+        raise StateError(f"loader state 'layout' must be a list of [end, process_count] "
+                         f"pairs with increasing ends, got {raw!r}")
+    return pairs
 
 
 def _int(state: Mapping[str, Any], key: str, lo: int, default: int | None = None) -> int:
@@ -63,6 +80,7 @@ def check_state(state: Any) -> dict[str, Any]:
     out["unit"] = _int(state, "unit", 1)
     out["process_count"] = _int(state, "process_count", 1, 1)
     out["pipeline"] = list(pipeline)
+    out["layout"] = _layout(state)
     return out
 
 
@@ -95,18 +113,24 @@ class LoaderState:
     unit: int = 1
     process_count: int = 1
     pipeline: tuple[str, ...] = ()
+    # Earlier process counts of this run, as (global position it ran to, count) pairs: a
+    # dealt block shuffle lays a window out by the count that began it (`blocks.Windows`).
+    layout: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_json(cls, state: Any) -> LoaderState:
         """A saved state (`get_state()`'s dict), checked field by field (`StateError`)."""
         d = check_state(state)
         return cls(d["position"], d["skip"], d["rows"], d["unit"], d["process_count"],
-                   tuple(d["pipeline"]))
+                   tuple(d["pipeline"]), tuple(d["layout"]))
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "position": self.position, "skip": self.skip,
-                "rows": self.rows, "unit": self.unit, "process_count": self.process_count,
-                "pipeline": list(self.pipeline)}
+        out = {"version": STATE_VERSION, "position": self.position, "skip": self.skip,
+               "rows": self.rows, "unit": self.unit, "process_count": self.process_count,
+               "pipeline": list(self.pipeline)}
+        if self.layout:  # only after an elastic resume: older states stay as they were
+            out["layout"] = [list(p) for p in self.layout]
+        return out
 
     def at(self, position: int, skip: int = 0, rows: int = 0) -> LoaderState:
         """This state moved to another place in the same stream."""
@@ -121,10 +145,17 @@ class LoaderState:
         fingerprint still resume, and so does a URL signed again since (the signature is not
         the pipeline). Elastic resume: every global batch is the next unit*count positions of
         the stream (block-dealt shards), so the step count carries over to another process
-        count when the global batch is the same. A stream-mode pipeline keeps the saved
-        window, whatever its own default.
+        count when the global batch is the same, and the old count is added to `layout` (a dealt
+        block shuffle finishes the window in progress in the old count's lanes). A
+        stream-mode pipeline keeps the saved window, whatever its own default.
         """
         if [redact(ln) for ln in self.pipeline] != list(pipeline):
+            if any(_OLD_BLOCK_SHUFFLE.fullmatch(ln) for ln in self.pipeline):
+                raise StateError(
+                    "this state was saved by an aioloader whose block shuffle permuted chunks "
+                    "(window= counted chunks); the block shuffle now deals blocks of "
+                    "block_bytes in windows of window_bytes, another order, so the state "
+                    "cannot resume exactly: start the run (or the epoch) without it")
             raise StateError(redact("this state was saved by a different pipeline:\n  "
                                     + " -> ".join(self.pipeline) + "\nis not\n  "
                                     + " -> ".join(pipeline)))
@@ -140,8 +171,13 @@ class LoaderState:
                 raise StateError(f"loader state position {self.position} is not on a batch "
                                  f"boundary (a multiple of {self.unit}): it cannot move to "
                                  f"{process_count} processes")
+            ran_to = self.position * self.process_count  # global position, batch boundary
+            layout = (*self.layout, (ran_to, self.process_count))
+            if len(layout) > 1 and layout[-2][0] == ran_to:  # that count ran no step
+                layout = (*layout[:-2], (ran_to, layout[-2][1]))
             return replace(self, position=self.position // self.unit * unit, unit=unit,
-                           process_count=process_count, pipeline=tuple(pipeline))
+                           process_count=process_count, pipeline=tuple(pipeline),
+                           layout=layout)
         if self.unit != unit and batch_mode:
             raise StateError(f"state was saved with batch size {self.unit}, not {unit}")
         return replace(self, pipeline=tuple(pipeline))

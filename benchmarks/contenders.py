@@ -117,7 +117,9 @@ def _aio_dataset(spec: dict[str, Any]):
                                      **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":
-        ds = ds.shuffle(spec.get("seed", 0), strategy="block", window=spec.get("window", 16))
+        ds = ds.shuffle(spec.get("seed", 0), strategy="block",
+                        block_bytes=spec.get("block_bytes"),
+                        window_bytes=spec.get("window_bytes"))
     elif shuffle:
         ds = ds.shuffle(spec.get("seed", 0))
     if spec.get("limit"):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from aioloader.permutation import _epoch_keys
 from aioloader.sampling import (
+    BlockShuffle,
     IndexPlan,
     Repeat,
     Shard,
@@ -197,7 +198,7 @@ def test_block_shuffle_in_a_plan_is_rekeyed_per_epoch():
     counts = [50, 0, 20, 80, 33]
     starts = np.concatenate(([0], np.cumsum(counts)))
     n = int(starts[-1])
-    plan = IndexPlan(n, [Shuffle(3, "block", window=2), Repeat(2)], chunk_starts=starts)
+    plan = IndexPlan(n, [BlockShuffle(3, 2), Repeat(2)], chunk_starts=starts)
     records, _ = plan.lookup(np.arange(2 * n))
     a, b = records[:n], records[n:]
     assert is_permutation(a, n) and is_permutation(b, n) and not np.array_equal(a, b)
@@ -300,9 +301,9 @@ def test_slice_then_shuffle_then_repeat():
         ([Repeat(None), Slice(0, 10)], "finite parent"),
         ([Repeat(None), Shard(0, 2, contiguous=True)], "finite parent"),
         ([Repeat(None), Repeat(2)], "finite parent"),
-        ([Slice(0, 10), Shuffle(1, "block", window=2)], "must come first"),
-        ([Shuffle(2), Shuffle(1, "block", window=2)], "must come first"),
-        ([Shard(0, 2), Shuffle(1, "block", window=2)], "must come first"),
+        ([Slice(0, 10), BlockShuffle(1, 2)], "must come first"),
+        ([Shuffle(2), BlockShuffle(1, 2)], "must come first"),
+        ([Shard(0, 2), BlockShuffle(1, 2)], "must come first"),
     ],
 )
 def test_invalid_chains_raise(ops, match):
@@ -314,7 +315,7 @@ def test_invalid_ops_and_inputs_raise():
     with pytest.raises(ValueError, match="empty"):
         IndexPlan(0, [Repeat(2)])
     with pytest.raises(ValueError, match="chunk_starts"):
-        IndexPlan(100, [Shuffle(1, "block", window=2)])
+        IndexPlan(100, [BlockShuffle(1, 2)])
     with pytest.raises(ValueError, match="ends at"):
         IndexPlan(100, [], chunk_starts=np.array([0, 99]))
     with pytest.raises(ValueError):
@@ -328,9 +329,13 @@ def test_invalid_ops_and_inputs_raise():
     with pytest.raises(ValueError):
         Shuffle(1, "bogus")
     with pytest.raises(ValueError):
-        Shuffle(1, "block")  # window missing
+        Shuffle(1, "block", block_bytes=-1)
     with pytest.raises(ValueError):
-        Shuffle(1, "exact", window=4)
+        Shuffle(1, "exact", window_bytes=4)
+    with pytest.raises(ValueError, match="resolved"):
+        IndexPlan(100, [Shuffle(1, "block")], chunk_starts=np.array([0, 50, 100]))
+    with pytest.raises(ValueError):
+        BlockShuffle(1, -1)
     with pytest.raises(ValueError):
         Repeat(-1)
     with pytest.raises(TypeError):
@@ -360,7 +365,7 @@ def test_epoch_length():
 
 def test_ops_and_plans_pickle():
     starts = np.array([0, 40, 100])
-    plan = IndexPlan(100, [Shuffle(1, "block", 1), Repeat(None), Shard(0, 2)], starts)
+    plan = IndexPlan(100, [BlockShuffle(1, 1), Repeat(None), Shard(0, 2)], starts)
     again = pickle.loads(pickle.dumps(plan))
     p = np.arange(0, 10**4, 97)
     assert all(np.array_equal(a, b) for a, b in zip(plan.lookup(p), again.lookup(p)))

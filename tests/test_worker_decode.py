@@ -66,7 +66,8 @@ async def test_remote_files_of_group_size_64_give_the_same_batches(files, reside
 
 
 async def test_block_shuffle_over_group_size_64_is_the_same_for_any_worker_count(files):
-    ds = (al.Dataset.from_arrayrecord(files[64]).shuffle(3, strategy="block", window=4)
+    ds = (al.Dataset.from_arrayrecord(files[64]).shuffle(3, strategy="block", block_bytes=2048,
+                                                     window_bytes=8192)
           .map(fns.decode).map(fns.only_id_noise_det).batch(20))
     ref = await collect(ds, workers=0)
     assert sorted(np.concatenate([b["id"] for b in ref]).tolist()) == list(range(N))

@@ -25,6 +25,7 @@ from ..plan import (
     longest_shard,
     needs_processes,
     shape,
+    with_layout,
 )
 from ..state import LoaderState
 from ..sync import pump
@@ -135,7 +136,7 @@ class Loader:
     async def _start(self) -> None:
         self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
         await self._guard.arm()
-        plan = await self._parts.open(self._state.unit)
+        plan = await self._parts.open(self._state.unit, self._state.layout)
         self._state.check_position(plan.length, plan.batch_mode)
         self._new_run()
 
@@ -144,6 +145,9 @@ class Loader:
         assert p.plan is not None and p.runner is not None
         if p.plan.unit != self._state.unit:  # a stream-mode state set with another window
             p.plan = dataclasses.replace(p.plan, unit=self._state.unit)
+            p.runner.use(p.plan)
+        if p.plan.layout != self._state.layout:  # a state moved from another process count
+            p.plan = with_layout(p.plan, self.dataset, self._state.layout)
             p.runner.use(p.plan)
         self._run = Run(p.plan, p.runner, self._state, self.prefetch, self.dataset, self._stats)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
 from ..source import ArrayRecordSource
@@ -42,8 +44,9 @@ class Parts:
         self.runner: TaskRunner | None = None
         self._finalizer: weakref.finalize | None = None
 
-    async def open(self, unit: int) -> Plan:
-        """Start the workers, open the files, compile the plan (`unit`: the state's)."""
+    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = ()) -> Plan:
+        """Start the workers, open the files, compile the plan (`unit`, `layout`: the
+        state's)."""
         ds, opts = self.dataset, self.options
         pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
         self.pool = Pool(pipeline, opts.worker.workers,
@@ -62,9 +65,22 @@ class Parts:
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
         await src.aopen()
+        table = src.table
+
+        def blocks(target: int) -> tuple[np.ndarray, np.ndarray]:
+            """Blocks of about `target` bytes on disk, weighed by their decoded bytes (what a
+            window holds in memory)."""
+            runs = table.runs(target)
+            decoded = np.concatenate([ix.chunk_decoded_sizes for ix in table.indices]
+                                     or [np.zeros(0, np.int64)]).astype(np.int64)
+            first = runs.chunk[:-1]
+            sizes = (np.add.reduceat(decoded, first) if first.size
+                     else np.zeros(0, np.int64))
+            return table.run_record_starts(target), sizes
+
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
-                          ds.source.verify)
-        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs)
+                          ds.source.verify, blocks)
+        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         return self.plan
 
