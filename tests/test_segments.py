@@ -40,18 +40,25 @@ TIER = SEGMENT * 6  # a handful of segments; the dataset is ~40 of them
 
 
 @settings(max_examples=200, deadline=None)
-@given(segs=st.lists(st.integers(0, 12), max_size=80),
-       rooms=st.lists(st.integers(1, 50), min_size=13, max_size=13),
-       budget=st.integers(0, 300), min_count=st.integers(1, 6))
-def test_dense_segments_counts_within_the_budgeted_prefix(segs, rooms, budget, min_count):
-    wanted, cut = dense_segments(segs, rooms, budget, min_count)
+@given(picks=st.lists(st.integers(0, 40), max_size=80),
+       rooms=st.lists(st.integers(1, 50), min_size=14, max_size=14),
+       budget=st.integers(0, 300), min_count=st.integers(1, 6), by_chunk=st.booleans())
+def test_dense_segments_counts_within_the_budgeted_prefix(picks, rooms, budget, min_count,
+                                                          by_chunk):
+    """Chunk c lies in segment c // 3; each position needs one chunk."""
+    segs = [c // 3 for c in picks]
+    wanted, cut = dense_segments(segs, rooms, budget, min_count,
+                                 picks if by_chunk else None)
     prefix = segs[:cut]
     distinct = list(dict.fromkeys(prefix))  # first-use order
     assert sum(rooms[s] for s in distinct) <= budget
     if cut < len(segs):  # the next position's segment would not have fitted
         assert segs[cut] not in distinct
         assert sum(rooms[s] for s in distinct) + rooms[segs[cut]] > budget
-    assert wanted.tolist() == [s for s in distinct if prefix.count(s) >= min_count]
+    chunks = set(picks[:cut])
+    count = ({s: sum(1 for c in chunks if c // 3 == s) for s in distinct} if by_chunk else
+             {s: prefix.count(s) for s in distinct})
+    assert wanted.tolist() == [s for s in distinct if count[s] >= min_count]
 
 
 def test_dense_and_sparse_orders():
@@ -67,6 +74,11 @@ def test_dense_and_sparse_orders():
                             for w in range(0, 64, 8)])  # windows of 8 segments, shuffled
     wanted, _ = dense_segments(block, room, 64 << 20, 16)
     assert sorted(wanted.tolist()) == list(range(16))
+    # A block shuffle over the chunks of a large-group file: each window takes one chunk of
+    # 64 records from each of many segments. Many records, one read each: not dense.
+    chunk = np.repeat(rng.permutation(100_000), 64)[:200_000]  # 100 chunks a segment
+    wanted, _ = dense_segments(chunk // 100, room, 64 << 20, 16, chunk)
+    assert wanted.size == 0
 
 
 # -- the store against a fake bucket --------------------------------------------------
@@ -173,6 +185,7 @@ async def test_evicted_pages_go_back_and_places_are_not_reused():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return {1: _write(tmp_path_factory.mktemp("g1"), n=N, shards=4),
+            8: _write(tmp_path_factory.mktemp("g8"), n=N, shards=2, group=8),
             64: _write(tmp_path_factory.mktemp("g64"), n=N, shards=2, group=64)}
 
 
@@ -207,8 +220,8 @@ def digest(record: bytes) -> dict:
 
 
 @pytest.mark.parametrize(("group", "order", "workers"), [
-    (1, "sequential", 0), (1, "sequential", 2), (64, "block", 0), (64, "block", 2),
-    (1, "exact", 2)])
+    (1, "sequential", 0), (1, "sequential", 2), (8, "sequential", 0), (8, "sequential", 2),
+    (1, "exact", 2), (64, "block", 2)])
 async def test_a_dataset_larger_than_the_tier_gives_the_same_batches(data, bucket, group,
                                                                      order, workers):
     gcs, urls = bucket
@@ -225,6 +238,8 @@ async def test_a_dataset_larger_than_the_tier_gives_the_same_batches(data, bucke
     if order == "exact":  # sparse: record by record, no segment fetched
         assert "tier_fetched" not in cache
         assert requests >= N
+    elif order == "block":  # a chunk here and there (~3 a segment): one read per chunk
+        assert "tier_fetched" not in cache
     else:  # dense: whole segments, fetched ahead, evicted behind
         assert cache["tier_fetched"] > 0 and cache["tier_evictions"] > 0
         assert cache["tier_records"] > N  # most records came from memory

@@ -45,8 +45,9 @@ class Readahead:
             if stop <= lo:
                 return
             records, _ = plan.index.lookup(np.arange(lo, stop, dtype=np.int64))
-            segs = self.source.fetcher.segments_of_records(records)
-            wanted, cut = dense_segments(segs, store.room, store.ahead_budget, store.min_count)
+            segs, chunks = self.source.fetcher.segments_of_records(records)
+            wanted, cut = dense_segments(segs, store.room, store.ahead_budget, store.min_count,
+                                         chunks)
             if cut < len(segs) or stop - lo < n or n >= MOST_LOOK:
                 break
             n *= 4

@@ -118,11 +118,13 @@ class Fetcher:
         look on disk, else the bucket, and keep a copy)."""
         await self.storage.read_into(url, start, end, dest)
 
-    def segments_of_records(self, records: np.ndarray) -> np.ndarray:
-        """The memory tier's segment of each global record (readahead's input)."""
+    def segments_of_records(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The memory tier's segment and the global chunk of each global record (readahead's
+        input)."""
         files, chunks, _ = self.table.locate(records)
+        g = self._first_chunk[files] + chunks
         bounds = self.table.runs(self._segment).chunk
-        return np.searchsorted(bounds, self._first_chunk[files] + chunks, side="right") - 1
+        return np.searchsorted(bounds, g, side="right") - 1, g
 
     # -- by records' chunk refs (the loader) ----------------------------------------------
 
