@@ -1,4 +1,5 @@
-"""A remote dataset kept in memory (aioloader.resident): same batches, far fewer requests.
+"""A remote dataset kept in memory whole (aioloader.cache.segments): same batches, far fewer
+requests.
 
 Reads go to the emulator over real HTTP through the delay line, which counts requests.
 """
@@ -14,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aioloader as al
-from aioloader.resident import ResidentFiles
+from aioloader.cache import SegmentStore
+from aioloader.planning import cut_runs
 from aioloader.storage import StoreUnavailableError
 from aioloader.testing import local_gcs
 
@@ -23,7 +25,7 @@ from .test_pipeline import _same, _write
 
 N = 3000
 BATCH = 64
-SEGMENT = 16 << 10  # memory_budget / 4: many segments, some records straddling two
+SEGMENT = 16 << 10  # memory_budget / 4: many segments (runs of whole chunks)
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +71,13 @@ async def test_same_batches_as_record_reads_with_a_fraction_of_the_requests(data
     d1 = _downloads(gcs, n1)
     _same(per_record, ref)
     _same(kept, ref)
-    # Every segment holding records is kept, whole; those holding only the footer and
-    # postscript are never read.
+    # Every segment (a run of whole chunks) is kept, whole; the footer and postscript are
+    # never read.
     with al.ArrayRecordSource(data) as src:
-        ends = [(int(ix.chunk_ends.max()), ix.size) for ix in src.file_indices]
-    segments = sum(-(-end // SEGMENT) for end, _ in ends)
+        runs = src.table.runs(SEGMENT)
+    segments = len(runs)
     assert st["cache"]["resident_segments"] == segments
-    assert st["cache"]["resident_bytes"] == sum(min(size, -(-end // SEGMENT) * SEGMENT)
-                                                for end, size in ends)
+    assert st["cache"]["resident_bytes"] == int((runs.end - runs.start).sum())
     # Record by record: about one GET per record read (two epochs; a few neighbours merge).
     assert d0 >= N
     # Kept: each segment once, the first tasks' records before any segment landed, opening.
@@ -148,18 +149,30 @@ async def test_a_stalled_bucket_fails_with_the_segment_range_and_closes_cleanly(
         await it.aclose()
 
 
+def _runs_of(sizes, chunk, segment):
+    """Files of `sizes` bytes cut into chunks of `chunk` bytes, the chunks into runs."""
+    f, s, e = [], [], []
+    for k, size in enumerate(sizes):
+        for a in range(0, size, chunk):
+            f.append(k), s.append(a), e.append(min(size, a + chunk))
+    return cut_runs(np.array(f, np.int64), np.array(s, np.int64), np.array(e, np.int64),
+                    segment), list(zip(f, s, e))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+    chunk=st.integers(1, 40),
     segment=st.integers(1, 64),
-    picks=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300), st.integers(0, 300)),
-                   max_size=30),
+    picks=st.lists(st.integers(0, 10**6), max_size=30),
 )
-def test_views_are_the_bytes_asked_for(sizes, segment, picks):
-    """Any ranges, any segment size: within one segment, across several, at file ends."""
+def test_views_are_the_bytes_asked_for(sizes, chunk, segment, picks):
+    """Any chunks, any segment size: within one segment, at file ends, chunks larger than
+    a segment."""
     blobs = [bytes(np.random.default_rng(k).integers(0, 256, s, dtype=np.uint8))
              for k, s in enumerate(sizes)]
     urls = [f"mem://{k}" for k in range(len(sizes))]
+    runs, chunks = _runs_of(sizes, chunk, segment)
     reads = []
 
     async def read_into(url, start, end, dest):
@@ -167,27 +180,32 @@ def test_views_are_the_bytes_asked_for(sizes, segment, picks):
         await asyncio.sleep(0)
         dest[:] = blobs[int(url[6:])][start:end]
 
-    ranges = []
-    for f, a, b in picks:
-        f %= len(sizes)
-        lo, hi = sorted((min(a, sizes[f]), min(b, sizes[f])))
-        ranges.append((f, lo, hi))
+    ranges = [chunks[p % len(chunks)] for p in picks] if chunks else []
 
     async def main():
-        kept = ResidentFiles(urls, sizes, read_into, segment)
+        kept = SegmentStore(urls, sizes, runs, sum(sizes) + 1, read_into)
+        assert kept.whole
         files, starts, ends = (np.array(x, dtype=np.int64).reshape(-1)
                                for x in zip(*ranges)) if ranges else [np.zeros(0, np.int64)] * 3
-        assert await kept.views(files, starts, ends) is None  # the first read goes direct
-        assert not reads  # ... and fetches no segment
-        waiting = asyncio.ensure_future(kept.views(files, starts, ends))
+        segs = kept.segments_of(files, starts, ends)
+        assert segs is not None
+        assert kept.claim()  # the first read goes direct
+        assert not kept.claim() and not reads  # ... once, and fetches no segment
+
+        async def later():
+            assert await kept.gate()
+            return await kept.views(segs, starts, ends)
+
+        waiting = asyncio.ensure_future(later())
         await asyncio.sleep(0.01)
         assert not waiting.done() and not reads  # the next waits for the first to end
-        kept.start(files[:1], starts[:1], ends[:1])
+        kept.start(segs[:1])
         got = await waiting
         assert [bytes(v) for v in got] == [blobs[f][s:e] for f, s, e in ranges]
-        assert len(reads) == len(set(reads))  # each segment fetched once
-        for _url, s, e in reads:
-            assert s % segment == 0 and e - s <= segment
+        assert len(reads) == len(set(reads))  # each segment fetched once, whole
+        runs_read = set(zip([urls[f] for f in runs.file.tolist()], runs.start.tolist(),
+                            runs.end.tolist()))
+        assert set(reads) <= runs_read
         await kept.aclose()
 
     asyncio.run(main())
@@ -226,10 +244,11 @@ def test_one_descriptor_however_many_files():
     async def read_into(url, start, end, dest):
         dest[:] = bytes(end - start)
 
-    kept = ResidentFiles([f"mem://{k}" for k in range(2000)], sizes, read_into, 4096)
+    runs, _ = _runs_of(sizes, 4096, 4096)
+    kept = SegmentStore([f"mem://{k}" for k in range(2000)], sizes, runs, 1 << 30, read_into)
     try:
         assert me.num_fds() - before <= 2  # the memory file, and the dup mmap keeps
-        assert kept.base[1] % mmap.PAGESIZE == 0 and kept.base[-1] >= sum(sizes)
+        assert (kept.loc % mmap.PAGESIZE == 0).all() and kept.loc[-1] + 1000 >= sum(sizes)
     finally:
         asyncio.run(kept.aclose())
     assert me.num_fds() == before
@@ -292,7 +311,7 @@ async def test_closing_cancels_fetches_and_refuses_later_reads(bucket):
     assert _downloads(gcs, n0) > 0
     await src.aclose()
     with pytest.raises(StorageError, match="closed: open the source again"):
-        await kept.views(np.array([0]), np.array([0]), np.array([10]))
+        await kept.gate()
 
     gate = asyncio.Event()
 
@@ -300,11 +319,12 @@ async def test_closing_cancels_fetches_and_refuses_later_reads(bucket):
         await gate.wait()  # never set: the fetch is still running at close
         dest[:] = bytes(end - start)
 
-    other = ResidentFiles(["mem://a"], [1000], slow_read_into, 100)
+    runs, _ = _runs_of([1000], 500, 100)
+    other = SegmentStore(["mem://a"], [1000], runs, 1 << 20, slow_read_into)
     one = (np.array([0]), np.array([0]), np.array([500]))
-    assert await other.views(*one) is None  # the first read goes direct
-    other.start(*one)
-    waiting = asyncio.ensure_future(other.views(*one))
+    assert other.claim()  # the first read goes direct
+    other.start(other.segments_of(*one))
+    waiting = asyncio.ensure_future(other.views(other.segments_of(*one), *one[1:]))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     await other.aclose()

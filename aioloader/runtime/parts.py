@@ -78,8 +78,9 @@ class Parts:
                      else np.zeros(0, np.int64))
             return table.run_record_starts(target), sizes
 
-        meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
-                          ds.source.verify, blocks)
+        whole = src.resident is not None and src.resident.whole  # read like local files
+        meta = SourceMeta(len(src), src.chunk_starts, src.all_local, whole, ds.source.verify,
+                          blocks)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         return self.plan
@@ -106,6 +107,10 @@ class Parts:
         out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
-        if kept is not None:
+        if kept is not None and kept.fetched:
             out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
+            if not kept.whole:  # the bounded tier: what it held, fetched, evicted, served
+                out.update(tier_capacity=kept.capacity, tier_fetched=kept.fetched,
+                           tier_fetched_bytes=kept.fetched_bytes,
+                           tier_evictions=kept.evictions, tier_records=kept.hits)
         return out

@@ -380,7 +380,16 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
     if cache.get("hits", 0) or cache.get("misses", 0):
         lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
                      f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
-    if cache.get("resident_segments"):
+    if cache.get("tier_fetched"):
+        lines.append(f"kept in memory (in part: the dataset is larger than resident_bytes, "
+                     f"{cache['tier_capacity'] / 1e6:,.1f} MB): "
+                     f"{cache['resident_bytes'] / 1e6:,.1f} MB in "
+                     f"{cache['resident_segments']:,} segments now; "
+                     f"{cache['tier_fetched']:,} segments fetched "
+                     f"({cache['tier_fetched_bytes'] / 1e6:,.1f} MB), "
+                     f"{cache['tier_evictions']:,} evicted, "
+                     f"{cache['tier_records']:,} records read from them")
+    elif cache.get("resident_segments"):
         lines.append(f"kept in memory: {cache['resident_bytes'] / 1e6:,.1f} MB in "
                      f"{cache['resident_segments']:,} segments (the whole dataset fits "
                      "resident_bytes; later epochs read no bytes)")

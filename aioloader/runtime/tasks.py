@@ -2,8 +2,9 @@
 
 A task covers output positions `lo..hi-1`. Its record indices and epochs come from the plan's
 index ops (`sampling`), where their chunks lie from the source's chunk table; remote bytes
-come through the source's fetch stage (merged range reads, or the in-memory copy of a
-remote dataset), local files the worker reads itself; the decode pool then decodes,
+come through the source's fetch stage (merged range reads), local files and the memory tier
+of a remote dataset the worker reads itself (the task's segments pinned until it is done;
+`readahead` tells the tier what comes next); the decode pool then decodes,
 transforms and batches it (`workers`). This module owns that sequence and the figures of
 its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
 """
@@ -20,6 +21,7 @@ from ..planning import ChunkRefs
 from ..storage import StorageError
 from ..workers import Pool, Result, Task
 from ..workers.arena import array_leaves
+from .readahead import Readahead
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
 
@@ -42,10 +44,12 @@ class TaskRunner:
         self._ahead: tuple | None = None  # see _lookup
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
+        self.readahead = Readahead(plan, source)
 
     def use(self, plan: Plan) -> None:
         """Run tasks of `plan` from now on (the same pipeline with another window)."""
         self.plan, self._ahead = plan, None
+        self.readahead.use(plan)
 
     def span(self, lo: int) -> tuple[int, int] | None:
         return self.plan.span(lo, self.batches_per_task)
@@ -53,15 +57,21 @@ class TaskRunner:
     async def run(self, k: int, lo: int, hi: int) -> Result:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
+        if not self.local:
+            self.readahead.at(lo)
+        lease = None
         try:
             with st.fetch.timed(items=hi - lo):
-                task = await self._build(k, records, epochs, refs)
+                task, lease = await self._build(k, records, epochs, refs)
             with st.process.timed(items=hi - lo):
                 result = await self.pool.run(task, describe=f"task {k} (output positions "
                                                             f"{lo}..{hi - 1})")
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
+        finally:
+            if lease is not None:  # the workers are done with the task's segments
+                lease.release()
         if result.reads and self.local:  # the worker's reads of local files (not of a
             st.add_worker_reads(result.reads, result.bytes_read)  # remote dataset's copy)
         st.records += hi - lo
@@ -90,16 +100,17 @@ class TaskRunner:
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
     async def _build(self, k: int, records: np.ndarray, epochs: np.ndarray,
-                     refs: ChunkRefs) -> Task:
+                     refs: ChunkRefs) -> tuple[Task, Any]:
         """What task `k` needs: where its records' chunks are (the worker reads local files,
-        and the memory copies of a remote dataset kept in memory, itself), plus the fetched
-        bytes of remote files."""
+        and the memory tier of a remote dataset, itself), plus the fetched bytes of remote
+        files; and the lease on the memory tier's segments to release once it is done."""
         if self.local:
-            return Task(k, records, epochs, refs=refs)
-        kept = await self.source.resident_refs(refs)  # a remote dataset kept in memory
-        if kept is not None:
-            return Task(k, records, epochs, refs=kept)
-        return Task(k, records, epochs, refs=refs, raws=await self.source.fetch_refs(refs))
+            return Task(k, records, epochs, refs=refs), None
+        lease = await self.source.resident_refs(refs)  # in the memory tier
+        if lease is not None:
+            return Task(k, records, epochs, refs=lease.refs), lease
+        raws = await self.source.fetch_refs(refs)
+        return Task(k, records, epochs, refs=refs, raws=raws), None
 
     def observe(self, batches: list | None) -> None:
         """After a result: tasks double in size per result up to the plan's goal, rather

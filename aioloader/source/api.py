@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
+from ..cache import SegmentStore
 from ..index_cache import IndexCache
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
-from ..resident import ResidentFiles
 from ..storage import Storage, StorageError, is_local, redact
 from ..sync import release, run_sync
-from .fetch import Fetcher
+from .fetch import Fetcher, Lease
 from .records import ChunkCache, read_chunks
 from .table import RecordTable, open_table
 
@@ -34,8 +34,8 @@ class ArrayRecordSource:
 
     `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
     records are numbered across files in that order (globs sorted). With `resident_bytes`
-    (off by default here; the loader's default is 1 GiB) a remote dataset up to that size is
-    fetched in segments and kept in memory after the first read (`aioloader.resident`).
+    (off by default here; the loader's default is 1 GiB) a remote dataset is fetched in
+    segments after the first read and kept in memory, whole when it fits (`aioloader.cache`).
     `cache_bytes` bounds each chunk cache: the decoded chunks `read` keeps, and the raw
     chunks `fetch_refs` keeps (files with group size > 1 only).
     """
@@ -127,8 +127,8 @@ class ArrayRecordSource:
         return self._fetcher  # type: ignore[return-value]
 
     @property
-    def resident(self) -> ResidentFiles | None:
-        """The in-memory copy of a small remote dataset, if kept (see aioloader.resident)."""
+    def resident(self) -> SegmentStore | None:
+        """The memory tier of a remote dataset, if kept (see aioloader.cache.segments)."""
         return self._fetcher.resident if self._fetcher is not None else None
 
     # -- what is open -----------------------------------------------------------------
@@ -175,8 +175,9 @@ class ArrayRecordSource:
         """The physical bytes of each record's chunk in `refs` (merged reads)."""
         return await self.fetcher.fetch_refs(refs)
 
-    async def resident_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
-        """`refs` read from the memory copy of the files, when there is one to read."""
+    async def resident_refs(self, refs: ChunkRefs) -> Lease | None:
+        """`refs` read from the memory tier, pinned there until the lease is released,
+        when it serves them (see `Fetcher.resident_refs`)."""
         return await self.fetcher.resident_refs(refs)
 
     async def explain(self, err: Exception, files) -> Exception:

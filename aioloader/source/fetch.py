@@ -5,8 +5,10 @@ neighbours joined across small gaps) issued concurrently under the storage's lim
 are named by number (their place in the `RecordTable`), never by URL. Two things sit in
 front of the reads:
 
-- a remote dataset small enough (`resident_bytes`) is kept in memory whole
-  (`aioloader.resident`), and reads are served from it once its segments are in;
+- the memory tier (`aioloader.cache`, `resident_bytes`): a remote dataset that fits is kept
+  in memory whole, and reads are served from it once its segments are in; a larger one is
+  kept in part, the segments that upcoming records lie densely in (the runtime's readahead
+  says which), each task's segments pinned while its workers read them (`resident_refs`);
 - the raw (still compressed) chunks of files with group size > 1 stay in a byte-bounded
   LRU (`RawChunkCache`), and a chunk being fetched is shared with whoever else asks for it
   meanwhile: a chunk that several tasks (batches) touch is downloaded once. One-record
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..cache import SEGMENT_BYTES, SegmentStore
 from ..planning import ChunkRefs, plan_reads
-from ..resident import SEGMENT_BYTES, ResidentFiles
 from ..storage import (
     ObjectChangedError,
     Storage,
@@ -72,6 +75,15 @@ class RawChunkCache:
         self.bytes = 0
 
 
+@dataclass(frozen=True)
+class Lease:
+    """Records' refs into the memory tier, valid until `release` (the task's workers are
+    done reading: only then may their segments be evicted)."""
+
+    refs: ChunkRefs
+    release: Callable[[], None]
+
+
 class _Abandoned(Exception):
     """The read a waiter shared failed or was cancelled: the waiter reads the chunk itself
     (and sees the error, if any, in its own context)."""
@@ -88,13 +100,31 @@ class Fetcher:
         self.max_merged = max_merged
         self.raw_cache = RawChunkCache(cache_bytes)
         self._inflight: dict[Key, asyncio.Future] = {}
-        self.resident: ResidentFiles | None = None  # see aioloader.resident
+        self.resident: SegmentStore | None = None  # the memory tier (aioloader.cache)
         files = table.files
         total = sum(f.size for f in files)
-        if files and not any(is_local(f.url) for f in files) and 0 < total <= resident_bytes:
-            segment = max(1, min(SEGMENT_BYTES, storage.max_inflight_bytes // 4))
-            self.resident = ResidentFiles(table.urls, [f.size for f in files],
-                                          storage.read_into, segment)
+        segment = max(1, min(SEGMENT_BYTES, storage.max_inflight_bytes // 4))
+        if files and not any(is_local(f.url) for f in files) and \
+                SegmentStore.usable(total, resident_bytes, segment):
+            self.resident = SegmentStore(table.urls, [f.size for f in files],
+                                         table.runs(segment), resident_bytes,
+                                         self.fetch_segment)
+        counts = [ix.num_chunks for ix in table.indices]
+        self._first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._segment = segment
+
+    async def fetch_segment(self, url: str, start: int, end: int, dest: memoryview) -> None:
+        """Every segment the memory tier fetches comes through here (the disk tier's hook:
+        look on disk, else the bucket, and keep a copy)."""
+        await self.storage.read_into(url, start, end, dest)
+
+    def segments_of_records(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The memory tier's segment and the global chunk of each global record (readahead's
+        input)."""
+        files, chunks, _ = self.table.locate(records)
+        g = self._first_chunk[files] + chunks
+        bounds = self.table.runs(self._segment).chunk
+        return np.searchsorted(bounds, g, side="right") - 1, g
 
     # -- by records' chunk refs (the loader) ----------------------------------------------
 
@@ -111,21 +141,37 @@ class Fetcher:
         """The physical bytes of each record's chunk in `refs`, one view per record."""
         files = _ids(refs)[refs.file]
         grouped = self.table.grouped[files]
-        if self.resident is not None or self.raw_cache.max_bytes <= 0 or not grouped.any():
+        whole = self.resident is not None and self.resident.whole
+        if whole or self.raw_cache.max_bytes <= 0 or not grouped.any():
             return await self.fetch_ranges(files, refs.start, refs.end)
         return await self._fetch_cached(files, refs.chunk, refs.start, refs.end, grouped)
 
-    async def resident_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
-        """`refs` read from the in-memory copies of the files, once their segments are in
-        (worker processes read those themselves); None when the dataset is not kept in
-        memory that way, or this is the first read (fetch it with `fetch_refs`)."""
+    async def resident_refs(self, refs: ChunkRefs) -> Lease | None:
+        """`refs` read from the memory tier, once their segments are in (worker processes
+        read those themselves), pinned there until the lease is released; None when they
+        are not served from memory: the first read, a tier that does not keep them (few
+        upcoming records in their segments), or none (fetch them with `fetch_refs`)."""
         kept = self.resident
         if kept is None or kept.worker_path is None or kept.unclaimed:
             return None
         used = _ids(refs)
-        if not await kept.ensure(used[refs.file], refs.start, refs.end):
-            return None  # another event loop
-        return refs.read_from([kept.worker_path] * len(used), kept.base[used].tolist())
+        files = used[refs.file]
+        segs = kept.segments_of(files, refs.start, refs.end)
+        if segs is None or not await kept.gate():  # not chunks' ranges; another event loop
+            return None
+        need = np.unique(segs)
+        if not await kept.acquire(need):
+            return None
+        # One entry per place: file f's byte 0 sits at `shift` in the memory file (whole:
+        # one per file; bounded: one per segment).
+        shift = kept.loc[segs] - kept.seg_start[segs]
+        places, first, inverse = np.unique(shift, return_index=True, return_inverse=True)
+        names = [refs.name(f) for f in refs.file[first].tolist()]
+        kept.hits += len(refs)
+        out = ChunkRefs([kept.worker_path] * len(places), inverse.astype(np.int64).ravel(),
+                        refs.chunk, refs.start, refs.end, refs.within, names,
+                        places.tolist(), refs.count, files[first])
+        return Lease(out, lambda: kept.release(need))
 
     # -- by (file, chunk) and by byte range ---------------------------------------------
 
@@ -142,16 +188,22 @@ class Fetcher:
     async def fetch_ranges(self, files: np.ndarray, starts: np.ndarray,
                            ends: np.ndarray) -> list[memoryview]:
         """Byte ranges of files (by number): from resident segments when the dataset is
-        kept in memory, else through merged range reads."""
+        kept in memory whole, else through merged range reads (the first read always: only
+        once it is done do segments start coming)."""
         kept = self.resident
-        if kept is not None:
-            views = await kept.views(files, starts, ends)
-            if views is not None:
-                return views
+        if kept is None:
+            return await self.read_ranges(files, starts, ends)
+        files = np.asarray(files, dtype=np.int64)
+        starts = np.asarray(starts, dtype=np.int64)
+        ends = np.asarray(ends, dtype=np.int64)
+        segs = kept.segments_of(files, starts, ends)
+        if kept.claim():
             try:
                 return await self.read_ranges(files, starts, ends)
             finally:  # the first read is done (or failed): segments may come now
-                kept.start(files, starts, ends)
+                kept.start(segs)
+        if kept.whole and segs is not None and await kept.gate():
+            return await kept.views(segs, starts, ends)
         return await self.read_ranges(files, starts, ends)
 
     async def read_ranges(self, files: np.ndarray, starts: np.ndarray,

@@ -1,0 +1,8 @@
+"""The tiers between the bucket and the workers: the memory tier (`segments`: segments of a
+remote dataset in one memory file, bounded in bytes, fetched ahead where upcoming records
+lie densely, `readahead`), and the disk tier under it."""
+
+from .readahead import dense_segments
+from .segments import SEGMENT_BYTES, FetchSegment, SegmentStore
+
+__all__ = ["SEGMENT_BYTES", "FetchSegment", "SegmentStore", "dense_segments"]
