@@ -12,6 +12,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from ..cache.disk import DiskCache
+from ..cache.tier import SEGMENT_BYTES, DiskTier
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
 from ..source import ArrayRecordSource
@@ -40,6 +42,7 @@ class Parts:
         self.source: ArrayRecordSource | None = None
         self.plan: Plan | None = None
         self.runner: TaskRunner | None = None
+        self.disk: DiskTier | None = None
         self._finalizer: weakref.finalize | None = None
 
     async def open(self, unit: int) -> Plan:
@@ -66,7 +69,20 @@ class Parts:
                           ds.source.verify)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
+        self.runner.disk = self.disk = self._disk_tier(src)
         return self.plan
+
+    def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
+        """The disk tier of a remote dataset not kept in memory, when `cache_dir` is set;
+        its filler gets an eighth of `io_concurrency` (the rest stays for reads)."""
+        read = self.options.read
+        if read.cache_dir is None or src.all_local or src.resident is not None:
+            return None
+        segment = max(1, min(SEGMENT_BYTES, src.storage.max_inflight_bytes // 4))
+        tier = DiskTier(DiskCache(read.cache_dir, read.cache_bytes), src.table, src.storage,
+                        segment)
+        tier.start_filler(max(1, read.io_concurrency // 8))
+        return tier
 
     def free(self) -> None:
         """Free what is this process's without the event loop (the pool's processes and
@@ -76,6 +92,9 @@ class Parts:
 
     async def aclose(self) -> None:
         self.free()
+        disk, self.disk = self.disk, None
+        if disk is not None:
+            await disk.aclose()
         if self.source is not None:
             await self.source.aclose()
             await self.source.storage.aclose()
@@ -92,4 +111,6 @@ class Parts:
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
         if kept is not None:
             out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
+        if self.disk is not None:
+            out.update(self.disk.figures())
         return out
