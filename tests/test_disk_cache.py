@@ -27,12 +27,13 @@ from aioloader.storage import Storage
 from aioloader.testing import local_gcs
 from aioloader.workers.decode import Decoder
 
+from . import disk_cache_child as child
 from . import pipeline_fns as fns
 from .arrayrecord_util import read_theirs
 from .test_pipeline import _write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = 3000
+N = 1500
 SEGMENT = 16 << 10  # memory_budget / 4 in the loader: many segments
 SECRET = "sig-Zm9vYmFy"
 
@@ -221,6 +222,7 @@ def _open_cost(gcs, urls, budget=4 * SEGMENT):
     storage = Storage(max_inflight_bytes=budget, storage_options=gcs.storage_options)
     with al.ArrayRecordSource(urls, storage=storage) as src:
         len(src)
+        src._sync(storage.aclose())
     return gcs.proxy_stats.downloads - n0
 
 
@@ -300,19 +302,17 @@ def test_two_processes_download_each_segment_once(data, bucket, tmp_path):
     assert gcs.proxy_stats.downloads - n0 - opening == segments + 2 * opening
 
 
-def test_a_restarted_loader_reads_its_epoch_from_disk(data, bucket, tmp_path):
+async def test_a_restarted_loader_reads_its_epoch_from_disk(data, bucket, tmp_path):
     gcs, urls = bucket
     cache_dir = str(tmp_path / "c")
-    first = _child("load", urls=urls, opts=gcs.storage_options, cache_dir=cache_dir,
-                   segment=SEGMENT)
-    assert sorted(first["ids"]) == list(range(N))
-    # The first process may have ended before its filler did: fill what is left.
-    _child("fill", urls=urls, opts=gcs.storage_options, cache_dir=cache_dir,
-           segment=SEGMENT, start_at=0)
+    first, _ = await _run(child.pipeline(urls, gcs.storage_options), wait_filled=True,
+                          workers=1, cache_dir=cache_dir)
+    ids = [int(i) for b in first for i in b]
+    assert sorted(ids) == list(range(N))
     n0 = gcs.proxy_stats.downloads
     again = _child("load", urls=urls, opts=gcs.storage_options, cache_dir=cache_dir,
-                   segment=SEGMENT)
-    assert again["ids"] == first["ids"]
+                   segment=SEGMENT)  # a new process: nothing in memory
+    assert again["ids"] == ids
     assert again["cache"]["disk_records_remote"] == 0
     n1 = gcs.proxy_stats.downloads
     assert n1 - n0 == _open_cost(gcs, urls)  # opening the files, nothing more
@@ -346,7 +346,7 @@ async def test_cache_bytes_is_respected(data, bucket, tmp_path):
     _same(got, ref)
     used = sum(os.path.getsize(os.path.join(cache_dir, p)) for p in os.listdir(cache_dir))
     assert 0 < used <= budget
-    assert 0 < st["disk_segments"] <= 5 < st["disk_total_segments"]
+    assert 0 < st["disk_segments"] < st["disk_total_segments"]
 
 
 def test_cache_options_are_checked(tmp_path):
