@@ -194,6 +194,8 @@ class Dataset:
         retry: RetryPolicy | None = None,
         max_gap: int | None = None,
         resident_bytes: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_bytes: int | None = None,
         slot_size: int | None = None,
         window: int | None = None,
         read: ReadOptions | None = None,
@@ -205,11 +207,12 @@ class Dataset:
         """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
-        memory_budget, retry, max_gap, resident_bytes), `WorkerOptions` (workers, slot_size,
-        window), `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group
-        (`read=ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once
-        (`options=LoaderOptions(...)`). The most specific wins: a flat setting overrides
-        that field of its group, and `read=`/`worker=` replace that group of `options=`;
+        memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes),
+        `WorkerOptions` (workers, slot_size, window), `PrefetchOptions` (prefetch). Give
+        them flat (`workers=2`), by group (`read=ReadOptions(...)`, `worker=WorkerOptions(
+        ...)`), or all at once (`options=LoaderOptions(...)`). The most specific wins: a
+        flat setting overrides that field of its group, and `read=`/`worker=` replace that
+        group of `options=`;
         None means "not given here". `state` is a `get_state()` dict to resume from.
         """
         if unknown:
@@ -222,7 +225,8 @@ class Dataset:
         opts = (options if options is not None else LoaderOptions()).merged(
             read=read, worker=worker, workers=workers, prefetch=prefetch,
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
-            max_gap=max_gap, resident_bytes=resident_bytes, slot_size=slot_size,
+            max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
+            cache_bytes=cache_bytes, slot_size=slot_size,
             window=window)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a

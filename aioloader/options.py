@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -59,6 +60,12 @@ class ReadOptions:
       merged across gaps up to this many bytes; 0 merges only touching reads.
     - `resident_bytes` (1 GiB): a remote dataset up to this size is fetched in segments
       after the first batch and kept in memory (per process); 0 reads record by record.
+    - `cache_dir` (None): a private local directory where segments (~4 MiB runs of whole
+      chunks) of a remote dataset too large for `resident_bytes` are kept across epochs,
+      restarts and the processes of one host (`aioloader.cache`): a background download
+      fills it while reads go on, each segment downloaded once per host.
+    - `cache_bytes` (64 GiB): the most the entries in `cache_dir` may take (least recently
+      used out first; the disk also keeps 5%, at least 1 GiB, free whatever this says).
     """
 
     io_concurrency: int = 64
@@ -66,12 +73,20 @@ class ReadOptions:
     retry: RetryPolicy | None = None
     max_gap: int | None = None
     resident_bytes: int = 1 << 30
+    cache_dir: str | None = None
+    cache_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
         _whole(self, "io_concurrency", 1)
         _whole(self, "memory_budget", 1)
         _whole(self, "max_gap", 0, optional=True)
         _whole(self, "resident_bytes", 0)
+        _whole(self, "cache_bytes", 0)
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)):
+                raise TypeError(f"cache_dir must be a path or None, got "
+                                f"{type(self.cache_dir).__name__}")
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be an aioloader.RetryPolicy or None, got "
                             f"{type(self.retry).__name__}")

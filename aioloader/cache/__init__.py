@@ -1,6 +1,6 @@
 """The tiers between the bucket and the workers: the memory tier (`segments`: segments of a
 remote dataset in one memory file, bounded in bytes, fetched ahead where upcoming records
-lie densely, `readahead`), and the disk tier under it."""
+lie densely, `readahead`), and the disk tier under it (`disk`: entries, `tier`: segments)."""
 
 from .readahead import dense_segments
 from .segments import SEGMENT_BYTES, FetchSegment, SegmentStore

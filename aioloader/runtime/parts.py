@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..cache import SEGMENT_BYTES
+from ..cache.disk import DiskCache
+from ..cache.tier import DiskTier
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
 from ..source import ArrayRecordSource
@@ -42,6 +45,7 @@ class Parts:
         self.source: ArrayRecordSource | None = None
         self.plan: Plan | None = None
         self.runner: TaskRunner | None = None
+        self.disk: DiskTier | None = None
         self._finalizer: weakref.finalize | None = None
 
     async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = ()) -> Plan:
@@ -83,7 +87,22 @@ class Parts:
                           blocks)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
+        self.runner.disk = self.disk = self._disk_tier(src)
         return self.plan
+
+    def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
+        """The disk tier of a remote dataset not kept whole in memory, when `cache_dir` is
+        set (under the bounded memory tier, if any: a task all in memory is served there); its
+        filler gets an eighth of `io_concurrency` (the rest stays for reads)."""
+        read = self.options.read
+        if read.cache_dir is None or src.all_local or (src.resident is not None
+                                                       and src.resident.whole):
+            return None
+        segment = max(1, min(SEGMENT_BYTES, src.storage.max_inflight_bytes // 4))
+        tier = DiskTier(DiskCache(read.cache_dir, read.cache_bytes), src.table, src.storage,
+                        segment)
+        tier.start_filler(max(1, read.io_concurrency // 8))
+        return tier
 
     def free(self) -> None:
         """Free what is this process's without the event loop (the pool's processes and
@@ -93,6 +112,9 @@ class Parts:
 
     async def aclose(self) -> None:
         self.free()
+        disk, self.disk = self.disk, None
+        if disk is not None:
+            await disk.aclose()
         if self.source is not None:
             await self.source.aclose()
             await self.source.storage.aclose()
@@ -113,4 +135,6 @@ class Parts:
                 out.update(tier_capacity=kept.capacity, tier_fetched=kept.fetched,
                            tier_fetched_bytes=kept.fetched_bytes,
                            tier_evictions=kept.evictions, tier_records=kept.hits)
+        if self.disk is not None:
+            out.update(self.disk.figures())
         return out

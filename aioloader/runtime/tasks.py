@@ -42,6 +42,7 @@ class TaskRunner:
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
         self._goal: int | None = None
         self._ahead: tuple | None = None  # see _lookup
+        self.disk: Any = None  # the disk tier of a remote dataset (aioloader.cache), if any
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
@@ -109,6 +110,12 @@ class TaskRunner:
         lease = await self.source.resident_refs(refs)  # in the memory tier
         if lease is not None:
             return Task(k, records, epochs, refs=lease.refs), lease
+        if self.disk is not None:  # workers read segments on disk; the rest as bytes
+            on_disk = await self.disk.local_refs(refs)
+            if on_disk is not None:
+                return Task(k, records, epochs, refs=on_disk), None
+            raws = await self.disk.fetch_refs(refs, self.source.fetch_refs)
+            return Task(k, records, epochs, refs=refs, raws=raws), None
         raws = await self.source.fetch_refs(refs)
         return Task(k, records, epochs, refs=refs, raws=raws), None
 

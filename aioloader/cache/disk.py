@@ -1,0 +1,355 @@
+"""The disk tier's store: segments of remote files as checked files in one local directory.
+
+A segment is bytes `[start, end)` of one version of one object, keyed by
+`SegmentKey(url, version, start, end)` (the version is the gs:// generation the file was
+pinned to at open, so a rewritten object never reads as its old bytes). Several processes
+on one host share a directory; everything here holds whatever they do at the same time:
+
+- **Names**: an entry is `<hash of the key>.seg`. URLs (and so tokens or signed-URL query
+  parameters) never appear in a file name, an entry, or a log line (those say `redact(url)`).
+- **Entries are proved before use**: a 64-byte header (magic, a BLAKE2b digest of the key,
+  start, length) and a 16-byte trailer (HighwayHash-64 of header and payload — 0.15 ms/MB
+  here against BLAKE2b's 2.0 ms/MB — and an end magic). A file that is truncated, of another
+  key, damaged, or still being written (impossible under our own writes: they land by
+  rename, but not under a foreign tool's) fails a check, is dropped, and is fetched again:
+  it is never returned. The hash is a check, not a signature: hence a private directory.
+- **Atomic writes**: a private temporary (O_EXCL|O_NOFOLLOW, 0600) renamed over the name.
+  No fsync: a torn entry after a power cut fails its hash like any other damage.
+- **One download per segment per host**: `try_lock`/`lock` take an `fcntl.flock` on
+  `.<name>.lock`. The kernel drops a dead holder's lock, so nobody waits on a crashed
+  process; the holder unlinks the lock file before releasing it, and a taker checks that
+  the name still leads to the file it locked (the usual unlink-vs-flock race).
+- **LRU within `max_bytes`, across processes**: a use stamps the entry's mtime; a writer
+  over the budget rescans the directory and evicts the oldest entries first — but never one
+  used in the last `GRACE_S` seconds (a worker may be about to open it by name). If that
+  leaves no room, the new segment is simply not stored: the budget holds, the read still
+  succeeds. The disk also keeps `FREE_MARGIN` free. Entries vanishing mid-scan are fine.
+- **The directory** is checked like the index cache's (aioloader.index_cache): ours, not
+  writable by group or others, else `PermissionError`; a path that is a file is refused with
+  `NotADirectoryError`. Only names of our own patterns are ever removed: other files in a
+  user's directory are left alone (and not counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import stat
+import struct
+import time
+from typing import NamedTuple
+
+from ..arrayrecord.hashing import highwayhash64
+from ..urls import redact
+
+log = logging.getLogger("aioloader")
+
+MAGIC = b"AIOLSEG1"
+END = b"AIOLEND1"
+HEADER = struct.Struct("<8s32sQQ8x")  # magic, key digest, start, length, reserved
+TRAILER = struct.Struct("<Q8s")  # highwayhash64(header + payload), end magic
+PAYLOAD_AT = HEADER.size  # a segment's byte s lies at PAYLOAD_AT + s - start of its entry
+GRACE_S = 60.0  # an entry used this recently is never evicted
+TEMP_STALE_S = 3600.0  # a temporary this old was left by a dead writer
+FREE_MARGIN = 1 << 30  # keep at least this much (or 5% of the disk) free
+_ENTRY = re.compile(r"[0-9a-f]{40}\.seg")
+_TEMP = re.compile(r"\.[0-9a-f]{40}\.seg\.[0-9a-f]{16}\.tmp")
+
+
+class SegmentKey(NamedTuple):
+    """Bytes `[start, end)` of `url` at `version` (its generation: files are pinned)."""
+
+    url: str
+    version: str
+    start: int
+    end: int
+
+    def digest(self) -> bytes:
+        text = f"aioloader-segment-1\0{self.url}\0{self.version}\0{self.start}\0{self.end}"
+        return hashlib.blake2b(text.encode(), digest_size=32).digest()
+
+    def describe(self) -> str:
+        return f"bytes [{self.start}, {self.end}) of {redact(self.url)}"
+
+
+class EntryError(ValueError):
+    """Why an entry was not used (internal: a warning, the entry dropped, a re-fetch)."""
+
+
+class Lock:
+    """A held per-entry download lock (see `DiskCache.try_lock`)."""
+
+    def __init__(self, cache: DiskCache, name: str, fd: int) -> None:
+        self._cache, self._name, self._fd = cache, name, fd
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):  # unlink first: a waiter then re-checks the name
+            os.unlink(self._name, dir_fd=self._cache.dir_fd)
+        os.close(self._fd)  # closing drops the flock
+        self._fd = -1
+
+
+class DiskCache:
+    """Segments in the private directory `directory`, at most `max_bytes` of entries."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int) -> None:
+        self.directory = os.path.abspath(os.fspath(directory))
+        if max_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+            raise NotADirectoryError(
+                f"cache_dir {self.directory} exists and is not a directory: name a directory "
+                "(it is created if missing) for the disk cache")
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self.dir_fd = _open_private_dir(self.directory)
+        self.hits = self.writes = self.dropped = self.evicted = self.refused = 0
+        self._usage: int | None = None  # bytes of entries, as last scanned plus our writes
+
+    # -- entries ------------------------------------------------------------------------
+
+    @staticmethod
+    def name(key: SegmentKey) -> str:
+        return key.digest().hex()[:40] + ".seg"
+
+    def path(self, key: SegmentKey) -> str:
+        """The entry's path, for worker processes (the payload is at PAYLOAD_AT)."""
+        return os.path.join(self.directory, self.name(key))
+
+    def verify(self, key: SegmentKey) -> tuple[int, int] | None:
+        """The entry's (st_dev, st_ino) once its every check passed (and its use stamped);
+        None when missing, or bad: then it is dropped, with a warning."""
+        name = self.name(key)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            why = "it is a symlink" if err.errno == errno.ELOOP else err.strerror
+            self._drop(name, key, why, None)
+            return None
+        try:
+            st = os.fstat(fd)
+            try:
+                _check(fd, st, key)
+            except EntryError as err:
+                self._drop(name, key, str(err), st)
+                return None
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # its use, for the LRU
+            self.hits += 1
+            return st.st_dev, st.st_ino
+        finally:
+            os.close(fd)
+
+    def read(self, key: SegmentKey, known: tuple[int, int] | None,
+             ranges: list[tuple[int, int]]) -> list[bytes] | None:
+        """Bytes `[s, e)` (of the object) for each of `ranges`, from the entry: without a
+        new check when it is still the file `known` (`verify`'s answer) proved, else after
+        one. None when the entry is missing or bad."""
+        name = self.name(key)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != known:
+                try:
+                    _check(fd, st, key)
+                except EntryError as err:
+                    self._drop(name, key, str(err), st)
+                    return None
+            at = PAYLOAD_AT - key.start
+            out = [os.pread(fd, e - s, at + s) for s, e in ranges]
+        finally:
+            os.close(fd)
+        if any(len(b) != e - s for b, (s, e) in zip(out, ranges)):
+            return None
+        return out
+
+    def write(self, key: SegmentKey, data: bytes | memoryview) -> bool:
+        """Store `data` as `key`'s entry; False when there is no room for it (or the write
+        failed: a warning). Replaces whatever entry had the name."""
+        name = self.name(key)
+        n = entry_size(len(data))
+        if not self.make_room(n):
+            self.refused += 1
+            return False
+        header = HEADER.pack(MAGIC, key.digest(), key.start, len(data))
+        digest = highwayhash64(header + bytes(data))
+        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(header)
+                    f.write(data)
+                    f.write(TRAILER.pack(digest, END))
+                os.replace(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=self.dir_fd)
+                raise
+        except OSError as err:
+            log.warning("disk cache: %s not stored in %s: %s", key.describe(), self.directory,
+                        err.strerror or err)
+            return False
+        self.writes += 1
+        if self._usage is not None:
+            self._usage += n
+        return True
+
+    # -- the download lock --------------------------------------------------------------
+
+    def try_lock(self, key: SegmentKey) -> Lock | None:
+        """The lock on downloading `key`, or None when another holds it now."""
+        name = "." + self.name(key) + ".lock"
+        while True:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.dir_fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # the holder before us may have unlinked it as we opened it: lock the new one
+                same = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False).st_ino == \
+                    os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return Lock(self, name, fd)
+            os.close(fd)
+
+    # -- the budget ---------------------------------------------------------------------
+
+    def usage(self) -> int:
+        """Bytes of entries (and temporaries) in the directory now: one scan."""
+        return sum(st.st_size for _, st in self._scan())
+
+    def _scan(self) -> list[tuple[str, os.stat_result]]:
+        """Our files in the directory (entries and temporaries), stale temporaries removed;
+        files vanishing meanwhile are skipped."""
+        out = []
+        now = time.time()
+        with os.scandir(self.dir_fd) as it:
+            for e in it:
+                temp = _TEMP.fullmatch(e.name) is not None
+                if not (temp or _ENTRY.fullmatch(e.name)):
+                    continue  # not ours: never counted, never removed
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if temp and now - st.st_mtime > TEMP_STALE_S:
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.name, dir_fd=self.dir_fd)
+                    continue
+                out.append((e.name, st))
+        return out
+
+    def make_room(self, n: int) -> bool:
+        """Whether `n` more bytes fit, after evicting entries not used for GRACE_S."""
+        if n > self.max_bytes:
+            return False
+        if self._usage is not None and self._usage + n <= self.max_bytes and self._disk_ok(n):
+            return True
+        files = self._scan()  # others write and evict too: look again
+        used = sum(st.st_size for _, st in files)
+        old = time.time() - GRACE_S
+        victims = sorted((st.st_mtime, name, st.st_size) for name, st in files
+                         if name.endswith(".seg") and st.st_mtime < old)
+        for _, name, size in victims:
+            if used + n <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.dir_fd)
+                self.evicted += 1
+            used -= size
+        self._usage = used
+        return used + n <= self.max_bytes and self._disk_ok(n)
+
+    def _disk_ok(self, n: int) -> bool:
+        s = os.statvfs(self.directory)
+        margin = max(FREE_MARGIN if s.f_blocks * s.f_frsize > 20 * FREE_MARGIN else 0,
+                     s.f_blocks * s.f_frsize // 20)
+        return s.f_bavail * s.f_frsize - n >= margin
+
+    def _drop(self, name: str, key: SegmentKey, why: str, st: os.stat_result | None) -> None:
+        """Warn, and remove the bad entry, unless the name already leads to another file (a
+        fresh entry renamed over it meanwhile)."""
+        self.dropped += 1
+        log.warning("disk cache entry %s (%s) dropped: %s; fetching the segment again",
+                    os.path.join(self.directory, name), key.describe(), why)
+        try:
+            now = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+            if st is None or (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(name, dir_fd=self.dir_fd)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+def entry_size(n: int) -> int:
+    """Bytes on disk of the entry of an `n`-byte segment."""
+    return PAYLOAD_AT + n + TRAILER.size
+
+
+def _check(fd: int, st: os.stat_result, key: SegmentKey) -> None:
+    """Every check an entry must pass (reads it whole: ~0.15 ms/MB to hash)."""
+    n = key.end - key.start
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise EntryError("it is not a plain file of ours")
+    if st.st_size != entry_size(n):
+        raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated, or "
+                         "not an entry of this segment)")
+    data = os.pread(fd, st.st_size, 0)
+    if len(data) != st.st_size:
+        raise EntryError("it shrank while being read")
+    magic, digest, start, length = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise EntryError("it is not a segment entry (bad magic)")
+    if digest != key.digest() or start != key.start or length != n:
+        raise EntryError("it belongs to another segment, file or version")
+    stored, end = TRAILER.unpack_from(data, PAYLOAD_AT + n)
+    if end != END:
+        raise EntryError("its trailer is missing (half written?)")
+    if highwayhash64(memoryview(data)[: PAYLOAD_AT + n]) != stored:
+        raise EntryError("its checksum does not match its content (damaged or edited)")
+
+
+def _open_private_dir(directory: str) -> int:
+    """A descriptor of the directory, after checking that only we can write there."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        who = " and ".join(w for bit, w in ((0o020, "group"), (0o002, "others"))
+                           if st.st_mode & bit)
+        problem = (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}); run "
+                   f"`chmod go-w {directory}`")
+    if problem:
+        os.close(fd)
+        raise PermissionError(
+            f"cache_dir {directory} {problem}: another user could plant segments that make "
+            "records read wrong. Use a directory only you can write to (or pass no cache_dir).")
+    return fd
