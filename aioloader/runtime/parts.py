@@ -62,6 +62,10 @@ class Parts:
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
         await src.aopen()
+        self.stats.transfer_source = self.pool.figures
+        if len(src):  # slots for a batch of records of the files' mean size, at least
+            stored = sum(f.size for f in src.table.files) / len(src)
+            self.pool.reserve(int(stored * self.shape.unit))
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, src.resident is not None,
                           ds.source.verify)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs)

@@ -34,7 +34,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import WorkerError
-from .arena import Arena, Blob, Pickled
+from .arena import Arena, Blob, Pickled, array_leaves
 from .decode import Decoder, chunk_keys
 from .inline import InlineExecutor
 from .messages import Pipeline, Result, Task
@@ -115,6 +115,7 @@ class Pool:
         cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
         self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
+        self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0}
         if workers == 0:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
@@ -128,8 +129,7 @@ class Pool:
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
-                          self.arena.named_path, self._started, cache_bytes),
+                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes),
             )
         except BaseException:
             self.arena.close()
@@ -156,18 +156,49 @@ class Pool:
             if not self._unstarted:
                 forget_names([*pool_semaphores(self._executor), self._started])
 
+    def reserve(self, nbytes: int) -> None:
+        """Make slots hold `nbytes` before the first task (a guess from the plan: a batch of
+        records of the files' mean size), so big batches take shared memory at once rather
+        than after a task that found its slot too small."""
+        if self.workers:
+            self.arena.grow(nbytes)
+
     async def run(self, task: Task, describe: str = "") -> Result:
-        """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`)."""
+        """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`).
+        A worker whose output did not fit its slot says how much it needs: the arena grows
+        and the task runs again (its output is a pure function of the task)."""
+        raws = task.raws
+        room = True
+        while True:
+            result = await self._run_once(task, describe, room)
+            if not result.needed:
+                self.transfers["by_value" if result.slot < 0 and _has_arrays(result)
+                               else "in_slot"] += 1
+                return result
+            self.transfers["reruns"] += 1
+            task.raws, task.raw_spans = raws, None
+            try:
+                self.arena.grow(result.needed)
+            except OSError as exc:  # no memory file that large: this one goes by value
+                log.warning("a task's output (%d bytes) cannot have a shared-memory slot "
+                            "(%s); it comes through the pipe", result.needed, exc)
+                room = False
+
+    async def _run_once(self, task: Task, describe: str, room: bool) -> Result:
         arena = self.arena
-        slot = task.slot = arena.take()
+        if self.workers and task.raws is not None and room:
+            with contextlib.suppress(OSError):  # (else they go through the pipe)
+                arena.grow(_input_bytes(task))
+        slot = task.slot = arena.take() if room else -1
         lent = False
         cf = None
         try:
             if self.workers == 0:
+                where = arena.map_of(slot) if slot >= 0 else None
                 cf = self._executor.submit(run_task, task, self.pipeline, self._decoder,
-                                           arena.map, arena.slot_size,
-                                           label=describe or f"task {task.task_id}")
+                                           where, label=describe or f"task {task.task_id}")
             else:
+                task.arena = arena.where(slot) if slot >= 0 else None
                 if task.raws is not None:
                     _ship_inputs(task, arena, slot)
                 cf = self._executor.submit(run_task, task)
@@ -180,7 +211,7 @@ class Pool:
             if self.workers and self._unstarted:
                 self._forget_names()
             if isinstance(result.payload, (Pickled, Blob)):
-                result.payload = arena.unpickle(result.payload)
+                result.payload = arena.unpickle(result.payload, slot)
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
                 lent = True
@@ -201,6 +232,14 @@ class Pool:
         finally:
             if not lent:
                 arena.give(slot)
+
+    def figures(self) -> dict[str, int]:
+        """How results came back: `in_slot` (shared memory, or small enough for the pipe),
+        `by_value` (arrays through the pipe: no free slot, or workers=0 without room),
+        `reruns` (tasks run again after their output outgrew the slot), `grown` (times the
+        slots grew) and `slot_bytes` (a slot's size now)."""
+        return {**self.transfers, "grown": self.arena.grown,
+                "slot_bytes": self.arena.slot_size if self.arena.map is not None else 0}
 
     def _exit_codes(self) -> str:
         """How the dead worker died, e.g. ' (signal 9)'; waits briefly for its exit status."""
@@ -269,6 +308,23 @@ class Pool:
                         p.kill()
                 raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
+
+
+def _has_arrays(result: Result) -> bool:
+    return bool(array_leaves(result.payload))
+
+
+def _input_bytes(task: Task) -> int:
+    """The bytes of a task's fetched chunks in a slot's input half (each chunk once)."""
+    raws = task.raws
+    assert raws is not None
+    keys = chunk_keys(task.refs)
+    if keys is None:
+        return sum(len(r) for r in raws)
+    first: dict = {}
+    for k, key in enumerate(keys):
+        first.setdefault(key, k)
+    return sum(len(raws[k]) for k in first.values())
 
 
 def _ship_inputs(task: Task, arena: Arena, slot: int) -> None:
