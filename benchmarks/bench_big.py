@@ -229,7 +229,8 @@ def main() -> None:
         shutil.rmtree(workdir / "benchmarks")
     shutil.copytree(HERE, workdir / "benchmarks",
                     ignore=shutil.ignore_patterns("data", "__pycache__", "*.png"))
-    trees = {"before": a.before, "after": a.after} if a.before else {"after": a.after}
+    trees = {"before": a.before.resolve(), "after": a.after.resolve()} if a.before else \
+        {"after": a.after.resolve()}
     configs: list[tuple[str, dict[str, Any]]] = []
     if a.mode == "big":
         data = big_data(a.data)

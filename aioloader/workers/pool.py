@@ -115,7 +115,14 @@ class Pool:
         cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
         self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
-        self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0}
+        self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
+        self._warming: threading.Thread | None = None
+        # Until a worker is up (a new process's workers take a while: the forkserver is a
+        # fresh interpreter), one task at a time runs on a thread of this process instead,
+        # with the same code (`run_task`), so the first batch need not wait for them.
+        self._up = threading.Event()
+        self._first: InlineExecutor | None = None
+        self._first_busy = False
         if workers == 0:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
@@ -137,11 +144,26 @@ class Pool:
         _live_pools.add(self)
 
     def warm_up(self) -> None:
-        """Start the worker processes now (spawning takes a while) instead of on first use."""
-        if self.workers:
+        """Start the worker processes now (spawning takes a while) instead of on first use,
+        on a thread: starting the first one waits for the forkserver, a fresh interpreter
+        that imports NumPy and the worker's code, and the files can open meanwhile."""
+        if self.workers and self._warming is None:
+            self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",
+                                             daemon=True)
+            self._warming.start()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Whether a worker process is up (and tasks go to the workers), waiting up to
+        `timeout` s for one; True at once with workers=0."""
+        return self.workers == 0 or self._up.wait(timeout)
+
+    def _spawn(self) -> None:
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
             for _ in range(self.workers):
-                self._executor.submit(os.getpid).add_done_callback(self._forget_names)
-            self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
+                fut = self._executor.submit(os.getpid)
+                fut.add_done_callback(self._forget_names)
+                fut.add_done_callback(lambda f: f.exception() or self._up.set())
+        self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
 
     def _forget_names(self, _: Any = None) -> None:
         """Once every worker has started (each releases `_started` when it has unpickled the
@@ -170,10 +192,10 @@ class Pool:
         raws = task.raws
         room = True
         while True:
-            result = await self._run_once(task, describe, room)
+            result, here = await self._run_once(task, describe, room)
             if not result.needed:
-                self.transfers["by_value" if result.slot < 0 and _has_arrays(result)
-                               else "in_slot"] += 1
+                self.transfers["in_parent" if here else "by_value"
+                               if result.slot < 0 and _has_arrays(result) else "in_slot"] += 1
                 return result
             self.transfers["reruns"] += 1
             task.raws, task.raw_spans = raws, None
@@ -184,7 +206,9 @@ class Pool:
                             "(%s); it comes through the pipe", result.needed, exc)
                 room = False
 
-    async def _run_once(self, task: Task, describe: str, room: bool) -> Result:
+    async def _run_once(self, task: Task, describe: str, room: bool
+                        ) -> tuple[Result, bool]:
+        """The result of one run of `task`, and whether it ran in this process."""
         arena = self.arena
         if self.workers and task.raws is not None and room:
             with contextlib.suppress(OSError):  # (else they go through the pipe)
@@ -192,11 +216,14 @@ class Pool:
         slot = task.slot = arena.take() if room else -1
         lent = False
         cf = None
+        here = self._inline_now()
         try:
-            if self.workers == 0:
+            if here is not None:
                 where = arena.map_of(slot) if slot >= 0 else None
-                cf = self._executor.submit(run_task, task, self.pipeline, self._decoder,
-                                           where, label=describe or f"task {task.task_id}")
+                cf = here.submit(run_task, task, self.pipeline, self._decoder, where,
+                                 here is self._first, label=describe or f"task {task.task_id}")
+                if here is self._first:
+                    cf.add_done_callback(self._first_done)
             else:
                 task.arena = arena.where(slot) if slot >= 0 else None
                 if task.raws is not None:
@@ -208,6 +235,8 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
+            if here is None:
+                self._up.set()
             if self.workers and self._unstarted:
                 self._forget_names()
             if isinstance(result.payload, (Pickled, Blob)):
@@ -215,7 +244,7 @@ class Pool:
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
                 lent = True
-            return result
+            return result, here is not None
         except asyncio.CancelledError:
             if cf is not None and not cf.done():  # the worker still writes into the slot
                 cf.add_done_callback(lambda _: arena.give(slot))
@@ -233,10 +262,27 @@ class Pool:
             if not lent:
                 arena.give(slot)
 
+    def _inline_now(self) -> InlineExecutor | None:
+        """The executor to run the next task in this process: always with workers=0, else
+        while no worker is up yet and no other task runs here (see `_up`)."""
+        if self.workers == 0:
+            return self._executor
+        if self._up.is_set() or self._first_busy or self._closed:
+            return None
+        if self._first is None:
+            self._first = InlineExecutor("aioloader-first-tasks")
+        self._first_busy = True
+        return self._first
+
+    def _first_done(self, _: Any) -> None:
+        self._first_busy = False
+
     def figures(self) -> dict[str, int]:
-        """How results came back: `in_slot` (shared memory, or small enough for the pipe),
-        `by_value` (arrays through the pipe: no free slot, or workers=0 without room),
-        `reruns` (tasks run again after their output outgrew the slot), `grown` (times the
+        """How workers' results came back: `in_slot` (shared memory, or small enough for the
+        pipe), `by_value` (arrays through the pipe: no free slot),
+        `reruns` (tasks run again after their output outgrew the slot), `in_parent` (tasks
+        run in this process: while the workers started, or all with workers=0), `grown`
+        (times the
         slots grew) and `slot_bytes` (a slot's size now)."""
         return {**self.transfers, "grown": self.arena.grown,
                 "slot_bytes": self.arena.slot_size if self.arena.map is not None else 0}
@@ -283,6 +329,8 @@ class Pool:
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor
+        if self._warming is not None:  # (it ends once the forkserver is up)
+            self._warming.join()
         if not self.workers:
             stuck = ex.close(grace)
             # The arena is closed under a stuck thread all the same: a view it holds keeps
@@ -297,11 +345,17 @@ class Pool:
                     "thread: it does not keep the process from exiting)", stuck, grace,
                     " -> ".join(ops) or "none")
             return
+        t0 = time.monotonic()
         procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
         ex.shutdown(wait=not procs, cancel_futures=True)
+        # one grace for all: the task running here (while the workers started) and theirs
+        if self._first is not None and self._first.close(grace) is not None:
+            log.warning("a task run in this process while the workers started is still "
+                        "running %.0f s after close; its thread is left behind (a daemon "
+                        "thread: it does not keep the process from exiting)", grace)
         if procs:
             try:
-                _stop(procs, grace)
+                _stop(procs, max(0.0, grace - (time.monotonic() - t0)))
             except BaseException:  # Ctrl-C again while waiting: no more grace
                 for p in procs:
                     with contextlib.suppress(OSError, ValueError):

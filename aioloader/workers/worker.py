@@ -167,12 +167,14 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
-             arena: tuple[Any, int, int] | None = None) -> Result:
+             arena: tuple[Any, int, int] | None = None, sendable: bool = False) -> Result:
     """Decode, transform and (in batch mode) collate one task.
 
     In a worker process the pipeline, decoder and arena are this process's globals (the
     arena generation the task names, `Task.arena`); the inline pool (workers=0) passes its
-    own, and `arena` as (map, slot size, the slot's place in it).
+    own, and `arena` as (map, slot size, the slot's place in it); `sendable`: check that the
+    result could come back from a worker, as a task the pool runs in the parent while its
+    workers start must (what is not an array is pickled: the same error either way).
 
     A worker whose output does not fit the slot it was given sends nothing back but the
     room it needs (`Result.needed`): the pool grows the arena and runs the task again, so
@@ -227,12 +229,19 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
             if alloc is not None and alloc.made:
                 payload = replace_leaves(payload, np.copy)
             room = None
+    if sendable:
+        _outgoing(replace_leaves(payload, _objects_only), None)
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
         payload = _outgoing(payload, room)
         if isinstance(payload, int):
             return Result(task.task_id, None, 0, needed=payload)
     return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,
                   op_items=times.items, op_seconds=times.seconds)
+
+
+def _objects_only(a: Any) -> Any:
+    """Arrays of objects as they are (they pickle their items), other arrays gone."""
+    return a if isinstance(a, np.ndarray) and a.dtype.hasobject else None
 
 
 def _room(arena: tuple[Any, int, int] | None, slot: int) -> SlotAlloc | None:
