@@ -209,6 +209,11 @@ class Pool:
     async def _run_once(self, task: Task, describe: str, room: bool
                         ) -> tuple[Result, bool]:
         """The result of one run of `task`, and whether it ran in this process."""
+        warming = self._warming
+        if warming is not None and warming.is_alive() and self._first_busy:
+            # Submitting now would wait, on the loop, for the spawning thread (it holds the
+            # executor's lock until the forkserver is up): wait off the loop instead.
+            await asyncio.get_running_loop().run_in_executor(None, warming.join)
         arena = self.arena
         if self.workers and task.raws is not None and room:
             with contextlib.suppress(OSError):  # (else they go through the pipe)
