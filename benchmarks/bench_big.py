@@ -177,7 +177,7 @@ def child_first(spec: dict[str, Any]) -> dict[str, Any]:
             .shuffle(seed=0).map(decode_text).batch(256)
         if spec["workers"]:
             it = iter(ds.to_iter_dataset().mp_prefetch(
-                grain.MultiprocessingOptions(num_workers=spec["workers"])))  # noqa: SIM115
+                grain.MultiprocessingOptions(num_workers=spec["workers"])))
         else:
             it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.get("threads", 4))))
         next(it)
