@@ -135,10 +135,6 @@ def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, work
     print(f"\nworkers={workers}, {presses} Ctrl-C: exited after {took:.2f} s")
 
 
-# The first task may run in this process while the worker starts (`Pool._inline_now`): stuck
-# there, its daemon thread is left behind, as with workers=0 (a known cost of the fast first
-# batch; the worker itself is terminated).
-@pytest.mark.allow_leaks
 def test_close_terminates_a_worker_stuck_in_a_transform_after_a_grace_period(paths):
     from .lifecycle_child import never_returns
 

@@ -35,8 +35,9 @@ from typing import Any
 
 from ..errors import WorkerError
 from .arena import Arena, Blob, Pickled, array_leaves
-from .decode import Decoder, chunk_keys
+from .decode import Decoder
 from .inline import InlineExecutor
+from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Result, Task
 from .semnames import forget_names, pool_semaphores
 from .worker import (
@@ -103,7 +104,7 @@ class Pool:
     """Runs tasks in `workers` processes (or inline on one thread when workers == 0)."""
 
     def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
-                 slot_size: int = 32 << 20) -> None:
+                 slot_size: int = 32 << 20, first_in_parent: bool = False) -> None:
         self.pipeline = pipeline
         self.workers = workers
         self._pid = os.getpid()
@@ -117,12 +118,15 @@ class Pool:
         self.arena = Arena(slots, slot_size)
         self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
         self._warming: threading.Thread | None = None
-        # Until a worker is up (a new process's workers take a while: the forkserver is a
-        # fresh interpreter), one task at a time runs on a thread of this process instead,
-        # with the same code (`run_task`), so the first batch need not wait for them.
+        # With `first_in_parent`, until a worker is up (a new process's workers take a while:
+        # the forkserver is a fresh interpreter), one task at a time runs on a thread of this
+        # process instead, with the same code (`run_task`): the first batch need not wait.
         self._up = threading.Event()
         self._first: InlineExecutor | None = None
         self._first_busy = False
+        # Off by default: a transform that crashes its process (a segfault in a C decoder,
+        # os._exit) would take this one down instead of a worker (a clear WorkerError).
+        self._first_in_parent = first_in_parent
         if workers == 0:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
@@ -210,14 +214,14 @@ class Pool:
                         ) -> tuple[Result, bool]:
         """The result of one run of `task`, and whether it ran in this process."""
         warming = self._warming
-        if warming is not None and warming.is_alive() and self._first_busy:
+        if warming is not None and warming.is_alive():
             # Submitting now would wait, on the loop, for the spawning thread (it holds the
             # executor's lock until the forkserver is up): wait off the loop instead.
             await asyncio.get_running_loop().run_in_executor(None, warming.join)
         arena = self.arena
         if self.workers and task.raws is not None and room:
             with contextlib.suppress(OSError):  # (else they go through the pipe)
-                arena.grow(_input_bytes(task))
+                arena.grow(input_bytes(task))
         slot = task.slot = arena.take() if room else -1
         lent = False
         cf = None
@@ -232,7 +236,7 @@ class Pool:
             else:
                 task.arena = arena.where(slot) if slot >= 0 else None
                 if task.raws is not None:
-                    _ship_inputs(task, arena, slot)
+                    ship_inputs(task, arena, slot)
                 cf = self._executor.submit(run_task, task)
             # Shielded: cancelling a waiting task must not cancel `cf`, which races the
             # executor's own clean-up of a broken pool (CPython 3.11 then crashes its manager
@@ -272,7 +276,7 @@ class Pool:
         while no worker is up yet and no other task runs here (see `_up`)."""
         if self.workers == 0:
             return self._executor
-        if self._up.is_set() or self._first_busy or self._closed:
+        if not self._first_in_parent or self._up.is_set() or self._first_busy or self._closed:
             return None
         if self._first is None:
             self._first = InlineExecutor("aioloader-first-tasks")
@@ -371,40 +375,6 @@ class Pool:
 
 def _has_arrays(result: Result) -> bool:
     return bool(array_leaves(result.payload))
-
-
-def _input_bytes(task: Task) -> int:
-    """The bytes of a task's fetched chunks in a slot's input half (each chunk once)."""
-    raws = task.raws
-    assert raws is not None
-    keys = chunk_keys(task.refs)
-    if keys is None:
-        return sum(len(r) for r in raws)
-    first: dict = {}
-    for k, key in enumerate(keys):
-        first.setdefault(key, k)
-    return sum(len(raws[k]) for k in first.values())
-
-
-def _ship_inputs(task: Task, arena: Arena, slot: int) -> None:
-    """Move a task's fetched chunks into its slot's input half, or else (no slot, or too big
-    for it) make them bytes to pickle through the pipe; either way a chunk that several of
-    its records share (group size > 1) goes once: one span, or one bytes object (pickle
-    sends an object once)."""
-    raws = task.raws
-    assert raws is not None
-    keys = chunk_keys(task.refs)
-    spans = arena.place_inputs(slot, raws, keys) if slot >= 0 else None
-    if spans is not None:
-        task.raw_spans, task.raws = spans, None
-    elif keys is None:
-        task.raws = [bytes(r) for r in raws]
-    else:
-        blobs: dict = {}
-        for key, r in zip(keys, raws):
-            if key not in blobs:
-                blobs[key] = bytes(r)
-        task.raws = [blobs[key] for key in keys]
 
 
 def _stop(procs: list, grace: float) -> None:
