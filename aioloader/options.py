@@ -97,8 +97,11 @@ class WorkerOptions:
     """How records are decoded and transformed (the decode pool).
 
     - `workers` (0): worker processes; 0 runs the same code on one thread of this process.
-    - `slot_size` (32 MiB): bytes of one shared-memory slot, which holds a task's output (and
-      its remote input); a batch that does not fit comes back by value instead.
+    - `slot_size` (32 MiB): bytes of one shared-memory slot to start with, which holds a
+      task's output (and its remote input), and how large small batches grouped into one
+      task may grow. Slots grow to hold a larger batch (sized from the files' records
+      before the first task, or after a task found its slot too small), so batches of any
+      size come back through shared memory; only the pages used are memory.
     - `window` (None: 256): output positions per task in filter/pack pipelines, where a
       task's output size is not known in advance; ignored with a plain `batch()`, whose
       tasks are whole batches. A resumed state keeps the window it was saved with.

@@ -88,3 +88,17 @@ def slow_batch(batch):
 
     time.sleep(0.002)
     return batch
+
+
+def as_uint8(record: bytes) -> np.ndarray:
+    """A record's bytes as a uint8 array (big records: batches larger than a slot)."""
+    return np.frombuffer(record, dtype=np.uint8)
+
+
+def as_uint8_x4(record: bytes) -> np.ndarray:
+    """Four times the record, so that the batch is larger than the files suggest."""
+    return np.tile(np.frombuffer(record, dtype=np.uint8), 4)
+
+
+def first_byte_even(element: np.ndarray) -> bool:
+    return int(element[0]) % 2 == 0

@@ -149,13 +149,18 @@ _KEEP: list = []
 def exit_without_close(paths: list[str], fall_over: bool) -> int:
     import psutil
 
-    from tests.procs import memory_files
+    from tests.procs import memory_files, worker_pids
 
     loader = pipeline(paths, batch=8).loader(workers=2, prefetch=2)
     it = iter(loader)
     _KEEP.extend([loader, it])  # alive until interpreter exit, never closed
     batch = next(it)
     me = psutil.Process()
+    # (the first batch may have come from this process while the workers started)
+    loader.pool.wait_started(30)
+    deadline = time.monotonic() + 30
+    while len(worker_pids(me)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     children = [{"pid": p.pid, "ppid": p.ppid(), "cmdline": " ".join(p.cmdline())}
                 for p in me.children(recursive=True)]
     shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{me.pid}-"))

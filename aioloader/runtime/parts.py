@@ -12,8 +12,6 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..cache import SEGMENT_BYTES
 from ..cache.disk import DiskCache
 from ..cache.tier import DiskTier
@@ -69,22 +67,13 @@ class Parts:
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
         await src.aopen()
-        table = src.table
-
-        def blocks(target: int) -> tuple[np.ndarray, np.ndarray]:
-            """Blocks of about `target` bytes on disk, weighed by their decoded bytes (what a
-            window holds in memory)."""
-            runs = table.runs(target)
-            decoded = np.concatenate([ix.chunk_decoded_sizes for ix in table.indices]
-                                     or [np.zeros(0, np.int64)]).astype(np.int64)
-            first = runs.chunk[:-1]
-            sizes = (np.add.reduceat(decoded, first) if first.size
-                     else np.zeros(0, np.int64))
-            return table.run_record_starts(target), sizes
-
+        self.stats.transfer_source = self.pool.figures
+        if len(src):  # slots for a batch of records of the files' mean size, at least
+            stored = sum(f.size for f in src.table.files) / len(src)
+            self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, whole, ds.source.verify,
-                          blocks)
+                          src.table.blocks)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)

@@ -183,6 +183,8 @@ class PipelineStats:
         self.graph = list(graph)
         self.io_source = io_source
         self.cache_source = cache_source
+        # How the workers' results came back (`Pool.figures`): through shared memory or not
+        self.transfer_source: Callable[[], dict[str, int]] | None = None
         self.clock = clock
         self.started = clock()
         self.first_batch_seconds: float | None = None
@@ -312,6 +314,7 @@ class PipelineStats:
             "workers": self.workers,
             "prefetch": self.prefetch,
             "batches_per_task": self.batches_per_task,
+            "transfers": self.transfer_source() if self.transfer_source is not None else {},
         }
 
     def _cores_of(self, stage: str, default: int) -> int:

@@ -305,6 +305,15 @@ class RecordTable:
         """Global index of the first record of each run, plus the total (prefix sums)."""
         return self._chunks.record_start(self.runs(target).chunk)
 
+    def blocks(self, target: int) -> tuple[np.ndarray, np.ndarray]:
+        """The block shuffle's blocks (runs of about `target` bytes on disk): their record
+        starts, and their decoded bytes (what a window holds in memory)."""
+        decoded = np.concatenate([ix.chunk_decoded_sizes for ix in self.indices]
+                                 or [np.zeros(0, np.int64)]).astype(np.int64)
+        first = self.runs(target).chunk[:-1]
+        sizes = np.add.reduceat(decoded, first) if first.size else np.zeros(0, np.int64)
+        return self.run_record_starts(target), sizes
+
     @property
     def max_group_size(self) -> int:
         """The most records any chunk holds (1: every record is its own chunk)."""

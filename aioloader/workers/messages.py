@@ -52,6 +52,7 @@ class Task:
     raws: list | None = None  # physical chunk bytes, parallel to refs
     raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
     slot: int = -1
+    arena: tuple[str, int, bool, int] | None = None  # the slot's file (`Arena.where`)
 
 
 @dataclass
@@ -77,5 +78,6 @@ class Result:
     chunks_decoded: int = 0
     chunk_hits: int = 0
     survivors: np.ndarray | None = None  # stream mode: each survivor's place in the task
+    needed: int = 0  # > 0: the output did not fit the slot, and needs this many bytes
 
 

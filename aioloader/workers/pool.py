@@ -34,9 +34,10 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import WorkerError
-from .arena import Arena, Blob, Pickled
-from .decode import Decoder, chunk_keys
+from .arena import Arena, Blob, Pickled, array_leaves
+from .decode import Decoder
 from .inline import InlineExecutor
+from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Result, Task
 from .semnames import forget_names, pool_semaphores
 from .worker import (
@@ -103,7 +104,7 @@ class Pool:
     """Runs tasks in `workers` processes (or inline on one thread when workers == 0)."""
 
     def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
-                 slot_size: int = 32 << 20) -> None:
+                 slot_size: int = 32 << 20, first_in_parent: bool = False) -> None:
         self.pipeline = pipeline
         self.workers = workers
         self._pid = os.getpid()
@@ -115,6 +116,17 @@ class Pool:
         cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
         self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
         self.arena = Arena(slots, slot_size)
+        self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
+        self._warming: threading.Thread | None = None
+        # With `first_in_parent`, until a worker is up (a new process's workers take a while:
+        # the forkserver is a fresh interpreter), one task at a time runs on a thread of this
+        # process instead, with the same code (`run_task`): the first batch need not wait.
+        self._up = threading.Event()
+        self._first: InlineExecutor | None = None
+        self._first_busy = False
+        # Off by default: a transform that crashes its process (a segfault in a C decoder,
+        # os._exit) would take this one down instead of a worker (a clear WorkerError).
+        self._first_in_parent = first_in_parent
         if workers == 0:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
@@ -128,8 +140,7 @@ class Pool:
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(_pack_pipeline(pipeline), self.arena.path, slot_size,
-                          self.arena.named_path, self._started, cache_bytes),
+                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes),
             )
         except BaseException:
             self.arena.close()
@@ -137,11 +148,26 @@ class Pool:
         _live_pools.add(self)
 
     def warm_up(self) -> None:
-        """Start the worker processes now (spawning takes a while) instead of on first use."""
-        if self.workers:
+        """Start the worker processes now (spawning takes a while) instead of on first use,
+        on a thread: starting the first one waits for the forkserver, a fresh interpreter
+        that imports NumPy and the worker's code, and the files can open meanwhile."""
+        if self.workers and self._warming is None:
+            self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",
+                                             daemon=True)
+            self._warming.start()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Whether a worker process is up (and tasks go to the workers), waiting up to
+        `timeout` s for one; True at once with workers=0."""
+        return self.workers == 0 or self._up.wait(timeout)
+
+    def _spawn(self) -> None:
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
             for _ in range(self.workers):
-                self._executor.submit(os.getpid).add_done_callback(self._forget_names)
-            self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
+                fut = self._executor.submit(os.getpid)
+                fut.add_done_callback(self._forget_names)
+                fut.add_done_callback(lambda f: f.exception() or self._up.set())
+        self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
 
     def _forget_names(self, _: Any = None) -> None:
         """Once every worker has started (each releases `_started` when it has unpickled the
@@ -156,20 +182,61 @@ class Pool:
             if not self._unstarted:
                 forget_names([*pool_semaphores(self._executor), self._started])
 
+    def reserve(self, nbytes: int) -> None:
+        """Make slots hold `nbytes` before the first task (a guess from the plan: a batch of
+        records of the files' mean size), so big batches take shared memory at once rather
+        than after a task that found its slot too small."""
+        if self.workers:
+            self.arena.grow(nbytes)
+
     async def run(self, task: Task, describe: str = "") -> Result:
-        """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`)."""
+        """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`).
+        A worker whose output did not fit its slot says how much it needs: the arena grows
+        and the task runs again (its output is a pure function of the task)."""
+        raws = task.raws
+        room = True
+        while True:
+            result, here = await self._run_once(task, describe, room)
+            if not result.needed:
+                self.transfers["in_parent" if here else "by_value"
+                               if result.slot < 0 and _has_arrays(result) else "in_slot"] += 1
+                return result
+            self.transfers["reruns"] += 1
+            task.raws, task.raw_spans = raws, None
+            try:
+                self.arena.grow(result.needed)
+            except OSError as exc:  # no memory file that large: this one goes by value
+                log.warning("a task's output (%d bytes) cannot have a shared-memory slot "
+                            "(%s); it comes through the pipe", result.needed, exc)
+                room = False
+
+    async def _run_once(self, task: Task, describe: str, room: bool
+                        ) -> tuple[Result, bool]:
+        """The result of one run of `task`, and whether it ran in this process."""
+        warming = self._warming
+        if warming is not None and warming.is_alive():
+            # Submitting now would wait, on the loop, for the spawning thread (it holds the
+            # executor's lock until the forkserver is up): wait off the loop instead.
+            await asyncio.get_running_loop().run_in_executor(None, warming.join)
         arena = self.arena
-        slot = task.slot = arena.take()
+        if self.workers and task.raws is not None and room:
+            with contextlib.suppress(OSError):  # (else they go through the pipe)
+                arena.grow(input_bytes(task))
+        slot = task.slot = arena.take() if room else -1
         lent = False
         cf = None
+        here = self._inline_now()
         try:
-            if self.workers == 0:
-                cf = self._executor.submit(run_task, task, self.pipeline, self._decoder,
-                                           arena.map, arena.slot_size,
-                                           label=describe or f"task {task.task_id}")
+            if here is not None:
+                where = arena.map_of(slot) if slot >= 0 else None
+                cf = here.submit(run_task, task, self.pipeline, self._decoder, where,
+                                 here is self._first, label=describe or f"task {task.task_id}")
+                if here is self._first:
+                    cf.add_done_callback(self._first_done)
             else:
+                task.arena = arena.where(slot) if slot >= 0 else None
                 if task.raws is not None:
-                    _ship_inputs(task, arena, slot)
+                    ship_inputs(task, arena, slot)
                 cf = self._executor.submit(run_task, task)
             # Shielded: cancelling a waiting task must not cancel `cf`, which races the
             # executor's own clean-up of a broken pool (CPython 3.11 then crashes its manager
@@ -177,14 +244,16 @@ class Pool:
             wrapped = asyncio.wrap_future(cf)
             wrapped.add_done_callback(_retrieve)
             result = await asyncio.shield(wrapped)
+            if here is None:
+                self._up.set()
             if self.workers and self._unstarted:
                 self._forget_names()
             if isinstance(result.payload, (Pickled, Blob)):
-                result.payload = arena.unpickle(result.payload)
+                result.payload = arena.unpickle(result.payload, slot)
             if result.slot >= 0 and result.payload is not None:
                 result.payload = arena.lend(result.payload, result.slot)
                 lent = True
-            return result
+            return result, here is not None
         except asyncio.CancelledError:
             if cf is not None and not cf.done():  # the worker still writes into the slot
                 cf.add_done_callback(lambda _: arena.give(slot))
@@ -201,6 +270,31 @@ class Pool:
         finally:
             if not lent:
                 arena.give(slot)
+
+    def _inline_now(self) -> InlineExecutor | None:
+        """The executor to run the next task in this process: always with workers=0, else
+        while no worker is up yet and no other task runs here (see `_up`)."""
+        if self.workers == 0:
+            return self._executor
+        if not self._first_in_parent or self._up.is_set() or self._first_busy or self._closed:
+            return None
+        if self._first is None:
+            self._first = InlineExecutor("aioloader-first-tasks")
+        self._first_busy = True
+        return self._first
+
+    def _first_done(self, _: Any) -> None:
+        self._first_busy = False
+
+    def figures(self) -> dict[str, int]:
+        """How workers' results came back: `in_slot` (shared memory, or small enough for the
+        pipe), `by_value` (arrays through the pipe: no free slot),
+        `reruns` (tasks run again after their output outgrew the slot), `in_parent` (tasks
+        run in this process: while the workers started, or all with workers=0), `grown`
+        (times the
+        slots grew) and `slot_bytes` (a slot's size now)."""
+        return {**self.transfers, "grown": self.arena.grown,
+                "slot_bytes": self.arena.slot_size if self.arena.map is not None else 0}
 
     def _exit_codes(self) -> str:
         """How the dead worker died, e.g. ' (signal 9)'; waits briefly for its exit status."""
@@ -244,6 +338,8 @@ class Pool:
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor
+        if self._warming is not None:  # (it ends once the forkserver is up)
+            self._warming.join()
         if not self.workers:
             stuck = ex.close(grace)
             # The arena is closed under a stuck thread all the same: a view it holds keeps
@@ -258,11 +354,17 @@ class Pool:
                     "thread: it does not keep the process from exiting)", stuck, grace,
                     " -> ".join(ops) or "none")
             return
+        t0 = time.monotonic()
         procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
         ex.shutdown(wait=not procs, cancel_futures=True)
+        # one grace for all: the task running here (while the workers started) and theirs
+        if self._first is not None and self._first.close(grace) is not None:
+            log.warning("a task run in this process while the workers started is still "
+                        "running %.0f s after close; its thread is left behind (a daemon "
+                        "thread: it does not keep the process from exiting)", grace)
         if procs:
             try:
-                _stop(procs, grace)
+                _stop(procs, max(0.0, grace - (time.monotonic() - t0)))
             except BaseException:  # Ctrl-C again while waiting: no more grace
                 for p in procs:
                     with contextlib.suppress(OSError, ValueError):
@@ -271,25 +373,8 @@ class Pool:
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
 
 
-def _ship_inputs(task: Task, arena: Arena, slot: int) -> None:
-    """Move a task's fetched chunks into its slot's input half, or else (no slot, or too big
-    for it) make them bytes to pickle through the pipe; either way a chunk that several of
-    its records share (group size > 1) goes once: one span, or one bytes object (pickle
-    sends an object once)."""
-    raws = task.raws
-    assert raws is not None
-    keys = chunk_keys(task.refs)
-    spans = arena.place_inputs(slot, raws, keys) if slot >= 0 else None
-    if spans is not None:
-        task.raw_spans, task.raws = spans, None
-    elif keys is None:
-        task.raws = [bytes(r) for r in raws]
-    else:
-        blobs: dict = {}
-        for key, r in zip(keys, raws):
-            if key not in blobs:
-                blobs[key] = bytes(r)
-        task.raws = [blobs[key] for key in keys]
+def _has_arrays(result: Result) -> bool:
+    return bool(array_leaves(result.payload))
 
 
 def _stop(procs: list, grace: float) -> None:

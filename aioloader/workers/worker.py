@@ -35,16 +35,21 @@ from ..transforms import (
     apply_record_ops,
     collate_named,
 )
-from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, replace_leaves
+from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
 from .decode import Decoder
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
 from .pieces import has_arrays, window_payload
 
+# A pickled payload this large that does not fit its slot grows the arena rather than take
+# the pipe (smaller ones take the pipe: a few of its buffers).
+GROW_BYTES = 1 << 20
+
 _pipeline: Pipeline | None = None
 _decoder: Decoder | None = None
 _init_error: str | None = None
-_arena: mmap.mmap | None = None
-_slot_size = 0
+_arena: mmap.mmap | None = None  # the arena generation the last task named (`_map`)
+_arena_path: str | None = None
+_unlink: list[str] = []  # named arena files (no memfd) to remove if the parent dies
 
 
 def _raise_malloc_thresholds() -> None:
@@ -60,33 +65,47 @@ def _raise_malloc_thresholds() -> None:
     del block
 
 
-def _init_worker(pipeline_parts: tuple, arena_path: str | None, slot_size: int,
-                 unlink_path: str | None = None, started: Any = None,
+def _init_worker(pipeline_parts: tuple, started: Any = None,
                  cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
-    """Load the pipeline and map the arena; what fails is kept (`_init_error`) and raised
-    by every task, so the parent gets the cause at once instead of a dead worker. Releases
-    `started`: this worker has opened the pool's semaphores (`Pool._forget_names`).
-    `cache_bytes`: this worker's share of the decoded-chunk cache."""
-    global _pipeline, _arena, _slot_size, _init_error, _decoder
+    """Load the pipeline; what fails is kept (`_init_error`) and raised by every task, so
+    the parent gets the cause at once instead of a dead worker. Releases `started`: this
+    worker has opened the pool's semaphores (`Pool._forget_names`). `cache_bytes`: this
+    worker's share of the decoded-chunk cache. The arena is mapped when a task names it."""
+    global _pipeline, _init_error, _decoder
     if started is not None:
         started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _raise_malloc_thresholds()
-    _slot_size = slot_size
     _decoder = Decoder(cache_bytes)
-    _watch_parent(unlink_path)
+    _watch_parent()
     try:
         _pipeline = _load_pipeline(pipeline_parts)
-        if arena_path is not None:
-            fd = os.open(arena_path, os.O_RDWR)
-            try:
-                _arena = mmap.mmap(fd, 0)
-            finally:
-                os.close(fd)
     except WorkerError as exc:
         _init_error = str(exc)
     except Exception as exc:
         _init_error = f"a worker process could not start ({type(exc).__name__}: {exc})"
+
+
+def _map(where: tuple[str, int, bool]) -> mmap.mmap:
+    """The arena generation at `where` (`Arena.where`), mapped once; the previous one is
+    let go (the parent only grows the arena: tasks never name an older one again)."""
+    global _arena, _arena_path
+    path, _, named = where
+    if path != _arena_path:
+        old, _arena, _arena_path = _arena, None, None
+        if old is not None:
+            with contextlib.suppress(BufferError):
+                old.close()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            _arena = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        _arena_path = path
+        if named:
+            _unlink.append(path)
+    assert _arena is not None
+    return _arena
 
 
 def _pack_pipeline(pipeline: Pipeline) -> tuple:
@@ -115,9 +134,9 @@ def _load_pipeline(parts: tuple) -> Pipeline:
                                batch_ops=tuple(load(*op) for op in batch_ops))
 
 
-def _watch_parent(unlink_path: str | None) -> None:
+def _watch_parent() -> None:
     """Exit if the parent dies without closing us, e.g. on SIGKILL (and remove the arena's
-    name where it has one: without memfd, see `aioloader.memfile`).
+    names where they have one: without memfd, see `aioloader.memfile`).
 
     Spawned workers would otherwise wait forever on the pool's queue, holding the shared
     memory and the resource tracker alive.
@@ -128,9 +147,9 @@ def _watch_parent(unlink_path: str | None) -> None:
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
-        if unlink_path is not None:
+        for path in list(_unlink):
             with contextlib.suppress(OSError):
-                os.unlink(unlink_path)
+                os.unlink(path)
         os._exit(1)
 
     threading.Thread(target=watch, name="aioloader-parent-watch", daemon=True).start()
@@ -148,11 +167,18 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
-             arena: Any = None, slot_size: int = 0) -> Result:
+             arena: tuple[Any, int, int] | None = None, sendable: bool = False) -> Result:
     """Decode, transform and (in batch mode) collate one task.
 
-    In a worker process the pipeline, decoder and arena are this process's globals; the
-    inline pool (workers=0) passes its own.
+    In a worker process the pipeline, decoder and arena are this process's globals (the
+    arena generation the task names, `Task.arena`); the inline pool (workers=0) passes its
+    own, and `arena` as (map, slot size, the slot's place in it); `sendable`: check that the
+    result could come back from a worker, as a task the pool runs in the parent while its
+    workers start must (what is not an array is pickled: the same error either way).
+
+    A worker whose output does not fit the slot it was given sends nothing back but the
+    room it needs (`Result.needed`): the pool grows the arena and runs the task again, so
+    that big batches too come back through shared memory, never a pipe.
     """
     inline = pipeline is not None
     if not inline and _init_error is not None:
@@ -160,13 +186,15 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     pipeline = pipeline or _pipeline
     decoder = decoder or _decoder
     assert pipeline is not None and decoder is not None, "worker not initialised"
-    arena = arena if inline else _arena
-    slot_size = slot_size if inline else _slot_size
+    if not inline and task.arena is not None:
+        path, size, _, place = task.arena
+        arena = (_map((path, size, _)), size, place)
+    mem = arena[0] if arena is not None else None
     files = decoder.files
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
     paths = [refs.name(f) for f in refs.file.tolist()]
-    records = _records_of(task, pipeline, decoder, arena, paths)
+    records = _records_of(task, pipeline, decoder, mem, paths)
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
           "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
     times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
@@ -174,61 +202,62 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
                                 task.epochs.tolist(), paths, times=times, survivors=kept)
     survivors = None
+    alloc = _room(arena, task.slot)
     if pipeline.batch is None:  # stream mode: the task's survivors (`pieces`)
         survivors = np.asarray(kept, dtype=np.int32)
-        payload, slot, room = _stream_payload(elements, pipeline, arena, task.slot, slot_size,
-                                              inline)
+        payload = window_payload(elements, pipeline.stream, alloc)
     else:  # the task's elements are one or more whole batches (the last may be short)
         size = pipeline.batch.size
-        alloc = _room(arena, task.slot, slot_size)
         indices, epochs = task.indices, task.epochs
 
         def record(k: int) -> str:
             where = f" in {paths[k]}" if paths and paths[k] else ""
             return f"record {indices[k]} (epoch {epochs[k]}){where}"
 
-        batches = [apply_batch_ops(pipeline.batch_ops, collate_named(
+        payload = [apply_batch_ops(pipeline.batch_ops, collate_named(
                        elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),
                        times=times, first=len(pipeline.record_ops))
                    for i in range(0, len(elements), size)]
-        placed = alloc.export(batches) if alloc is not None else None
-        if placed is None:  # no slot, or too big for it: the batches travel by value
-            payload = replace_leaves(batches, np.copy) if inline and alloc is not None else batches
-            slot, room = -1, None
-        else:
-            payload, slot, room = placed, task.slot, alloc
+    slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
+    if pipeline.batch is not None or has_arrays(payload):
+        placed = alloc.export(payload) if alloc is not None else None
+        if placed is not None:
+            payload, slot = placed, task.slot
+        elif alloc is not None and not inline:  # a slot too small for it: ask for room
+            return Result(task.task_id, None, 0, needed=needed_bytes(payload))
+        else:  # no slot: the arrays travel by value (copies of those placed in the slot)
+            if alloc is not None and alloc.made:
+                payload = replace_leaves(payload, np.copy)
+            room = None
+    if sendable:
+        _outgoing(replace_leaves(payload, _objects_only), None)
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
         payload = _outgoing(payload, room)
+        if isinstance(payload, int):
+            return Result(task.task_id, None, 0, needed=payload)
     return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,
                   op_items=times.items, op_seconds=times.seconds)
 
 
-def _stream_payload(elements: list, pipeline: Pipeline, arena: Any, slot: int,
-                    slot_size: int, inline: bool) -> tuple[Any, int, SlotAlloc | None]:
-    """(payload, slot, room) of a stream-mode task: columns or packing pieces with their
-    arrays in the slot where they fit (by value where not), else the elements."""
-    alloc = _room(arena, slot, slot_size)
-    payload = window_payload(elements, pipeline.stream, alloc)
-    if not has_arrays(payload):  # the elements, pickled (into the slot if big)
-        return payload, -1, alloc
-    placed = alloc.export(payload) if alloc is not None else None
-    if placed is None:  # no slot, or too big for it: by value (a copy of what is in it)
-        return (replace_leaves(payload, np.copy) if inline and alloc is not None else payload,
-                -1, None)
-    return placed, slot, alloc
+def _objects_only(a: Any) -> Any:
+    """Arrays of objects as they are (they pickle their items), other arrays gone."""
+    return a if isinstance(a, np.ndarray) and a.dtype.hasobject else None
 
 
-def _room(arena: Any, slot: int, slot_size: int) -> SlotAlloc | None:
-    """The output half of `slot`, or None when there is no slot."""
-    return SlotAlloc(arena, slot * 2 * slot_size, slot_size) if arena is not None and \
-        slot >= 0 else None
+def _room(arena: tuple[Any, int, int] | None, slot: int) -> SlotAlloc | None:
+    """The output half of the task's slot, or None when there is no slot."""
+    if arena is None or slot < 0:
+        return None
+    mem, size, place = arena
+    return SlotAlloc(mem, place * 2 * size, size)
 
 
-def _outgoing(payload: Any, room: SlotAlloc | None) -> Pickled | Blob:
+def _outgoing(payload: Any, room: SlotAlloc | None) -> Pickled | Blob | int:
     """`payload` pickled once, in the worker: into the rest of its slot when it is more than
     the pipe holds and fits (the parent unpickles it from shared memory, instead of both
     processes copying it through a 64 KiB pipe a buffer at a time), else as bytes for the
-    pipe. Either way the parent unpickles it (`Arena.unpickle`)."""
+    pipe. Either way the parent unpickles it (`Arena.unpickle`). More than `GROW_BYTES` that
+    does not fit the slot: the bytes the slot would need (the pool grows the arena)."""
     try:
         blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
@@ -238,4 +267,6 @@ def _outgoing(payload: Any, room: SlotAlloc | None) -> Pickled | Blob:
             "and dicts, lists or tuples of them); convert it in the transform, or run "
             "with workers=0") from None
     placed = room.place(blob) if room is not None and len(blob) >= PIPE_BYTES else None
+    if placed is None and room is not None and len(blob) >= GROW_BYTES:
+        return room.used + len(blob)
     return placed or Blob(blob)

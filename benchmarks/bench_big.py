@@ -1,0 +1,270 @@
+"""Issue 15 cliffs, before/after in one sitting: big batches, and the first batch of a fresh
+process (ours against Grain's).
+
+    python benchmarks/bench_big.py big --before /work/wt-base --after . --rounds 3
+    python benchmarks/bench_big.py first --before /work/wt-base --after . --rounds 5
+
+Every measurement is its own fresh `python` process (`child`), run against a tree by
+`PYTHONPATH=<copy of these benchmarks>:<tree>`; the trees alternate ABBA. `big`: 1 MiB records
+and 224x224x3 uint8 images, batch 256, workers 0/1/2: records/s after the first batch, time to
+the first batch, and peak memory (the sum over the parent and its workers of VmHWM, which
+counts shared pages once per process that touched them, and the peak of the sampled sum of
+PSS, which counts them once). `first`: the time from building the pipeline to the first
+batch in hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MIB_RECORDS = 1024  # 1 GiB
+IMG_RECORDS = 4096  # 224x224x3: 616 MB
+IMG224 = (224, 224, 3)
+
+
+# -- transforms (module level: workers import them by name) -----------------------------------
+
+
+def as_bytes_array(record: bytes) -> np.ndarray:
+    """A zero-copy uint8 view of a record."""
+    return np.frombuffer(record, dtype=np.uint8)
+
+
+def as_image224(record: bytes) -> np.ndarray:
+    return np.frombuffer(record, dtype=np.uint8).reshape(IMG224)
+
+
+def decode_text(record: bytes) -> dict:
+    return json.loads(record)
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def write(path: Path, records) -> Path:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    w = ArrayRecordWriter(str(tmp), "group_size:1,zstd:1")
+    for r in records:
+        w.write(r)
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def big_data(folder: Path) -> dict[str, list[str]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    mib = write(folder / "mib-1024.array_record",
+                (rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+                 for _ in range(MIB_RECORDS)))
+    n = int(np.prod(IMG224))
+    img = write(folder / "img224-4096.array_record",
+                (rng.integers(0, 256, n, dtype=np.uint8).tobytes() for _ in range(IMG_RECORDS)))
+    return {"mib": [str(mib)], "img": [str(img)]}
+
+
+def text_shards(folder: Path, n: int = 20_000, shards: int = 20) -> list[str]:
+    sub = folder / f"text-{n}-{shards}"
+    sub.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(shards):
+        recs = (json.dumps({"id": k * n + i, "label": int(rng.integers(0, 1000)),
+                            "text": "x" * 960}).encode() for i in range(n // shards))
+        paths.append(str(write(sub / f"text-{k:05d}-of-{shards:05d}.array_record", recs)))
+    return paths
+
+
+# -- child: one run in a fresh process ---------------------------------------------------------
+
+
+def _status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def child_big(spec: dict[str, Any]) -> dict[str, Any]:
+    import aioloader as al
+
+    me = os.getpid()
+    peak = {"pss": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            pids = [me, *_children(me)]
+            peak["pss"] = max(peak["pss"], sum(_pss_kb(p) for p in pids))
+
+    threading.Thread(target=sample, daemon=True).start()
+    fn = {"mib": as_bytes_array, "img": as_image224}[spec["kind"]]
+    t0 = time.perf_counter()
+    ds = al.Dataset.from_arrayrecord(spec["paths"]).shuffle(0).repeat(spec["epochs"]).map(fn) \
+        .batch(256)
+    count, first, hwm = 0, None, 0
+    with ds.loader(workers=spec["workers"]) as it:
+        for batch in it:
+            assert batch.shape[0] == 256
+            int(batch[-1, -1:].sum())  # touch it
+            count += 1
+            if first is None:
+                first = time.perf_counter()
+            if count == spec["batches"]:
+                break
+        end = time.perf_counter()
+        hwm = sum(_status_kb(p, "VmHWM:") for p in [me, *_children(me)])
+        stats = it.stats().as_dict()
+    done.set()
+    return {"rate": (count - 1) * 256 / (end - first), "ttfb": first - t0,
+            "hwm_mb": hwm / 1024, "pss_mb": peak["pss"] / 1024,
+            "batch_mb": 256 * fn(bytes(1 << 20 if spec["kind"] == "mib"
+                                       else int(np.prod(IMG224)))).nbytes / 1e6,
+            "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")}}
+
+
+def child_first(spec: dict[str, Any]) -> dict[str, Any]:
+    t_imp = time.perf_counter()
+    if spec["lib"] == "grain":
+        import grain
+        from absl import flags
+
+        flags.FLAGS.mark_as_parsed()  # mp_prefetch reads absl flags
+
+        t0 = time.perf_counter()
+        ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(spec["paths"])) \
+            .shuffle(seed=0).map(decode_text).batch(256)
+        if spec["workers"]:
+            it = iter(ds.to_iter_dataset().mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=spec["workers"])))
+        else:
+            it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.get("threads", 4))))
+        next(it)
+        t1 = time.perf_counter()
+    else:
+        import aioloader as al
+
+        t0 = time.perf_counter()
+        ds = al.Dataset.from_arrayrecord(spec["paths"]).shuffle(0).map(decode_text).batch(256)
+        loader = ds.loader(workers=spec["workers"])
+        it = iter(loader)  # kept: dropping it would close the loader inside the timing
+        next(it)
+        t1 = time.perf_counter()
+    return {"ttfb": t1 - t0, "import": t0 - t_imp}
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+def run_child(mode: str, spec: dict[str, Any], tree: Path, workdir: Path) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=f"{workdir}:{tree}", GRAIN_LOG_LEVEL="error")
+    env.pop("PYTHONSAFEPATH", None)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_big", "child", mode,
+                          json.dumps(spec)], cwd=workdir, env=env, capture_output=True,
+                         text=True, timeout=600)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"child failed ({tree}, {spec}):\n{out.stderr[-3000:]}")
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3g} [{min(xs):.3g}–{max(xs):.3g}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["big", "first", "child"])
+    ap.add_argument("rest", nargs="*")
+    ap.add_argument("--before", type=Path)
+    ap.add_argument("--after", type=Path, default=HERE.parent)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=Path("/tmp/aioloader-bench-big"))
+    ap.add_argument("--workers", default="0,1,2")
+    ap.add_argument("--kinds", default="mib,img")
+    a = ap.parse_args()
+    if a.mode == "child":
+        fn = child_big if a.rest[0] == "big" else child_first
+        print("RESULT " + json.dumps(fn(json.loads(a.rest[1]))), flush=True)
+        os._exit(0)
+    workdir = Path("/tmp/aioloader-bench-big-work")
+    if (workdir / "benchmarks").exists():
+        shutil.rmtree(workdir / "benchmarks")
+    shutil.copytree(HERE, workdir / "benchmarks",
+                    ignore=shutil.ignore_patterns("data", "__pycache__", "*.png"))
+    trees = {"before": a.before.resolve(), "after": a.after.resolve()} if a.before else \
+        {"after": a.after.resolve()}
+    configs: list[tuple[str, dict[str, Any]]] = []
+    if a.mode == "big":
+        data = big_data(a.data)
+        for kind in a.kinds.split(","):
+            for w in map(int, a.workers.split(",")):
+                batches = 10 if kind == "mib" else 32
+                configs.append((f"{kind} w={w}", {"kind": kind, "paths": data[kind],
+                                                  "workers": w, "batches": batches,
+                                                  "epochs": 8}))
+    else:
+        paths = text_shards(a.data)
+        for w in map(int, a.workers.split(",")):
+            configs.append((f"ours w={w}", {"lib": "aioloader", "paths": paths, "workers": w}))
+            configs.append((f"grain w={w}", {"lib": "grain", "paths": paths, "workers": w}))
+    res: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(a.rounds):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name, spec in configs:
+            for t in order:
+                if a.mode == "first" and spec["lib"] == "grain" and t != order[0]:
+                    continue  # Grain does not depend on the tree: once a round
+                out = run_child(a.mode, spec, trees[t], workdir)
+                res.setdefault((name, t), []).append(out)
+                print(f"[{time.strftime('%H:%M:%S')}] {name} {t}: "
+                      f"{ {k: v for k, v in out.items() if k != 'stats'} }",
+                      file=sys.stderr, flush=True)
+    for (name, t), runs in res.items():
+        cols = ["ttfb", "import"] if a.mode == "first" else ["rate", "ttfb", "hwm_mb", "pss_mb"]
+        print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
