@@ -217,10 +217,13 @@ def simulate(cases: Cases, p: Params) -> Run:
             f = np.minimum(f, np.minimum(1.0, p.bucket_gbps / 8 * GB / np.maximum(want, 1e-300)))
         miss, fill, blocks = miss * f, fill * f, blocks * f
         r = records_served(h, filled, miss, blocks, p)
+        filled = np.minimum(filled + fill * p.segment, h.target)
+        # Kept in memory: a host can't have served more records than have arrived.
+        loading = (h.strat == "memory") & (filled < h.target)
+        r = np.where(loading, np.minimum(r, np.maximum(filled / h.R - consumed, 0)), r)
         consumed += r
         read += miss * h.R + (fill + blocks) * p.segment
         reqs += miss + fill + blocks
-        filled = np.minimum(filled + fill * p.segment, h.target)
         throttled += (f < 0.99) & (demand > 0)
         done = np.isnan(epoch1_s) & (consumed >= epoch)
         epoch1_s[done], epoch1_bytes[done] = t + 1, read[done]

@@ -81,6 +81,9 @@ def test_requests_and_bytes_add_up(strategy, record, dataset, n):
         misses = run.consumed[0] * record if strategy == "disk" else 0.0
         assert run.read_bytes[0] <= kept + misses + 1e-6
         assert 0.0 <= run.later_ratio[0] <= 1.0
+    if strategy == "memory" and run.epoch1_s[0] <= p.seconds:
+        # No record is served before its bytes arrive: epoch 1 read at least its bytes.
+        assert run.epoch1_bytes[0] >= dataset / n * (1 - 1e-9)
 
 
 def test_more_hosts_never_give_a_host_more_from_a_request_bound_bucket():
