@@ -22,7 +22,7 @@ Bucket model (Google Cloud Storage, "Request rate and access distribution guidel
 https://cloud.google.com/storage/docs/request-rate): a bucket starts with an IO capacity of
 about 5,000 object reads/s (and ~1,000 writes/s: not used here); as the request rate
 approaches capacity, GCS takes "on the order of minutes" to redistribute load, and clients
-are told to ramp "no more than double the rate over 20 minutes", else they see throttling
+are told to double their request rate at most once per 20 minutes, else they see throttling
 (429/503, higher latency). Modelled: capacity × 2 per `--doubling` seconds (1,200) while
 demand exceeds it, never above `--bucket-max-reads`; requests over capacity are refused and
 retried (demand persists), shared pro rata between hosts. A per-project egress bandwidth quota
