@@ -51,13 +51,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 STRATEGIES = ("exact", "disk", "block", "memory")
 KIB, MIB, GB, TB = 1 << 10, 1 << 20, 10**9, 10**12
-
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,6 @@ class Cases:
     dataset: np.ndarray
     record: np.ndarray
     hosts: np.ndarray
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def grid(cls, strategies, datasets, records, hosts) -> Cases:
