@@ -71,6 +71,7 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     registry = load_all()
+    from . import bench_scale  # noqa: F401  (registers "scale", issue 15's acceptance, last)
     args = build_parser(sorted(registry)).parse_args(argv)
     if args.command == "list":
         for bench in registry.values():
