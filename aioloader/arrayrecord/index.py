@@ -35,6 +35,7 @@ from .layout import (
     CHUNK_HEADER_SIZE,
     CHUNK_PADDING,
     CHUNK_SIMPLE,
+    CHUNK_TRANSPOSED,
     ChunkHeader,
     _parse_chunk_header,
     check_block_header,
@@ -44,6 +45,7 @@ from .layout import (
 )
 from .options import WriterOptions, parse_options
 from .proto import POSTSCRIPT_MAGIC, decode_footer_entries, parse_fields
+from .transposed import decode_transposed
 from .varint import read_varint
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
@@ -261,6 +263,8 @@ def decode_chunk(
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
+        if header.chunk_type == CHUNK_TRANSPOSED:
+            return header, decode_transposed(header, data, max_decoded)
         return header, decode_simple(header, data, max_decoded)
     except ArrayRecordFormatError as err:
         if err.offset is None:
