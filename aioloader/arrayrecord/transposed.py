@@ -126,6 +126,7 @@ def decode_transposed(header: ChunkHeader, data, max_decoded: int) -> ChunkRecor
         buckets.append(_block(codec, data[pos : pos + length], budget, f"bucket {i}"))
         pos += length
     buffers = _split(buckets, buffer_lens)
+    del buckets  # the buffers are copies: bytes slice faster than memoryviews
     transitions = bytes(_block(codec, data[pos:], budget, "transitions"))
     out, bounds = _run(nodes, first, buffers, transitions, n, size)
     return ChunkRecords(memoryview(out).toreadonly(), bounds)
@@ -149,7 +150,7 @@ def _split(buckets: list, lengths: list) -> list:
         bucket = buckets[b]
         if off + length > len(bucket):
             raise _fail(f"buffer {i} of {length} bytes runs past the end of bucket {b}")
-        buffers.append(bucket[off : off + length])
+        buffers.append(bytes(bucket[off : off + length]))
         off += length
         while off == len(buckets[b]) and b + 1 < len(buckets):
             b, off = b + 1, 0
@@ -250,11 +251,18 @@ def _check_no_implicit_loop(nexts: list, implicit: list) -> None:
 
 def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
          size: int) -> tuple[bytearray, np.ndarray]:
-    """Replay the walk, writing records backwards into a buffer of exactly `size` bytes."""
+    """Replay the walk, writing records backwards into a buffer of exactly `size` bytes.
+
+    Pieces are gathered last to first and copied into place in batches (one slice
+    assignment costs as much as ten appends); `cur` tracks where the next piece ends.
+    """
     kinds, tag_bytes, bufs, args, nexts, implicit = nodes
     count = len(kinds)
     out = bytearray(size)
     cur = size  # bytes of `out` not yet written, from the front
+    done = size  # where the pieces gathered since the last flush end
+    pieces: list = []
+    put = pieces.append
     bpos = [0] * len(buffers)
     nonproto_lengths = len(buffers) - 1
     starts: list[int] = []  # `cur` at each record's start, last record first
@@ -280,8 +288,8 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
             if k > cur:
                 raise _fail(f"records exceed the {size} bytes the header declares")
             cur -= k
-            out[cur : cur + len(tag)] = tag
-            out[cur + len(tag) : cur + k] = buf[p:q]
+            put(buf[p:q])
+            put(tag)
             bpos[b] = q
         elif kind in (K_VARINT, K_FIXED):
             b = bufs[node]
@@ -293,19 +301,18 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
             if m > cur:
                 raise _fail(f"records exceed the {size} bytes the header declares")
             cur -= m
-            out[cur : cur + len(tag)] = tag
             if kind == K_VARINT:
-                value = int.from_bytes(buf[p : p + k], "little") | masks[k]
-                out[cur + len(tag) : cur + m] = value.to_bytes(k, "little")
+                put((int.from_bytes(buf[p : p + k], "little") | masks[k]).to_bytes(k, "little"))
             else:
-                out[cur + len(tag) : cur + m] = buf[p : p + k]
+                put(buf[p : p + k])
+            put(tag)
             bpos[b] = p + k
         elif kind == K_COPY:
             tag = tag_bytes[node]
             if len(tag) > cur:
                 raise _fail(f"records exceed the {size} bytes the header declares")
             cur -= len(tag)
-            out[cur : cur + len(tag)] = tag
+            put(tag)
         elif kind == K_MESSAGE:
             if stack:
                 raise _fail("a record starts while a submessage is still open")
@@ -324,7 +331,7 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
             if len(head) > cur:
                 raise _fail(f"records exceed the {size} bytes the header declares")
             cur -= len(head)
-            out[cur : cur + len(head)] = head
+            put(head)
         elif kind == K_NONPROTO:
             lens, lp = buffers[nonproto_lengths], bpos[nonproto_lengths]
             length, bpos[nonproto_lengths] = _varint32(lens, lp, "non-proto record length")
@@ -335,7 +342,7 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
             if length > cur:
                 raise _fail(f"records exceed the {size} bytes the header declares")
             cur -= length
-            out[cur : cur + length] = buf[p : p + length]
+            put(buf[p : p + length])
             bpos[b] = p + length
             if stack:
                 raise _fail("a record starts while a submessage is still open")
@@ -345,6 +352,9 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
         steps_left -= 1
         if steps_left < 0:
             raise _fail("the state machine walks longer than its data can drive")
+        if len(pieces) > 4096:
+            _flush(out, cur, done, pieces)
+            done = cur
         # Step to the next node: a transition byte is (offset << 2 | repeats), repeats being
         # further steps to `next` with no byte; leaving an implicit node costs no byte.
         node = nexts[node]
@@ -359,6 +369,7 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
             iters = (byte & 3) + (1 if implicit[node] else 0)
         elif not implicit[node]:
             iters -= 1
+    _flush(out, cur, done, pieces)
     if stack:
         raise _fail(f"{len(stack)} submessages still open at the end")
     if len(starts) != n:
@@ -370,6 +381,15 @@ def _run(nodes: tuple, first: int, buffers: list, transitions: bytes, n: int,
     bounds[:n] = starts[::-1]
     bounds[n] = size
     return out, bounds
+
+
+def _flush(out: bytearray, cur: int, done: int, pieces: list) -> None:
+    """Copy the pieces gathered last to first into `out[cur:done]`."""
+    joined = b"".join(pieces[::-1])
+    if len(joined) != done - cur:  # would resize `out`; cannot happen if the sums are right
+        raise _fail("internal: pieces do not add up to the bytes written")
+    out[cur:done] = joined
+    pieces.clear()
 
 
 def _varint32(buf, pos: int, what: str) -> tuple[int, int]:
