@@ -7,7 +7,7 @@ import random
 import pytest
 
 import aioloader
-from aioloader.arrayrecord import ArrayRecordFormatError, parse_options
+from aioloader.arrayrecord import parse_options
 from aioloader.arrayrecord.layout import BLOCK_SIZE, CHUNK_HEADER_SIZE
 
 from .arrayrecord_util import (

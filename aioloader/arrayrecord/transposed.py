@@ -125,8 +125,9 @@ def decode_transposed(header: ChunkHeader, data, max_decoded: int) -> ChunkRecor
                         f"({len(data) - pos} bytes left)")
         buckets.append(_block(codec, data[pos : pos + length], budget, f"bucket {i}"))
         pos += length
+    budget[0] -= sum(buffer_lens)  # the buffers are copies: bytes slice faster than views
     buffers = _split(buckets, buffer_lens)
-    del buckets  # the buffers are copies: bytes slice faster than memoryviews
+    del buckets
     transitions = bytes(_block(codec, data[pos:], budget, "transitions"))
     out, bounds = _run(nodes, first, buffers, transitions, n, size)
     return ChunkRecords(memoryview(out).toreadonly(), bounds)
@@ -135,7 +136,7 @@ def decode_transposed(header: ChunkHeader, data, max_decoded: int) -> ChunkRecor
 def _block(codec: int, block, budget: list, what: str):
     """Decompress one block, its declared size charged to the budget first."""
     try:
-        out = decompress_block(codec, block, None, budget[0])
+        out = decompress_block(codec, block, None, max(budget[0], 0))
     except ArrayRecordFormatError as err:
         raise _fail(f"{what}: {err.what}") from None
     budget[0] -= len(out)
