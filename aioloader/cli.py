@@ -95,7 +95,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for name, value in rows:
             print(f"{name:<{width}}  {value}")
         if info["transpose"]:
-            print("note: written with transpose; aioloader can index it but not decode it")
+            print("note: written with transpose (transposed chunks); aioloader reads them, "
+                  "more slowly than simple chunks, and does not write them")
     return 0
 
 

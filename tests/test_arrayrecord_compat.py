@@ -7,7 +7,7 @@ import random
 import pytest
 
 import aioloader
-from aioloader.arrayrecord import ArrayRecordFormatError, parse_options
+from aioloader.arrayrecord import parse_options
 from aioloader.arrayrecord.layout import BLOCK_SIZE, CHUNK_HEADER_SIZE
 
 from .arrayrecord_util import (
@@ -175,15 +175,14 @@ def test_large_windows(tmp_path, options):
     _roundtrip_both_ways(tmp_path, records, f"group_size:2,{options}")
 
 
-def test_transposed_file_is_refused_clearly(tmp_path):
-    write_theirs(tmp_path / "t.ar", [b"abc"] * 40, "group_size:16,transpose")
+def test_transposed_file_reads_like_theirs(tmp_path):
+    records = [b"abc"] * 40 + [b"\x08\x96\x01", b""]
+    write_theirs(tmp_path / "t.ar", records, "group_size:16,transpose")
     f = LocalFile(tmp_path / "t.ar")
     reader = f.reader()
-    assert len(reader) == 40
-    with pytest.raises(ArrayRecordFormatError, match="transpose") as info:
-        reader[3]
-    assert "t.ar" in str(info.value) and "chunk 0" in str(info.value)
-    assert "rewrite" in str(info.value)
+    assert len(reader) == 42
+    assert reader[3] == b"abc" and reader[40] == b"\x08\x96\x01"
+    assert list(reader) == read_theirs(tmp_path / "t.ar") == records
 
 
 def test_open_reads_tail_once(tmp_path):

@@ -23,9 +23,8 @@ from .varint import (
 )
 
 TRANSPOSE_HINT = (
-    "the file was written with the 'transpose' option, which aioloader does not decode; "
-    "rewrite it without transpose, e.g. `aioloader convert` or array_record's "
-    "ArrayRecordWriter(path, 'group_size:1')"
+    "a transposed chunk is decoded by arrayrecord.transposed.decode_transposed "
+    "(decode_chunk dispatches on the chunk type), not as a simple chunk"
 )
 
 

@@ -31,6 +31,7 @@ from .layout import (
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
     CHUNK_PADDING,
+    CHUNK_TRANSPOSED,
     ChunkHeader,
     _parse_chunk_header,
     check_block_header,
@@ -41,6 +42,7 @@ from .layout import (
 from .onerecord import headers_in, one_record, strip_into
 from .options import WriterOptions, parse_options
 from .proto import POSTSCRIPT_MAGIC, parse_fields
+from .transposed import decode_transposed
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
 POSTSCRIPT_MAX_DECODED = 1 << 16
@@ -307,6 +309,8 @@ def decode_chunk(
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
+        if header.chunk_type == CHUNK_TRANSPOSED and decoder is decode_simple:
+            return header, decode_transposed(header, data, max_decoded)
         return header, decoder(header, data, max_decoded)
     except ArrayRecordFormatError as err:
         if err.offset is None:
