@@ -235,6 +235,24 @@ class WriteToArrayRecord(beam.PTransform):
                                              self.storage_options))
 
 
+class _Window:
+    """A blocking `fetch(offset, length)` that reads up to WINDOW bytes ahead (never past
+    `end`) in one request, so a file of many small chunks costs few requests, not one each."""
+
+    WINDOW = 8 << 20
+
+    def __init__(self, f: Any, end: int) -> None:
+        self.f, self.end, self.start, self.buf = f, end, 0, b""
+
+    def fetch(self, offset: int, length: int) -> bytes:
+        at = offset - self.start
+        if at < 0 or at + length > len(self.buf):
+            self.f.seek(offset)
+            self.buf = self.f.read(max(length, min(self.WINDOW, self.end - offset)))
+            self.start, at = offset, 0
+        return self.buf[at:at + length]
+
+
 class _FileSource(iobase.BoundedSource):
     """The records of one ArrayRecord file; positions are record indices."""
 
@@ -247,24 +265,20 @@ class _FileSource(iobase.BoundedSource):
     def __getstate__(self) -> dict:  # the index is re-read where needed, not shipped
         return {**self.__dict__, "_index": None}
 
-    def _reader(self, f: Any) -> RangeReader:
-        def fetch(offset: int, length: int) -> bytes:
-            f.seek(offset)
-            return f.read(length)
-
+    def _reader(self, fetch: Any) -> RangeReader:
         reader = RangeReader(fetch, self.size, path=redact(self.url), verify=self.verify,
                              index=self._index)
         self._index = reader.index
         return reader
 
-    def _file(self) -> Any:
+    def _file(self) -> Any:  # our reads are ranged and planned: no fsspec read-ahead
         fs, path = _fs(self.url, self.storage_options)
-        return fs.open(path, "rb")
+        return fs.open(path, "rb", cache_type="none")
 
     def index(self) -> FileIndex:
         if self._index is None:
             with self._file() as f:
-                self._reader(f)
+                self._reader(_Window(f, self.size).fetch)
         return self._index  # type: ignore[return-value]
 
     def estimate_size(self) -> int:
@@ -296,12 +310,16 @@ class _FileSource(iobase.BoundedSource):
 
     def read(self, range_tracker: OffsetRangeTracker) -> Iterator[bytes]:
         with self._file() as f:
-            reader = self._reader(f)
+            window = _Window(f, self.size)
+            reader = self._reader(window.fetch)
             index = reader.index
             pos = range_tracker.start_position()
             if pos >= index.num_records:
                 return
             chunk = int(index.locate([pos])[0][0])
+            last = int(index.locate([min(range_tracker.stop_position(), index.num_records) - 1]
+                                    )[0][0])
+            window.end = int(index.chunk_ends[last])  # read ahead only within this bundle
             starts = index.record_starts.tolist()
             while chunk < index.num_chunks and starts[chunk] < range_tracker.stop_position():
                 records = reader.read_chunk(chunk)

@@ -173,3 +173,21 @@ def test_dynamic_splits_at_any_record_lose_and_repeat_nothing(tmp_path):
 def test_no_match_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no file matches"), _pipeline() as p:
         _ = p | ReadFromArrayRecord(str(tmp_path / "nothing-*.array_record"))
+
+
+def test_write_and_read_back_through_gs_urls():
+    """gs:// through gcsfs, against the GCS emulator over real HTTP."""
+    from aioloader.testing import local_gcs
+
+    with local_gcs() as gcs:
+        opts = gcs.storage_options
+        with _pipeline() as p:
+            _ = (p | beam.Create(RECORDS[:500])
+                 | WriteToArrayRecord(gcs.url("beam/out"), num_shards=2, group_size=8,
+                                      storage_options=opts))
+        assert sorted(gcs.list_objects("beam/")) == [
+            f"beam/out-0000{k}-of-00002.array_record" for k in range(2)]  # no temporaries
+        with _pipeline() as p:
+            got = p | ReadFromArrayRecord(gcs.url("beam/out-*.array_record"),
+                                          storage_options=opts)
+            assert_that(got, equal_to(RECORDS[:500]))
