@@ -21,14 +21,9 @@ from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner  # 
 from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
-from aioloader.beam import (  # noqa: E402
-    ReadFromArrayRecord,
-    WriteToArrayRecord,
-    _FileSource,
-    finalize_shards,
-    temp_dir_for,
-    write_file,
-)
+from aioloader.beam import ReadFromArrayRecord, WriteToArrayRecord  # noqa: E402
+from aioloader.beam.sink import finalize_shards, temp_dir_for, write_file  # noqa: E402
+from aioloader.beam.source import _FileSource  # noqa: E402
 
 from .arrayrecord_util import read_theirs, write_theirs  # noqa: E402
 
