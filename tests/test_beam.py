@@ -7,8 +7,12 @@ runs the portable runner in multi-process mode (`direct_num_workers=2`).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +26,10 @@ from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from aioloader.beam import ReadFromArrayRecord, WriteToArrayRecord  # noqa: E402
+from aioloader.beam.pipelines import ConvertToArrayRecord  # noqa: E402
 from aioloader.beam.sink import finalize_shards, temp_dir_for, write_file  # noqa: E402
 from aioloader.beam.source import _FileSource  # noqa: E402
+from aioloader.convert import convert, write_tfrecord  # noqa: E402
 
 from .arrayrecord_util import read_theirs, write_theirs  # noqa: E402
 
@@ -186,3 +192,71 @@ def test_write_and_read_back_through_gs_urls():
             got = p | ReadFromArrayRecord(gcs.url("beam/out-*.array_record"),
                                           storage_options=opts)
             assert_that(got, equal_to(RECORDS[:500]))
+
+
+# -- conversion ------------------------------------------------------------------------
+
+JSON = [json.dumps({"i": i, "text": "x" * (i % 50)}).encode() for i in range(900)]
+
+
+def _inputs(tmp_path, records, k: int, ext: str) -> list[str]:
+    paths = []
+    for j in range(k):
+        path = tmp_path / "in" / f"part-{j}.{ext}"
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "wb") as f:
+            if ext == "tfrecord":
+                write_tfrecord(f, records[j::k])
+            else:
+                f.write(b"\n".join(records[j::k]) + b"\n")
+        paths.append(str(path))
+    return paths
+
+
+def test_jsonl_conversion_on_beam_holds_what_convert_writes(tmp_path):
+    paths = _inputs(tmp_path, JSON, 3, "jsonl")
+    convert(paths, str(tmp_path / "local" / "t"), shards=2)
+    with _pipeline() as p:
+        _ = p | ConvertToArrayRecord(str(tmp_path / "in" / "part-*.jsonl"),
+                                     str(tmp_path / "beam" / "t"), num_shards=2)
+    ours = [r for k in range(2) for r in read_theirs(tmp_path / f"beam/t-0000{k}-of-00002"
+                                                                  ".array_record")]
+    local = [r for k in range(2) for r in read_theirs(tmp_path / f"local/t-0000{k}-of-00002"
+                                                                   ".array_record")]
+    assert Counter(ours) == Counter(local) == Counter(JSON)
+
+
+def test_tfrecord_match_shards_keeps_each_file_in_order(tmp_path):
+    paths = _inputs(tmp_path, JSON, 4, "tfrecord")
+    with _pipeline() as p:
+        _ = p | ConvertToArrayRecord(paths, str(tmp_path / "t"), match_shards=True,
+                                     group_size=8)
+    for k in range(4):
+        assert read_theirs(tmp_path / f"t-0000{k}-of-00004.array_record") == JSON[k::4]
+
+
+def test_cli_runner_beam_passes_pipeline_options_and_refuses_existing_output(tmp_path):
+    paths = _inputs(tmp_path, JSON, 2, "jsonl")
+    out = str(tmp_path / "o" / "t")
+    run = [sys.executable, "-m", "aioloader.cli", "convert", *paths, out, "--runner", "beam",
+           "--shards", "3", "--", "--runner=DirectRunner", "--direct_num_workers=1"]
+    proc = subprocess.run(run, capture_output=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert b"wrote 900 records" in proc.stdout and b"-of-00003" in proc.stdout
+    got = [r for k in range(3) for r in read_theirs(f"{out}-0000{k}-of-00003.array_record")]
+    assert Counter(got) == Counter(JSON)
+    again = subprocess.run(run, capture_output=True, timeout=180)
+    assert again.returncode == 1 and b"already exists" in again.stderr
+    bad = subprocess.run([*run[:6], out, "--", "--runner=DirectRunner"], capture_output=True,
+                         timeout=60)
+    assert bad.returncode != 0 and b"need --runner beam" in bad.stderr
+
+
+def test_a_corrupt_tfrecord_fails_the_job_and_places_no_shard(tmp_path):
+    paths = _inputs(tmp_path, JSON, 2, "tfrecord")
+    damaged = bytearray(Path(paths[1]).read_bytes())
+    damaged[14] ^= 1
+    Path(paths[1]).write_bytes(bytes(damaged))
+    with pytest.raises(Exception, match="checksum mismatch"), _pipeline() as p:
+        _ = p | ConvertToArrayRecord(paths, str(tmp_path / "t"), num_shards=2)
+    assert not list(tmp_path.glob("t-*"))
