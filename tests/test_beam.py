@@ -260,3 +260,45 @@ def test_a_corrupt_tfrecord_fails_the_job_and_places_no_shard(tmp_path):
     with pytest.raises(Exception, match="checksum mismatch"), _pipeline() as p:
         _ = p | ConvertToArrayRecord(paths, str(tmp_path / "t"), num_shards=2)
     assert not list(tmp_path.glob("t-*"))
+
+
+# Google's array-record-beam-sdk 0.1.0 cannot be a dev dependency: it requires TensorFlow and
+# pins array-record==0.5.0 (we pin 0.8.6). Where it is importable (e.g. unpacked with
+# `pip install --no-deps --target DIR array-record-beam-sdk==0.1.0` and DIR on PYTHONPATH),
+# its real pipeline runs in a child with a stand-in `tensorflow` module: the conversion
+# functions never call TensorFlow, only its demo data builder (imported at module top) does.
+# Its `convert_tf_to_arrayrecord_disk_match_shards` cannot run on Beam 2.77 (it passes a side
+# input as `num_shards`: "TypeError: '>=' not supported between instances of 'AsSingleton'
+# and 'int'"), so ours is compared with its `convert_tf_to_arrayrecord_disk(num_shards=3)`.
+_THEIRS = """
+import sys, types
+sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
+sys.argv = sys.argv[:1]
+from apache_beam.options.pipeline_options import PipelineOptions
+from array_record_beam_sdk import pipelines
+p, _ = pipelines.convert_tf_to_arrayrecord_disk(
+    num_shards=3, args={"input": sys.stdin.readline().strip(), "output": sys.stdin.readline().strip()},
+    pipeline_options=PipelineOptions([]))
+p.run().wait_until_finish()
+"""
+
+
+def test_tfrecord_conversion_equals_array_record_beam_sdk(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("array_record_beam_sdk") is None:
+        pytest.skip("array-record-beam-sdk is not importable (it needs TensorFlow and "
+                    "array-record 0.5.0, so it is not in the dev extra)")
+    _inputs(tmp_path, JSON, 3, "tfrecord")
+    pattern = str(tmp_path / "in" / "part-*.tfrecord")
+    proc = subprocess.run([sys.executable, "-c", _THEIRS], capture_output=True, timeout=180,
+                          input=f"{pattern}\n{tmp_path / 'theirs' / 'out'}\n".encode())
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    with _pipeline() as p:
+        _ = p | ConvertToArrayRecord(pattern, str(tmp_path / "ours" / "out"),
+                                     match_shards=True)
+    theirs = sorted((tmp_path / "theirs").iterdir())
+    ours = sorted((tmp_path / "ours").iterdir())
+    assert len(theirs) == len(ours) == 3  # both: one output shard per input shard
+    assert (Counter(r for f in theirs for r in read_theirs(f))
+            == Counter(r for f in ours for r in read_theirs(f)) == Counter(JSON))
