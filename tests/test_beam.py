@@ -276,9 +276,9 @@ sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
 sys.argv = sys.argv[:1]
 from apache_beam.options.pipeline_options import PipelineOptions
 from array_record_beam_sdk import pipelines
+pattern, prefix = sys.stdin.read().split()
 p, _ = pipelines.convert_tf_to_arrayrecord_disk(
-    num_shards=3, args={"input": sys.stdin.readline().strip(), "output": sys.stdin.readline().strip()},
-    pipeline_options=PipelineOptions([]))
+    num_shards=3, args={"input": pattern, "output": prefix}, pipeline_options=PipelineOptions([]))
 p.run().wait_until_finish()
 """
 

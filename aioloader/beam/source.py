@@ -104,11 +104,11 @@ class _FileSource(iobase.BoundedSource):
             reader = self._reader(window.fetch)
             index = reader.index
             pos = range_tracker.start_position()
-            if pos >= index.num_records:
+            stop = min(range_tracker.stop_position(), index.num_records)
+            if pos >= stop:
                 return
             chunk = int(index.locate([pos])[0][0])
-            last = int(index.locate([min(range_tracker.stop_position(), index.num_records) - 1]
-                                    )[0][0])
+            last = int(index.locate([stop - 1])[0][0])
             window.end = int(index.chunk_ends[last])  # read ahead only within this bundle
             starts = index.record_starts.tolist()
             while chunk < index.num_chunks and starts[chunk] < range_tracker.stop_position():
