@@ -19,7 +19,6 @@ the count. Which record lands in which shard, and in what order, is the runner's
 PCollection has no order): read back, the multiset of records is what is guaranteed.
 """
 
-
 from __future__ import annotations
 
 import contextlib
