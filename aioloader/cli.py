@@ -3,7 +3,8 @@
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
     aioloader cat PATH             print records (hex is a stable, script-friendly format)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
-                                   (existing output refused unless --overwrite)
+                                   (existing output refused unless --overwrite); with
+                                   `--runner beam [-- BEAM OPTIONS]` on Apache Beam
     aioloader bench URL            stream a dataset through a pipeline, report throughput
 
 Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra).
@@ -157,7 +158,35 @@ def _write_records(src: ArrayRecordSource, args: argparse.Namespace) -> None:
 # -- convert --------------------------------------------------------------------------
 
 
+def _convert_on_beam(args: argparse.Namespace) -> int:
+    import fsspec
+
+    try:
+        from .beam.pipelines import run_convert
+    except ImportError as exc:
+        raise ConvertError(f"--runner beam needs the `beam` extra ({exc}): "
+                           "pip install 'aioloader[beam]'") from None
+    if not args.overwrite:
+        fs, path = fsspec.core.url_to_fs(args.output_prefix)
+        existing = fs.glob(f"{path}-?????-of-?????.array_record")
+        if existing:
+            raise FileExistsError(f"output already exists: {redact(args.output_prefix)}-*-of-*"
+                                  f" ({len(existing)} files); pass --overwrite to replace it")
+    out = run_convert(args.inputs, args.output_prefix, args.beam_args, fmt=args.input_format,
+                      num_shards=0 if args.shards is None else args.shards,
+                      match_shards=args.match_shards,
+                      group_size=args.group_size, compression=args.compression)
+    shards = f"{out['shards']:05d}" if out["shards"] else "*"
+    records = "" if out["records"] is None else f"{out['records']:,} records "
+    print(f"wrote {records}to {redact(args.output_prefix)}-*-of-{shards}.array_record")
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
+    if args.runner == "beam":
+        return _convert_on_beam(args)
+    if args.match_shards or args.beam_args:
+        raise ConvertError("--match-shards and Beam pipeline options need --runner beam")
     from tqdm import tqdm
 
     from .convert import convert
@@ -171,7 +200,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     try:
         out = convert(args.inputs, args.output_prefix, fmt=args.input_format,
-                      shards=args.shards, group_size=args.group_size,
+                      shards=1 if args.shards is None else args.shards, group_size=args.group_size,
                       compression=args.compression, progress=progress,
                       overwrite=args.overwrite)
     finally:
@@ -293,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--from", dest="input_format", choices=("jsonl", "tfrecord", "npy",
                                                             "parquet"),
                    help="input format (default: from the file names)")
-    v.add_argument("--shards", type=int, default=1, help="number of output files (default 1)")
+    v.add_argument("--shards", type=int, default=None,
+                   help="number of output files (default 1; with --runner beam, the runner "
+                        "picks)")
     v.add_argument("--group-size", type=int, default=1,
                    help="records per chunk; keep 1 for shuffled training (default 1)")
     v.add_argument("--compression", default="zstd:3",
@@ -301,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--overwrite", action="store_true",
                    help="replace existing output files (default: refuse); they are replaced "
                         "only once the whole conversion succeeded")
+    v.add_argument("--runner", choices=("local", "beam"), default="local",
+                   help="local: threads in this process (default); beam: an Apache Beam "
+                        "pipeline (the `beam` extra), on Beam's local runner or, with "
+                        "pipeline options after `--`, on Dataflow, Flink or Spark")
+    v.add_argument("--match-shards", action="store_true",
+                   help="with --runner beam: one output shard per input file, in order")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 
@@ -327,7 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    beam_args: list[str] = []
+    if argv[:1] == ["convert"] and "--" in argv:  # `convert ... -- BEAM PIPELINE OPTIONS`
+        cut = argv.index("--")
+        argv, beam_args = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    args.beam_args = beam_args
     try:
         return args.func(args)
     except (ArrayRecordFormatError, StorageError, ConvertError, OSError) as err:

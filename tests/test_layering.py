@@ -119,3 +119,19 @@ def test_errors_is_a_leaf_and_only_jax_py_imports_jax():
         names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | \
             {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
         assert not any(x == "jax" or x.startswith("jax.") for x in names), mod
+
+
+def test_only_beam_py_imports_apache_beam():
+    """The package imports without the `beam` extra: apache_beam stays inside aioloader.beam,
+    and nothing imports aioloader.beam back."""
+    for mod in GRAPH:
+        path = ROOT.parent / (mod.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT.parent / mod.replace(".", "/") / "__init__.py"
+        if mod == "aioloader.beam" or mod.startswith("aioloader.beam."):
+            continue
+        assert not {d for d in GRAPH[mod] if d.split(".")[:2] == ["aioloader", "beam"]}, mod
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+            {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(x.split(".")[0] == "apache_beam" for x in names), mod
