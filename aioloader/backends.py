@@ -140,6 +140,15 @@ def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
     return [os.pread(fd, end - start, start) for fd, start, end in items]
 
 
+def gcs_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A copy of gs:// storage options; against an emulator, anonymous (it takes no
+    credentials)."""
+    opts = dict(options)
+    if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
+        opts["token"] = "anon"
+    return opts
+
+
 class GCSBackend:
     streams = True  # reads take a `retry.Watch`: silence is timed, slow heads are hedged
 
@@ -150,9 +159,7 @@ class GCSBackend:
         import gcsfs
         import yarl
 
-        opts = dict(options)
-        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
-            opts["token"] = "anon"  # emulators take no credentials
+        opts = gcs_options(options)
         self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
                                       loop=asyncio.get_running_loop(), **opts)
         self._aiohttp = aiohttp

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
-from .backends import ObjectInfo, Tail, gcs_failure, gcs_key, parse_tail
+from .backends import ObjectInfo, Tail, gcs_failure, gcs_key, gcs_options, parse_tail
 from .curl import CurlSession
 from .errors import Transient
 from .urls import STORAGE_LOGGERS, redact, redact_logs
@@ -54,9 +54,7 @@ class CurlGCSBackend:
     def __init__(self, options: dict[str, Any], connections: int,
                  pins: dict[str, str]) -> None:
         self.pins = pins
-        opts = dict(options)
-        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
-            opts["token"] = "anon"  # emulators take no credentials
+        opts = gcs_options(options)
         self._options = opts
         self._anon = opts.get("token") == "anon"
         self._base = _endpoint(opts)

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrayrecord import FileIndex
+from .privatedir import open_private_dir
 from .storage import ObjectInfo, redact
 
 log = logging.getLogger("aioloader")
@@ -152,25 +153,7 @@ class IndexCache:
                     self._path(name), why)
 
     def _open_dir(self) -> int:
-        """A descriptor of the directory, after checking that only we can write there."""
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        problem = None
-        if st.st_uid != os.geteuid():
-            problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-        elif st.st_mode & 0o022:
-            who = " and ".join(w for bit, w in ((0o020, "group"), (0o002, "others"))
-                               if st.st_mode & bit)
-            problem = (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}); run "
-                       f"`chmod go-w {self.directory}`")
-        if problem:
-            os.close(fd)
-            raise PermissionError(
-                f"index_cache_dir {self.directory} {problem}: another user could plant "
-                "index entries that make files read wrong. Use a directory only you can "
-                "write to (or pass no index_cache_dir)."
-            )
-        return fd
+        return open_private_dir(self.directory, "index_cache_dir", "index entries")
 
 
 def _key(infos: Sequence[ObjectInfo]) -> str:

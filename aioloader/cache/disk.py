@@ -46,6 +46,7 @@ import time
 from typing import NamedTuple
 
 from ..arrayrecord.hashing import highwayhash64
+from ..privatedir import open_private_dir
 from ..urls import redact
 
 log = logging.getLogger("aioloader")
@@ -110,7 +111,7 @@ class DiskCache:
                 f"cache_dir {self.directory} exists and is not a directory: name a directory "
                 "(it is created if missing) for the disk cache")
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self.dir_fd = _open_private_dir(self.directory)
+        self.dir_fd = open_private_dir(self.directory, "cache_dir", "segments")
         self.hits = self.writes = self.dropped = self.evicted = self.refused = 0
         self._usage: int | None = None  # bytes of entries, as last scanned plus our writes
 
@@ -334,22 +335,3 @@ def _check(fd: int, st: os.stat_result, key: SegmentKey) -> None:
     if highwayhash64(memoryview(data)[: PAYLOAD_AT + n]) != stored:
         raise EntryError("its checksum does not match its content (damaged or edited)")
 
-
-def _open_private_dir(directory: str) -> int:
-    """A descriptor of the directory, after checking that only we can write there."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    problem = None
-    if st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    elif st.st_mode & 0o022:
-        who = " and ".join(w for bit, w in ((0o020, "group"), (0o002, "others"))
-                           if st.st_mode & bit)
-        problem = (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}); run "
-                   f"`chmod go-w {directory}`")
-    if problem:
-        os.close(fd)
-        raise PermissionError(
-            f"cache_dir {directory} {problem}: another user could plant segments that make "
-            "records read wrong. Use a directory only you can write to (or pass no cache_dir).")
-    return fd
