@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import logging
 import mmap
 
 import numpy as np
@@ -256,3 +257,19 @@ async def test_a_tier_too_small_for_a_few_segments_is_not_used(data, bucket):
                            workers=0, memory_budget=BUDGET, resident_bytes=SEGMENT * 2)
     _same(got, ref)
     assert "resident_segments" not in st["cache"]
+
+
+async def test_a_block_shuffle_the_tier_cannot_serve_says_so(data, bucket, caplog):
+    """Without the memory tier a block shuffle from a bucket reads record by record (~50x
+    slower): the user is told which option to raise."""
+    gcs, urls = bucket
+    ds = _pipeline(urls[64], "block", storage_options=gcs.storage_options)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        await run(ds, workers=0, memory_budget=BUDGET, resident_bytes=SEGMENT * 2)
+    said = [r.getMessage() for r in caplog.records if "block shuffle" in r.getMessage()]
+    assert len(said) == 1 and "raise resident_bytes" in said[0]
+    assert f"at least {4 * SEGMENT}" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        await run(ds, workers=0, memory_budget=BUDGET, resident_bytes=TIER)
+    assert not [r for r in caplog.records if "block shuffle" in r.getMessage()]

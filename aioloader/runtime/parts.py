@@ -9,11 +9,12 @@ owner is garbage-collected without being closed, a finalizer still frees the poo
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..cache import SEGMENT_BYTES
 from ..cache.disk import DiskCache
+from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
@@ -21,6 +22,8 @@ from ..source import ArrayRecordSource
 from ..storage import Storage
 from ..workers import Pool
 from .tasks import TaskRunner
+
+log = logging.getLogger("aioloader")
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
@@ -75,6 +78,12 @@ class Parts:
         meta = SourceMeta(len(src), src.chunk_starts, src.all_local, whole, ds.source.verify,
                           src.table.blocks)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
+        if self.plan.window_bytes and not src.all_local and src.resident is None:
+            log.warning(
+                "block shuffle of a remote dataset with resident_bytes=%d: too small for the "
+                "memory tier (it needs at least %d, %d segments), so every record is its own "
+                "request; raise resident_bytes", read.resident_bytes,
+                MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)
         return self.plan
@@ -87,9 +96,8 @@ class Parts:
         if read.cache_dir is None or src.all_local or (src.resident is not None
                                                        and src.resident.whole):
             return None
-        segment = max(1, min(SEGMENT_BYTES, src.storage.max_inflight_bytes // 4))
         tier = DiskTier(DiskCache(read.cache_dir, read.cache_bytes), src.table, src.storage,
-                        segment)
+                        src.fetcher.segment_bytes)  # the memory tier's segments
         tier.start_filler(max(1, read.io_concurrency // 8))
         return tier
 

@@ -111,7 +111,7 @@ class Fetcher:
                                          self.fetch_segment)
         counts = [ix.num_chunks for ix in table.indices]
         self._first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._segment = segment
+        self.segment_bytes = segment
 
     async def fetch_segment(self, url: str, start: int, end: int, dest: memoryview) -> None:
         """Every segment the memory tier fetches comes through here (the disk tier's hook:
@@ -123,7 +123,7 @@ class Fetcher:
         input)."""
         files, chunks, _ = self.table.locate(records)
         g = self._first_chunk[files] + chunks
-        bounds = self.table.runs(self._segment).chunk
+        bounds = self.table.runs(self.segment_bytes).chunk
         return np.searchsorted(bounds, g, side="right") - 1, g
 
     # -- by records' chunk refs (the loader) ----------------------------------------------
