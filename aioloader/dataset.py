@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
-from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp
+from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp, dumps_op
 from .urls import redact
 
 if TYPE_CHECKING:
@@ -236,14 +235,16 @@ class Dataset:
         return Loader(self, opts, state=state)
 
     def check_picklable(self) -> None:
-        """Raise a clear error when a transform cannot be sent to worker processes."""
+        """Raise a clear error, before any worker starts, when a transform cannot travel to
+        worker processes (it holds a lock, an open file or socket...)."""
         for op in (*self.record_ops, *self.batch_ops):
             try:
-                pickle.dumps(op)
+                dumps_op(op)
             except Exception as exc:
                 raise TypeError(
-                    f"{op.describe()} cannot be pickled for worker processes ({exc}); define "
-                    "the function at module level (not a lambda or closure), or use workers=0"
+                    f"{op.describe()} cannot be pickled for worker processes "
+                    f"({type(exc).__name__}: {exc}): it holds something that cannot travel to "
+                    "another process; create that inside the function, or use workers=0"
                 ) from None
 
     def describe(self) -> list[str]:

@@ -8,16 +8,24 @@ are identical for any worker count, prefetch depth or retry.
 
 from __future__ import annotations
 
+import pickle
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from .errors import CollateError, TransformError
 from .packing import check_pack_config
+
+
+def dumps_op(op: Any) -> bytes:
+    """`op` pickled for a worker process: functions a worker can import travel by reference,
+    the rest (lambdas, closures, functions of a notebook or `python -c`) by value."""
+    return cloudpickle.dumps(op, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 @dataclass(frozen=True)

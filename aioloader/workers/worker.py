@@ -34,6 +34,7 @@ from ..transforms import (
     apply_batch_ops,
     apply_record_ops,
     collate_named,
+    dumps_op,
 )
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
 from .decode import Decoder
@@ -112,8 +113,8 @@ def _pack_pipeline(pipeline: Pipeline) -> tuple:
     """The pipeline pickled op by op (with each op's description), so that a worker that
     cannot unpickle one can say which (`_load_pipeline`)."""
     rest = dataclasses.replace(pipeline, record_ops=(), batch_ops=())
-    return (pickle.dumps(rest), [(op.describe(), pickle.dumps(op)) for op in pipeline.record_ops],
-            [(op.describe(), pickle.dumps(op)) for op in pipeline.batch_ops])
+    return (pickle.dumps(rest), [(op.describe(), dumps_op(op)) for op in pipeline.record_ops],
+            [(op.describe(), dumps_op(op)) for op in pipeline.batch_ops])
 
 
 def _load_pipeline(parts: tuple) -> Pipeline:
@@ -125,9 +126,8 @@ def _load_pipeline(parts: tuple) -> Pipeline:
         except Exception as exc:
             raise WorkerError(
                 f"{describe} cannot be loaded in a worker process ({type(exc).__name__}: "
-                f"{exc}); define it in a module the workers can import (not in __main__ of "
-                "an interactive session or notebook, nor added at run time), or use "
-                "workers=0") from None
+                f"{exc}); make sure what it uses is importable in a fresh interpreter (a "
+                "module on sys.path), or use workers=0") from None
 
     return dataclasses.replace(load("the pipeline", rest),
                                record_ops=tuple(load(*op) for op in record_ops),
