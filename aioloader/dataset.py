@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
-from .transforms import BatchOp, FilterOp, MapOp, PackOp, RandomMapOp, RecordOp, dumps_op
+from .transforms import (
+    BatchOp,
+    FilterOp,
+    MapOp,
+    PackOp,
+    RandomMapOp,
+    RecordOp,
+    dumps_op,
+    transform_fn,
+)
 from .urls import redact
 
 if TYPE_CHECKING:
@@ -148,18 +157,22 @@ class Dataset:
         return replace(self, record_ops=(*self.record_ops, op))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
-        """Apply `fn` to every record (or, after batch(), to every batch)."""
-        return self._record(MapOp(fn))
+        """Apply `fn` to every record (or, after batch(), to every batch). `fn`: a function,
+        or an object with a `map` method (`aioloader.transforms.Map`, Grain's `Map`)."""
+        return self._record(MapOp(transform_fn(fn, "map", "map")))
 
     def random_map(self, fn: Callable[[Any, Any], Any], *, seed: int | None = None) -> Dataset:
-        """Apply `fn(element, rng)`; rng is a `np.random.Generator` keyed on the record."""
+        """Apply `fn(element, rng)`; rng is a `np.random.Generator` keyed on the record. `fn`:
+        a function, or an object with a `random_map` method (`RandomMap`, Grain's)."""
+        fn = transform_fn(fn, "random_map", "random_map")
         if seed is None:
             seed = next((op.seed for op in self.index_ops if isinstance(op, Shuffle)), 0)
         return self._record(RandomMapOp(fn, int(seed)))
 
     def filter(self, predicate: Callable[[Any], bool]) -> Dataset:
-        """Keep records for which `predicate` is true."""
-        return self._record(FilterOp(predicate))
+        """Keep records for which `predicate` is true. `predicate`: a function, or an object
+        with a `filter` method (`aioloader.transforms.Filter`, Grain's `Filter`)."""
+        return self._record(FilterOp(transform_fn(predicate, "filter", "filter")))
 
     # -- batching ---------------------------------------------------------------------
 

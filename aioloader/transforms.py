@@ -8,6 +8,7 @@ are identical for any worker count, prefetch depth or retry.
 
 from __future__ import annotations
 
+import abc
 import pickle
 import time
 import traceback
@@ -26,6 +27,46 @@ def dumps_op(op: Any) -> bytes:
     """`op` pickled for a worker process: functions a worker can import travel by reference,
     the rest (lambdas, closures, functions of a notebook or `python -c`) by value."""
     return cloudpickle.dumps(op, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class Map(abc.ABC):
+    """A one-to-one transform as a class (like `grain.transforms.Map`): `.map(Parse())`."""
+
+    @abc.abstractmethod
+    def map(self, element: Any) -> Any: ...
+
+
+class RandomMap(abc.ABC):
+    """A random transform as a class (like `grain.transforms.RandomMap`); `rng` is keyed on
+    the record, so results do not depend on workers or timing."""
+
+    @abc.abstractmethod
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any: ...
+
+
+class Filter(abc.ABC):
+    """A predicate as a class (like `grain.transforms.Filter`): keep when `filter` is true."""
+
+    @abc.abstractmethod
+    def filter(self, element: Any) -> bool: ...
+
+
+def transform_fn(obj: Any, method: str, verb: str) -> Callable[..., Any]:
+    """What `.{verb}()` calls: `obj`'s `method` when it has one (our base classes, Grain's,
+    any object of that shape), else `obj` itself if it is a function. Checked when the
+    pipeline is built, so a wrong-shaped transform never waits for the first batch."""
+    fn = getattr(obj, method, None)
+    if isinstance(obj, type):
+        hint = f"; pass an instance: {obj.__name__}()" if callable(fn) else ""
+        raise TypeError(f".{verb}() got the class {obj.__qualname__}{hint}")
+    if callable(fn):
+        return fn
+    if callable(obj):
+        return obj
+    has = [m for m in ("map", "random_map", "filter") if callable(getattr(obj, m, None))]
+    what = f"; it has `{has[0]}`: use .{has[0]}()" if has else ""
+    raise TypeError(f".{verb}() takes a function or an object with a `{method}` method, got "
+                    f"{type(obj).__qualname__}{what}")
 
 
 @dataclass(frozen=True)
