@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, overload
+
+import numpy as np
 
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
@@ -141,10 +143,48 @@ class Dataset:
         """Shard by `jax.process_index()` of `jax.process_count()` (resolved at load time)."""
         return self._index(JaxProcessShard(drop_remainder))
 
-    def __getitem__(self, key: slice) -> Dataset:
-        if not isinstance(key, slice):
-            raise TypeError("index a Dataset with a slice, e.g. ds[:1000] or ds[::2]")
-        return self._index(Slice(key.start, key.stop, key.step))
+    @overload
+    def __getitem__(self, key: slice) -> Dataset: ...
+    @overload
+    def __getitem__(self, key: int) -> Any: ...
+    @overload
+    def __getitem__(self, key: Sequence[int]) -> list[Any]: ...
+
+    def __getitem__(self, key: Any) -> Any:
+        """`ds[a:b:c]`: a sliced Dataset. `ds[i]`, `ds[[i, j]]`: the elements the loader
+        yields at those positions, computed in this process (pipelines of one-to-one ops
+        only: source, shuffle, repeat, shard, slice, map, random_map)."""
+        if isinstance(key, slice):
+            return self._index(Slice(key.start, key.stop, key.step))
+        from .access import access_of
+
+        if isinstance(key, (int, np.integer)):
+            return access_of(self).get([int(key)])[0]
+        return access_of(self).get(list(key))
+
+    def __getitems__(self, keys: Sequence[int]) -> list[Any]:
+        """The elements at `keys` (Grain and PyTorch samplers' batched fetch)."""
+        from .access import access_of
+
+        return access_of(self).get(list(keys))
+
+    def __len__(self) -> int:
+        """The number of elements the loader yields (one-to-one pipelines; finite)."""
+        from .access import access_of
+
+        return len(access_of(self))
+
+    def __bool__(self) -> bool:  # a description is never "empty": `if ds:` opens nothing
+        return True
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate with a default loader (workers=0), closed when the iteration ends or is
+        dropped."""
+        loader = self.loader(workers=0)
+        try:
+            yield from loader
+        finally:
+            loader.close()
 
     # -- record ops -------------------------------------------------------------------
 

@@ -73,7 +73,8 @@ def _require_finite(op, parent_len: int | None, why: str = "") -> int:
 
 @dataclass(frozen=True)
 class Slice:
-    """Python slice semantics on the parent sequence (finite parent; step != 0)."""
+    """Python slice semantics on the parent sequence (step != 0). An infinite parent (after
+    `repeat()`) takes a slice that needs no end: `[a:b]`, `[a:b:c]` with 0 <= a, b, c > 0."""
 
     start: int | None = None
     stop: int | None = None
@@ -86,6 +87,10 @@ class Slice:
             raise ValueError("Slice step must not be zero")
 
     def _range(self, parent_len: int | None) -> range:
+        start, step = self.start or 0, self.step or 1
+        if parent_len is None and self.stop is not None and min(start, self.stop) >= 0 \
+                and step > 0:
+            return range(start, max(start, self.stop), step)
         n = _require_finite(self, parent_len)
         return range(*slice(self.start, self.stop, self.step).indices(n))
 

@@ -298,7 +298,9 @@ def test_slice_then_shuffle_then_repeat():
     ("ops", "match"),
     [
         ([Repeat(None), Shuffle(1)], "finite parent"),
-        ([Repeat(None), Slice(0, 10)], "finite parent"),
+        ([Repeat(None), Slice(0, None)], "finite parent"),
+        ([Repeat(None), Slice(-10, 5)], "finite parent"),
+        ([Repeat(None), Slice(5, 0, -1)], "finite parent"),
         ([Repeat(None), Shard(0, 2, contiguous=True)], "finite parent"),
         ([Repeat(None), Repeat(2)], "finite parent"),
         ([Slice(0, 10), BlockShuffle(1, 2)], "must come first"),
@@ -413,3 +415,16 @@ def test_block_shards_deal_whole_blocks_and_cover(n, count, block, drop):
         assert flat == list(range((n // (block * count)) * block * count))
     else:
         assert flat == list(range(n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 50), st.integers(0, 300), st.integers(0, 300), st.integers(1, 7))
+def test_a_slice_of_an_infinite_repeat_is_the_slice_of_enough_epochs(n, a, b, step):
+    """`repeat()[a:b:c]` is `repeat(k)[a:b:c]` for any k covering b (issue 16 item 6)."""
+    epochs = b // n + 1
+    endless = IndexPlan(n, [Shuffle(seed=3), Repeat(None), Slice(a, b, step)])
+    finite = IndexPlan(n, [Shuffle(seed=3), Repeat(epochs), Slice(a, b, step)])
+    assert endless.length == finite.length == len(range(a, max(a, b), step))
+    pos = np.arange(finite.length)
+    for got, want in zip(endless.lookup(pos), finite.lookup(pos), strict=True):
+        np.testing.assert_array_equal(got, want)

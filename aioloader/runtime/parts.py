@@ -35,6 +35,12 @@ SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond th
 HELD_SLOTS = 4
 
 
+def source_meta(src: ArrayRecordSource, verify: str, *, whole: bool) -> SourceMeta:
+    """What the plan needs of opened files (`whole`: a remote dataset kept in memory)."""
+    return SourceMeta(len(src), src.chunk_starts, src.all_local, whole, verify,
+                      src.table.blocks)
+
+
 class Parts:
     """The pool, source, plan and runner of one loader (`owner`), once `open` ran."""
 
@@ -75,8 +81,7 @@ class Parts:
             stored = sum(f.size for f in src.table.files) / len(src)
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
-        meta = SourceMeta(len(src), src.chunk_starts, src.all_local, whole, ds.source.verify,
-                          src.table.blocks)
+        meta = source_meta(src, ds.source.verify, whole=whole)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         if self.plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
