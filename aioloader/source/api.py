@@ -70,6 +70,12 @@ class ArrayRecordSource:
         self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
         self._index_cache = IndexCache(index_cache_dir) if index_cache_dir else None
         self.resident_bytes = resident_bytes
+        # What a copy in another process opens again (see __getstate__): no event loop,
+        # session or open file travels.
+        self._config = dict(paths=self._patterns, storage_options=self.storage.storage_options,
+                            verify=verify, cache_bytes=cache_bytes, max_gap=max_gap,
+                            max_merged=max_merged, index_cache_dir=self.index_cache_dir,
+                            resident_bytes=resident_bytes)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
         self._open_lock: asyncio.Lock | None = None
@@ -220,6 +226,18 @@ class ArrayRecordSource:
         if i < 0:
             i += len(self)
         return self._sync(self.read([i]))[0]
+
+    def __getitems__(self, keys: Sequence[int]) -> list[bytes]:
+        """The records at `keys` in one call (Grain's and PyTorch's batched fetch)."""
+        return self[list(keys)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its configuration: a copy (a Grain or PyTorch worker process) opens
+        the files again, lazily, on first use."""
+        return dict(self._config)
+
+    def __setstate__(self, config: dict[str, Any]) -> None:
+        self.__init__(**config)  # type: ignore[misc]
 
     def __iter__(self):
         n = len(self)
