@@ -300,6 +300,13 @@ class Dataset:
                     "another process; create that inside the function, or use workers=0"
                 ) from None
 
+    def graph(self) -> str:
+        """The pipeline drawn stage by stage, each with the type/shape/dtype of its first
+        element (read in this process: `print(ds.graph())`)."""
+        from .graph import draw
+
+        return draw(self)
+
     def describe(self) -> list[str]:
         """The pipeline, one stage per line."""
         paths = self.source.paths
