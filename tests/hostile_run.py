@@ -107,6 +107,20 @@ def _brief(recs: list[bytes]) -> str:
 # -- running many in a child ---------------------------------------------------------------
 
 
+def _peak_rss() -> int:
+    """This process's peak RSS since it started. Linux carries `ru_maxrss` across exec, so a
+    child forked from a large test process would report the parent's size: read VmHWM (per
+    address space) where there is one."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _child(seed: int, start: int, stop: int) -> None:
     """Run cases [start, stop) under the address-space limit; one line per case."""
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
@@ -120,7 +134,7 @@ def _child(seed: int, start: int, stop: int) -> None:
         except Exception:
             problem = "the generator failed:\n" + traceback.format_exc()
             case = None
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss = _peak_rss()
         if problem is None and rss > MAX_RSS:
             problem = f"peak RSS {rss >> 20} MiB"
         if problem:

@@ -112,6 +112,20 @@ def test_an_entry_rewritten_under_a_reader_is_checked_again(cache):
     assert cache.read(key, known, [(0, 10)]) is None
 
 
+def test_concurrent_writes_never_exceed_the_budget(tmp_path):
+    """The disk threads write at once: room is taken when checked, so 16 writers racing for
+    3 entries' room store 3 (all fresh: none evicted), never more."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 200_000  # a write long enough for the others to check the room meanwhile
+    c = DiskCache(tmp_path / "c", 3 * entry_size(n))
+    with ThreadPoolExecutor(16) as pool:
+        stored = list(pool.map(lambda i: c.write(_key(i, n), _payload(i % 3, n)), range(16)))
+    assert sum(stored) == 3
+    on_disk = sum(os.path.getsize(p) for p in (tmp_path / "c").iterdir())
+    assert on_disk <= c.max_bytes
+
+
 def test_the_budget_evicts_least_recently_used_and_refuses_when_all_are_fresh(tmp_path):
     n = 1000
     c = DiskCache(tmp_path / "c", 3 * entry_size(n))

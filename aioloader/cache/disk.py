@@ -42,6 +42,7 @@ import re
 import secrets
 import stat
 import struct
+import threading
 import time
 from typing import NamedTuple
 
@@ -114,6 +115,10 @@ class DiskCache:
         self.dir_fd = open_private_dir(self.directory, "cache_dir", "segments")
         self.hits = self.writes = self.dropped = self.evicted = self.refused = 0
         self._usage: int | None = None  # bytes of entries, as last scanned plus our writes
+        # Room is checked and taken at once: the disk threads write concurrently, and two
+        # that both saw room for one entry would both write it (cache_bytes exceeded).
+        self._room = threading.RLock()
+        self._pending = 0  # bytes of entries being written (room taken, not yet on disk)
 
     # -- entries ------------------------------------------------------------------------
 
@@ -182,9 +187,11 @@ class DiskCache:
         failed: a warning). Replaces whatever entry had the name."""
         name = self.name(key)
         n = entry_size(len(data))
-        if not self.make_room(n):
-            self.refused += 1
-            return False
+        with self._room:
+            if not self.make_room(n):
+                self.refused += 1
+                return False
+            self._pending += n  # taken now: on disk after the rename, or given back
         header = HEADER.pack(MAGIC, key.digest(), key.start, len(data))
         digest = highwayhash64(header + bytes(data))
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
@@ -201,13 +208,19 @@ class DiskCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=self.dir_fd)
                 raise
-        except OSError as err:
+        except BaseException as err:
+            with self._room:
+                self._pending -= n
+            if not isinstance(err, OSError):
+                raise
             log.warning("disk cache: %s not stored in %s: %s", key.describe(), self.directory,
                         err.strerror or err)
             return False
+        with self._room:
+            self._pending -= n
+            if self._usage is not None:
+                self._usage += n
         self.writes += 1
-        if self._usage is not None:
-            self._usage += n
         return True
 
     # -- the download lock --------------------------------------------------------------
@@ -264,6 +277,10 @@ class DiskCache:
 
     def make_room(self, n: int) -> bool:
         """Whether `n` more bytes fit, after evicting entries not used for GRACE_S."""
+        with self._room:
+            return self._make_room(n + self._pending)
+
+    def _make_room(self, n: int) -> bool:
         if n > self.max_bytes:
             return False
         if self._usage is not None and self._usage + n <= self.max_bytes and self._disk_ok(n):
