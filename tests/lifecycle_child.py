@@ -146,7 +146,10 @@ def hang(n: int, paths: list[str]) -> int:
             break
         time.sleep(0.05)
     time.sleep(0.5)
-    _say(pid=os.getpid(), workers=sorted(workers))
+    # Ready is said from another thread once this one is waiting in the loop: said before
+    # the loop, a Ctrl-C sent at once could land in the print, not in the iteration.
+    threading.Timer(0.3, _say, kwargs={"pid": os.getpid(),
+                                       "workers": sorted(workers)}).start()
     for _ in loader:
         pass
     return 0
