@@ -140,6 +140,21 @@ def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
     return [os.pread(fd, end - start, start) for fd, start, end in items]
 
 
+def range_body(status: int, body: bytes, start: int, end: int,
+               dest: memoryview | None) -> bytes | None:
+    """Bytes [start, end) of a range GET's 200/206 answer (a server that ignored the range
+    sent the whole object), checked for length; into `dest` when given (then None)."""
+    n = end - start
+    if status == 200 and len(body) > n:
+        body = body[start:end]
+    if len(body) != n:
+        raise Transient(f"short body ({len(body)} of {n} bytes)")
+    if dest is None:
+        return body
+    dest[:n] = body
+    return None
+
+
 def gcs_options(options: dict[str, Any]) -> dict[str, Any]:
     """A copy of gs:// storage options; against an emulator, anonymous (it takes no
     credentials)."""
@@ -248,15 +263,7 @@ class GCSBackend:
                         raise Transient(f"short body ({got} of {n} bytes)")
                     return None
                 if status in (200, 206):
-                    body = await self._body(resp, watch)
-                    if status == 200 and len(body) > n:
-                        body = body[start:end]  # server ignored the range
-                    if len(body) != n:
-                        raise Transient(f"short body ({len(body)} of {n} bytes)")
-                    if dest is None:
-                        return body
-                    dest[:n] = body
-                    return None
+                    return range_body(status, await self._body(resp, watch), start, end, dest)
                 text = (await resp.read())[:200].decode("utf-8", "replace")
         except self._aiohttp.ClientError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from None

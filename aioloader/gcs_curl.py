@@ -22,7 +22,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
-from .backends import ObjectInfo, Tail, gcs_failure, gcs_key, gcs_options, parse_tail
+from .backends import (
+    ObjectInfo,
+    Tail,
+    gcs_failure,
+    gcs_key,
+    gcs_options,
+    parse_tail,
+    range_body,
+)
 from .curl import CurlSession
 from .errors import Transient
 from .urls import STORAGE_LOGGERS, redact, redact_logs
@@ -141,15 +149,7 @@ class CurlGCSBackend:
                 raise Transient(f"short body ({resp.got} of {n} bytes)")
             return None
         if status in (200, 206):
-            body = resp.body
-            if status == 200 and len(body) > n:
-                body = body[start:end]  # server ignored the range
-            if len(body) != n:
-                raise Transient(f"short body ({len(body)} of {n} bytes)")
-            if dest is None:
-                return body
-            dest[:n] = body
-            return None
+            return range_body(status, resp.body, start, end, dest)
         raise gcs_failure(self._key(path), status, _text(resp.body), generation)
 
     async def read_tail(self, path: str, n: int, watch: Any = None) -> Tail | None:
