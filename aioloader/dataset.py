@@ -183,6 +183,9 @@ class Dataset:
 
         if isinstance(key, (int, np.integer)):
             return access_of(self).get([int(key)])[0]
+        if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__"):
+            raise TypeError(f"index a Dataset with an int, a list of ints or a slice, not "
+                            f"{type(key).__name__}")
         return access_of(self).get(list(key))
 
     def __getitems__(self, keys: Sequence[int]) -> list[Any]:
