@@ -17,6 +17,7 @@ memory (write it to ArrayRecord files instead).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import TransformError
 from .planning import ChunkRefs
 
 
@@ -59,16 +61,33 @@ def check_source(obj: Any) -> None:
 
 
 def read_records(obj: Any, indices: Sequence[int]) -> list[Any]:
-    """Records `indices` of `obj`, in that order (one `__getitems__` call when it has one)."""
+    """Records `indices` of `obj`, in that order (one `__getitems__` call when it has one).
+
+    The source is the user's code, like a transform: what it raises comes as a
+    `TransformError` naming the source and the record (the records, for `__getitems__`).
+    """
     indices = [int(i) for i in indices]
+    name = type(obj).__qualname__
     getitems = getattr(obj, "__getitems__", None)
-    if getitems is not None:
-        out = list(getitems(indices))
-        if len(out) != len(indices):
-            raise ValueError(f"{type(obj).__qualname__}.__getitems__ returned {len(out)} "
-                             f"records for {len(indices)} indices")
+    k = -1
+    try:
+        if getitems is not None:
+            out = list(getitems(indices))
+            if len(out) != len(indices):
+                raise ValueError(f"__getitems__ returned {len(out)} records for "
+                                 f"{len(indices)} indices")
+            return out
+        out = []
+        for k, i in enumerate(indices):  # noqa: B007 (k names the record on error)
+            out.append(obj[i])
         return out
-    return [obj[i] for i in indices]
+    except Exception as exc:
+        which = (f"record {indices[k]}" if k >= 0 else
+                 f"records {indices[:5]}{' ...' if len(indices) > 5 else ''}")
+        raise TransformError(
+            f"the source <{name}> raised {type(exc).__name__}: {exc} reading {which}\n"
+            "--- original traceback ---\n" + "".join(traceback.format_exception(exc))
+        ) from None
 
 
 class ObjectRecords:

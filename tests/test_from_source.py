@@ -101,6 +101,7 @@ def test_resume_from_a_state_is_exact():
         rest = [b.tolist() for b in batches]
     with ds.loader(workers=1, state=state) as again:
         assert [b.tolist() for b in again] == rest
+        assert "source(<list>)" in str(again.stats())
     assert "source(<list>)" in state["pipeline"][0]
 
 
@@ -113,6 +114,26 @@ def test_resume_from_a_state_is_exact():
 def test_what_is_not_a_source_is_refused(obj, says):
     with pytest.raises(TypeError, match=says):
         al.Dataset.from_source(obj)
+
+
+class Gappy:
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise KeyError("row 13 is missing")
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_what_the_source_raises_names_the_source_and_record(workers):
+    ds = al.Dataset.from_source(Gappy()).batch(4)
+    with pytest.raises(al.TransformError, match=r"the source <Gappy> raised KeyError: 'row 13 "
+                                                r"is missing' reading record 13"):
+        list(ds.loader(workers=workers))
+    with pytest.raises(al.TransformError, match="reading record 13"):
+        al.Dataset.from_source(Gappy())[13]
 
 
 def test_a_block_shuffle_of_an_object_source_is_refused_when_built():
