@@ -37,6 +37,12 @@ class ObjectSource:
     storage_options = MappingProxyType({})  # SourceSpec's fields, for code that reads them
     verify = "headers"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectSource) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
     @property
     def name(self) -> str:
         return f"<{type(self.obj).__qualname__}>"

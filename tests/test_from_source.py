@@ -78,6 +78,12 @@ def test_a_grain_source_reads_what_the_files_hold(data):
     assert theirs[[0, 5]] == [want[0], want[5]]
 
 
+def test_datasets_of_the_same_object_are_equal():
+    rows = records()
+    assert al.Dataset.from_source(rows).map(parse) == al.Dataset.from_source(rows).map(parse)
+    assert al.Dataset.from_source(rows) != al.Dataset.from_source(records())
+
+
 def test_our_own_source_reads_as_from_arrayrecord(data):
     src = al.ArrayRecordSource(data)
     assert al.Dataset.from_source(src) == al.Dataset.from_arrayrecord(data)
