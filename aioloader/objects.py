@@ -2,17 +2,18 @@
 
 The loader's own path reads ArrayRecord files: it plans byte ranges, fetches them and decodes
 chunks in the workers. An object with `__len__` and `__getitem__` has none of that: its
-records are whatever `obj[i]` returns. So the smallest honest path is taken, and nothing of
-the file path is pretended: every decoding process holds the object itself (the workers get
-a pickled copy when the pool starts, with cloudpickle, like the transforms; `workers=0` uses
-it in place) and reads its records by global index, `obj.__getitems__(indices)` when it has
-one (Grain's sources do), else `obj[i]` one by one. The parent only schedules. So the
-object must pickle, and a list's records travel with it to each worker: fine for a Grain
-source (which pickles its paths and reopens) or a small list, wasteful for a large list in
-memory (write it to ArrayRecord files instead).
+records are whatever `obj[i]` returns. So the smallest honest path is taken: every decoding
+process holds the object itself (the workers get a pickled copy when the pool starts, with
+cloudpickle, like the transforms; `workers=0` uses it in place) and reads its records by
+global index, `obj.__getitems__(indices)` when it has one (Grain's ArrayRecordDataSource
+does), else `obj[i]` one by one. The parent only schedules: no bytes are planned, fetched or
+cached for it. So the object must pickle, and a list's records travel with it to each
+worker: fine for a Grain source (which pickles its paths and reopens) or a small list,
+wasteful for a large list in memory (write it to ArrayRecord files instead).
 
 `ObjectRecords` is what the runtime and random access see in place of an
-`ArrayRecordSource`: the record count, and refs that place record i at index i.
+`ArrayRecordSource`: the record count, and chunk refs that only name the source (a task's
+record indices say what to read).
 """
 
 from __future__ import annotations
