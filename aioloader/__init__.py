@@ -20,6 +20,7 @@ from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
 from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
+from .transforms import Filter, FlatMap, Map, RandomMap
 
 __version__ = "0.1.0"
 
@@ -30,10 +31,14 @@ __all__ = [
     "CollateError",
     "ConvertError",
     "Dataset",
+    "Filter",
+    "FlatMap",
     "Loader",
     "LoaderOptions",
+    "Map",
     "ObjectChangedError",
     "PrefetchOptions",
+    "RandomMap",
     "ReadOptions",
     "RetryPolicy",
     "StateError",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .objects import ObjectRecords, ObjectSource
 from .options import LoaderOptions
 from .plan import compile, needs_processes
 from .source import ArrayRecordSource
@@ -50,8 +51,13 @@ class Access:
 
             procs = process_index_and_count()
         spec = dataset.source
-        self.source = ArrayRecordSource(list(spec.paths), storage_options=spec.storage_options,
-                                        verify=spec.verify, resident_bytes=0)
+        self.source: ArrayRecordSource | ObjectRecords
+        if isinstance(spec, ObjectSource):  # a from_source() object: read in place
+            self.source = ObjectRecords(spec)
+        else:
+            self.source = ArrayRecordSource(list(spec.paths),
+                                            storage_options=spec.storage_options,
+                                            verify=spec.verify, resident_bytes=0)
         self._finalizer = weakref.finalize(self, self.source.close)
         # Imported here: the runtime builds on the description (see Dataset.loader).
         from .runtime.parts import source_meta

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 import numpy as np
 
+from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
@@ -63,7 +64,7 @@ class JaxProcessShard:
 
 @dataclass(frozen=True)
 class Dataset:
-    source: SourceSpec
+    source: SourceSpec | ObjectSource
     index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
     record_ops: tuple[RecordOp, ...] = ()
     batching: BatchOp | PackOp | None = None
@@ -91,6 +92,25 @@ class Dataset:
         return cls(SourceSpec(tuple(os.fspath(p) for p in paths),
                               dict(storage_options or {}), verify))
 
+    @classmethod
+    def from_source(cls, source: Any) -> Dataset:
+        """Records of any object with `__len__` and `__getitem__`: a Grain data source, a
+        list of records, ours.
+
+        An `ArrayRecordSource` reads as `from_arrayrecord` would (its files, through the
+        loader's own reads). Any other object is read by index where records are decoded
+        (`aioloader.objects`): each worker process gets a pickled copy of it (so it must
+        pickle, and a list's records travel with it), `workers=0` reads it in place.
+        """
+        from .source import ArrayRecordSource  # describing a pipeline imports no I/O
+
+        if isinstance(source, ArrayRecordSource):
+            config = source._config  # what a copy of it reopens: its paths and options
+            return cls.from_arrayrecord(config["paths"], verify=config["verify"],
+                                        storage_options=config["storage_options"])
+        check_source(source)
+        return cls(ObjectSource(source))
+
     # -- index ops --------------------------------------------------------------------
 
     def _index(self, op: IndexOp | JaxProcessShard) -> Dataset:
@@ -116,6 +136,9 @@ class Dataset:
                             "shuffle's window is now window_bytes= (and its blocks "
                             "block_bytes=), e.g. shuffle(seed, strategy='block', "
                             "window_bytes=64 << 20)")
+        if strategy == "block" and isinstance(self.source, ObjectSource):
+            raise ValueError("a block shuffle reads runs of ArrayRecord chunks, and a "
+                             "from_source() dataset has none: use shuffle(seed) (exact)")
         if strategy != "block" and (block_bytes is not None or window_bytes is not None):
             raise ValueError("block_bytes/window_bytes apply only to strategy='block'")
         for name, value in (("block_bytes", block_bytes), ("window_bytes", window_bytes)):
@@ -160,6 +183,9 @@ class Dataset:
 
         if isinstance(key, (int, np.integer)):
             return access_of(self).get([int(key)])[0]
+        if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__"):
+            raise TypeError(f"index a Dataset with an int, a list of ints or a slice, not "
+                            f"{type(key).__name__}")
         return access_of(self).get(list(key))
 
     def __getitems__(self, keys: Sequence[int]) -> list[Any]:
@@ -289,7 +315,16 @@ class Dataset:
 
     def check_picklable(self) -> None:
         """Raise a clear error, before any worker starts, when a transform cannot travel to
-        worker processes (it holds a lock, an open file or socket...)."""
+        worker processes (it holds a lock, an open file or socket...), or the source of a
+        `from_source()` dataset cannot (workers read records from their own copy)."""
+        if isinstance(self.source, ObjectSource):
+            try:
+                dumps_op(self.source.obj)
+            except Exception as exc:
+                raise TypeError(
+                    f"the source {self.source.name} cannot be pickled for worker processes "
+                    f"({type(exc).__name__}: {exc}): each worker reads records from its own "
+                    "copy; use workers=0, or a source that pickles") from None
         for op in (*self.record_ops, *self.batch_ops):
             try:
                 dumps_op(op)

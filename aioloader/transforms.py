@@ -9,10 +9,11 @@ are identical for any worker count, prefetch depth or retry.
 from __future__ import annotations
 
 import abc
+import inspect
 import pickle
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,22 +52,54 @@ class Filter(abc.ABC):
     def filter(self, element: Any) -> bool: ...
 
 
+class FlatMap(abc.ABC):
+    """A one-to-many transform as a class (like Grain's `FlatMapTransform`): `flat_map`
+    returns the elements one element becomes (zero or more)."""
+
+    @abc.abstractmethod
+    def flat_map(self, element: Any) -> Iterable[Any]: ...
+
+
+# The arguments each verb calls its function with.
+_ARGS = {"map": "(element)", "random_map": "(element, rng)", "filter": "(element)",
+         "flat_map": "(element)"}
+
+
 def transform_fn(obj: Any, method: str, verb: str) -> Callable[..., Any]:
     """What `.{verb}()` calls: `obj`'s `method` when it has one (our base classes, Grain's,
     any object of that shape), else `obj` itself if it is a function. Checked when the
     pipeline is built, so a wrong-shaped transform never waits for the first batch."""
     fn = getattr(obj, method, None)
-    if isinstance(obj, type):
-        hint = f"; pass an instance: {obj.__name__}()" if callable(fn) else ""
-        raise TypeError(f".{verb}() got the class {obj.__qualname__}{hint}")
+    if isinstance(obj, type):  # a type is a function (`.map(int)`), unless it is the
+        if not callable(fn):   # transform class itself, given for an instance of it
+            return _check_arity(obj, verb)
+        raise TypeError(f".{verb}() got the class {obj.__qualname__}; pass an instance: "
+                        f"{obj.__name__}()")
     if callable(fn):
-        return fn
+        return _check_arity(fn, verb)
     if callable(obj):
-        return obj
-    has = [m for m in ("map", "random_map", "filter") if callable(getattr(obj, m, None))]
+        return _check_arity(obj, verb)
+    has = [m for m in _ARGS if callable(getattr(obj, m, None))]
     what = f"; it has `{has[0]}`: use .{has[0]}()" if has else ""
     raise TypeError(f".{verb}() takes a function or an object with a `{method}` method, got "
                     f"{type(obj).__qualname__}{what}")
+
+
+def _check_arity(fn: Callable[..., Any], verb: str) -> Callable[..., Any]:
+    """`fn`, if its signature takes the verb's arguments (`lambda x: ...` given to
+    `.random_map()` is refused here, not at the first batch); a function without a signature
+    (some builtins) is trusted."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    try:
+        sig.bind(*range(_ARGS[verb].count(",") + 1))
+    except TypeError as exc:
+        name = _name(fn)
+        raise TypeError(f".{verb}() calls {name}{_ARGS[verb]}, but {name}{sig} cannot be "
+                        f"called so ({exc})") from None
+    return fn
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,9 @@ def test_out_of_range_is_an_index_error(data):
     ds = al.Dataset.from_arrayrecord(data)
     with pytest.raises(IndexError):
         ds[240]
+
+
+@pytest.mark.parametrize("key", ["0", 1.5, None])
+def test_a_key_that_is_no_position_is_a_type_error(data, key):
+    with pytest.raises(TypeError, match="index a Dataset with an int, a list of ints or a slice"):
+        al.Dataset.from_arrayrecord(data)[key]

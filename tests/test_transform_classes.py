@@ -87,3 +87,45 @@ def test_the_base_classes_require_their_method():
 
     with pytest.raises(TypeError, match="abstract"):
         Empty()
+
+
+@pytest.mark.parametrize(("verb", "fn", "says"), [
+    ("random_map", lambda x: x, r"\.random_map\(\) calls <lambda>\(element, rng\), but "
+                                r"<lambda>\(x\) cannot be called so"),
+    ("map", lambda x, rng: x, r"\.map\(\) calls <lambda>\(element\)"),
+    ("filter", lambda: True, r"\.filter\(\) calls <lambda>\(element\)"),
+])
+def test_a_function_that_cannot_take_the_verbs_arguments_is_refused_when_built(data, verb, fn,
+                                                                              says):
+    with pytest.raises(TypeError, match=says):
+        getattr(al.Dataset.from_arrayrecord(data), verb)(fn)
+
+
+def test_a_transform_class_with_the_wrong_method_signature_is_refused():
+    class OneArg(T.RandomMap):
+        def random_map(self, element):  # forgot rng
+            return element
+
+    with pytest.raises(TypeError, match=r"OneArg.random_map\(element, rng\)"):
+        al.Dataset.from_arrayrecord("unused.array_record").random_map(OneArg())
+
+
+def test_functions_without_a_signature_and_extra_defaults_are_accepted():
+    ds = al.Dataset.from_arrayrecord("unused.array_record")
+    ds.map(int).map(np.asarray).filter(bool)
+    ds.random_map(lambda x, rng, scale=2: x * scale)
+
+
+def test_the_base_classes_are_public_and_flat_map_has_one_for_later():
+    assert (al.Map, al.RandomMap, al.Filter, al.FlatMap) == (T.Map, T.RandomMap, T.Filter,
+                                                             T.FlatMap)
+
+    class Split(al.FlatMap):
+        def flat_map(self, element):
+            return element.split()
+
+    assert Split().flat_map("a b") == ["a", "b"]
+    with pytest.raises(TypeError, match="abstract"):
+        type("Empty", (al.FlatMap,), {})()
+    with pytest.raises(TypeError, match=r"it has `flat_map`: use \.flat_map\(\)"):
+        al.Dataset.from_arrayrecord("unused.array_record").map(Split())

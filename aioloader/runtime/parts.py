@@ -9,6 +9,7 @@ owner is garbage-collected without being closed, a finalizer still frees the poo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
+from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
 from ..source import ArrayRecordSource
@@ -35,8 +37,12 @@ SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond th
 HELD_SLOTS = 4
 
 
-def source_meta(src: ArrayRecordSource, verify: str, *, whole: bool) -> SourceMeta:
-    """What the plan needs of opened files (`whole`: a remote dataset kept in memory)."""
+def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
+                whole: bool) -> SourceMeta:
+    """What the plan needs of opened files (`whole`: a remote dataset kept in memory); of a
+    `from_source()` object, its length (read where it is decoded, like local files)."""
+    if isinstance(src, ObjectRecords):
+        return SourceMeta(len(src), None, True, False, verify)
     return SourceMeta(len(src), src.chunk_starts, src.all_local, whole, verify,
                       src.table.blocks)
 
@@ -49,7 +55,7 @@ class Parts:
         self._owner = weakref.ref(owner)
         self.dataset, self.options, self.shape, self.stats = dataset, options, shape, stats
         self.pool: Pool | None = None
-        self.source: ArrayRecordSource | None = None
+        self.source: ArrayRecordSource | ObjectRecords | None = None
         self.plan: Plan | None = None
         self.runner: TaskRunner | None = None
         self.disk: DiskTier | None = None
@@ -60,6 +66,8 @@ class Parts:
         state's)."""
         ds, opts = self.dataset, self.options
         pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
+        if isinstance(ds.source, ObjectSource):  # the workers read it (aioloader.objects)
+            pipeline = dataclasses.replace(pipeline, records=ds.source.obj)
         self.pool = Pool(pipeline, opts.worker.workers,
                          slots=opts.prefetch.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
                          slot_size=opts.worker.slot_size)
@@ -67,6 +75,8 @@ class Parts:
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
         self.pool.warm_up()
+        if isinstance(ds.source, ObjectSource):
+            return self._open_object(ds.source, unit, layout, owner)
         read = opts.read
         storage = Storage(concurrency=read.io_concurrency, max_inflight_bytes=read.memory_budget,
                           retry=read.retry, storage_options=dict(ds.source.storage_options))
@@ -91,6 +101,16 @@ class Parts:
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)
+        return self.plan
+
+    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object) -> Plan:
+        """`open` for a `from_source()` object: no files, storage or tiers to open."""
+        assert self.pool is not None
+        src = self.source = ObjectRecords(spec)
+        self.stats.transfer_source = self.pool.figures
+        self.plan = compile(self.dataset, source_meta(src, spec.verify, whole=False),
+                            self.options, unit=unit, procs=self.shape.procs, layout=layout)
+        self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         return self.plan
 
     def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
@@ -119,7 +139,8 @@ class Parts:
             await disk.aclose()
         if self.source is not None:
             await self.source.aclose()
-            await self.source.storage.aclose()
+            if self.source.storage is not None:  # (an object source has none)
+                await self.source.storage.aclose()
 
     def _cache_figures(self) -> dict[str, Any]:
         """The fetch stage's cache of raw multi-record chunks, the workers' caches of

@@ -33,6 +33,9 @@ class Pipeline:
     # each worker its share (`Pool`).
     chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
     stream: BatchOp | PackOp | None = None  # stream mode's batching (`workers.pieces`)
+    # A `from_source()` object: records are read from it by index, not decoded from files
+    # (`aioloader.objects`).
+    records: Any = None
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import WorkerError
+from ..objects import read_records
 from ..transforms import (
     OpTimes,
     apply_batch_ops,
@@ -110,15 +111,19 @@ def _map(where: tuple[str, int, bool]) -> mmap.mmap:
 
 
 def _pack_pipeline(pipeline: Pipeline) -> tuple:
-    """The pipeline pickled op by op (with each op's description), so that a worker that
-    cannot unpickle one can say which (`_load_pipeline`)."""
-    rest = dataclasses.replace(pipeline, record_ops=(), batch_ops=())
+    """The pipeline pickled op by op (with each op's description), and a `from_source()`
+    object apart, so that a worker that cannot unpickle one can say which
+    (`_load_pipeline`)."""
+    rest = dataclasses.replace(pipeline, record_ops=(), batch_ops=(), records=None)
+    records = pipeline.records
+    source = (None if records is None else
+              (f"the source <{type(records).__qualname__}>", dumps_op(records)))
     return (pickle.dumps(rest), [(op.describe(), dumps_op(op)) for op in pipeline.record_ops],
-            [(op.describe(), dumps_op(op)) for op in pipeline.batch_ops])
+            [(op.describe(), dumps_op(op)) for op in pipeline.batch_ops], source)
 
 
 def _load_pipeline(parts: tuple) -> Pipeline:
-    rest, record_ops, batch_ops = parts
+    rest, record_ops, batch_ops, source = parts
 
     def load(describe: str, blob: bytes) -> Any:
         try:
@@ -131,7 +136,8 @@ def _load_pipeline(parts: tuple) -> Pipeline:
 
     return dataclasses.replace(load("the pipeline", rest),
                                record_ops=tuple(load(*op) for op in record_ops),
-                               batch_ops=tuple(load(*op) for op in batch_ops))
+                               batch_ops=tuple(load(*op) for op in batch_ops),
+                               records=None if source is None else load(*source))
 
 
 def _watch_parent() -> None:
@@ -158,6 +164,8 @@ def _watch_parent() -> None:
 def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
                 paths: list[str]) -> list[bytes]:
     """The task's records, decoded; `paths` names each record's file in errors."""
+    if pipeline.records is not None:  # a from_source() object: read by index
+        return read_records(pipeline.records, task.indices.tolist())
     raws = task.raws
     if task.raw_spans is not None:
         view = memoryview(arena)
