@@ -19,7 +19,7 @@ import numpy as np
 
 from .objects import ObjectRecords, ObjectSource
 from .options import LoaderOptions
-from .plan import compile, needs_processes
+from .plan import compile, needs_processes, source_meta
 from .source import ArrayRecordSource
 from .transforms import FilterOp, apply_record_ops
 
@@ -59,9 +59,6 @@ class Access:
                                             storage_options=spec.storage_options,
                                             verify=spec.verify, resident_bytes=0)
         self._finalizer = weakref.finalize(self, self.source.close)
-        # Imported here: the runtime builds on the description (see Dataset.loader).
-        from .runtime.parts import source_meta
-
         meta = source_meta(self.source, spec.verify, whole=False)
         plan = compile(dataset, meta, LoaderOptions(), procs=procs)
         self.index = plan.index

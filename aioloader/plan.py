@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .dataset import Dataset, JaxProcessShard
+from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
 from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
 from .transforms import BatchOp, FilterOp
@@ -28,6 +29,7 @@ from .workers.messages import Pipeline
 
 if TYPE_CHECKING:
     from .options import LoaderOptions
+    from .source import ArrayRecordSource
 
 TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
 MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
@@ -223,6 +225,16 @@ class Plan:
         most = MAX_BATCHES_PER_TASK if self.batch_mode else TASK_RECORDS
         return max(1, min(most, TASK_RECORDS // self.unit,
                           self.slot_size // (batch_nbytes + 4096)))
+
+
+def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
+                whole: bool) -> SourceMeta:
+    """What the plan needs of opened files (`whole`: a remote dataset kept in memory); of a
+    `from_source()` object, its length (read where it is decoded, like local files)."""
+    if isinstance(src, ObjectRecords):
+        return SourceMeta(len(src), None, True, False, verify)
+    return SourceMeta(len(src), src.chunk_starts, src.all_local, whole, verify,
+                      src.table.blocks)
 
 
 def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,

@@ -19,7 +19,7 @@ from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
-from ..plan import Plan, Shape, SourceMeta, compile, worker_pipeline
+from ..plan import Plan, Shape, compile, source_meta, worker_pipeline
 from ..source import ArrayRecordSource
 from ..storage import Storage
 from ..workers import Pool
@@ -35,16 +35,6 @@ if TYPE_CHECKING:
 # consumer holds (its step, device prefetch); beyond that a batch goes by value.
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
 HELD_SLOTS = 4
-
-
-def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
-                whole: bool) -> SourceMeta:
-    """What the plan needs of opened files (`whole`: a remote dataset kept in memory); of a
-    `from_source()` object, its length (read where it is decoded, like local files)."""
-    if isinstance(src, ObjectRecords):
-        return SourceMeta(len(src), None, True, False, verify)
-    return SourceMeta(len(src), src.chunk_starts, src.all_local, whole, verify,
-                      src.table.blocks)
 
 
 class Parts:
