@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow lint demo bench bench-quick clean
+.PHONY: venv test test-slow lint demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/train_from_bucket.py --steps 300 --records 100000
+
+# The documentation site (build/site), warnings as errors; tests/test_docs.py builds it too.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(PY) -m mkdocs serve
 
 bench: $(STAMP)
 	$(PY) -m benchmarks run

@@ -64,6 +64,17 @@ class JaxProcessShard:
 
 @dataclass(frozen=True)
 class Dataset:
+    """An immutable, picklable description of a pipeline: source → index ops → record ops →
+    batching.
+
+    Build one with `from_arrayrecord` or `from_source`, chain verbs (`shuffle`, `repeat`,
+    `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`, `filter`, `pack`,
+    `batch`), each returning a new `Dataset`, and run it with `loader()`. Nothing is read
+    until then, so a description can be built anywhere (before `jax.distributed` starts) and
+    sent to other processes. Pipelines of one-to-one steps are also random access:
+    `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields at those positions.
+    """
+
     source: SourceSpec | ObjectSource
     index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
     record_ops: tuple[RecordOp, ...] = ()

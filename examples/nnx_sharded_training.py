@@ -8,7 +8,8 @@ metadata (`nnx.with_partitioning`), the model is created sharded inside `nnx.jit
 come from aioloader already placed on the mesh (`to_jax(NamedSharding(mesh, P('data')))`),
 and one Orbax `CheckpointManager` saves the model, the optimizer and the loader's position
 together (`ocp.args.Composite`). By default the mesh is 8 CPU devices of this host
-(`XLA_FLAGS=--xla_force_host_platform_device_count=8`), 4 along 'data', 2 along 'model'.
+(`XLA_FLAGS=--xla_force_host_platform_device_count=8`), 4 along 'data', 2 along 'model';
+on an accelerator run it with `JAX_PLATFORMS=` (empty) and the mesh spans its devices.
 
 The run trains `--steps` steps and checkpoints at step `--save-at`; then a *new process*
 (`--resume`) restores that checkpoint, with the model built from abstract, sharded shapes, and
@@ -26,25 +27,25 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
                                + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import glob  # noqa: E402
-import hashlib  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
+import argparse
+import glob
+import hashlib
+import subprocess
+import sys
+import tempfile
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
-from common import SEQ, VOCAB, parse, to_fixed  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from common import SEQ, VOCAB, parse, to_fixed
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import aioloader as al  # noqa: E402
-from aioloader.jax import LoaderRestore, LoaderSave  # noqa: E402
+import aioloader as al
+from aioloader.jax import LoaderRestore, LoaderSave
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIM, HEADS, HIDDEN, CLASSES = 64, 4, 128, 4
