@@ -1,8 +1,8 @@
 """Shared bits of the examples: the sample records' decoding and a tiny tokenizer.
 
-The sample dataset (`examples/write_sample.py`) holds JSON records like seed 002's news set:
-{"id", "label", "text"}. Functions here live at module level so worker processes can
-import them.
+The sample dataset (`examples/write_sample.py`) holds JSON records like AG News, the set
+Grain's walkthrough uses: {"id", "label", "text"}. Functions here live at module level so
+worker processes can import them.
 """
 
 from __future__ import annotations

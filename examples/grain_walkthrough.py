@@ -1,4 +1,4 @@
-"""Grain's data-loading walkthrough notebook (seed 002), cell by cell, on aioloader.
+"""Grain's data-loading walkthrough notebook, cell by cell, on aioloader.
 
     python examples/grain_walkthrough.py [--records N] [--batch-size B] [--num-batches K]
 

@@ -3,8 +3,8 @@
 
     python examples/nnx_sharded_training.py [--steps N] [--save-at K] [--batch B]
 
-The setting of seed 004 ("Scaling up deep learning with JAX"): parameters carry sharding
-metadata (`nnx.with_partitioning`), the model is created sharded inside `nnx.jit`, batches
+The setting of Google's "Scaling Up Deep Learning" talk on JAX + Flax NNX: parameters carry
+sharding metadata (`nnx.with_partitioning`), the model is created sharded inside `nnx.jit`, batches
 come from aioloader already placed on the mesh (`to_jax(NamedSharding(mesh, P('data')))`),
 and one Orbax `CheckpointManager` saves the model, the optimizer and the loader's position
 together (`ocp.args.Composite`). By default the mesh is 8 CPU devices of this host
@@ -185,7 +185,7 @@ def main() -> None:
     args = p.parse_args()
 
     n = jax.device_count()
-    # Auto axes: XLA propagates the shardings and inserts the collectives (seed 004's style).
+    # Auto axes: XLA propagates the shardings and inserts the collectives (the talk's style).
     mesh = jax.make_mesh((n // args.model_axis, args.model_axis), ("data", "model"),
                          axis_types=(AxisType.Auto, AxisType.Auto))
     if not args.resume and not glob.glob(args.data):

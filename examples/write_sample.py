@@ -2,7 +2,7 @@
 
     python examples/write_sample.py [OUT_DIR] [--records N] [--shards K]
 
-The records look like seed 002's news set (a label and a line of text), so every later
+The records look like AG News (a label and a line of text), so every later
 example and benchmark can share them.
 """
 
