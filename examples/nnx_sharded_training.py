@@ -83,15 +83,21 @@ class TransformerBlock(nnx.Module):
         return self.head((x * m).sum(1) / jnp.maximum(m.sum(1), 1))
 
 
+def constrain(*objs: nnx.Object) -> None:
+    """Pin every variable to its declared sharding (unannotated ones: replicated), inside jit.
+    Without it XLA may choose another layout for outputs (a bias split along 'model'), and
+    the next step, seeing new input shardings, would compile again."""
+    state = nnx.state(objs)
+    nnx.update(objs, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
+
+
 @nnx.jit(static_argnums=0)
 def create_sharded(seed: int) -> tuple[TransformerBlock, nnx.Optimizer]:
     """Model and optimizer created inside jit with sharding constraints: each device only
     ever holds its own shard (no full copy on one device first)."""
     model = TransformerBlock(nnx.Rngs(seed))
     optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
-    for obj in (model, optimizer):
-        state = nnx.state(obj)
-        nnx.update(obj, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
+    constrain(model, optimizer)
     return model, optimizer
 
 
@@ -103,6 +109,7 @@ def train_step(model: TransformerBlock, optimizer: nnx.Optimizer, batch: dict) -
 
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     optimizer.update(model, grads)  # gradients of sharded parameters come out sharded alike
+    constrain(model, optimizer)
     return loss
 
 
