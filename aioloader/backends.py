@@ -26,6 +26,7 @@ import asyncio
 import glob as globlib
 import os
 import re
+import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -112,6 +113,9 @@ class LocalBackend:
 
     async def info(self, path: str) -> ObjectInfo:
         st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
+        if stat.S_ISDIR(st.st_mode):  # else "4096 bytes is too small for an ArrayRecord file"
+            raise IsADirectoryError(f"{path}: is a directory (name files, or a glob such as "
+                                    f"'{os.path.join(path, '*.array_record')}')")
         return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
