@@ -233,6 +233,8 @@ class Storage:
         """Metadata calls go through the client's own retries; bound them by our deadline."""
         try:
             return await asyncio.wait_for(coro, self.retry.deadline)
+        except StoreUnavailableError:  # a TimeoutError too, but one that says why already
+            raise
         except asyncio.TimeoutError:
             raise StoreUnavailableError(
                 f"{redact(url)}: {what} got no answer within {self.retry.deadline:g} s (the "
@@ -333,6 +335,12 @@ class Storage:
             what = (f"reading bytes [{span[0]}, {span[1]})" if span else
                     f"reading its last {n} bytes")
             policy = self.retry
+            if exc.unreachable:
+                raise StoreUnavailableError(redact(
+                    f"{url}: {what} failed: could not connect ({exc.cause}; {exc.attempts} "
+                    f"attempt{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s): no "
+                    "network, a DNS failure, or nothing listening at the endpoint (check "
+                    "endpoint_url or STORAGE_EMULATOR_HOST if set)")) from None
             raise StoreUnavailableError(redact(
                 f"{url}: {what} failed after {exc.attempts} attempt"
                 f"{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s; last: {exc.cause} "
