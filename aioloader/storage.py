@@ -11,15 +11,20 @@ How each kind of store performs one attempt is in `backends`; how a read is retr
 on and hedged is in `retry`; this module is what sits on top: limits and the I/O stats.
 
 Loop-bound resources (sessions, semaphores) are kept per event loop, so the same `Storage`
-works from the caller's loop and from the background loop of the sync API.
+works from the caller's loop and from the background loop of the sync API. Sessions left open
+(a source used through the sync API and never closed, a script that ends on an exception) are
+closed on their loop when the `Storage` is collected or the interpreter exits, whichever comes
+first (`_close_left_open`), so no "Unclosed client session" is printed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +169,31 @@ class _LoopState:
         self.backends: dict[str, Any] = {}
 
 
+async def _close_backends(state: _LoopState) -> None:
+    for backend in state.backends.values():
+        with contextlib.suppress(Exception):
+            await backend.aclose()
+    state.backends.clear()
+
+
+def _close_left_open(loop: asyncio.AbstractEventLoop, state: _LoopState, pid: int) -> None:
+    """A `Storage` that was never closed is gone (or the interpreter is exiting): close its
+    sessions on their loop, if that loop still runs here (a weakref.finalize callback; a
+    forked child has the loop's object but not its thread)."""
+    if (not state.backends or os.getpid() != pid or loop.is_closed()
+            or not loop.is_running()):
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # collected on the loop's own thread: cannot wait here
+        loop.create_task(_close_backends(state))
+        return
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(_close_backends(state), loop).result(5)
+
+
 class Storage:
     """Byte ranges of local files and fsspec URLs under one concurrency and byte budget."""
 
@@ -192,6 +222,7 @@ class Storage:
         self._retrier = Retrier(self.retry, self.stats, random.Random(seed))
         self._pins: dict[str, str] = {}
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._finalizers: dict[asyncio.AbstractEventLoop, weakref.finalize] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -200,6 +231,8 @@ class Storage:
         state = self._states.get(loop)
         if state is None:
             state = self._states[loop] = _LoopState(self.concurrency, self.max_inflight_bytes)
+            self._finalizers[loop] = weakref.finalize(self, _close_left_open, loop, state,
+                                                       os.getpid())
         return state
 
     def _backend(self, url: str) -> tuple[Any, str]:
@@ -415,7 +448,11 @@ class Storage:
 
     async def aclose(self) -> None:
         """Release this loop's sessions, descriptors and threads."""
-        state = self._states.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        state = self._states.pop(loop, None)
+        finalizer = self._finalizers.pop(loop, None)
+        if finalizer is not None:
+            finalizer.detach()
         if state is not None:
             for backend in state.backends.values():
                 await backend.aclose()
