@@ -2,6 +2,7 @@
 
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
     aioloader cat PATH             print records (hex is a stable, script-friendly format)
+                                   (a quoted glob: its files in sorted order, numbered across)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
                                    (existing output refused unless --overwrite); with
                                    `--runner beam [-- BEAM OPTIONS]` on Apache Beam
@@ -310,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="summarise files: records, chunks, codec, options",
                        description="Summarise ArrayRecord files: records, chunks, group "
                                    "size, codec, the stored writer options, bytes per record.")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="local path or fsspec URL")
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="local path or fsspec URL, or a quoted glob (every file it matches)")
     s.add_argument("--json", action="store_true", help="print JSON for machines")
     s.set_defaults(func=cmd_inspect)
 
@@ -320,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "scripts: one record per line, lowercase hex, an empty line for an empty "
                     "record.",
     )
-    c.add_argument("path", metavar="PATH", help="local path or fsspec URL")
+    c.add_argument("path", metavar="PATH",
+                   help="local path or fsspec URL, or a quoted glob (records numbered across "
+                        "its files, in sorted order)")
     which = c.add_mutually_exclusive_group()
     which.add_argument("--index", type=int, help="print only record INDEX (negative counts "
                                                  "from the end)")
