@@ -89,6 +89,10 @@ class CurlGCSBackend:
                                                **self._options)
         return self._fs
 
+    async def prepare(self) -> None:
+        """Import and make gcsfs's filesystem now (before a metadata call's deadline)."""
+        await self._gcsfs()
+
     async def _auth(self) -> list[str]:
         """The request headers that carry credentials (none for anonymous access)."""
         if self._anon:

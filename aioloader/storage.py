@@ -162,6 +162,14 @@ def gcs_backend(client: str, options: dict[str, Any], connections: int,
     return GCSBackend(options, connections, pins)
 
 
+async def _prepared(backend: Any) -> None:
+    """Let `backend` load its client first (gs:// on libcurl imports gcsfs for metadata
+    calls: 1-8 s on a loaded machine), so that the deadline times the store, not imports."""
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:
+        await prepare()
+
+
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
         self.slots = asyncio.Semaphore(concurrency)
@@ -276,6 +284,7 @@ class Storage:
 
     async def info(self, url: str) -> ObjectInfo:
         backend, path = self._backend(url)
+        await _prepared(backend)
         try:
             return await self._bounded("looking up its size", url, backend.info(path))
         except FileNotFoundError:
@@ -284,6 +293,7 @@ class Storage:
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         """Files matching `pattern`, sorted by URL, with their sizes (one listing)."""
         backend, path = self._backend(pattern)
+        await _prepared(backend)
         return await self._bounded("listing", pattern, backend.glob(path))
 
     async def read(self, url: str, start: int, end: int) -> bytes:
