@@ -26,11 +26,14 @@ import asyncio
 import glob as globlib
 import os
 import re
+import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
+from urllib.parse import urlencode
 
-from .errors import ObjectChangedError, StorageError, Transient
+from .errors import ObjectChangedError, StorageError, Transient, Unreachable
+from .reach import NO_CREDENTIALS, gcs_credentials_found, guarded
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -59,8 +62,10 @@ def gcs_key(path: str) -> str:
     return path if path.startswith("gs://") else "gs://" + path.removeprefix("gcs://")
 
 
-def gcs_failure(url: str, status: int, text: str, generation: str | None) -> Exception:
-    """The error for a non-2xx answer from GCS (`Transient` when worth retrying)."""
+def gcs_failure(url: str, status: int, text: str, generation: str | None,
+                hint: str = "") -> Exception:
+    """The error for a non-2xx answer from GCS (`Transient` when worth retrying); `hint`
+    says why a refusal may have come (`gcs_auth_hint`)."""
     if status == 404:
         if generation:
             return ObjectChangedError(
@@ -69,8 +74,9 @@ def gcs_failure(url: str, status: int, text: str, generation: str | None) -> Exc
             )
         return FileNotFoundError(f"no such object: {url}")
     if status in (401, 403):
-        return PermissionError(f"HTTP {status} reading {url}: {text} (check credentials "
-                               "or storage_options['token'])")
+        return PermissionError(f"HTTP {status} reading {url}: {text} ("
+                               + (hint or "check credentials or storage_options['token']")
+                               + ")")
     if status in RETRY_STATUSES:
         return Transient(f"HTTP {status}")
     return StorageError(f"HTTP {status} from {url}: {text}")
@@ -112,6 +118,9 @@ class LocalBackend:
 
     async def info(self, path: str) -> ObjectInfo:
         st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
+        if stat.S_ISDIR(st.st_mode):  # else "4096 bytes is too small for an ArrayRecord file"
+            raise IsADirectoryError(f"{path}: is a directory (name files, or a glob such as "
+                                    f"'{os.path.join(path, '*.array_record')}')")
         return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
@@ -155,11 +164,32 @@ def range_body(status: int, body: bytes, start: int, end: int,
     return None
 
 
+DEFAULT_GCS_ENDPOINT = "https://storage.googleapis.com"
+
+
+def gcs_endpoint(options: dict[str, Any]) -> str:
+    """gcsfs's choice of endpoint: `endpoint_url`, else `STORAGE_EMULATOR_HOST`, else GCS."""
+    url = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if url in ("", "default"):
+        return DEFAULT_GCS_ENDPOINT
+    return (url if url.startswith(("http://", "https://")) else f"http://{url}").rstrip("/")
+
+
+def gcs_auth_hint(options: dict[str, Any]) -> str:
+    """Why GCS may refuse us: no credentials anywhere (then reads go anonymous at once,
+    see `gcs_options`), else nothing to add."""
+    if "token" in options or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return ""
+    return "" if gcs_credentials_found(options) else NO_CREDENTIALS
+
+
 def gcs_options(options: dict[str, Any]) -> dict[str, Any]:
-    """A copy of gs:// storage options; against an emulator, anonymous (it takes no
-    credentials)."""
+    """A copy of gs:// storage options; anonymous against an emulator (it takes no
+    credentials), and where no credentials can be found (gcsfs would end there too, after
+    ~16 s asking for a metadata server that is not there: `aioloader.reach`)."""
     opts = dict(options)
-    if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in opts:
+    if "token" not in opts and (os.environ.get("STORAGE_EMULATOR_HOST")
+                                or gcs_auth_hint(opts)):
         opts["token"] = "anon"
     return opts
 
@@ -175,6 +205,9 @@ class GCSBackend:
         import yarl
 
         opts = gcs_options(options)
+        self._endpoint = gcs_endpoint(opts)
+        self._hint = gcs_auth_hint(options)
+        self._reached = False  # a metadata call succeeded: the endpoint needs no probe
         self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
                                       loop=asyncio.get_running_loop(), **opts)
         self._aiohttp = aiohttp
@@ -194,15 +227,24 @@ class GCSBackend:
 
     _key = staticmethod(gcs_key)
 
+    async def _meta(self, path: str, call: Any) -> Any:
+        """A gcsfs call, failing at once if the endpoint is unreachable (gcsfs retries that
+        for ~30 s: `aioloader.reach`)."""
+        if self._reached:
+            return await call
+        out = await guarded(gcs_key(path), self._endpoint, call)
+        self._reached = True
+        return out
+
     async def info(self, path: str) -> ObjectInfo:
-        meta = await self.fs._info(path)
+        meta = await self._meta(path, self.fs._info(path))
         if meta.get("type") == "directory":
             raise IsADirectoryError(path)
         return ObjectInfo(self._key(path), int(meta["size"]),
                           str(meta.get("generation") or meta.get("etag") or ""))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
-        found = await self.fs._glob(pattern, detail=True)
+        found = await self._meta(pattern, self.fs._glob(pattern, detail=True))
         return sorted(
             (ObjectInfo(self._key(name), int(m["size"]), str(m.get("generation") or ""))
              for name, m in found.items() if m.get("type", "file") == "file"),
@@ -213,8 +255,13 @@ class GCSBackend:
         splitting, quoting) and yarl's parsing cost more than the rest of our per-GET code."""
         url = self._urls.get((path, generation))
         if url is None:
-            url = self._urls[(path, generation)] = self._yarl_url(
-                self.fs.url(path, generation=generation))
+            text = self.fs.url(path, generation=generation)
+            # The query parameters gcsfs adds to its own requests (`userProject` for
+            # requester_pays), which `url()` leaves out.
+            params = getattr(self.fs, "_get_params", lambda kw: {})({})
+            if params:
+                text += "&" + urlencode(params)
+            url = self._urls[(path, generation)] = self._yarl_url(text)
         return url
 
     async def read(self, path: str, start: int, end: int, watch: Any = None) -> bytes:
@@ -266,7 +313,7 @@ class GCSBackend:
                     return range_body(status, await self._body(resp, watch), start, end, dest)
                 text = (await resp.read())[:200].decode("utf-8", "replace")
         except self._aiohttp.ClientError as exc:
-            raise Transient(f"{type(exc).__name__}: {exc}") from None
+            raise _client_error(exc) from None
         raise self._failure(path, status, text, generation)
 
     async def read_tail(self, path: str, n: int, watch: Any = None) -> Tail | None:
@@ -290,18 +337,28 @@ class GCSBackend:
                 else:
                     text = (await resp.read())[:200].decode("utf-8", "replace")
         except self._aiohttp.ClientError as exc:
-            raise Transient(f"{type(exc).__name__}: {exc}") from None
+            raise _client_error(exc) from None
         if status not in (200, 206, 416):
-            raise gcs_failure(self._key(path), status, text, None)
+            raise gcs_failure(self._key(path), status, text, None, self._hint)
         return parse_tail(self._key(path), n, status, body, content_range, generation)
 
     def _failure(self, path: str, status: int, text: str, generation: str | None) -> Exception:
-        return gcs_failure(self._key(path), status, text, generation)
+        return gcs_failure(self._key(path), status, text, generation, self._hint)
 
     async def aclose(self) -> None:
         await self.session.close()
         if getattr(self.fs, "_session", None) is not None:
             await self.fs.session.close()
+
+
+def _client_error(exc: Exception) -> Transient:
+    """An aiohttp failure as a retriable one; one that never connected is `Unreachable`
+    (a TLS failure is not: it did reach a server)."""
+    import aiohttp
+
+    never_connected = (isinstance(exc, aiohttp.ClientConnectorError)
+                       and not isinstance(exc, aiohttp.ClientSSLError))
+    return (Unreachable if never_connected else Transient)(f"{type(exc).__name__}: {exc}")
 
 
 def _credential_safe(exc: Exception) -> Exception:

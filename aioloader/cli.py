@@ -2,6 +2,7 @@
 
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
     aioloader cat PATH             print records (hex is a stable, script-friendly format)
+                                   (a quoted glob: its files in sorted order, numbered across)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
                                    (existing output refused unless --overwrite); with
                                    `--runner beam [-- BEAM OPTIONS]` on Apache Beam
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,14 +43,18 @@ def _human(n: float) -> str:
     raise AssertionError
 
 
-def _describe(path: str) -> dict:
+def _describe(path: str) -> list[dict]:
+    """One summary per file `path` names (a glob names several, in sorted order)."""
     with _open(path) as src:
-        index = src.file_indices[0]
+        return [_summary(url, index) for url, index in zip(src.urls, src.file_indices)]
+
+
+def _summary(url: str, index: Any) -> dict:
     opts = index.options
     n = index.num_records
     decoded = int(index.chunk_decoded_sizes.sum())
     return {
-        "path": redact(path),
+        "path": redact(url),
         "file_size": index.size,
         "records": n,
         "chunks": index.num_chunks,
@@ -66,7 +72,7 @@ def _describe(path: str) -> dict:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    infos = [_describe(p) for p in args.paths]
+    infos = [info for p in args.paths for info in _describe(p)]
     if args.json:
         print(json.dumps(infos if len(infos) > 1 else infos[0], indent=2))
         return 0
@@ -113,24 +119,34 @@ def _parse_range(text: str, n: int) -> range:
 
 
 def _records(src: ArrayRecordSource, args: argparse.Namespace) -> Iterator[tuple[int, bytes]]:
-    """(index, record) pairs asked for, in file order, decoding each chunk once."""
+    """(index, record) pairs asked for, in order, decoding each chunk once. Records are
+    numbered across the files a glob names (sorted), as `ArrayRecordSource` numbers them."""
     n = len(src)
     if args.index is not None:
         i = args.index + n if args.index < 0 else args.index
         if not 0 <= i < n:
-            raise SystemExit(f"aioloader cat: --index {args.index} out of range (file has {n})")
+            raise SystemExit(f"aioloader cat: --index {args.index} out of range "
+                             f"({_count(src)})")
         wanted = range(i, i + 1)
     else:
         wanted = _parse_range(args.range, n) if args.range else range(n)
-    if not wanted:
-        return
-    index = src.file_indices[0]
-    first, last = index.locate([wanted.start, wanted.stop - 1])[0].tolist()
-    for c in range(first, last + 1):
-        lo = int(index.record_starts[c])
-        records = src.read_chunk(0, c)
-        for j in range(max(wanted.start - lo, 0), min(wanted.stop - lo, len(records))):
-            yield lo + j, records.record(j)
+    starts = src.table.starts.tolist()
+    for f, index in enumerate(src.file_indices):
+        base = starts[f]
+        lo, hi = max(wanted.start, base), min(wanted.stop, starts[f + 1])
+        if lo >= hi:
+            continue
+        first, last = index.locate([lo - base, hi - 1 - base])[0].tolist()
+        for c in range(first, last + 1):
+            at = base + int(index.record_starts[c])
+            records = src.read_chunk(f, c)
+            for j in range(max(lo - at, 0), min(hi - at, len(records))):
+                yield at + j, records.record(j)
+
+
+def _count(src: ArrayRecordSource) -> str:
+    files = len(src.urls)
+    return f"{len(src):,} records" + (f" in {files} files" if files > 1 else "")
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
@@ -273,17 +289,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aioloader")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        package = sys.modules[__package__ or "aioloader"]
+        return str(getattr(package, "__version__", "unknown"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aioloader",
         description="Look inside ArrayRecord files, local or in a bucket (gs://...).",
     )
+    p.add_argument("--version", action="version", version=f"aioloader {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("inspect", help="summarise files: records, chunks, codec, options",
                        description="Summarise ArrayRecord files: records, chunks, group "
                                    "size, codec, the stored writer options, bytes per record.")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="local path or fsspec URL")
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="local path or fsspec URL, or a quoted glob (every file it matches)")
     s.add_argument("--json", action="store_true", help="print JSON for machines")
     s.set_defaults(func=cmd_inspect)
 
@@ -293,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "scripts: one record per line, lowercase hex, an empty line for an empty "
                     "record.",
     )
-    c.add_argument("path", metavar="PATH", help="local path or fsspec URL")
+    c.add_argument("path", metavar="PATH",
+                   help="local path or fsspec URL, or a quoted glob (records numbered across "
+                        "its files, in sorted order)")
     which = c.add_mutually_exclusive_group()
     which.add_argument("--index", type=int, help="print only record INDEX (negative counts "
                                                  "from the end)")
@@ -372,13 +403,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.beam_args = beam_args
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:  # `aioloader inspect ... | head`: the reader has all it wanted
+        _silence_stdout()
+        return 0
     except (ArrayRecordFormatError, StorageError, ConvertError, OSError) as err:
         print(f"aioloader {args.command}: {err}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # `aioloader cat x | head`
-        return 0
 
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit, finding the pipe
+    closed, prints no "Exception ignored ... BrokenPipeError" (Python's documented idiom)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 if __name__ == "__main__":
     sys.exit(main())

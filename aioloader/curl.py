@@ -25,11 +25,14 @@ from typing import Any
 
 import pycurl
 
-from .errors import StorageError, Transient
+from .errors import StorageError, Transient, Unreachable
 
 __all__ = ["CurlSession", "Response"]
 
 _FINAL_ERRORS = frozenset({pycurl.E_UNSUPPORTED_PROTOCOL, pycurl.E_URL_MALFORMAT})
+# No connection at all (no such host, refused, no route): retried briefly (`Unreachable`).
+_CONNECT_ERRORS = frozenset({pycurl.E_COULDNT_RESOLVE_HOST, pycurl.E_COULDNT_RESOLVE_PROXY,
+                             pycurl.E_COULDNT_CONNECT})
 _ERROR_TEXT = 200  # bytes of an error answer's body kept for the message
 
 
@@ -159,6 +162,8 @@ class CurlSession:
                 raise Transient(f"long body (over {n} bytes)")
             if code in _FINAL_ERRORS:
                 raise StorageError(f"libcurl error {code}: {msg}")
+            if code in _CONNECT_ERRORS:
+                raise Unreachable(f"libcurl error {code}: {msg}")
             raise Transient(f"libcurl error {code}: {msg}")
         return resp
 

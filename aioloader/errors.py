@@ -82,3 +82,9 @@ class Transient(Exception):
     def __init__(self, cause: str) -> None:
         super().__init__(cause)
         self.cause = cause
+
+
+class Unreachable(Transient):
+    """Internal: an attempt that could not connect at all (no such host, connection refused,
+    no route). Retried briefly only: these rarely heal within a read's deadline, and waiting
+    hides the cause."""

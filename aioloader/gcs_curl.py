@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -25,6 +24,8 @@ from urllib.parse import quote
 from .backends import (
     ObjectInfo,
     Tail,
+    gcs_auth_hint,
+    gcs_endpoint,
     gcs_failure,
     gcs_key,
     gcs_options,
@@ -33,11 +34,11 @@ from .backends import (
 )
 from .curl import CurlSession
 from .errors import Transient
+from .reach import guarded
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
 __all__ = ["CurlGCSBackend", "curl_serves"]
 
-DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 # storage_options this backend's reads honour themselves; any other (requester pays, a
 # custom session, ...) changes how gcsfs reads, so such stores keep the aiohttp backend.
 SERVED_OPTIONS = frozenset({"token", "endpoint_url", "project", "access"})  # = storage's
@@ -46,14 +47,6 @@ SERVED_OPTIONS = frozenset({"token", "endpoint_url", "project", "access"})  # = 
 def curl_serves(options: dict[str, Any]) -> bool:
     """Whether reads with these storage_options can go through libcurl."""
     return set(options) <= SERVED_OPTIONS
-
-
-def _endpoint(options: dict[str, Any]) -> str:
-    """gcsfs's choice of endpoint: `endpoint_url`, else `STORAGE_EMULATOR_HOST`, else GCS."""
-    url = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
-    if url in ("", "default"):
-        return DEFAULT_ENDPOINT
-    return (url if url.startswith(("http://", "https://")) else f"http://{url}").rstrip("/")
 
 
 class CurlGCSBackend:
@@ -65,7 +58,9 @@ class CurlGCSBackend:
         opts = gcs_options(options)
         self._options = opts
         self._anon = opts.get("token") == "anon"
-        self._base = _endpoint(opts)
+        self._base = gcs_endpoint(opts)
+        self._hint = gcs_auth_hint(options)
+        self._reached = False  # a metadata call succeeded: the endpoint needs no probe
         self._urls: dict[tuple[str, str | None], str] = {}
         self._fs: Any = None
         self._import: Future | None = None
@@ -94,6 +89,10 @@ class CurlGCSBackend:
                                                **self._options)
         return self._fs
 
+    async def prepare(self) -> None:
+        """Import and make gcsfs's filesystem now (before a metadata call's deadline)."""
+        await self._gcsfs()
+
     async def _auth(self) -> list[str]:
         """The request headers that carry credentials (none for anonymous access)."""
         if self._anon:
@@ -102,15 +101,28 @@ class CurlGCSBackend:
         (await self._gcsfs()).credentials.apply(headers)
         return [f"{k}: {v}" for k, v in headers.items()]
 
+    async def _meta(self, path: str, call: Any) -> Any:
+        """A gcsfs call (`call(fs)`), failing at once if the endpoint is unreachable (gcsfs
+        retries that for ~30 s: `aioloader.reach`)."""
+        if self._reached:
+            return await call(await self._gcsfs())
+
+        async def first() -> Any:
+            return await call(await self._gcsfs())
+
+        out = await guarded(gcs_key(path), self._base, first())
+        self._reached = True
+        return out
+
     async def info(self, path: str) -> ObjectInfo:
-        meta = await (await self._gcsfs())._info(path)
+        meta = await self._meta(path, lambda fs: fs._info(path))
         if meta.get("type") == "directory":
             raise IsADirectoryError(path)
         return ObjectInfo(self._key(path), int(meta["size"]),
                           str(meta.get("generation") or meta.get("etag") or ""))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
-        found = await (await self._gcsfs())._glob(pattern, detail=True)
+        found = await self._meta(pattern, lambda fs: fs._glob(pattern, detail=True))
         return sorted(
             (ObjectInfo(self._key(name), int(m["size"]), str(m.get("generation") or ""))
              for name, m in found.items() if m.get("type", "file") == "file"),
@@ -150,7 +162,8 @@ class CurlGCSBackend:
             return None
         if status in (200, 206):
             return range_body(status, resp.body, start, end, dest)
-        raise gcs_failure(self._key(path), status, _text(resp.body), generation)
+        raise gcs_failure(self._key(path), status, _text(resp.body), generation,
+                          self._hint)
 
     async def read_tail(self, path: str, n: int, watch: Any = None) -> Tail | None:
         """Size, generation and the last `n` bytes in one GET (see `GCSBackend.read_tail`)."""
@@ -158,7 +171,8 @@ class CurlGCSBackend:
         resp = await self.session.get(self._http_url(path, None), None, n, auth, watch=watch,
                                       headers=True)
         if resp.status not in (200, 206, 416):
-            raise gcs_failure(self._key(path), resp.status, _text(resp.body), None)
+            raise gcs_failure(self._key(path), resp.status, _text(resp.body), None,
+                              self._hint)
         return parse_tail(self._key(path), n, resp.status, resp.body,
                           resp.header_value("Content-Range"),
                           resp.header_value("x-goog-generation"))

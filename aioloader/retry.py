@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Transient
+from .errors import Transient, Unreachable
 
 __all__ = ["GaveUp", "Retrier", "RetryPolicy", "Watch"]
 
@@ -83,11 +83,14 @@ class RetryPolicy:
 
 
 class GaveUp(Exception):
-    """The policy gave up on a read: after how many attempts, how long, and the last cause."""
+    """The policy gave up on a read: after how many attempts, how long, and the last cause
+    (`unreachable`: the last attempt could not connect at all)."""
 
-    def __init__(self, attempts: int, seconds: float, cause: str) -> None:
+    def __init__(self, attempts: int, seconds: float, cause: str,
+                 unreachable: bool = False) -> None:
         super().__init__(cause)
         self.attempts, self.seconds, self.cause = attempts, seconds, cause
+        self.unreachable = unreachable
 
 
 class Watch:
@@ -130,6 +133,9 @@ class _Median:
 
 
 _RETRIABLE = (Transient, ConnectionError, TimeoutError)
+# Attempts for a read that cannot connect at all (`Unreachable`): a DNS failure or a refused
+# connection rarely heals within a deadline, and waiting only hides the cause.
+UNREACHABLE_ATTEMPTS = 3
 
 
 def _cause(exc: BaseException) -> str:
@@ -180,6 +186,7 @@ class Retrier:
                 except _RETRIABLE as exc:
                     cause = _cause(exc)
                     silent = isinstance(exc, _Silent)
+                    unreachable = isinstance(exc, Unreachable)
                 except (FileNotFoundError, PermissionError, IsADirectoryError):
                     stats.failures += 1
                     raise
@@ -194,9 +201,10 @@ class Retrier:
             spent = clock() - began
             # After a silent attempt, the next needs a whole `timeout` before the deadline.
             need = delay + (policy.timeout if silent else 0.0)
-            if attempt >= policy.attempts or spent + need >= policy.deadline:
+            limit = min(policy.attempts, UNREACHABLE_ATTEMPTS) if unreachable else policy.attempts
+            if attempt >= limit or spent + need >= policy.deadline:
                 stats.failures += 1
-                raise GaveUp(attempt, spent, cause)
+                raise GaveUp(attempt, spent, cause, unreachable)
             stats.retries += 1
             await asyncio.sleep(delay)
 

@@ -11,15 +11,20 @@ How each kind of store performs one attempt is in `backends`; how a read is retr
 on and hedged is in `retry`; this module is what sits on top: limits and the I/O stats.
 
 Loop-bound resources (sessions, semaphores) are kept per event loop, so the same `Storage`
-works from the caller's loop and from the background loop of the sync API.
+works from the caller's loop and from the background loop of the sync API. Sessions left open
+(a source used through the sync API and never closed, a script that ends on an exception) are
+closed on their loop when the `Storage` is collected or the interpreter exits, whichever comes
+first (`_close_left_open`), so no "Unclosed client session" is printed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,11 +162,44 @@ def gcs_backend(client: str, options: dict[str, Any], connections: int,
     return GCSBackend(options, connections, pins)
 
 
+async def _prepared(backend: Any) -> None:
+    """Let `backend` load its client first (gs:// on libcurl imports gcsfs for metadata
+    calls: 1-8 s on a loaded machine), so that the deadline times the store, not imports."""
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:
+        await prepare()
+
+
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
         self.slots = asyncio.Semaphore(concurrency)
         self.budget = _ByteBudget(max_bytes)
         self.backends: dict[str, Any] = {}
+
+
+async def _close_backends(state: _LoopState) -> None:
+    for backend in state.backends.values():
+        with contextlib.suppress(Exception):
+            await backend.aclose()
+    state.backends.clear()
+
+
+def _close_left_open(loop: asyncio.AbstractEventLoop, state: _LoopState, pid: int) -> None:
+    """A `Storage` that was never closed is gone (or the interpreter is exiting): close its
+    sessions on their loop, if that loop still runs here (a weakref.finalize callback; a
+    forked child has the loop's object but not its thread)."""
+    if (not state.backends or os.getpid() != pid or loop.is_closed()
+            or not loop.is_running()):
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # collected on the loop's own thread: cannot wait here
+        loop.create_task(_close_backends(state))
+        return
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(_close_backends(state), loop).result(5)
 
 
 class Storage:
@@ -192,6 +230,7 @@ class Storage:
         self._retrier = Retrier(self.retry, self.stats, random.Random(seed))
         self._pins: dict[str, str] = {}
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._finalizers: dict[asyncio.AbstractEventLoop, weakref.finalize] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -200,6 +239,8 @@ class Storage:
         state = self._states.get(loop)
         if state is None:
             state = self._states[loop] = _LoopState(self.concurrency, self.max_inflight_bytes)
+            self._finalizers[loop] = weakref.finalize(self, _close_left_open, loop, state,
+                                                       os.getpid())
         return state
 
     def _backend(self, url: str) -> tuple[Any, str]:
@@ -233,6 +274,8 @@ class Storage:
         """Metadata calls go through the client's own retries; bound them by our deadline."""
         try:
             return await asyncio.wait_for(coro, self.retry.deadline)
+        except StoreUnavailableError:  # a TimeoutError too, but one that says why already
+            raise
         except asyncio.TimeoutError:
             raise StoreUnavailableError(
                 f"{redact(url)}: {what} got no answer within {self.retry.deadline:g} s (the "
@@ -241,6 +284,7 @@ class Storage:
 
     async def info(self, url: str) -> ObjectInfo:
         backend, path = self._backend(url)
+        await _prepared(backend)
         try:
             return await self._bounded("looking up its size", url, backend.info(path))
         except FileNotFoundError:
@@ -249,6 +293,7 @@ class Storage:
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         """Files matching `pattern`, sorted by URL, with their sizes (one listing)."""
         backend, path = self._backend(pattern)
+        await _prepared(backend)
         return await self._bounded("listing", pattern, backend.glob(path))
 
     async def read(self, url: str, start: int, end: int) -> bytes:
@@ -333,6 +378,12 @@ class Storage:
             what = (f"reading bytes [{span[0]}, {span[1]})" if span else
                     f"reading its last {n} bytes")
             policy = self.retry
+            if exc.unreachable:
+                raise StoreUnavailableError(redact(
+                    f"{url}: {what} failed: could not connect ({exc.cause}; {exc.attempts} "
+                    f"attempt{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s): no "
+                    "network, a DNS failure, or nothing listening at the endpoint (check "
+                    "endpoint_url or STORAGE_EMULATOR_HOST if set)")) from None
             raise StoreUnavailableError(redact(
                 f"{url}: {what} failed after {exc.attempts} attempt"
                 f"{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s; last: {exc.cause} "
@@ -407,7 +458,11 @@ class Storage:
 
     async def aclose(self) -> None:
         """Release this loop's sessions, descriptors and threads."""
-        state = self._states.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        state = self._states.pop(loop, None)
+        finalizer = self._finalizers.pop(loop, None)
+        if finalizer is not None:
+            finalizer.detach()
         if state is not None:
             for backend in state.backends.values():
                 await backend.aclose()

@@ -99,3 +99,54 @@ def test_inspect_and_cat_from_a_bucket(sample):
         assert [bytes.fromhex(x) for x in out] == RECORDS
         proc = run("inspect", gcs.url("dir/absent.array_record"), ok=False)
         assert b"absent.array_record" in proc.stderr
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Three files of 5,000 records each ("k-i"), matched by one glob."""
+    for k in range(3):
+        with aioloader.ArrayRecordWriter(tmp_path / f"d-{k}.array_record", group_size=4) as w:
+            for i in range(5000):
+                w.write(f"{k}-{i}".encode())
+    return str(tmp_path / "*.array_record")
+
+
+def test_inspect_a_quoted_glob_reports_every_file(shards, tmp_path):
+    infos = json.loads(run("inspect", "--json", shards).stdout)
+    assert [i["path"] for i in infos] == [str(tmp_path / f"d-{k}.array_record") for k in range(3)]
+    assert [i["records"] for i in infos] == [5000] * 3
+    text = run("inspect", shards).stdout.decode()
+    assert all(f"d-{k}.array_record" in text for k in range(3)) and "*" not in text
+
+
+def test_cat_numbers_records_across_the_files_of_a_glob(shards):
+    out = run("cat", shards, "--range", "4998:5002").stdout.decode().split()
+    assert out == ["0-4998", "0-4999", "1-0", "1-1"]
+    assert run("cat", shards, "--index=-1").stdout == b"2-4999\n"
+    assert run("cat", shards, "--range", "14999:20000").stdout == b"2-4999\n"
+    proc = run("cat", shards, "--index", "15000", ok=False)
+    assert b"15,000 records in 3 files" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_a_directory_is_reported_as_one(tmp_path):
+    proc = run("inspect", str(tmp_path), ok=False)
+    assert b"is a directory" in proc.stderr and b"too small" not in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "cat"])
+def test_a_reader_that_stops_early_gets_no_broken_pipe_message(shards, command):
+    # More output than a pipe holds (64 KiB), so the writer is still writing when `head` goes.
+    args = ["inspect", *[shards] * 150] if command == "inspect" else ["cat", shards]
+    proc = subprocess.Popen([sys.executable, "-m", "aioloader.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()  # what `head -1` does: read a line, then close
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0
+    assert stderr == b"", stderr.decode()
+
+
+def test_version():
+    out = run("--version").stdout.decode()
+    assert out.startswith("aioloader ") and out.split()[1][0].isdigit()

@@ -41,8 +41,10 @@ def test_pack_text(sample):
 def test_train_from_bucket_checkpoints_and_resumes(sample):
     out = run([os.path.join(EXAMPLES, "train_from_bucket.py"), "--steps", "40",
                "--batch", "64", "--records", "3000"], sample)
-    assert "checkpointed at step 20" in out
-    assert "throughput" in out and "waiting for data" in out and "time to 1st batch" in out
+    assert "checkpointed at step 20" in out and "resumed at step 21" in out
+    assert "step   36" in out  # the step counter goes on after the resume
+    assert "training throughput" in out and "waiting for data" in out
+    assert "loader start-up" in out and "loader stats for steps 21-40" in out
 
 
 def test_multihost(sample):

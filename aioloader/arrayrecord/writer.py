@@ -28,14 +28,17 @@ SIGNATURE = bytes.fromhex(
 _JOIN_BELOW = 1 << 20  # chunks smaller than this are joined into one write
 
 
-def _open(target: str | os.PathLike | IO[bytes]) -> tuple[IO[bytes], bool]:
+def _open(target: str | os.PathLike | IO[bytes],
+          storage_options: dict[str, Any] | None) -> tuple[IO[bytes], bool]:
     if hasattr(target, "write"):
+        if storage_options:
+            raise ValueError("storage_options apply to a URL, not to a file object")
         return target, False  # type: ignore[return-value]
     path = os.fspath(target)
     if "://" in path and not path.startswith("file://"):
         import fsspec  # any fsspec URL (gs://, s3://, memory://, ...)
 
-        return fsspec.open(path, "wb").open(), True
+        return fsspec.open(path, "wb", **(storage_options or {})).open(), True
     return open(path.removeprefix("file://"), "wb"), True
 
 
@@ -44,7 +47,8 @@ class ArrayRecordWriter:
 
     `compression` is `"zstd[:level]"`, `"brotli[:level]"`, `"snappy"` or `"uncompressed"`,
     optionally followed by `,window_log:N`; `options` takes a full array_record options string
-    instead (e.g. `"group_size:1,zstd:3"`).
+    instead (e.g. `"group_size:1,zstd:3"`). `storage_options` go to the fsspec filesystem of
+    a URL target (credentials, `requester_pays`, `endpoint_url`, ...), as the readers take them.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class ArrayRecordWriter:
         pad_to_block_boundary: bool = False,
         *,
         options: str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if options is None:
             options = f"group_size:{group_size},{compression}"
@@ -70,7 +75,7 @@ class ArrayRecordWriter:
             max_parallelism=1,
         )
         self._compression: Compression = parsed.compression
-        self._file, self._owns_file = _open(target)
+        self._file, self._owns_file = _open(target, storage_options)
         self._name = getattr(target, "name", None) if hasattr(target, "write") else str(target)
         self._group: list[bytes] = []
         self._chunks: list[bytes] = []  # encoded footer entries
