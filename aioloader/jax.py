@@ -25,8 +25,14 @@ import dataclasses
 import json
 from typing import Any
 
-import jax
 import numpy as np
+
+from .errors import MissingExtraError
+
+try:
+    import jax
+except ImportError as exc:
+    raise MissingExtraError("jax", "to_jax() and aioloader.jax", exc.name) from None
 
 
 def process_index_and_count() -> tuple[int, int]:
