@@ -137,11 +137,11 @@ def _highwayhash64_fallback(data: Buffer) -> int:
 
 try:
     from . import _highwayhash
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides the module
+except ImportError:  # pragma: no cover - exercised by a test that hides the module
     _highwayhash = None
     warnings.warn(
         "aioloader's C extension for HighwayHash is not built (installed without a C "
-        f"compiler?): checksums fall back to pure Python at ~3 MB/s, slow ({exc}). "
+        "compiler?): checksums fall back to pure Python at ~3 MB/s, slow. "
         "Install a wheel, or reinstall with a compiler: pip install --no-binary aioloader "
         "--force-reinstall aioloader.",
         RuntimeWarning,
