@@ -142,7 +142,7 @@ class DeviceIterator(_Placement):
     def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
                  pad_final: bool = False) -> None:
         super().__init__(loader, sharding, prefetch_to_device, pad_final)
-        self._batches = None
+        self._batches: Any = None  # the loader's iterator, from the first step
 
     def __iter__(self) -> DeviceIterator:
         return self

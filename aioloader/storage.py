@@ -20,7 +20,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +173,7 @@ class Storage:
         concurrency: int = 64,
         max_inflight_bytes: int = 256 << 20,
         retry: RetryPolicy | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         seed: int | None = None,
         gcs_client: str | None = None,
     ) -> None:

@@ -138,7 +138,7 @@ def _highwayhash64_fallback(data: Buffer) -> int:
 try:
     from . import _highwayhash
 except ImportError:  # pragma: no cover - exercised by a test that hides the module
-    _highwayhash = None
+    _highwayhash = None  # type: ignore[assignment]
     warnings.warn(
         "aioloader's C extension for HighwayHash is not built (installed without a C "
         "compiler?): checksums fall back to pure Python at ~3 MB/s, slow. "
