@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow lint demo docs docs-serve bench bench-quick clean
+.PHONY: venv test test-slow lint typecheck packaging-check demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,7 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-slow: $(STAMP)
@@ -24,6 +25,15 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+# mypy (non-strict) over aioloader/, as configured in pyproject.toml.
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+# Install as users and packagers do, in fresh venvs (no compiler, abi3 wheel, sdist, the
+# testing extra): a few minutes and the package registry; run before a release.
+packaging-check:
+	bash tests/packaging_check.sh
 
 demo: $(STAMP)
 	$(PY) examples/train_from_bucket.py --steps 300 --records 100000
@@ -42,4 +52,4 @@ bench-quick: $(STAMP)
 	$(PY) -m benchmarks run --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info aioloader/arrayrecord/*.so
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache aioloader/arrayrecord/*.so

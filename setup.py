@@ -1,19 +1,39 @@
 """Build the native parts: HighwayHash-64 for Riegeli's header and data hashes, and the
-footer-entry parser (both optional at run time: pure-Python fallbacks)."""
+footer-entry parser.
+
+Both are optional: without a C compiler (or Python headers) the build goes on without them
+and the package uses its pure-Python fallbacks (``aioloader.arrayrecord.hashing`` warns once
+that hashing is then slow). On CPython >= 3.11 they use only the limited C API, so the wheel
+is ``abi3`` and serves every later CPython; 3.10 lacks the buffer protocol in the limited API
+and gets a version-specific build. Metadata lives in pyproject.toml.
+"""
+
+import sys
+import sysconfig
 
 from setuptools import Extension, setup
 
+# The buffer protocol joined the limited API in 3.11; free-threaded builds have no stable ABI.
+LIMITED = (
+    sys.implementation.name == "cpython"
+    and sys.version_info >= (3, 11)
+    and not sysconfig.get_config_var("Py_GIL_DISABLED")
+)
+LIMITED_API_HEX = "0x030B0000"  # keep in step with py_limited_api="cp311" below
+
+
+def native(name: str) -> Extension:
+    return Extension(
+        f"aioloader.arrayrecord.{name}",
+        sources=[f"aioloader/arrayrecord/{name}.c"],
+        extra_compile_args=["-O3", "-std=c99"] if sys.platform != "win32" else [],
+        define_macros=[("Py_LIMITED_API", LIMITED_API_HEX)] if LIMITED else [],
+        py_limited_api=LIMITED,
+        optional=True,  # a failed compile leaves the pure-Python fallback in use
+    )
+
+
 setup(
-    ext_modules=[
-        Extension(
-            "aioloader.arrayrecord._highwayhash",
-            sources=["aioloader/arrayrecord/_highwayhash.c"],
-            extra_compile_args=["-O3", "-std=c99"],
-        ),
-        Extension(
-            "aioloader.arrayrecord._footer",
-            sources=["aioloader/arrayrecord/_footer.c"],
-            extra_compile_args=["-O3", "-std=c99"],
-        ),
-    ]
+    ext_modules=[native("_highwayhash"), native("_footer")],
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED else {},
 )

@@ -9,6 +9,7 @@ from .errors import (
     ArrayRecordFormatError,
     CollateError,
     ConvertError,
+    MissingExtraError,
     ObjectChangedError,
     StateError,
     StorageError,
@@ -22,6 +23,7 @@ from .runtime.loader import Loader
 from .source import ArrayRecordSource
 from .transforms import Filter, FlatMap, Map, RandomMap
 
+# The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
 __version__ = "0.1.0"
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Loader",
     "LoaderOptions",
     "Map",
+    "MissingExtraError",
     "ObjectChangedError",
     "PrefetchOptions",
     "RandomMap",

@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from .errors import ObjectChangedError, StorageError, Transient, Unreachable
+from .errors import (MissingExtraError, ObjectChangedError, StorageError, Transient,
+                     Unreachable)
 from .reach import NO_CREDENTIALS, gcs_credentials_found, guarded
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
@@ -194,22 +195,41 @@ def gcs_options(options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+def gcsfs_filesystem(options: dict[str, Any]) -> Any:
+    """gcsfs's async filesystem for gs:// (listing, metadata, credentials) on this loop.
+
+    Against an emulator (``STORAGE_EMULATOR_HOST``) always gcsfs's plain class: the one
+    ``gcsfs.GCSFileSystem`` names when gcsfs was imported with its experimental HNS support
+    on (its default) probes a gRPC API that emulators lack, stalling each call for 30-50 s.
+    """
+    try:
+        import gcsfs
+        import gcsfs.core
+    except ImportError as exc:
+        raise MissingExtraError("gcs", "gs://", exc.name) from None
+    cls = gcsfs.core.GCSFileSystem if os.environ.get("STORAGE_EMULATOR_HOST") else (
+        gcsfs.GCSFileSystem)
+    return cls(asynchronous=True, skip_instance_cache=True, loop=asyncio.get_running_loop(),
+               **options)
+
+
 class GCSBackend:
     streams = True  # reads take a `retry.Watch`: silence is timed, slow heads are hedged
 
     def __init__(self, options: dict[str, Any], connections: int,
                  pins: dict[str, str]) -> None:
         self.pins = pins
-        import aiohttp
-        import gcsfs
-        import yarl
+        try:
+            import aiohttp
+            import yarl
+        except ImportError as exc:
+            raise MissingExtraError("gcs", "gs://", exc.name) from None
 
         opts = gcs_options(options)
         self._endpoint = gcs_endpoint(opts)
         self._hint = gcs_auth_hint(options)
         self._reached = False  # a metadata call succeeded: the endpoint needs no probe
-        self.fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
-                                      loop=asyncio.get_running_loop(), **opts)
+        self.fs = gcsfs_filesystem(opts)
         self._aiohttp = aiohttp
         self._yarl_url = yarl.URL
         self._urls: dict[tuple[str, str | None], yarl.URL] = {}
@@ -387,11 +407,21 @@ def _credential_safe(exc: Exception) -> Exception:
         return StorageError(f"{type(exc).__name__}: {safe}")
 
 
+# fsspec protocols whose filesystem one of our extras installs.
+_FSSPEC_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+
+
 class FsspecBackend:
     def __init__(self, protocol: str, options: dict[str, Any]) -> None:
         import fsspec
 
-        cls = fsspec.get_filesystem_class(protocol)
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except ImportError as exc:  # its filesystem's package is not installed
+            extra = _FSSPEC_EXTRAS.get(protocol)
+            if extra is None:
+                raise
+            raise MissingExtraError(extra, f"{protocol}://", exc.name) from None
         redact_logs(*STORAGE_LOGGERS, cls.__module__.split(".")[0])  # fsspec logs our URLs
         self.is_async = bool(getattr(cls, "async_impl", False))
         kw: dict[str, Any] = {"skip_instance_cache": True, **options}

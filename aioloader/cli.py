@@ -23,6 +23,7 @@ from typing import Any
 
 from .arrayrecord import ArrayRecordFormatError
 from .convert import ConvertError
+from .errors import MissingExtraError
 from .source import ArrayRecordSource
 from .storage import StorageError
 from .urls import redact
@@ -179,9 +180,10 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
 
     try:
         from .beam.pipelines import run_convert
-    except ImportError as exc:
-        raise ConvertError(f"--runner beam needs the `beam` extra ({exc}): "
-                           "pip install 'aioloader[beam]'") from None
+    except MissingExtraError:
+        raise
+    except ImportError as exc:  # apache_beam there, but something it needs is not
+        raise MissingExtraError("beam", "--runner beam", exc.name) from None
     if not args.overwrite:
         fs, path = fsspec.core.url_to_fs(args.output_prefix)
         existing = fs.glob(f"{path}-?????-of-?????.array_record")
@@ -409,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `aioloader inspect ... | head`: the reader has all it wanted
         _silence_stdout()
         return 0
-    except (ArrayRecordFormatError, StorageError, ConvertError, OSError) as err:
+    except (ArrayRecordFormatError, StorageError, ConvertError, OSError,
+            MissingExtraError) as err:
         print(f"aioloader {args.command}: {err}", file=sys.stderr)
         return 1
 

@@ -24,7 +24,7 @@ from typing import IO, Any
 import fsspec
 
 from .arrayrecord import ArrayRecordWriter
-from .errors import ConvertError
+from .errors import ConvertError, MissingExtraError
 from .storage import is_local, redact
 
 FORMATS = ("jsonl", "tfrecord", "npy", "parquet")
@@ -104,8 +104,8 @@ def _read_npy(path: str) -> Iterator[bytes]:
 def _read_parquet(path: str) -> Iterator[bytes]:
     try:
         import pyarrow.parquet as pq
-    except ImportError:
-        raise ConvertError("reading Parquet needs pyarrow: pip install pyarrow") from None
+    except ImportError as exc:
+        raise MissingExtraError("parquet", "reading Parquet", exc.name) from None
     with fsspec.open(path, "rb") as f:
         table = pq.read_table(f)
     for batch in table.to_batches():

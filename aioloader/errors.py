@@ -18,6 +18,7 @@ __all__ = [
     "ArrayRecordFormatError",
     "CollateError",
     "ConvertError",
+    "MissingExtraError",
     "ObjectChangedError",
     "StateError",
     "StorageError",
@@ -73,6 +74,18 @@ class ConvertError(ValueError):
         from .urls import redact
 
         super().__init__(redact(message))
+
+
+class MissingExtraError(ImportError):
+    """A feature needs an optional dependency that is not installed: one line naming the
+    extra that brings it (``pip install 'aioloader[gcs]'``). An `ImportError`, so code that
+    already catches that still does."""
+
+    def __init__(self, extra: str, feature: str, missing: str | None = None) -> None:
+        because = f" (no module named {missing!r})" if missing else ""
+        super().__init__(f"{feature} needs the '{extra}' extra{because}: "
+                         f"pip install 'aioloader[{extra}]'", name=missing)
+        self.extra = extra
 
 
 class Transient(Exception):

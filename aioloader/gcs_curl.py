@@ -16,6 +16,7 @@ head counts as heard with the first body bytes), no timeouts of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,6 +30,7 @@ from .backends import (
     gcs_failure,
     gcs_key,
     gcs_options,
+    gcsfs_filesystem,
     parse_tail,
     range_body,
 )
@@ -79,14 +81,11 @@ class CurlGCSBackend:
                 pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-import")
                 self._import = pool.submit(importlib.import_module, "gcsfs")
                 pool.shutdown(wait=False)
-            await asyncio.wrap_future(self._import)
+            with contextlib.suppress(ImportError):  # gcsfs_filesystem says which extra
+                await asyncio.wrap_future(self._import)
             if self._fs is None:
-                import gcsfs
-
                 redact_logs(*STORAGE_LOGGERS)
-                self._fs = gcsfs.GCSFileSystem(asynchronous=True, skip_instance_cache=True,
-                                               loop=asyncio.get_running_loop(),
-                                               **self._options)
+                self._fs = gcsfs_filesystem(self._options)
         return self._fs
 
     async def prepare(self) -> None:

@@ -25,8 +25,14 @@ import dataclasses
 import json
 from typing import Any
 
-import jax
 import numpy as np
+
+from .errors import MissingExtraError
+
+try:
+    import jax
+except ImportError as exc:
+    raise MissingExtraError("jax", "to_jax() and aioloader.jax", exc.name) from None
 
 
 def process_index_and_count() -> tuple[int, int]:
@@ -136,7 +142,7 @@ class DeviceIterator(_Placement):
     def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
                  pad_final: bool = False) -> None:
         super().__init__(loader, sharding, prefetch_to_device, pad_final)
-        self._batches = None
+        self._batches: Any = None  # the loader's iterator, from the first step
 
     def __iter__(self) -> DeviceIterator:
         return self

@@ -40,7 +40,7 @@ class LoopGuard:
     """Closes `loader` (`await loader.aclose()`) when the running loop shuts down."""
 
     def __init__(self, loader: Any) -> None:
-        self._ref = [weakref.ref(loader)]
+        self._ref: list[Callable[[], Any]] = [weakref.ref(loader)]
         self._gen: AsyncGenerator[None, None] | None = _guard(self._ref)
 
     async def arm(self) -> None:
@@ -53,7 +53,8 @@ class LoopGuard:
         (its `finally` has nothing left to await, so one step closes it)."""
         self._ref[0] = _gone
         gen, self._gen = self._gen, None
-        if gen is not None and not gen.ag_running:  # running: it is what closes the loader
+        if gen is not None and not gen.ag_running:  # type: ignore[attr-defined]
+            # (running: it is what closes the loader)
             closing = gen.aclose()
             with contextlib.suppress(StopIteration):
                 closing.send(None)

@@ -19,10 +19,10 @@ record indices say what to read).
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,7 +35,8 @@ class ObjectSource:
     """The description of an object source (compared by identity: the object is the data)."""
 
     obj: Any
-    storage_options = MappingProxyType({})  # SourceSpec's fields, for code that reads them
+    # SourceSpec's fields, for code that reads them
+    storage_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     verify = "headers"
 
     def __eq__(self, other: object) -> bool:

@@ -31,6 +31,7 @@ Rules, in order of placement:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,8 @@ class FirstFit:
         self._used: list = [0] * num_bins if self._one else [[0] * len(self.targets)
                                                             for _ in range(num_bins)]
         self._wide = num_bins > _SCAN_IN_PYTHON
-        self._used_np = np.zeros((num_bins, len(self.targets)), np.int64) if self._wide else None
+        self._used_np: Any = (  # (None unless wide)
+            np.zeros((num_bins, len(self.targets)), np.int64) if self._wide else None)
         self._segments = [0] * num_bins
         self.lengths: list[Sequence[int]] = []  # of each placed element
         self.bins: list[int] = []  # its bin
@@ -246,7 +248,7 @@ def _check_signature(
         if signature[f] is None:
             signature[f] = (array.shape[1:], array.dtype)
             continue
-        trailing, dtype = signature[f]
+        trailing, dtype = signature[f]  # type: ignore[misc]  # not None here
         if array.shape[1:] != trailing:
             raise ValueError(
                 f"feature {name!r} of element {index} has trailing shape {array.shape[1:]}, "

@@ -291,7 +291,7 @@ class _Attempt:
     async def run(self, call: Any, args: tuple) -> Any:
         try:
             try:
-                async with asyncio.timeout(None) as scope:
+                async with asyncio.timeout(None) as scope:  # type: ignore[attr-defined,unused-ignore]
                     self.scope = scope
                     self._check()
                     try:

@@ -25,7 +25,7 @@ import os
 import random
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,7 +211,7 @@ class Storage:
         concurrency: int = 64,
         max_inflight_bytes: int = 256 << 20,
         retry: RetryPolicy | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         seed: int | None = None,
         gcs_client: str | None = None,
     ) -> None:

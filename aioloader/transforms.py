@@ -212,10 +212,10 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 for k, x in enumerate(elements):  # noqa: B007 (k names the record on error)
                     append(fn(x))
             elif isinstance(op, RandomMapOp):
-                fn, seed = op.fn, op.seed
+                rfn, seed = op.fn, op.seed  # (fn takes an rng too: not `fn`'s type)
                 for k, x in enumerate(elements):
                     i = keep[k]
-                    append(fn(x, record_rng(seed, epochs[i], indices[i], pos)))
+                    append(rfn(x, record_rng(seed, epochs[i], indices[i], pos)))
             else:
                 pred = op.pred
                 kept = []

@@ -1,8 +1,8 @@
 """Suite-wide setup: gcsfs import order, and a leak check after every test.
 
-`aioloader.testing` is imported first so that gcsfs, whenever a test imports it, sees
-GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (read at gcsfs import; otherwise every call against the
-emulator stalls probing a gRPC API).
+GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false is set first so that gcsfs, whenever a test imports it,
+exports its plain filesystem (read at gcsfs import; the experimental one stalls every call
+against the emulator probing a gRPC API). `aioloader.testing` leaves os.environ alone.
 
 The leak check fails a test that leaves behind a thread, a child process, a TCP socket, a
 /dev/shm segment or a memory file (memfd) that it did not have before — closing must release
@@ -20,6 +20,7 @@ import threading
 # must be set before jax is first imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import time
 
 import psutil

@@ -10,7 +10,7 @@
  * canonical form is parsed: fields 1, 2, 3 in order, each a varint below 2^63, filling the
  * entry exactly. Returns how many entries from the start had that form (m when all did);
  * the caller parses the rest its general way, or says what is wrong with them. The GIL is
- * released while parsing.
+ * released while parsing. Limited C API only (3.11's), for the abi3 wheel.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

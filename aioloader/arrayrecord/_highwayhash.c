@@ -25,6 +25,9 @@
  *
  * `data` is any object exporting a C-contiguous buffer; its raw bytes are hashed.
  * The GIL is released for inputs of 4 KiB or more.
+ *
+ * Only the limited C API (3.11's: the buffer protocol joined it then) is used, so one
+ * `abi3` build serves every CPython >= 3.11 (setup.py defines Py_LIMITED_API there).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -297,10 +300,16 @@ static void hh_choose(void) {
 static int get_contiguous(PyObject *obj, Py_buffer *view, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            /* The limited API hides tp_name; the type's qualified name is public API. */
+            PyObject *type_name = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+            if (type_name == NULL) {
+                return -1;
+            }
             PyErr_Format(PyExc_TypeError,
                          "%s must support the buffer protocol (bytes, bytearray, "
-                         "memoryview, ...), not '%.200s'",
-                         what, Py_TYPE(obj)->tp_name);
+                         "memoryview, ...), not '%.200U'",
+                         what, type_name);
+            Py_DECREF(type_name);
         }
         return -1;
     }
@@ -400,7 +409,7 @@ static PyObject *hh_hash64_impl(PyObject *module, PyObject *const *args, Py_ssiz
                      nargs);
         return NULL;
     }
-    const char *name = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : NULL;
+    const char *name = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8AndSize(args[0], NULL) : NULL;
     if (name == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "impl must be a str");

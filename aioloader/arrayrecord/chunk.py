@@ -7,6 +7,7 @@ zero-copy slices; it never loops over records in Python. See ARRAYRECORD_FORMAT.
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +42,9 @@ class ChunkRecords:
 
     def __init__(self, values: memoryview, bounds: np.ndarray) -> None:
         self._values = values
-        self._bounds = bounds
+        self._bounds: Any = bounds  # an ndarray, or None in a one-record chunk until used
         self._single = False
-        self._whole = None
+        self._whole: bytes | None = None
 
     @classmethod
     def _one(cls, values: memoryview, whole: bytes | None) -> ChunkRecords:

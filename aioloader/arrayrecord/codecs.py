@@ -153,7 +153,7 @@ def _decompress(codec: int, block, expected: int | None, max_size: int):
             # one grow. Untouched pages of the buffer cost no memory.
             buf = np.empty(size + 1, dtype=np.uint8)
             try:
-                n = cramjam.brotli.decompress_into(stream, buf)
+                n = cramjam.brotli.decompress_into(stream, buf)  # type: ignore[arg-type]  # a buffer
             except cramjam.DecompressionError as exc:
                 if "whole buffer" not in str(exc):
                     raise

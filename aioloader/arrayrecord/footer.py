@@ -27,7 +27,7 @@ from .varint import MAX_VARINT64_BYTES, decode_varints, read_varint
 try:
     from . import _footer as _native
 except ImportError:  # no compiler at install: NumPy decodes them (slower, same answers)
-    _native = None
+    _native = None  # type: ignore[assignment]
 
 FOOTER_COST = 40
 """Bytes per footer entry while decoding: record ends (8), three columns (24), sizes (≤ 8)."""
@@ -50,11 +50,11 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterDat
     """Decode a footer chunk's data (its header already parsed and checked)."""
     n = header.num_records
     if header.chunk_type != CHUNK_SIMPLE or n < 2:  # the generic decoder says what is wrong
-        records = decode_simple(header, data, max_decoded)
-        if len(records) == 0:
+        chunk = decode_simple(header, data, max_decoded)
+        if len(chunk) == 0:
             raise ArrayRecordFormatError("footer holds no metadata record", hint=CORRUPT_HINT)
         z = np.zeros(0, dtype=np.int64)
-        return FooterData(bytes(records.view(0)), z, z.copy(), z.copy())
+        return FooterData(bytes(chunk.view(0)), z, z.copy(), z.copy())
     decoded_size = header.decoded_data_size
     if decoded_size + FOOTER_COST * n > max_decoded:
         raise ArrayRecordFormatError(

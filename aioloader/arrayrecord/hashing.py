@@ -137,11 +137,13 @@ def _highwayhash64_fallback(data: Buffer) -> int:
 
 try:
     from . import _highwayhash
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides the module
-    _highwayhash = None
+except ImportError:  # pragma: no cover - exercised by a test that hides the module
+    _highwayhash = None  # type: ignore[assignment]
     warnings.warn(
-        "aioloader.arrayrecord._highwayhash (native HighwayHash) is missing, so hashing falls "
-        f"back to pure Python at ~3 MB/s ({exc}). Rebuild it with `pip install -e .`.",
+        "aioloader's C extension for HighwayHash is not built (installed without a C "
+        "compiler?): checksums fall back to pure Python at ~3 MB/s, slow. "
+        "Install a wheel, or reinstall with a compiler: pip install --no-binary aioloader "
+        "--force-reinstall aioloader.",
         RuntimeWarning,
         stacklevel=1,
     )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from .chunk import (
 )
 from .codecs import _local, _zstd_decompressor
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
-from .footer import decode_footer_data
+from .footer import FooterData, decode_footer_data
 from .layout import (
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
@@ -174,7 +175,7 @@ def open_index(
     verify: str = "headers",
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
-) -> Generator[ReadRequest, bytes, FileIndex]:
+) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
     """Parse a file's index; yields read requests, returns a `FileIndex`.
 
     `max_decoded` bounds what the footer may take to read and decode (see `decode_chunk`).
@@ -198,7 +199,8 @@ def open_index(
             memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
         )
     if footer_offset >= tail_start:
-        footer_raw = memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start]
+        footer_raw: bytes | memoryview = (
+            memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start])
     else:
         if post_at - footer_offset > max_decoded:
             raise ArrayRecordFormatError(
@@ -463,9 +465,10 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
-    _, footer = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
+    _, chunk = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
                              max_records=most, max_decoded=max_decoded, whole_range=True,
                              decoder=decode_footer_data)
+    footer = cast(FooterData, chunk)  # what `decoder` returns
     meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):
         raise ArrayRecordFormatError("footer metadata is not ArrayRecord metadata", path=path,
@@ -473,17 +476,17 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     fields = parse_fields(meta)
     if fields.get(1) != 1:
         raise ArrayRecordFormatError(
-            f"unsupported ArrayRecord metadata version {fields.get(1)}", path=path,
+            f"unsupported ArrayRecord metadata version {fields.get(1)!r}", path=path,
             offset=footer_offset, hint="the file was written by a newer array_record",
         )
-    options = fields.get(4, b"")
-    options = options.decode("utf-8", "replace") if isinstance(options, bytes) else ""
+    raw_options = fields.get(4, b"")
+    options = raw_options.decode("utf-8", "replace") if isinstance(raw_options, bytes) else ""
     offsets, decoded, counts = footer.offsets, footer.decoded, footer.records
     n_chunks = len(offsets)
     claimed_chunks = fields.get(2, n_chunks)
     if claimed_chunks != n_chunks:
         raise ArrayRecordFormatError(
-            f"footer lists {n_chunks} chunks, metadata says {claimed_chunks}",
+            f"footer lists {n_chunks} chunks, metadata says {claimed_chunks!r}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
     # Each chunk's span: to the next chunk, the last one to the footer.
@@ -510,7 +513,7 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     claimed = fields.get(3, total)
     if claimed != total:
         raise ArrayRecordFormatError(
-            f"footer chunks hold {total} records, metadata says {claimed}",
+            f"footer chunks hold {total} records, metadata says {claimed!r}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
     return FileIndex(

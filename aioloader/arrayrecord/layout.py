@@ -160,7 +160,8 @@ def physical_chunk(begin: int, logical: bytes, num_records: int) -> bytes:
 def physical_pieces(begin: int, logical_parts, num_records: int) -> list:
     """`physical_chunk` of the logical chunk `b"".join(logical_parts)`, as a list of pieces
     (block headers, zero-copy views of the parts, zero fill) to write one after another."""
-    parts = [v for v in (memoryview(p).cast("B") for p in logical_parts) if len(v)]
+    parts: list[memoryview | bytes] = [
+        v for v in (memoryview(p).cast("B") for p in logical_parts) if len(v)]
     length = sum(map(len, parts))
     stop = chunk_end(begin, length - CHUNK_HEADER_SIZE, num_records)
     in_block = begin % BLOCK_SIZE

@@ -8,6 +8,14 @@ rest of the package works without Beam installed.
     p | ConvertToArrayRecord(["gs://b/raw/*.tfrecord"], "gs://b/train")  # pipelines.py
 """
 
+from ..errors import MissingExtraError
+
+try:
+    import apache_beam  # noqa: F401
+except ImportError as exc:
+    raise MissingExtraError("beam", "aioloader.beam (and convert --runner beam)",
+                            exc.name) from None
+
 from .sink import WriteToArrayRecord, finalize_shards
 from .source import ReadFromArrayRecord, match_files
 

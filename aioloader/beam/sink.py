@@ -107,7 +107,7 @@ def finalize_shards(prefix: str, temp_dir: str, results: Sequence[tuple[int | No
     if num_shards:
         keys = [k for k, _ in results]
         if len(set(keys)) != len(keys):
-            raise RuntimeError(f"{redact(prefix)}: a shard was written twice: {sorted(keys)}")
+            raise RuntimeError(f"{redact(prefix)}: a shard was written twice: {sorted(keys)}")  # type: ignore[type-var]
         temps: dict[int, str] = {int(k): p for k, p in results}  # type: ignore[arg-type]
     else:
         ordered = sorted(p for _, p in results)
@@ -183,7 +183,7 @@ class _WriteBundle(beam.DoFn):
             return
         self.shard.close()
         self.shard = None
-        yield WindowedValue((None, self.path), timestamp.MAX_TIMESTAMP, [window.GlobalWindow()])
+        yield WindowedValue((None, self.path), timestamp.MAX_TIMESTAMP, (window.GlobalWindow(),))
 
     def teardown(self) -> None:  # after a failed bundle: drop the orphan's handle
         if getattr(self, "shard", None) is not None:

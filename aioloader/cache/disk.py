@@ -139,7 +139,7 @@ class DiskCache:
         except FileNotFoundError:
             return None
         except OSError as err:
-            why = "it is a symlink" if err.errno == errno.ELOOP else err.strerror
+            why = "it is a symlink" if err.errno == errno.ELOOP else (err.strerror or str(err))
             self._drop(name, key, why, None)
             return None
         try:

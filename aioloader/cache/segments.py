@@ -340,7 +340,7 @@ class SegmentStore:
         dest = memoryview(self._mem)[at : at + end - start]  # the bytes land in place
         task = asyncio.ensure_future(self.fetch_segment(self.urls[f], start, end, dest))
         self._fetching[s] = task
-        task.add_done_callback(lambda t, s=s, dest=dest, ahead=ahead:
+        task.add_done_callback(lambda t, s=s, dest=dest, ahead=ahead:  # type: ignore[misc]
                                self._landed(s, t, dest, ahead))
 
     def _landed(self, s: int, task: asyncio.Task, dest: memoryview, ahead: bool) -> None:

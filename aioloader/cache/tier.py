@@ -88,7 +88,7 @@ class DiskTier:
 
     def runs_of(self, refs: ChunkRefs) -> np.ndarray:
         """The segment of each record in `refs`."""
-        files = refs.ids[refs.file]
+        files = refs.ids[refs.file]  # type: ignore[index]  # set for files
         lo, hi = self._first[files], self._first[files + 1]
         out = np.empty(len(files), dtype=np.int64)
         for f in np.unique(files).tolist():  # a handful of files per task

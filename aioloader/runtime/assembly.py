@@ -149,6 +149,6 @@ def _feed(stage: Batcher | Packer, task: tuple, window: int, skip: int) -> list:
     """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
     the first window's elements, those delivered before the run started)."""
     out: list = []
-    for k, (at, piece) in enumerate(read(*task, window)):
+    for k, (at, piece) in enumerate(read(*task, window)):  # type: ignore[call-arg]
         out += stage.feed(at, piece, skip if k == 0 else 0)
     return out

@@ -40,7 +40,7 @@ class Batcher:
     def feed(self, pos: int, piece: Piece, skip: int) -> list[Any]:
         """Take one window (its first `skip` elements already delivered); the batches that
         are now complete, with their states."""
-        count = piece.count if isinstance(piece, Columns) else len(piece)
+        count = piece.count if isinstance(piece, Columns) else len(piece)  # type: ignore[arg-type]  # never Packed
         if count > skip:
             self._windows.append([pos, piece, skip, count])
             self._buffered += count - skip
@@ -93,7 +93,7 @@ def _collate(spans: list[tuple[int, Piece, int, int]]) -> Any:
     names: list[tuple[int, int]] = []
     for pos, p, lo, hi in spans:
         elements.extend(rebuild(p.schema, p.cols, lo, hi) if isinstance(p, Columns)
-                        else p[lo:hi])
+                        else p[lo:hi])  # type: ignore[index]  # never Packed
         names.extend((pos, j) for j in range(lo, hi))
     return collate_named(elements, lambda k: f"element {names[k][1]} of the window at output "
                                              f"position {names[k][0]}")

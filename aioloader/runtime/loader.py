@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
@@ -44,7 +45,7 @@ class Loader:
     """A running pipeline over a `Dataset`. Create it with `Dataset.loader()`."""
 
     def __init__(self, dataset: Dataset, options: LoaderOptions | None = None, *,
-                 state: dict[str, Any] | None = None) -> None:
+                 state: Mapping[str, Any] | None = None) -> None:
         options = options or LoaderOptions()
         self.dataset = dataset
         self.options = options
@@ -64,7 +65,7 @@ class Loader:
                                     graph=dataset.describe())
         self._parts = Parts(self, dataset, options, self._shape, self._stats)
         if state is not None:
-            self._apply_state(state)
+            self._apply_state(dict(state))
         self._run: Run | None = None
         self._binding = Binding(self)  # the loop and process it runs on
         self._start_task: asyncio.Future | None = None
@@ -168,7 +169,7 @@ class Loader:
         self._closed = True
         if self._guard is not None:
             self._guard.disarm()
-        pending = self._run.scheduler.cancel() if self._run is not None else []
+        pending: list[Any] = self._run.scheduler.cancel() if self._run is not None else []
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
             pending.append(self._start_task)

@@ -41,11 +41,11 @@ class _Window:
             ends = np.cumsum(piece.lengths, axis=0)
             self.starts = np.concatenate([np.zeros((1, ends.shape[1]), ends.dtype), ends])
         else:
-            self.count = len(piece)
+            self.count = len(piece)  # type: ignore[arg-type]  # never Columns
 
     def element(self, j: int) -> Any:
         if not isinstance(self.piece, Packed):
-            return self.piece[j]
+            return self.piece[j]  # type: ignore[index]  # never Columns
         return {name: data[self.starts[j, f] : self.starts[j + 1, f]]
                 for f, (name, data) in enumerate(zip(self.names, self.piece.datas))}
 

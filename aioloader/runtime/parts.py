@@ -138,7 +138,7 @@ class Parts:
         src, runner = self.source, self.runner
         if src is None:
             return {}
-        cache, kept = src.fetcher.raw_cache, src.resident
+        cache, kept = src.fetcher.raw_cache, src.resident  # type: ignore[union-attr]  # files only
         out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,7 @@ class ArrayRecordSource:
         self,
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         verify: str = "headers",
         storage: Storage | None = None,
         cache_bytes: int = 256 << 20,
@@ -72,6 +72,7 @@ class ArrayRecordSource:
         self.resident_bytes = resident_bytes
         # What a copy in another process opens again (see __getstate__): no event loop,
         # session or open file travels.
+        self._config: dict[str, Any]
         self._config = dict(paths=self._patterns, storage_options=self.storage.storage_options,
                             verify=verify, cache_bytes=cache_bytes, max_gap=max_gap,
                             max_merged=max_merged, index_cache_dir=self.index_cache_dir,

@@ -131,7 +131,7 @@ class _Opener:
             for k, index in zip(remote, await gather_all(self._open_file(files[k])
                                                          for k in remote)):
                 out[k] = index
-        steps: dict[int, Generator] = {}
+        steps: dict[int, Generator[tuple[int, int], bytes | memoryview, FileIndex]] = {}
         wanted: dict[int, tuple[int, int]] = {}
         for k in local:
             info = files[k]
@@ -141,7 +141,8 @@ class _Opener:
             wanted[k] = next(steps[k])
         wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
         while wanted:
-            keys, total = [], 0
+            keys: list[int] = []
+            total = 0
             for k, (_, length) in wanted.items():
                 if keys and total + length > wave_bytes:
                     break

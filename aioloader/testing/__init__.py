@@ -14,11 +14,14 @@ with an ``atexit`` guard and a watchdog process for the unclean exits.
 Modules: ``__init__`` the public API (this file); ``server`` the fake-gcs-server process;
 ``delayline`` the proxy and its fault injection.
 
-gcsfs must not be imported with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` on (its default): the
-``gcsfs.GCSFileSystem`` it then exports probes a gRPC API and stalls every call against an
-emulator for 30-50 s. Importing this package sets it to ``false`` unless already set, and
-:meth:`LocalGCS.fs` builds ``gcsfs.core.GCSFileSystem`` directly, whatever the import order.
-gcsfs is imported lazily, so this package imports without it.
+Importing this package changes no global state (a user's test suite imports it). gcsfs
+imported with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` on (its default) exports a
+``gcsfs.GCSFileSystem`` that probes a gRPC API and stalls every call against an emulator for
+30-50 s, so aioloader's gs:// reads and :meth:`LocalGCS.fs` build ``gcsfs.core.GCSFileSystem``
+whenever an emulator is set; ``local_gcs()`` also sets the variable to ``false`` inside its
+``with`` (for gcsfs imported there, e.g. by ``fsspec.open("gs://...")``). gcsfs is imported
+lazily, so this package imports without it. Needs the ``testing`` extra
+(``pip install 'aioloader[testing]'``).
 """
 
 from __future__ import annotations
@@ -35,8 +38,6 @@ from typing import Any
 
 from .delayline import _HOST, ProxyStats, _DelayLine, _DelayLineProcess, _Faults
 from .server import _Server, find_fake_gcs_server
-
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 __all__ = ["LocalGCS", "ProxyStats", "find_fake_gcs_server", "local_gcs"]
 

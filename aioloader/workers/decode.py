@@ -115,7 +115,8 @@ def _check_within(refs: ChunkRefs, names: list[str]) -> None:
     if bad.size:
         i = int(bad[0])
         raise ArrayRecordFormatError(
-            f"record {int(refs.within[i])} asked of a chunk of {int(refs.count[i])} records",
+            f"record {int(refs.within[i])} asked of a chunk of "
+            f"{int(refs.count[i])} records",  # type: ignore[index]  # counts known here
             path=names[int(refs.file[i])], offset=int(refs.start[i]),
             chunk=int(refs.chunk[i]), hint=CORRUPT_HINT)
 
@@ -202,7 +203,7 @@ class Decoder:
                     plan: Any = (buf[:cut], head, buf[cut : n - BLOCK_HEADER_SIZE])
                 else:
                     plan = read_plan(s, n, crossed, buf, heads) if crossed else (buf[:n],)
-                got = _PREADV(fds[f], plan, s)
+                got = _PREADV(fds[f], plan, s)  # type: ignore[misc]  # set where used
                 if got != n:
                     raise short_read_error(refs.name(f), s, e, got)
                 try:
@@ -272,7 +273,7 @@ class Decoder:
                 if counts[i] > 1:
                     self.decoded += 1
                     self.cache.put(where[j], chunk)
-        out = []
+        out: list[Any] = []
         append = out.append
         for j, w in zip(inverse, refs.within.tolist()):
             data, bounds = chunks[j]

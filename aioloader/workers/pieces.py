@@ -102,7 +102,7 @@ def read(lo: int, hi: int, payload: tuple | list, survivors: Sequence[int],
     if kind is None:
         elements = payload
         for offset, count in windows:
-            out.append((pos + offset, elements[lo : lo + count] if len(windows) > 1
+            out.append((pos + offset, elements[lo : lo + count] if len(windows) > 1  # type: ignore[arg-type]
                         else elements))
             lo += count
     elif kind == _COLUMNS:

@@ -166,7 +166,7 @@ class Pool:
             for _ in range(self.workers):
                 fut = self._executor.submit(os.getpid)
                 fut.add_done_callback(self._forget_names)
-                fut.add_done_callback(lambda f: f.exception() or self._up.set())
+                fut.add_done_callback(lambda f: f.exception() or self._up.set())  # type: ignore[func-returns-value]
         self._procs = list((getattr(self._executor, "_processes", None) or {}).values())
 
     def _forget_names(self, _: Any = None) -> None:

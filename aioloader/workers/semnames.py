@@ -67,8 +67,9 @@ def forget_names(locks: list) -> int:
             # The tracker would unlink it again at exit and warn of a leak; the finalizer
             # `SemLock._cleanup` would unlink it again when the lock is collected and fail.
             resource_tracker.unregister(name, "semaphore")
-            for fin in list(util._finalizer_registry.values()):
-                if getattr(fin, "_callback", None) is SemLock._cleanup and \
+            for fin in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
+                cleanup = SemLock._cleanup  # type: ignore[attr-defined]
+                if getattr(fin, "_callback", None) is cleanup and \
                         getattr(fin, "_args", None) == (name,):
                     fin.cancel()
     except Exception as exc:  # a different Python: the names stay, as without this

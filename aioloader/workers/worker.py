@@ -223,7 +223,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
             return f"record {indices[k]} (epoch {epochs[k]}){where}"
 
         payload = [apply_batch_ops(pipeline.batch_ops, collate_named(
-                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),
+                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),  # type: ignore[misc]
                        times=times, first=len(pipeline.record_ops))
                    for i in range(0, len(elements), size)]
     slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
@@ -240,7 +240,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     if sendable:
         _outgoing(replace_leaves(payload, _objects_only), None)
     if not inline:  # what is not an array in the slot (strings, say) is pickled, once
-        payload = _outgoing(payload, room)
+        payload = _outgoing(payload, room)  # type: ignore[assignment]
         if isinstance(payload, int):
             return Result(task.task_id, None, 0, needed=payload)
     return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,

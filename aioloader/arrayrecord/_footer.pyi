@@ -1,0 +1,10 @@
+"""Types of the C extension `_footer.c` (ArrayRecord footer entries, parsed in C)."""
+
+from typing import Any
+
+from numpy.typing import NDArray
+from typing_extensions import Buffer
+
+_Buf = Buffer | NDArray[Any]  # (NumPy's stubs call ndarray a buffer only from 3.12)
+
+def entries(values: _Buf, ends: _Buf, offsets: _Buf, decoded: _Buf, records: _Buf, /) -> int: ...
