@@ -32,8 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from .errors import (MissingExtraError, ObjectChangedError, StorageError, Transient,
-                     Unreachable)
+from .errors import MissingExtraError, ObjectChangedError, StorageError, Transient, Unreachable
 from .reach import NO_CREDENTIALS, gcs_credentials_found, guarded
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
@@ -278,7 +277,7 @@ class GCSBackend:
             text = self.fs.url(path, generation=generation)
             # The query parameters gcsfs adds to its own requests (`userProject` for
             # requester_pays), which `url()` leaves out.
-            params = getattr(self.fs, "_get_params", lambda kw: {})({})
+            params: dict[str, str] = getattr(self.fs, "_get_params", lambda kw: {})({})
             if params:
                 text += "&" + urlencode(params)
             url = self._urls[(path, generation)] = self._yarl_url(text)

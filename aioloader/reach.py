@@ -85,7 +85,8 @@ async def guarded(url: str, endpoint: str, call: Awaitable[T]) -> T:
     task: asyncio.Future[T] = asyncio.ensure_future(call)
     check = asyncio.ensure_future(probe(endpoint))
     try:
-        await asyncio.wait({task, check}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, check},  # type: ignore[type-var]  # two result types
+                           return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             cause = check.result()
             if cause is not None:
