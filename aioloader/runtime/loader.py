@@ -307,7 +307,8 @@ class Loader:
         return self._parts.pool
 
     def stats(self) -> PipelineStats:
-        """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines)."""
+        """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines;
+        `.trace("trace.json")` for a Chrome/Perfetto trace, when opened with `trace=`)."""
         return self._stats
 
 

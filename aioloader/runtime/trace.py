@@ -152,7 +152,7 @@ class Trace:
                 out.append(_meta("process_name", pid, 0, f"aioloader worker (pid {pid})"))
                 out.append(_meta("process_sort_index", pid, 0, n, key="sort_index"))
             out.append(_meta("thread_name", pid, tid, "worker" if pid != self.pid else
-                             "inline worker (workers=0)"))
+                             "tasks run in this process (workers=0, or while workers start)"))
         for name, cat, pid, tid, start, dur, args in spans:
             ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
                   "ts": round((start - origin) * us, 3), "dur": round(max(dur, 0.0) * us, 3)}
