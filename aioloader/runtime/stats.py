@@ -10,7 +10,9 @@ Busy is per core: a stage done by N processes, or with many calls in flight on o
 loop, reads at most 100% (concurrent time is never summed into "553%").
 The consumer's waiting time says whether the pipeline keeps up (a training loop that waits
 > 1% of its time is input-bound). `print(it.stats())` gives a table a person can read;
-`.as_dict()` the same for machines.
+`.as_dict()` the same for machines; `.trace(path)` the spans behind them as a Chrome/Perfetto
+trace, when the loader records one (`runtime.trace`: each hook hands its span on; the table
+itself is formatted in `runtime.table`).
 """
 
 from __future__ import annotations
