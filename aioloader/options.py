@@ -149,7 +149,7 @@ class LoaderOptions:
     read: ReadOptions = field(default_factory=ReadOptions)
     worker: WorkerOptions = field(default_factory=WorkerOptions)
     prefetch: PrefetchOptions = field(default_factory=PrefetchOptions)
-    trace: bool | str | None = None
+    trace: bool | str | os.PathLike[str] | None = None  # a path is kept as a str
 
     def __post_init__(self) -> None:
         if self.trace is not None and not isinstance(self.trace, bool):
