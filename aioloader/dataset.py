@@ -291,6 +291,7 @@ class Dataset:
         worker: WorkerOptions | None = None,
         options: LoaderOptions | None = None,
         state: Mapping[str, Any] | None = None,
+        trace: bool | str | os.PathLike | None = None,
         **unknown: NoReturn,  # none: a type checker flags a misspelt option, and so do we
     ) -> Loader:
         """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
@@ -303,6 +304,9 @@ class Dataset:
         flat setting overrides that field of its group, and `read=`/`worker=` replace that
         group of `options=`;
         None means "not given here". `state` is a `get_state()` dict to resume from.
+        `trace` records a Chrome/Perfetto trace of the stages and workers
+        (`it.stats().trace("trace.json")`; a path: written there on close; see
+        `LoaderOptions`).
         """
         if unknown:
             valid = [p for p in inspect.signature(Dataset.loader).parameters
@@ -316,7 +320,7 @@ class Dataset:
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
             cache_bytes=cache_bytes, slot_size=slot_size,
-            window=window)
+            window=window, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a
         # circle, and describing a pipeline should not load the runtime.

@@ -138,13 +138,25 @@ _GROUPS: dict[str, type] = {"read": ReadOptions, "worker": WorkerOptions,
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
     """All of a loader's settings: `read` (`ReadOptions`), `worker` (`WorkerOptions`) and
-    `prefetch` (`PrefetchOptions`); each defaults to its group's defaults."""
+    `prefetch` (`PrefetchOptions`); each defaults to its group's defaults.
+
+    `trace` (None): record a Chrome/Perfetto trace of every stage and worker
+    (`aioloader.runtime.trace`): True keeps it for `it.stats().trace(path)`; a path also
+    writes it there when the loader closes; None leaves it to the AIOLOADER_TRACE
+    environment variable (a path); False: off whatever that says.
+    """
 
     read: ReadOptions = field(default_factory=ReadOptions)
     worker: WorkerOptions = field(default_factory=WorkerOptions)
     prefetch: PrefetchOptions = field(default_factory=PrefetchOptions)
+    trace: bool | str | os.PathLike[str] | None = None  # a path is kept as a str
 
     def __post_init__(self) -> None:
+        if self.trace is not None and not isinstance(self.trace, bool):
+            if not isinstance(self.trace, (str, os.PathLike)):
+                raise TypeError(f"trace must be True, False, a path or None, got "
+                                f"{type(self.trace).__name__}")
+            object.__setattr__(self, "trace", os.fspath(self.trace))
         for name, cls in _GROUPS.items():
             value = getattr(self, name)
             if not isinstance(value, cls):
@@ -158,6 +170,7 @@ class LoaderOptions:
         return tuple(f.name for cls in _GROUPS.values() for f in fields(cls))
 
     def merged(self, *, read: ReadOptions | None = None, worker: WorkerOptions | None = None,
+               trace: bool | str | os.PathLike[str] | None = None,
                **settings: Any) -> LoaderOptions:
         """A copy with the groups given replaced, then the settings given (not None) replaced
         in their groups: the most specific wins. The result is checked again."""
@@ -173,7 +186,7 @@ class LoaderOptions:
                        if settings.get(f.name) is not None}
             if changes:
                 groups[name] = replace(groups[name], **changes)
-        return LoaderOptions(**groups)
+        return LoaderOptions(**groups, trace=self.trace if trace is None else trace)
 
 
 def unknown_options_error(unknown: Iterable[str], valid: Iterable[str], where: str) -> TypeError:

@@ -17,11 +17,17 @@ Only a backend that reports what it receives (`streams = True`: gs://) is watche
 and hedged; for the others (local files; fsspec stores, whose clients keep their own socket
 timeouts) an attempt is bounded by the rest of the deadline, as gs:// reads are on Python
 3.10 (no `asyncio.timeout` to cancel a request inline).
+
+What it logs ("aioloader.retry"): each failed attempt and each hedge at DEBUG (the URL
+redacted, the cause a status line or an exception's name and text: never a header); at most
+once a minute, a WARNING when a read needed `MANY_ATTEMPTS` or more, or when the recent
+median time to an answer passes `SLOW_S` (the store is slow, not failing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -30,8 +36,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Transient, Unreachable
+from .logs import RateLimited, logger
+from .urls import redact
 
-__all__ = ["GaveUp", "Retrier", "RetryPolicy", "Watch"]
+__all__ = ["MANY_ATTEMPTS", "SLOW_S", "GaveUp", "Retrier", "RetryPolicy", "Watch"]
+
+log = logger("retry")
+MANY_ATTEMPTS = 4  # a read that needed this many attempts (or half the policy's) is told of
+SLOW_S = 1.0  # a median wait for an answer above this says the store is slow
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,8 @@ class _Median:
         self._n = 0
         self.value: float | None = None
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float) -> bool:
+        """Add a sample; True when `value` was refreshed."""
         if len(self._ring) < self._size:
             self._ring.append(seconds)
         else:
@@ -130,6 +143,11 @@ class _Median:
         self._n += 1
         if self._n % 8 == 0 or self.value is None:
             self.value = sorted(self._ring)[len(self._ring) // 2]
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self._ring)
 
 
 _RETRIABLE = (Transient, ConnectionError, TimeoutError)
@@ -140,6 +158,11 @@ UNREACHABLE_ATTEMPTS = 3
 
 def _cause(exc: BaseException) -> str:
     return exc.cause if isinstance(exc, Transient) else f"{type(exc).__name__}: {exc}"
+
+
+def where(url: str, span: tuple[int, int] | None) -> str:
+    """A read as logs name it: the URL redacted, and its byte range (None: its tail)."""
+    return redact(f"{url} [{span[0]}, {span[1]})" if span else f"{url} (its tail)")
 
 
 class Retrier:
@@ -157,17 +180,25 @@ class Retrier:
         self._cap = float(max(1, policy.max_hedges))
         self._tokens = self._cap  # hedges that may be sent now
         self._hedging = 0
+        # Attempts of backends that do not report a response head: their whole latency
+        # (kept apart from `_median`, which decides hedges), for the slow-store warning.
+        self._latency = _Median()
+        self.warn_many = RateLimited(log)  # a read that needed many attempts
+        self.warn_slow = RateLimited(log)  # a store slow to answer
 
     async def run(self, slots: asyncio.Semaphore, call: Any, args: tuple, *, streams: bool,
-                  hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None = None) -> Any:
+                  hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None = None,
+                  url: str = "", span: tuple[int, int] | None = None) -> Any:
         """`await call(*args)` until it succeeds or the policy gives up (`GaveUp`), each
-        attempt holding a slot."""
+        attempt holding a slot. `url` and `span` (the byte range; None: the tail) name the
+        read in logs, formatted only when a line is written."""
         policy, stats = self.policy, self.stats
         clock = asyncio.get_running_loop().time
         watched = streams and hasattr(asyncio, "timeout")  # Python 3.10: bounded only
         began = clock()
         deadline_at = began + policy.deadline
         attempt = 0
+        cause_was = ""
         while True:
             attempt += 1
             async with slots:
@@ -179,9 +210,11 @@ class Retrier:
                 silent = False
                 try:
                     if watched:
-                        result = await _Attempt(self, deadline_at, hedge).run(call, args)
+                        result = await _Attempt(self, deadline_at, hedge, url, span).run(
+                            call, args)
                     else:
                         result = await self._bounded(call, args, deadline_at)
+                        self._took(time.monotonic() - t0, url)
                     cause = None
                 except _RETRIABLE as exc:
                     cause = _cause(exc)
@@ -194,6 +227,11 @@ class Retrier:
                     stats.in_flight -= 1
                     stats.busy_seconds += time.monotonic() - t0
             if cause is None:
+                if attempt >= min(MANY_ATTEMPTS, max(2, policy.attempts // 2)):
+                    self.warn_many("%s needed %d attempts (%.1f s); the last failure: %s. The "
+                                   "store is failing often (%d retries so far)",
+                                   where(url, span), attempt, clock() - began, cause_was,
+                                   stats.retries)
                 return result
             kind = cause.split(":")[0]
             stats.statuses[kind] = stats.statuses.get(kind, 0) + 1
@@ -204,8 +242,14 @@ class Retrier:
             limit = min(policy.attempts, UNREACHABLE_ATTEMPTS) if unreachable else policy.attempts
             if attempt >= limit or spent + need >= policy.deadline:
                 stats.failures += 1
+                log.debug("%s: attempt %d failed (%s); giving up after %.1f s",
+                          where(url, span), attempt, redact(cause), spent)
                 raise GaveUp(attempt, spent, cause, unreachable)
             stats.retries += 1
+            cause_was = redact(cause)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: attempt %d failed (%s); retrying in %.3f s",
+                          where(url, span), attempt, cause_was, delay)
             await asyncio.sleep(delay)
 
     async def _bounded(self, call: Any, args: tuple, deadline_at: float) -> Any:
@@ -253,8 +297,21 @@ class Retrier:
         self._hedging -= 1
         self.stats.in_flight -= 1
 
-    def answered_in(self, seconds: float) -> None:
-        self._median.add(seconds)
+    def answered_in(self, seconds: float, url: str = "") -> None:
+        if self._median.add(seconds):
+            self._slow(self._median, "first byte", url)
+
+    def _took(self, seconds: float, url: str) -> None:
+        """An attempt of a backend that reports no response head took `seconds`."""
+        if self._latency.add(seconds):
+            self._slow(self._latency, "answer", url)
+
+    def _slow(self, median: _Median, what: str, url: str) -> None:
+        value = median.value
+        if value is not None and value > SLOW_S and len(median) >= 16:
+            self.warn_slow("the store is slow: median time to %s %.2f s over the last %d "
+                           "requests (e.g. %s); raise io_concurrency to keep more in flight",
+                           what, value, len(median), redact(url) or "?")
 
 
 class _Attempt:
@@ -269,11 +326,14 @@ class _Attempt:
     """
 
     __slots__ = ("_r", "clock", "deadline_at", "first", "first_done", "hedge", "hedge_at",
-                 "hedge_task", "hedge_watch", "loop", "outcome", "scope", "start", "timer")
+                 "hedge_task", "hedge_watch", "loop", "outcome", "scope", "span", "start",
+                 "timer", "url")
 
     def __init__(self, retrier: Retrier, deadline_at: float,
-                 hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None) -> None:
+                 hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None,
+                 url: str = "", span: tuple[int, int] | None = None) -> None:
         self._r = retrier
+        self.url, self.span = url, span
         self.loop = asyncio.get_running_loop()
         self.clock = self.loop.time
         self.start = self.clock()
@@ -316,7 +376,7 @@ class _Attempt:
                 self.hedge_task.cancel()  # it writes only its own buffer: no need to wait
             for w in (self.first, self.hedge_watch):
                 if w is not None and w.answered_at is not None:
-                    self._r.answered_in(w.answered_at - w.sent)
+                    self._r.answered_in(w.answered_at - w.sent, self.url)
 
     def _hedge_result(self) -> Any:
         """The hedge's result as the read's (its exception if it failed)."""
@@ -324,6 +384,8 @@ class _Attempt:
         assert task is not None
         result = task.result()
         self._r.stats.hedge_wins += 1
+        log.debug("%s: the hedge finished first, %.3f s after the first request",
+                  where(self.url, self.span), self.clock() - self.start)
         finish = self.hedge[2] if self.hedge is not None else None
         return finish(result) if finish is not None else result
 
@@ -371,6 +433,8 @@ class _Attempt:
         self.hedge_task = task = self.loop.create_task(call(*args, watch=watch))
         self._r.hedge_sent()
         task.add_done_callback(self._hedge_done)
+        log.debug("%s: no answer after %.3f s: sent a hedge", where(self.url, self.span),
+                  self.clock() - self.start)
 
     def _hedge_done(self, task: asyncio.Task) -> None:
         self._r.hedge_ended()

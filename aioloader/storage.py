@@ -31,6 +31,7 @@ from typing import Any
 
 from .backends import FsspecBackend, GCSBackend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
+from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
 
@@ -47,6 +48,7 @@ __all__ = [
     "redact",
 ]
 
+log = logger("storage")
 
 
 @dataclass
@@ -260,6 +262,8 @@ class Storage:
             else:
                 backend = FsspecBackend(key, self.storage_options)
             state.backends[key] = backend
+            log.debug("%s reads through %s, %d in flight at most, retries: %s", key,
+                      type(backend).__name__, self.concurrency, self.retry)
         return backend, path
 
     # -- public -----------------------------------------------------------------------
@@ -368,7 +372,8 @@ class Storage:
         await state.budget.acquire(n)
         try:
             return await self._retrier.run(state.slots, call, args, hedge=hedge,
-                                           streams=getattr(backend, "streams", False))
+                                           streams=getattr(backend, "streams", False),
+                                           url=url, span=span)
         except ObjectChangedError:
             raise
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:

@@ -71,7 +71,7 @@ def test_a_misspelt_option_names_the_closest_one_and_every_valid_one(path):
     text = str(err.value)
     assert "unknown option 'num_workers' (did you mean 'workers'?)" in text
     valid = text.partition("valid: ")[2].split(", ")
-    assert set(al.LoaderOptions.field_names()) | {"read", "worker", "options", "state"} \
+    assert set(al.LoaderOptions.field_names()) | {"read", "worker", "options", "state", "trace"} \
         == set(valid)
     with pytest.raises(TypeError, match=r"'prefetc' \(did you mean 'prefetch'\?\), 'zzz';"):
         ds.loader(zzz=1, prefetc=2)

@@ -270,6 +270,59 @@ def test_token_options_never_show(gcs, tmp_path, monkeypatch, caplog):
     _every_surface(ds, tmp_path, monkeypatch, caplog)
 
 
+def test_retries_and_hedges_log_no_secret(gcs, monkeypatch, caplog):
+    """Under injected 503/429s and held answers through the delay line, every retried attempt
+    and every hedge is logged at DEBUG, naming the URL, the range and the cause
+    (`aioloader.retry`), as are the rate-limited warnings: none of it shows a token, a header
+    or a client secret."""
+    monkeypatch.setenv("FETCH_RAW_TOKEN_EXPIRY", "false")  # a raw token: no call to Google
+    caplog.set_level(logging.DEBUG)
+    token = {"token": TOKEN, "endpoint_url": gcs.endpoint,
+             "session_kwargs": {"headers": {"Authorization": HEADER}},
+             "refresh_token": REFRESH, "client_secret": CLIENT_SECRET}
+    policy = al.RetryPolicy(attempts=30, base_delay=0.001, max_delay=0.01, hedge_after=0.05,
+                            hedge_budget=1.0)
+    gcs.set_faults(error_rate=0.3, statuses=(503, 429), hold_rate=0.05, hold_s=0.3)
+    try:
+        ds = _pipeline([gcs.url("a.ar"), gcs.url("b.ar")], token)
+        ids = [int(b["id"][0]) for b in ds.loader(retry=policy, resident_bytes=0, max_gap=0)]
+    finally:
+        gcs.set_faults()
+    assert sorted(ids) == list(range(2 * N))
+    lines = [r.getMessage() for r in caplog.records if r.name == "aioloader.retry"]
+    assert any("retrying" in m and "HTTP 503" in m for m in lines), lines
+    assert_clean(caplog.text, "the log")
+    assert_clean("\n".join(f"{r.name} {r.msg} {r.args}" for r in caplog.records),
+                 "the log (raw records)")
+
+
+async def test_retry_lines_redact_signed_and_password_urls(caplog):
+    """The retry's own lines name the URL as `redact` shows it (the fault injector cannot
+    serve signed http URLs: the emulator answers them only on its own host)."""
+    from aioloader.errors import Transient
+    from aioloader.retry import Retrier
+
+    caplog.set_level(logging.DEBUG, logger="aioloader")
+    failures = iter([Transient("HTTP 503"), Transient("HTTP 429")])
+
+    async def call():
+        exc = next(failures, None)
+        if exc is not None:
+            raise exc
+        return b"ok"
+
+    retrier = Retrier(al.RetryPolicy(base_delay=0.001), Storage().stats, __import__("random")
+                      .Random(0))
+    for url in [signed("https://h/b", "a.ar"), with_password("https://h/b", "b.ar")]:
+        failures = iter([Transient("HTTP 503"), Transient("HTTP 429")])
+        assert await retrier.run(asyncio.Semaphore(1), call, (), streams=False, url=url,
+                                 span=(0, 10)) == b"ok"
+    lines = [r.getMessage() for r in caplog.records if r.name == "aioloader.retry"]
+    assert len(lines) == 4 and all("[0, 10)" in m for m in lines), lines
+    assert "X-Goog-Signature=***" in lines[0] and "https://***@h/b/b.ar" in lines[2], lines
+    assert_clean("\n".join(lines), "the retry log")
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 def _open_error(paths, options) -> BaseException:

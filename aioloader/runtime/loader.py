@@ -63,6 +63,11 @@ class Loader:
                                   process_count=self._shape.process_count)
         self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
                                     graph=dataset.describe())
+        trace = options.trace if options.trace is not None else \
+            os.environ.get("AIOLOADER_TRACE") or None
+        self._trace_path = trace if isinstance(trace, str) else None
+        if trace:
+            self._stats.start_trace()
         self._parts = Parts(self, dataset, options, self._shape, self._stats)
         if state is not None:
             self._apply_state(dict(state))
@@ -177,6 +182,12 @@ class Loader:
         if self._run is not None:
             await self._run.aclose()
         await self._parts.aclose()
+        if self._trace_path:
+            try:
+                self._stats.trace(self._trace_path)
+                log.info("wrote the trace to %s", self._trace_path)
+            except OSError as exc:
+                log.warning("the trace could not be written to %s: %s", self._trace_path, exc)
 
     def close(self) -> None:
         """Close from sync code (also called when a `for` loop over the loader ends), from
@@ -297,7 +308,8 @@ class Loader:
         return self._parts.pool
 
     def stats(self) -> PipelineStats:
-        """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines)."""
+        """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines;
+        `.trace("trace.json")` for a Chrome/Perfetto trace, when opened with `trace=`)."""
         return self._stats
 
 

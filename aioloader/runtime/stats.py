@@ -10,15 +10,21 @@ Busy is per core: a stage done by N processes, or with many calls in flight on o
 loop, reads at most 100% (concurrent time is never summed into "553%").
 The consumer's waiting time says whether the pipeline keeps up (a training loop that waits
 > 1% of its time is input-bound). `print(it.stats())` gives a table a person can read;
-`.as_dict()` the same for machines.
+`.as_dict()` the same for machines; `.trace(path)` the spans behind them as a Chrome/Perfetto
+trace, when the loader records one (`runtime.trace`: each hook hands its span on; the table
+itself is formatted in `runtime.table`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from .table import render
+from .trace import DEFAULT_EVENTS, Trace
 
 Clock = Callable[[], float]
 PROCESS = "decode+transform"  # the workers' stage; transforms are shown under it
@@ -57,6 +63,7 @@ class StageStats:
         self._occupied = 0.0  # core-seconds of begin/end calls, at most `cores` at once
         self._added = 0.0  # seconds reported by add()
         self._mark = 0.0  # when _occupied was last brought up to date
+        self.trace: Trace | None = None  # where spans go when tracing (`runtime.trace`)
 
     def __repr__(self) -> str:
         return (f"StageStats({self.name!r}, count={self.count}, total={self.total:.3f}, "
@@ -78,6 +85,8 @@ class StageStats:
         self._advance(now)
         self.in_flight -= 1
         self._record(items, now - t0)
+        if self.trace is not None:
+            self.trace.stage(self.name, t0, now, items)
 
     @contextmanager
     def timed(self, items: int = 1) -> Iterator[Call]:
@@ -201,6 +210,7 @@ class PipelineStats:
         self._cache: dict[str, int] = {}
         self.stages: dict[str, StageStats] = {}
         self.transforms: dict[str, OpStats] = {}
+        self.tracer: Trace | None = None  # spans, when tracing (`start_trace`)
         self.stage("fetch")
         self.stage(PROCESS, cores=workers)
         self.stage("assemble")
@@ -213,6 +223,7 @@ class PipelineStats:
         st = self.stages.get(name)
         if st is None:
             st = StageStats(name, cores, unit, self.clock)
+            st.trace = self.tracer
             if after is None:
                 self.stages[name] = st
             else:
@@ -242,6 +253,26 @@ class PipelineStats:
                 op = self.transforms[key] = OpStats(key, stage)
             op.merge(n, s)
 
+    # -- the trace --------------------------------------------------------------------
+
+    def start_trace(self, max_events: int = DEFAULT_EVENTS) -> Trace:
+        """Record spans of every stage and worker from now on (`runtime.trace`); idempotent."""
+        if self.tracer is None:
+            self.tracer = Trace(self.started, max_events)
+            for st in self.stages.values():
+                st.trace = self.tracer
+        return self.tracer
+
+    def trace(self, path: str | os.PathLike[str]) -> str:
+        """Write the spans so far to `path` as a Chrome/Perfetto trace (Trace Event Format
+        JSON: open it in https://ui.perfetto.dev or chrome://tracing); returns the path.
+        Needs a loader opened with `trace=True` (or a path, or AIOLOADER_TRACE=path)."""
+        if self.tracer is None:
+            raise ValueError("this loader records no trace: open it with ds.loader(trace=True) "
+                             "(or trace='trace.json', written when it closes; or set "
+                             "AIOLOADER_TRACE=trace.json)")
+        return self.tracer.write(path)
+
     # -- the consumer and I/O ---------------------------------------------------------
 
     def note_batch(self, waited: float, ready: int) -> None:
@@ -249,6 +280,9 @@ class PipelineStats:
         self.ready_samples += 1
         self.ready_total += ready
         self.wait_seconds += waited
+        if self.tracer is not None:
+            now = self.clock()
+            self.tracer.wait(now - waited, now)
         self.batches += 1
         if self.first_batch_seconds is None:
             self.first_batch_seconds = self.clock() - self.started
@@ -323,90 +357,3 @@ class PipelineStats:
 
     def __str__(self) -> str:
         return render(self, self.as_dict())
-
-
-def render(stats: PipelineStats, d: dict[str, Any]) -> str:
-    """The table `str(stats)` prints, from `d = stats.as_dict()`."""
-    elapsed = d["elapsed_s"] or 1e-9
-    ttfb = d["time_to_first_batch_s"]
-    lines = ["pipeline: " + " -> ".join(stats.graph)] if stats.graph else []
-    lines.append(
-        f"{d['batches']:,} batches, {d['records']:,} records in {elapsed:.2f} s "
-        f"({d['records_per_s']:,.0f} records/s); first batch after "
-        + (f"{ttfb:.3f} s" if ttfb is not None else "-")
-    )
-    lines.append(f"consumer waited {d['wait_s']:.2f} s ({100 * d['wait_fraction']:.1f}% "
-                 f"of the time); {d['mean_ready_batches']:.1f} of {stats.prefetch} batches "
-                 "ready on average")
-    lines += _table(stats, d)
-    lines += _io_lines(d["io"], d["cache"], elapsed)
-    return "\n".join(lines)
-
-
-def _table(stats: PipelineStats, d: dict[str, Any]) -> list[str]:
-    rows = [("stage", "items", "total s", "per item", "max call", "busy", "peak in flight")]
-    for name, s in d["stages"].items():
-        if not s["items"]:
-            continue
-        st = stats.stages[name]
-        rows.append((name, f"{s['items']:,}", f"{s['total_s']:.2f}", _dur(s["mean_s"]),
-                     _dur(s["max_s"]), _busy(s["busy_fraction"], st.cores, st.unit),
-                     str(s["peak_in_flight"])))
-        for op_name, op in d["transforms"].items():
-            if op["stage"] == name:
-                rows.append(("  " + op_name, f"{op['items']:,}", f"{op['total_s']:.2f}",
-                             _dur(op["mean_s"]), _dur(op["max_s"]),
-                             _busy(op["busy_fraction"], st.cores, st.unit), ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for k, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
-def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list[str]:
-    lines = []
-    if io:
-        mb = io.get("bytes", 0) / 1e6
-        by_workers = (f" ({io['worker_reads']:,} by the workers)"
-                      if io.get("worker_reads") else "")
-        lines.append(
-            f"I/O: {io.get('reads', 0):,} reads{by_workers}, {mb:,.1f} MB "
-            f"({mb / elapsed:,.1f} MB/s), {io.get('retries', 0)} retries, "
-            f"{io.get('hedges', 0)} hedges ({io.get('hedge_wins', 0)} won), "
-            f"peak {io.get('peak_in_flight', 0)} in flight, "
-            f"{io.get('records_per_read', 0):.1f} records per read"
-        )
-    if cache.get("hits", 0) or cache.get("misses", 0):
-        lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
-                     f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
-    if cache.get("tier_fetched"):
-        lines.append(f"kept in memory (in part: the dataset is larger than resident_bytes, "
-                     f"{cache['tier_capacity'] / 1e6:,.1f} MB): "
-                     f"{cache['resident_bytes'] / 1e6:,.1f} MB in "
-                     f"{cache['resident_segments']:,} segments now; "
-                     f"{cache['tier_fetched']:,} segments fetched "
-                     f"({cache['tier_fetched_bytes'] / 1e6:,.1f} MB), "
-                     f"{cache['tier_evictions']:,} evicted, "
-                     f"{cache['tier_records']:,} records read from them")
-    elif cache.get("resident_segments"):
-        lines.append(f"kept in memory: {cache['resident_bytes'] / 1e6:,.1f} MB in "
-                     f"{cache['resident_segments']:,} segments (the whole dataset fits "
-                     "resident_bytes; later epochs read no bytes)")
-    return lines
-
-
-def _busy(fraction: float, cores: int, unit: str) -> str:
-    pct = f"{100 * fraction:.0f}%"
-    return f"{pct} of {cores} {unit}" if cores > 1 else pct
-
-
-def _dur(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} us"

@@ -78,6 +78,8 @@ class TaskRunner:
         st.records += hi - lo
         st.elements += result.count
         st.add_ops(self.plan.op_names, result.op_items, result.op_seconds)
+        if st.tracer is not None:
+            st.tracer.task(result, self.plan.op_names, k)
         self.chunk_hits += result.chunk_hits
         self.chunks_decoded += result.chunks_decoded
         return result

@@ -12,7 +12,9 @@ it works in scripts and in notebooks that run their own loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,12 +23,39 @@ import numpy as np
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
 from ..index_cache import IndexCache
+from ..logs import logger
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..storage import Storage, StorageError, is_local, redact
 from ..sync import release, run_sync
 from .fetch import Fetcher, Lease
 from .records import ChunkCache, read_chunks
 from .table import RecordTable, open_table
+
+log = logger("source")
+
+
+def _kinds(values: list[str]) -> str:
+    """`["zstd:3"] * 19 + ["none"]` -> "zstd:3 (19 files), none (1 file)"; one kind: itself."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return values[0]
+    return ", ".join(f"{k} ({n} file{'s' if n > 1 else ''})" for k, n in sorted(counts.items()))
+
+
+def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
+    """What the INFO line at open says: (where, files, records, bytes, codecs, group sizes)."""
+    codecs, groups = [], []
+    for ix in table.indices:
+        c = ix.options.compression if ix.options is not None else None
+        codecs.append("unknown" if c is None else c.name if c.level is None or c.name not in
+                      ("zstd", "brotli") else f"{c.name}:{c.level}")
+        groups.append(str(ix.group_size))
+    urls = table.urls
+    where = redact(urls[0] if len(urls) == 1 else f"{urls[0]} .. {urls[-1]}") if urls else "-"
+    return (where, len(urls), len(table), sum(f.size for f in table.files) / 1e6,
+            _kinds(codecs), _kinds(groups))
 
 
 class ArrayRecordSource:
@@ -103,8 +132,13 @@ class ArrayRecordSource:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if self._table is None:
+                t0 = time.perf_counter()
                 table = await open_table(self._patterns, self.storage, verify=self.verify,
                                          index_cache=self._index_cache)
+                if log.isEnabledFor(logging.INFO):
+                    log.info("opened %s: %d files, %d records, %.1f MB; codec %s, group "
+                             "size %s (%.2f s)", *describe_table(table),
+                             time.perf_counter() - t0)
                 self._fetcher = Fetcher(self.storage, table, max_gap=self.max_gap,
                                         max_merged=self.max_merged,
                                         resident_bytes=self.resident_bytes,

@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -188,6 +189,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     room it needs (`Result.needed`): the pool grows the arena and runs the task again, so
     that big batches too come back through shared memory, never a pipe.
     """
+    began = time.perf_counter_ns()
     inline = pipeline is not None
     if not inline and _init_error is not None:
         raise WorkerError(_init_error)
@@ -203,6 +205,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     refs = task.refs
     paths = [refs.name(f) for f in refs.file.tolist()]
     records = _records_of(task, pipeline, decoder, mem, paths)
+    decoded = time.perf_counter_ns()
     io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
           "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
     times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
@@ -244,7 +247,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         if isinstance(payload, int):
             return Result(task.task_id, None, 0, needed=payload)
     return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,
-                  op_items=times.items, op_seconds=times.seconds)
+                  op_items=times.items, op_seconds=times.seconds, pid=os.getpid(),
+                  tid=threading.get_native_id(), began_ns=began, decoded_ns=decoded,
+                  ended_ns=time.perf_counter_ns())
 
 
 def _objects_only(a: Any) -> Any:
