@@ -11,7 +11,12 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
 - nothing grows unless the consumer waited (`wait_fraction`): a loader that keeps up is left
   alone, whatever its stages do;
 - workers grow by one while the decode stage is busy (`process_busy`) and a core is free
-  (`cores_free`), never past `Limits.workers` (at most the cores this process may use);
+  (`cores_free`), never past `Limits.workers` (at most the cores this process may use).
+  Workers start at 0 (decoding on a thread of this process: no process hop, the first batch
+  at once) and each step up is a trial, as in tf.data's hill climbing: the runtime measures
+  the delivered rate before and after, and `better` says whether to keep it; a step that did
+  not pay is undone and becomes the ceiling (on a loaded or small machine the process hop
+  can cost more than a second core gives);
 - io_concurrency doubles while its slots are full (`io_busy`): latency-bound reads scale with
   requests in flight, so steps are geometric;
 - prefetch grows by one while the consumer waits, unless the decode stage is the limit with
@@ -28,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-__all__ = ["AUTO", "Limits", "Observation", "Setting", "available_cores", "decide",
+__all__ = ["AUTO", "Limits", "Observation", "Setting", "available_cores", "better", "decide",
            "memory_free", "start"]
 
 AUTO = "auto"
@@ -37,10 +42,12 @@ BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
 FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused
 LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
 
-START_WORKERS = 1  # workers start here and grow (a first batch need not wait for many)
+GAIN = 0.02  # a step up in workers must raise the delivered rate by this share to stay
+
+START_WORKERS = 0  # workers start here and grow (a first batch need not wait for any)
 START_PREFETCH = 4
 START_IO = 64
-MAX_PREFETCH = 32
+MAX_PREFETCH = 16
 MAX_IO = 1024
 
 
@@ -60,13 +67,14 @@ class Limits:
     workers: int
     prefetch: int = MAX_PREFETCH
     io_concurrency: int = MAX_IO
-    min_workers: int = 1
+    min_workers: int = 0
     tune: frozenset[str] = frozenset({"workers", "prefetch", "io_concurrency"})
 
     def clamp(self, s: Setting) -> Setting:
         """`s` within bounds; untuned fields are left as they are."""
         out = s
-        for name, lo in (("workers", self.min_workers), ("prefetch", 1), ("io_concurrency", 1)):
+        for name, lo in (("workers", self.min_workers), ("prefetch", 1),
+                         ("io_concurrency", 1)):
             if name in self.tune:
                 out = replace(out, **{name: max(lo, min(getattr(self, name), getattr(out, name)))})
         return out
@@ -78,7 +86,7 @@ class Observation:
     `cores_free` (cores: those this process may use, less what the loader used)."""
 
     wait_fraction: float  # the consumer waited for a batch
-    process_busy: float  # the decode workers were busy (of the current workers)
+    process_busy: float  # decoding was busy (of the current workers; of one lane at 0)
     io_busy: float  # the read slots were taken (of the current io_concurrency)
     cores_free: float
     memory_free: float = 1.0  # the machine's available memory
@@ -101,6 +109,12 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
         return s
     return limits.clamp(Setting(*(getattr(nxt if name in tune else s, name)
                                   for name in ("workers", "prefetch", "io_concurrency"))))
+
+
+def better(before: float, after: float) -> bool:
+    """Whether a step up in workers paid: the delivered rate `after` it beats `before`
+    by more than `GAIN` (noise, and the cost of a process, must not keep a useless one)."""
+    return after > before * (1 + GAIN)
 
 
 def available_cores() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from aioloader.autotune import (
 from aioloader.gate import Gate
 from aioloader.options import PrefetchOptions, ReadOptions, WorkerOptions
 from aioloader.runtime import tuner as tuner_module
+from aioloader.runtime.tuner import Sample, Tuner
 from aioloader.testing import local_gcs
 
 from . import pipeline_fns as fns
@@ -120,6 +122,49 @@ def test_options_take_auto_and_name_a_wrong_word():
         WorkerOptions(slot_size="auto")
 
 
+# -- the tuner's trials (driven by hand: samples in, settings out) ------------------------
+
+
+def _tuner(applied):
+    stats = SimpleNamespace(elapsed=0.0)
+    first, lim = start("auto", "auto", "auto", cores=2)
+    return Tuner(first, lim, stats, cores=2, apply=applied.append, memory=lambda: 1.0)
+
+
+def _looks(tuner, rates):
+    """One look a second; the consumer always waits, decoding is busy, the CPU idle; the
+    batches delivered in each second are `rates`."""
+    batches = 0
+    tuner.look(Sample(0.0, 0.0, 0.0, 0.0, 0.0, 0))
+    for k, r in enumerate(rates, 1):
+        batches += r
+        tuner.look(Sample(float(k), 0.9 * k, 0.99 * k * max(1, tuner.setting.workers), 0.1 * k,
+                          0.0, batches))
+
+
+@pytest.mark.parametrize("after, kept", [(8, False), (10, False), (14, True)])
+def test_a_worker_step_that_does_not_pay_is_undone_and_not_tried_again(after, kept):
+    applied: list[Setting] = []
+    tuner = _tuner(applied)
+    assert tuner.setting.workers == 0
+    _looks(tuner, [10, after, after, after, after, after])
+    workers = [s.workers for s in applied]
+    assert workers[0] == 1  # tried after 8+ batches at 0
+    if kept:
+        assert tuner.setting.workers == 1  # (and 1 -> 2, no faster again, was undone)
+        assert workers[:2] == [1, 2] and tuner.limits.workers == 1
+    else:
+        assert tuner.setting.workers == 0 and tuner.limits.workers == 0
+        assert tuner.undone == 1 and workers.count(1) == 1  # not tried again
+
+
+def test_no_worker_step_before_a_baseline_was_measured():
+    applied: list[Setting] = []
+    tuner = _tuner(applied)
+    _looks(tuner, [1, 1, 1])  # fewer than MIN_BATCHES at 0 workers: prefetch/io may move
+    assert all(s.workers == 0 for s in applied) and tuner.setting.prefetch > 4
+
+
 # -- the gate ------------------------------------------------------------------------------
 
 
@@ -188,7 +233,8 @@ def _same(a, b):
 
 
 def _push(it, k):
-    """Force the tuner's hand mid-run (what a waiting consumer with free cores would do)."""
+    """Force the tuner's hand mid-run (what a waiting consumer with free cores would do):
+    workers 0 -> 1 -> 2 (where there are 2 cores), then down under memory pressure."""
     tuner = it._tuner
     if k in (3, 8):
         tuner.step(Observation(0.9, 0.99, 0.99, cores_free=8.0))
@@ -213,7 +259,8 @@ async def test_auto_yields_the_same_batches_and_states_as_fixed_settings(data, b
     assert tuned["tuned"] == sorted(FIELDS)
     assert [c["prefetch"] for c in tuned["changes"]][:2] == [5, 6]
     assert tuned["changes"][-1]["prefetch"] == 3  # memory pressure halved it
-    assert 1 <= tuned["workers"] <= available_cores()
+    workers = [c["workers"] for c in tuned["changes"]]
+    assert workers == ([1, 2, 1] if available_cores() >= 2 else [1, 1, 0])
     assert figures["workers"] == tuned["workers"] and figures["prefetch"] == 3
 
 

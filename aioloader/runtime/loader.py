@@ -59,7 +59,7 @@ class Loader:
         self._tuner: Tuner | None = None
         self.workers = self._setting.workers
         self.prefetch = self._setting.prefetch
-        if self.workers:
+        if self.workers or "workers" in self._limits.tune:  # (auto: processes may come)
             dataset.check_picklable()
         procs = None
         if needs_processes(dataset):
@@ -162,7 +162,9 @@ class Loader:
         p, st = self._parts, self._stats
         tune = self._limits.tune
         if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
-            p.runner.worker_gate.resize(s.workers)
+            p.runner.worker_gate.resize(max(1, s.workers))  # 0: one lane, in this process
+            if p.pool is not None:
+                p.pool.in_parent = s.workers == 0
             self.workers = st.workers = s.workers
             st.process.cores = max(1, s.workers)
         if "prefetch" in tune:

@@ -107,6 +107,8 @@ class Parts:
         at them at once, and the tuner resizes it. Idle workers cost memory, not CPU."""
         if "workers" in self.limits.tune and self.runner is not None:
             self.runner.worker_gate = Gate(max(1, self.setting.workers))
+            if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
+                self.pool.in_parent = self.setting.workers == 0
 
     def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object) -> Plan:
         """`open` for a `from_source()` object: no files, storage or tiers to open."""
