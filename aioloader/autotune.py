@@ -13,12 +13,14 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
 - workers grow by one while the decode stage is busy (`process_busy`) and a core is free
   (`cores_free`), never past `Limits.workers` (at most the cores this process may use).
   Workers start at 0 (decoding on a thread of this process: no process hop, the first batch
-  at once) and each step up is a trial, as in tf.data's hill climbing: the runtime measures
-  the delivered rate before and after, and `better` says whether to keep it; a step that did
-  not pay is undone and becomes the ceiling (on a loaded or small machine the process hop
-  can cost more than a second core gives);
+  at once) and step to 2 (1 process is one lane, like 0: the step would gain nothing and
+  be undone), then by one; each step up is a trial, as in tf.data's hill climbing: the
+  runtime measures the delivered rate before and after, and `better` says whether to keep
+  it; a step that did not pay is undone and becomes the ceiling (on a loaded or small
+  machine the process hop can cost more than a second core gives);
 - io_concurrency doubles while its slots are full (`io_busy`): latency-bound reads scale with
-  requests in flight, so steps are geometric;
+  requests in flight, so steps are geometric; each doubling is a trial too (kept only if
+  reads complete faster: a store or client at its limit answers more requests slower);
 - prefetch grows by one while the consumer waits, unless the decode stage is the limit with
   no core left (more tasks in flight would then only queue);
 - under memory pressure (`memory_free` below `LOW_MEMORY`) each moves down instead (prefetch
@@ -42,7 +44,7 @@ BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
 FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused
 LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
 
-GAIN = 0.02  # a step up in workers must raise the delivered rate by this share to stay
+GAIN = 0.05  # a step up (workers, io) must raise its measured rate by this share to stay
 
 START_WORKERS = 0  # workers start here and grow (a first batch need not wait for any)
 START_PREFETCH = 4
@@ -102,7 +104,8 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
     elif o.wait_fraction > WAITING:
         cpu_bound = o.process_busy >= BUSY
         core = o.cores_free >= FREE_CORE
-        nxt = Setting(workers=s.workers + (cpu_bound and core),
+        grow = cpu_bound and core  # from 0 (one lane, in this process) to 2 lanes at once
+        nxt = Setting(workers=max(s.workers + 1, 2) if grow else s.workers,
                       prefetch=s.prefetch + (not cpu_bound or core),
                       io_concurrency=s.io_concurrency * (2 if o.io_busy >= BUSY else 1))
     else:
@@ -112,8 +115,8 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
 
 
 def better(before: float, after: float) -> bool:
-    """Whether a step up in workers paid: the delivered rate `after` it beats `before`
-    by more than `GAIN` (noise, and the cost of a process, must not keep a useless one)."""
+    """Whether a step up paid: the rate `after` it beats `before` by more than `GAIN`
+    (noise, and the cost of a process or of requests, must not keep a useless one)."""
     return after > before * (1 + GAIN)
 
 

@@ -106,6 +106,8 @@ def test_each_stage_grows_when_it_is_the_limit():
     s = Setting(1, 4, 64)
     cpu = decide(s, Observation(0.5, 0.95, 0.1, cores_free=2.0), lim)
     assert cpu.workers == 2
+    assert decide(Setting(0, 4, 64), Observation(0.5, 0.95, 0.1, 2.0), lim).workers == 2
+    assert decide(Setting(2, 4, 64), Observation(0.5, 0.95, 0.1, 2.0), lim).workers == 3
     full = decide(s, Observation(0.5, 0.95, 0.1, cores_free=0.1), lim)
     assert full == s  # decode-bound and no core: more tasks in flight would only queue
     io = decide(s, Observation(0.5, 0.2, 0.9, cores_free=1.0), lim)
@@ -131,15 +133,17 @@ def _tuner(applied):
     return Tuner(first, lim, stats, cores=2, apply=applied.append, memory=lambda: 1.0)
 
 
-def _looks(tuner, rates):
-    """One look a second; the consumer always waits, decoding is busy, the CPU idle; the
-    batches delivered in each second are `rates`."""
-    batches = 0
-    tuner.look(Sample(0.0, 0.0, 0.0, 0.0, 0.0, 0))
+def _looks(tuner, rates, reads=None):
+    """One look a second; the consumer always waits, decoding is busy, the read slots are
+    full, the CPU idle; `rates` batches (and `reads` reads) are delivered in each second."""
+    acc = [0.0, 0.0, 0.0, 0.0, 0, 0]
+    tuner.look(Sample(0.0, *acc))
     for k, r in enumerate(rates, 1):
-        batches += r
-        tuner.look(Sample(float(k), 0.9 * k, 0.99 * k * max(1, tuner.setting.workers), 0.1 * k,
-                          0.0, batches))
+        s = tuner.setting
+        for i, v in enumerate((0.9, 0.99 * max(1, s.workers), 0.1, 0.99 * s.io_concurrency, r,
+                               reads[k - 1] if reads else 0)):
+            acc[i] += v
+        tuner.look(Sample(float(k), *acc))
 
 
 @pytest.mark.parametrize("after, kept", [(8, False), (10, False), (14, True)])
@@ -149,13 +153,21 @@ def test_a_worker_step_that_does_not_pay_is_undone_and_not_tried_again(after, ke
     assert tuner.setting.workers == 0
     _looks(tuner, [10, after, after, after, after, after])
     workers = [s.workers for s in applied]
-    assert workers[0] == 1  # tried after 8+ batches at 0
+    assert workers[0] == 2  # tried after 8+ batches at 0 (two lanes against one)
     if kept:
-        assert tuner.setting.workers == 1  # (and 1 -> 2, no faster again, was undone)
-        assert workers[:2] == [1, 2] and tuner.limits.workers == 1
+        assert tuner.setting.workers == 2 and tuner.undone == 0  # (2 is all the cores)
     else:
         assert tuner.setting.workers == 0 and tuner.limits.workers == 0
-        assert tuner.undone == 1 and workers.count(1) == 1  # not tried again
+        assert tuner.undone == 1 and workers.count(2) == 1  # not tried again
+
+
+def test_an_io_step_that_reads_no_faster_is_undone():
+    applied: list[Setting] = []
+    tuner = _tuner(applied)
+    _looks(tuner, [1] * 8, reads=[300, 600, 600, 600, 600, 600, 600, 600])
+    ios = [s.io_concurrency for s in applied]
+    assert ios[:3] == [128, 256, 128]  # 64 -> 128 doubled the reads; 256 did not
+    assert tuner.limits.io_concurrency == 128 and tuner.setting.io_concurrency == 128
 
 
 def test_no_worker_step_before_a_baseline_was_measured():
@@ -260,7 +272,8 @@ async def test_auto_yields_the_same_batches_and_states_as_fixed_settings(data, b
     assert [c["prefetch"] for c in tuned["changes"]][:2] == [5, 6]
     assert tuned["changes"][-1]["prefetch"] == 3  # memory pressure halved it
     workers = [c["workers"] for c in tuned["changes"]]
-    assert workers == ([1, 2, 1] if available_cores() >= 2 else [1, 1, 0])
+    c = available_cores()
+    assert workers == [min(2, c), min(3, c), min(3, c) - 1]
     assert figures["workers"] == tuned["workers"] and figures["prefetch"] == 3
 
 
@@ -285,10 +298,20 @@ async def test_fixed_settings_have_no_tuner(data):
     assert "autotune" not in figures
 
 
+def sleepy(batch):
+    """30 ms of waiting per batch: two lanes deliver twice what one does, on any load."""
+    import time
+
+    time.sleep(0.03)
+    return batch
+
+
 @pytest.mark.skipif(available_cores() < 2, reason="needs two cores to grow into")
-async def test_a_slow_transform_makes_the_tuner_add_a_worker(data):
-    ds = (al.Dataset.from_arrayrecord(data).repeat(6).map(fns.decode).map(fns.just_id)
-          .batch(32).map(fns.slow_batch).map(fns.slow_batch).map(fns.slow_batch)
-          .map(fns.slow_batch))  # 8 ms of sleep per batch: the consumer waits on decoding
+async def test_a_slow_transform_makes_the_tuner_add_workers(data):
+    ds = (al.Dataset.from_arrayrecord(data).repeat(4).map(fns.decode).map(fns.just_id)
+          .batch(32).map(sleepy))
     _, _, figures = await _run(ds, workers="auto")
-    assert figures["autotune"]["workers"] == 2, figures["autotune"]
+    tuned = figures["autotune"]
+    assert tuned["changes"][0]["workers"] == 2, tuned  # two lanes tried against one
+    if not tuned["undone"]:  # (a machine loaded enough may judge the trial in its noise)
+        assert tuned["workers"] == 2, tuned

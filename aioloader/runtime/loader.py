@@ -151,9 +151,13 @@ class Loader:
         self._new_run()
         if self._limits.tune:
             storage = getattr(self._parts.source, "storage", None)
+            pool = self._parts.pool
             self._tuner = Tuner(self._setting, self._limits, self._stats, self._cores,
                                 self._tune, io_held=getattr(storage, "slots_held_seconds",
-                                                            None))
+                                                            None),
+                                settled=lambda: pool is None or pool.in_parent
+                                or pool.all_started(),
+                                reads=lambda: storage.stats.reads if storage else 0)
             self._stats.autotune_source = self._tuner.figures
             self._tuner.start()
 
@@ -164,6 +168,8 @@ class Loader:
         if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
             p.runner.worker_gate.resize(max(1, s.workers))  # 0: one lane, in this process
             if p.pool is not None:
+                if s.workers:
+                    p.pool.warm_up()  # (the first time: starts the processes, off the loop)
                 p.pool.in_parent = s.workers == 0
             self.workers = st.workers = s.workers
             st.process.cores = max(1, s.workers)

@@ -69,7 +69,8 @@ class Parts:
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
-        self.pool.warm_up()
+        if first.workers or "workers" not in most.tune:  # auto at 0: once it grows
+            self.pool.warm_up()
         if isinstance(ds.source, ObjectSource):
             return self._open_object(ds.source, unit, layout, owner)
         read = opts.read

@@ -6,10 +6,13 @@ since the last look into an `Observation` (the consumer's waiting, the decode st
 time, the read slots' occupancy, this process's CPU), and hands a new `Setting` to `apply`
 (the loader's: the worker gate, the scheduler's depth, storage's request limit).
 
-A step up in workers is a trial: it is taken only after `MIN_BATCHES` batches were
-delivered at the current setting (their rate is the baseline), and judged once as many
-were delivered after it (one interval left out to settle); `autotune.better` keeps it, or
-it is undone and the workers' limit comes down to where it was.
+A step up in workers or in io_concurrency is a trial (tf.data's hill climbing): it is taken
+only once the current setting has a measured rate — batches delivered, over `MIN_BATCHES`,
+for workers; reads completed, over `MIN_READS`, for io_concurrency — and judged once as
+many came after it (one interval left out to settle, and the time workers take to start
+the first time: `settled`). `autotune.better` keeps it, or it is undone and that limit
+comes down to where it was: more workers than pay for their process hop, or more requests
+in flight than the store serves faster, are not tried again. Prefetch grows freely.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ log = logging.getLogger("aioloader")
 
 INTERVAL = 0.2  # seconds between looks
 MIN_BATCHES = 8  # batches a rate is measured over, before and after a worker step
+MIN_READS = 256  # reads a rate is measured over, before and after an io step
 MAX_TRIAL_S = 3.0  # a trial is judged after this long whatever was delivered
 HISTORY = 64  # changes kept for stats()
 
@@ -39,6 +43,7 @@ class Sample(NamedTuple):
     cpu: float  # this process's CPU seconds so far
     io: float  # request-seconds in flight so far
     batches: int  # delivered so far
+    reads: int  # completed by storage so far
 
 
 class Tuner:
@@ -48,15 +53,20 @@ class Tuner:
                  apply: Callable[[Setting], None],
                  io_held: Callable[[], float] | None = None,
                  memory: Callable[[], float] = memory_free,
-                 cpu: Callable[[], float] = time.process_time) -> None:
+                 cpu: Callable[[], float] = time.process_time,
+                 settled: Callable[[], bool] = lambda: True,
+                 reads: Callable[[], int] = lambda: 0) -> None:
         self.setting, self.limits, self.stats, self.cores = setting, limits, stats, cores
         self._apply, self._io_held, self._memory, self._cpu = apply, io_held, memory, cpu
+        self._settled = settled  # whether a new setting is in effect (workers started)
+        self._reads = reads
         self.history: list[tuple[float, Setting]] = []  # (elapsed s, setting) per change
         self.looks = 0
         self.undone = 0  # worker steps that did not pay
         self._last: Sample | None = None  # the previous look
         self._since: Sample | None = None  # the first look at the current setting
-        self._trial: tuple[float, Setting] | None = None  # (rate before, setting before)
+        # (what is tried: "workers" or "io_concurrency", the rate before, the setting before)
+        self._trial: tuple[str, float, Setting] | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -74,7 +84,7 @@ class Tuner:
         st = self.stats
         return Sample(time.perf_counter(), st.wait_seconds, st.process.busy_seconds(),
                       self._cpu(), self._io_held() if self._io_held is not None else 0.0,
-                      st.batches)
+                      st.batches, self._reads())
 
     def observe(self, before: Sample, after: Sample) -> Observation:
         """The interval between two samples, as the controller sees it."""
@@ -94,34 +104,38 @@ class Tuner:
         self.looks += 1
         last, self._last = self._last, now
         if last is None or self._since is None:  # the first look at this setting: settle
-            self._since = now
+            if self._settled():
+                self._since = now
             return
         since = self._since
-        enough = now.batches - since.batches >= MIN_BATCHES
         if self._trial is not None:
-            if enough or now.t - since.t >= MAX_TRIAL_S:
-                self._judge(_rate(since, now))
+            what = self._trial[0]
+            if _measured(what, since, now) or now.t - since.t >= MAX_TRIAL_S:
+                self._judge(_rate(what, since, now))
             return
-        nxt = decide(self.setting, self.observe(last, now), self.limits)
-        if nxt.workers > self.setting.workers:
-            if enough:
-                self._trial = (_rate(since, now), self.setting)
-            else:  # no baseline yet: the other settings may move meanwhile
-                nxt = replace(nxt, workers=self.setting.workers)
-        if nxt != self.setting:
+        s = self.setting
+        nxt = decide(s, self.observe(last, now), self.limits)
+        for what in ("io_concurrency", "workers"):  # one trial at a time
+            if getattr(nxt, what) > getattr(s, what):
+                if _measured(what, since, now) and self._trial is None:
+                    self._trial = (what, _rate(what, since, now), s)
+                else:  # no baseline yet (or another trial): the others may move meanwhile
+                    nxt = replace(nxt, **{what: getattr(s, what)})
+        if nxt != s:
             self._change(nxt)
 
     def _judge(self, after: float) -> None:
         assert self._trial is not None
-        before, prev = self._trial
+        what, before, prev = self._trial
         self._trial = None
         if better(before, after):
             return
         self.undone += 1
-        log.debug("autotune: %d workers delivered %.1f batches/s against %.1f at %d: back",
-                  self.setting.workers, after, before, prev.workers)
-        self.limits = replace(self.limits, workers=prev.workers)  # not tried again
-        self._change(replace(self.setting, workers=prev.workers))
+        back = getattr(prev, what)
+        log.debug("autotune: %s=%d gave %.1f/s against %.1f/s at %d: back", what,
+                  getattr(self.setting, what), after, before, back)
+        self.limits = replace(self.limits, **{what: back})  # not tried again
+        self._change(replace(self.setting, **{what: back}))
 
     def step(self, obs: Observation) -> bool:
         """Decide from `obs` and apply at once, without a trial (tests drive it so); whether
@@ -155,6 +169,16 @@ class Tuner:
                              "io_concurrency": c.io_concurrency} for t, c in self.history]}
 
 
-def _rate(a: Sample, b: Sample) -> float:
-    """Batches delivered per second between two samples."""
-    return (b.batches - a.batches) / max(b.t - a.t, 1e-6)
+def _count(what: str, s: Sample) -> int:
+    return s.reads if what == "io_concurrency" else s.batches
+
+
+def _measured(what: str, a: Sample, b: Sample) -> bool:
+    """Whether enough happened between two samples to rate a setting of `what`."""
+    return _count(what, b) - _count(what, a) >= (MIN_READS if what == "io_concurrency"
+                                                 else MIN_BATCHES)
+
+
+def _rate(what: str, a: Sample, b: Sample) -> float:
+    """Reads completed (io_concurrency) or batches delivered (workers) per second."""
+    return (_count(what, b) - _count(what, a)) / max(b.t - a.t, 1e-6)

@@ -163,6 +163,14 @@ class Pool:
         `timeout` s for one; True at once with workers=0."""
         return self.workers == 0 or self._up.wait(timeout)
 
+    def all_started(self) -> bool:
+        """Whether every worker process is up (at once with workers=0)."""
+        if not self.workers:
+            return True
+        if self._up.is_set() and self._unstarted:
+            self._forget_names()  # counts those up since
+        return self._up.is_set() and not self._unstarted
+
     def _spawn(self) -> None:
         with contextlib.suppress(RuntimeError):  # closed meanwhile
             for _ in range(self.workers):
