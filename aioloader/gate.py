@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 __all__ = ["Gate"]
 
@@ -34,7 +35,7 @@ class Gate(asyncio.Semaphore):
         self._mark = now
         self.held += delta
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         await super().acquire()
         self._tick(1)
         return True

@@ -26,6 +26,7 @@ from aioloader.autotune import (
 from aioloader.gate import Gate
 from aioloader.options import PrefetchOptions, ReadOptions, WorkerOptions
 from aioloader.runtime import tuner as tuner_module
+from aioloader.runtime.scheduler import Scheduler
 from aioloader.runtime.tuner import Sample, Tuner
 from aioloader.testing import local_gcs
 
@@ -200,6 +201,35 @@ async def test_a_gate_grows_and_shrinks_while_held():
     assert gate.locked()
     gate.release()
     assert gate.held_seconds() > 0
+
+
+async def test_the_scheduler_keeps_as_many_tasks_in_flight_as_its_depth_says():
+    running, peaks = set(), []
+
+    async def run(k, lo, hi):
+        running.add(k)
+        peaks.append(len(running))
+        await asyncio.sleep(0.002)
+        running.discard(k)
+        return k
+
+    sched = Scheduler(lambda lo: (lo, lo + 1) if lo < 60 else None, run, 0, depth=2)
+    got = []
+    for _ in range(20):
+        got.append((await sched.next())[2])
+    assert max(peaks) <= 2
+    sched.set_depth(6)
+    peaks.clear()
+    for _ in range(20):
+        got.append((await sched.next())[2])
+    assert 2 < max(peaks) <= 6
+    sched.set_depth(1)
+    for _ in range(8):  # what was in flight drains first
+        got.append((await sched.next())[2])
+    peaks.clear()
+    while (item := await sched.next()) is not None:
+        got.append(item[2])
+    assert max(peaks) == 1 and got == list(range(60))  # in order whatever the depth
 
 
 # -- a running loader ----------------------------------------------------------------------

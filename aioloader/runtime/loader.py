@@ -168,8 +168,6 @@ class Loader:
         if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
             p.runner.worker_gate.resize(max(1, s.workers))  # 0: one lane, in this process
             if p.pool is not None:
-                if s.workers:
-                    p.pool.warm_up()  # (the first time: starts the processes, off the loop)
                 p.pool.in_parent = s.workers == 0
             self.workers = st.workers = s.workers
             st.process.cores = max(1, s.workers)

@@ -69,8 +69,7 @@ class Parts:
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
-        if first.workers or "workers" not in most.tune:  # auto at 0: once it grows
-            self.pool.warm_up()
+        self.pool.warm_up()  # (auto at 0 too: a step up is then measured, not spawned)
         if isinstance(ds.source, ObjectSource):
             return self._open_object(ds.source, unit, layout, owner)
         read = opts.read

@@ -30,7 +30,8 @@ from ..autotune import Limits, Observation, Setting, better, decide, memory_free
 log = logging.getLogger("aioloader")
 
 INTERVAL = 0.2  # seconds between looks
-MIN_BATCHES = 8  # batches a rate is measured over, before and after a worker step
+MIN_BATCHES = 8  # batches a rate is measured over, before and after a worker step (and at
+TASKS = 4  # least this many tasks' worth: a task may carry several batches)
 MIN_READS = 256  # reads a rate is measured over, before and after an io step
 MAX_TRIAL_S = 3.0  # a trial is judged after this long whatever was delivered
 HISTORY = 64  # changes kept for stats()
@@ -60,6 +61,7 @@ class Tuner:
         self._apply, self._io_held, self._memory, self._cpu = apply, io_held, memory, cpu
         self._settled = settled  # whether a new setting is in effect (workers started)
         self._reads = reads
+        self._settle = 1  # looks left before measuring a new setting
         self.history: list[tuple[float, Setting]] = []  # (elapsed s, setting) per change
         self.looks = 0
         self.undone = 0  # worker steps that did not pay
@@ -103,26 +105,35 @@ class Tuner:
         """One interval ending at `now`: judge a trial, or decide and apply."""
         self.looks += 1
         last, self._last = self._last, now
-        if last is None or self._since is None:  # the first look at this setting: settle
+        if last is None or self._since is None:  # settle: workers up, then one more look
             if self._settled():
-                self._since = now
+                self._settle -= 1
+                if self._settle <= 0:
+                    self._since = now
             return
         since = self._since
         if self._trial is not None:
             what = self._trial[0]
-            if _measured(what, since, now) or now.t - since.t >= MAX_TRIAL_S:
+            if self._measured(what, since, now) or now.t - since.t >= MAX_TRIAL_S:
                 self._judge(_rate(what, since, now))
             return
         s = self.setting
         nxt = decide(s, self.observe(last, now), self.limits)
         for what in ("io_concurrency", "workers"):  # one trial at a time
             if getattr(nxt, what) > getattr(s, what):
-                if _measured(what, since, now) and self._trial is None:
+                if self._measured(what, since, now) and self._trial is None:
                     self._trial = (what, _rate(what, since, now), s)
                 else:  # no baseline yet (or another trial): the others may move meanwhile
                     nxt = replace(nxt, **{what: getattr(s, what)})
-        if nxt != s:
-            self._change(nxt)
+        if nxt != s:  # (prefetch alone moves the rates little: it keeps the baseline)
+            self._change(nxt, remeasure=replace(nxt, prefetch=s.prefetch) != s)
+
+    def _measured(self, what: str, a: Sample, b: Sample) -> bool:
+        """Whether enough happened between two samples to rate a setting of `what`."""
+        if what == "io_concurrency":
+            return b.reads - a.reads >= MIN_READS
+        most = max(MIN_BATCHES, TASKS * getattr(self.stats, "batches_per_task", 1))
+        return b.batches - a.batches >= most
 
     def _judge(self, after: float) -> None:
         assert self._trial is not None
@@ -145,13 +156,14 @@ class Tuner:
             self._change(nxt)
         return nxt != self.setting
 
-    def _change(self, nxt: Setting) -> None:
+    def _change(self, nxt: Setting, remeasure: bool = True) -> None:
         log.debug("autotune: %s -> %s", self.setting, nxt)
         self.setting = nxt
         self._apply(nxt)
         self.history.append((round(self.stats.elapsed, 3), nxt))
         del self.history[:-HISTORY]
-        self._since = None  # measure the new setting after one interval to settle
+        if remeasure:  # measure the new setting after it settled
+            self._since, self._settle = None, 2
 
     async def _run(self) -> None:
         while True:
@@ -171,12 +183,6 @@ class Tuner:
 
 def _count(what: str, s: Sample) -> int:
     return s.reads if what == "io_concurrency" else s.batches
-
-
-def _measured(what: str, a: Sample, b: Sample) -> bool:
-    """Whether enough happened between two samples to rate a setting of `what`."""
-    return _count(what, b) - _count(what, a) >= (MIN_READS if what == "io_concurrency"
-                                                 else MIN_BATCHES)
 
 
 def _rate(what: str, a: Sample, b: Sample) -> float:
