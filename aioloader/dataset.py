@@ -16,7 +16,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
@@ -276,9 +276,9 @@ class Dataset:
     def loader(
         self,
         *,
-        workers: int | None = None,
-        prefetch: int | None = None,
-        io_concurrency: int | None = None,
+        workers: int | Literal["auto"] | None = None,
+        prefetch: int | Literal["auto"] | None = None,
+        io_concurrency: int | Literal["auto"] | None = None,
         memory_budget: int | None = None,
         retry: RetryPolicy | None = None,
         max_gap: int | None = None,

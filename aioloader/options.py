@@ -16,8 +16,9 @@ import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
+from .autotune import AUTO
 from .retry import RetryPolicy
 
 __all__ = [
@@ -32,12 +33,15 @@ __all__ = [
 DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
 
 
-def _whole(obj: Any, name: str, lo: int, *, optional: bool = False) -> None:
-    """Check that field `name` is a whole number >= `lo` (or None, if `optional`) and store
-    it as an `int`; the error names the option as the user spelled it."""
+def _whole(obj: Any, name: str, lo: int, *, optional: bool = False,
+           auto: bool = False) -> None:
+    """Check that field `name` is a whole number >= `lo` (or None, if `optional`; or "auto",
+    if `auto`) and store it as an `int`; the error names the option as the user spelled it."""
     value = getattr(obj, name)
-    if value is None and optional:
+    if (value is None and optional) or (value == AUTO and auto):
         return
+    if auto and isinstance(value, str):
+        raise ValueError(f"{name} must be an integer or {AUTO!r}, got {value!r}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -53,6 +57,7 @@ class ReadOptions:
     """How bytes are fetched (the source and its `Storage`).
 
     - `io_concurrency` (64): range reads in flight at once; raise it for high-latency buckets.
+      "auto" starts at 64 and doubles while reads are the limit (up to 1024).
     - `memory_budget` (512 MiB): bytes being fetched at once, and the most one chunk may
       decode to (a file claiming more is refused before anything is allocated).
     - `retry` (None: `RetryPolicy()`'s defaults): how reads are retried, timed out, hedged.
@@ -68,7 +73,7 @@ class ReadOptions:
       used out first; the disk also keeps 5%, at least 1 GiB, free whatever this says).
     """
 
-    io_concurrency: int = 64
+    io_concurrency: int | Literal["auto"] = 64
     memory_budget: int = 512 << 20
     retry: RetryPolicy | None = None
     max_gap: int | None = None
@@ -77,7 +82,7 @@ class ReadOptions:
     cache_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
-        _whole(self, "io_concurrency", 1)
+        _whole(self, "io_concurrency", 1, auto=True)
         _whole(self, "memory_budget", 1)
         _whole(self, "max_gap", 0, optional=True)
         _whole(self, "resident_bytes", 0)
@@ -97,6 +102,8 @@ class WorkerOptions:
     """How records are decoded and transformed (the decode pool).
 
     - `workers` (0): worker processes; 0 runs the same code on one thread of this process.
+      "auto" starts with one and adds one while the consumer waits on decoding and a core
+      is free (up to the cores this process may use; `aioloader.autotune`).
     - `slot_size` (32 MiB): bytes of one shared-memory slot to start with, which holds a
       task's output (and its remote input), and how large small batches grouped into one
       task may grow. Slots grow to hold a larger batch (sized from the files' records
@@ -107,12 +114,12 @@ class WorkerOptions:
       tasks are whole batches. A resumed state keeps the window it was saved with.
     """
 
-    workers: int = 0
+    workers: int | Literal["auto"] = 0
     slot_size: int = 32 << 20
     window: int | None = None
 
     def __post_init__(self) -> None:
-        _whole(self, "workers", 0)
+        _whole(self, "workers", 0, auto=True)
         _whole(self, "slot_size", 1)
         _whole(self, "window", 1, optional=True)
 
@@ -122,13 +129,17 @@ class PrefetchOptions:
     """How far ahead the loader works.
 
     - `prefetch` (4): tasks (batches, or windows) in flight and kept ready ahead of the
-      consumer, delivered in order whatever finishes first.
+      consumer, delivered in order whatever finishes first. "auto" starts at 4 and grows
+      by one while the consumer waits (up to 32).
+
+    Any "auto" setting is tuned while the loader runs (`aioloader.autotune`), and never
+    changes what it yields; `stats().as_dict()["autotune"]` shows the values chosen.
     """
 
-    prefetch: int = 4
+    prefetch: int | Literal["auto"] = 4
 
     def __post_init__(self) -> None:
-        _whole(self, "prefetch", 1)
+        _whole(self, "prefetch", 1, auto=True)
 
 
 _GROUPS: dict[str, type] = {"read": ReadOptions, "worker": WorkerOptions,

@@ -31,6 +31,7 @@ from typing import Any
 
 from .backends import FsspecBackend, GCSBackend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
+from .gate import Gate
 from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
@@ -174,7 +175,7 @@ async def _prepared(backend: Any) -> None:
 
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
-        self.slots = asyncio.Semaphore(concurrency)
+        self.slots = Gate(concurrency)  # resizable: `Storage.set_concurrency`
         self.budget = _ByteBudget(max_bytes)
         self.backends: dict[str, Any] = {}
 
@@ -233,6 +234,18 @@ class Storage:
         self._pins: dict[str, str] = {}
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._finalizers: dict[asyncio.AbstractEventLoop, weakref.finalize] = {}
+        self.limit = concurrency  # requests in flight now (<= concurrency: see set_concurrency)
+
+    def set_concurrency(self, n: int) -> None:
+        """Allow `n` requests in flight from now on, up to the `concurrency` the storage was
+        made with (its clients' connection pools are sized for that); the autotuner's knob."""
+        self.limit = max(1, min(self.concurrency, int(n)))
+        for state in self._states.values():
+            state.slots.resize(self.limit)
+
+    def slots_held_seconds(self) -> float:
+        """Request-seconds spent in flight so far, over all loops (see `Gate`)."""
+        return sum(state.slots.held_seconds() for state in self._states.values())
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -240,7 +253,7 @@ class Storage:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
-            state = self._states[loop] = _LoopState(self.concurrency, self.max_inflight_bytes)
+            state = self._states[loop] = _LoopState(self.limit, self.max_inflight_bytes)
             self._finalizers[loop] = weakref.finalize(self, _close_left_open, loop, state,
                                                        os.getpid())
         return state

@@ -155,6 +155,7 @@ def aio_run(spec: dict[str, Any]) -> dict[str, Any]:
         stats = it.stats().as_dict()
         out = clock.result()  # the workers still run: their CPU time is counted
     out["io"] = stats.get("io", {})
+    out["autotune"] = stats.get("autotune")
     return out
 
 
@@ -182,6 +183,7 @@ def _aio_run_async(spec: dict[str, Any]) -> dict[str, Any]:
             stats = it.stats().as_dict()
             out = clock.result()  # the workers still run: their CPU time is counted
         out["io"] = stats.get("io", {})
+        out["autotune"] = stats.get("autotune")
         return out
 
     loop = new_event_loop()

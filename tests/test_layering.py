@@ -98,6 +98,7 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     io = {"aioloader.storage", "aioloader.backends", "aioloader.sync", "aioloader.workers.pool",
           "aioloader.source", "aioloader.lifecycle"}
     for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
+                "aioloader.autotune",
                 "aioloader.packing", "aioloader.transforms", "aioloader.state",
                 "aioloader.options", "aioloader.errors", "aioloader.dataset", "aioloader.plan"):
         reach = _reach(mod)

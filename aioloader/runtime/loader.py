@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..autotune import Setting, available_cores
+from ..autotune import start as tuning_start
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from ..options import LoaderOptions
 from ..plan import (
@@ -34,6 +36,7 @@ from ..workers import Pool
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .stats import PipelineStats
+from .tuner import Tuner
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
@@ -49,9 +52,15 @@ class Loader:
         options = options or LoaderOptions()
         self.dataset = dataset
         self.options = options
-        self.workers = options.worker.workers
-        self.prefetch = options.prefetch.prefetch
-        if self.workers:
+        # "auto" settings start here and are tuned while running (`runtime.tuner`)
+        self._cores = available_cores()
+        self._setting, self._limits = tuning_start(
+            options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
+            self._cores)
+        self._tuner: Tuner | None = None
+        self.workers = self._setting.workers
+        self.prefetch = self._setting.prefetch
+        if self.workers or "workers" in self._limits.tune:  # (auto: processes may come)
             dataset.check_picklable()
         procs = None
         if needs_processes(dataset):
@@ -68,7 +77,8 @@ class Loader:
         self._trace_path = trace if isinstance(trace, str) else None
         if trace:
             self._stats.start_trace()
-        self._parts = Parts(self, dataset, options, self._shape, self._stats)
+        self._parts = Parts(self, dataset, options, self._shape, self._stats,
+                            self._setting, self._limits)
         if state is not None:
             self._apply_state(dict(state))
         self._run: Run | None = None
@@ -145,6 +155,35 @@ class Loader:
         plan = await self._parts.open(self._state.unit, self._state.layout)
         self._state.check_position(plan.length, plan.batch_mode)
         self._new_run()
+        if self._limits.tune:
+            storage = getattr(self._parts.source, "storage", None)
+            pool = self._parts.pool
+            self._tuner = Tuner(self._setting, self._limits, self._stats, self._cores,
+                                self._tune, io_held=getattr(storage, "slots_held_seconds",
+                                                            None),
+                                settled=lambda: pool is None or pool.in_parent
+                                or pool.all_started(),
+                                reads=lambda: storage.stats.reads if storage else 0)
+            self._stats.autotune_source = self._tuner.figures
+            self._tuner.start()
+
+    def _tune(self, s: Setting) -> None:
+        """Apply the tuner's setting: the worker gate, the tasks in flight, the requests."""
+        p, st = self._parts, self._stats
+        tune = self._limits.tune
+        if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
+            p.runner.worker_gate.resize(max(1, s.workers))  # 0: one lane, in this process
+            if p.pool is not None:
+                p.pool.in_parent = s.workers == 0
+            self.workers = st.workers = s.workers
+            st.process.cores = max(1, s.workers)
+        if "prefetch" in tune:
+            self.prefetch = st.prefetch = s.prefetch
+            if self._run is not None:
+                self._run.scheduler.set_depth(s.prefetch)
+        storage = getattr(p.source, "storage", None)
+        if "io_concurrency" in tune and storage is not None:
+            storage.set_concurrency(s.io_concurrency)
 
     def _new_run(self) -> None:
         p = self._parts
@@ -174,6 +213,8 @@ class Loader:
         self._closed = True
         if self._guard is not None:
             self._guard.disarm()
+        if self._tuner is not None:
+            await self._tuner.aclose()
         pending: list[Any] = self._run.scheduler.cancel() if self._run is not None else []
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()

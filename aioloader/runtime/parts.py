@@ -14,9 +14,11 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from ..autotune import Limits, Setting
 from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
+from ..gate import Gate
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, compile, source_meta, worker_pipeline
@@ -41,9 +43,11 @@ class Parts:
     """The pool, source, plan and runner of one loader (`owner`), once `open` ran."""
 
     def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions,
-                 shape: Shape, stats: PipelineStats) -> None:
+                 shape: Shape, stats: PipelineStats, setting: Setting, limits: Limits) -> None:
         self._owner = weakref.ref(owner)
         self.dataset, self.options, self.shape, self.stats = dataset, options, shape, stats
+        # the numbers to start with, and the most each may grow to ("auto": aioloader.autotune)
+        self.setting, self.limits = setting, limits
         self.pool: Pool | None = None
         self.source: ArrayRecordSource | ObjectRecords | None = None
         self.plan: Plan | None = None
@@ -58,18 +62,20 @@ class Parts:
         pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
         if isinstance(ds.source, ObjectSource):  # the workers read it (aioloader.objects)
             pipeline = dataclasses.replace(pipeline, records=ds.source.obj)
-        self.pool = Pool(pipeline, opts.worker.workers,
-                         slots=opts.prefetch.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
+        first, most = self.setting, self.limits
+        self.pool = Pool(pipeline, most.workers if "workers" in most.tune else first.workers,
+                         slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
                          slot_size=opts.worker.slot_size)
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
-        self.pool.warm_up()
+        self.pool.warm_up()  # (auto at 0 too: a step up is then measured, not spawned)
         if isinstance(ds.source, ObjectSource):
             return self._open_object(ds.source, unit, layout, owner)
         read = opts.read
-        storage = Storage(concurrency=read.io_concurrency, max_inflight_bytes=read.memory_budget,
+        storage = Storage(concurrency=most.io_concurrency, max_inflight_bytes=read.memory_budget,
                           retry=read.retry, storage_options=dict(ds.source.storage_options))
+        storage.set_concurrency(first.io_concurrency)
         src = self.source = ArrayRecordSource(
             list(ds.source.paths), storage=storage, verify=ds.source.verify,
             max_gap=read.max_gap, resident_bytes=read.resident_bytes)
@@ -91,7 +97,18 @@ class Parts:
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)
+        self._gate_workers()
         return self.plan
+
+    def _gate_workers(self) -> None:
+        """With workers="auto", the pool starts `limits.workers` processes (all at once: a
+        worker started later could not open the pool's queues, whose names are unlinked once
+        the first ones are up, `workers.semnames`); a gate lets only `setting.workers` tasks
+        at them at once, and the tuner resizes it. Idle workers cost memory, not CPU."""
+        if "workers" in self.limits.tune and self.runner is not None:
+            self.runner.worker_gate = Gate(max(1, self.setting.workers))
+            if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
+                self.pool.in_parent = self.setting.workers == 0
 
     def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object) -> Plan:
         """`open` for a `from_source()` object: no files, storage or tiers to open."""
@@ -101,6 +118,7 @@ class Parts:
         self.plan = compile(self.dataset, source_meta(src, spec.verify, whole=False),
                             self.options, unit=unit, procs=self.shape.procs, layout=layout)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
+        self._gate_workers()
         return self.plan
 
     def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
@@ -113,7 +131,7 @@ class Parts:
             return None
         tier = DiskTier(DiskCache(read.cache_dir, read.cache_bytes), src.table, src.storage,
                         src.fetcher.segment_bytes)  # the memory tier's segments
-        tier.start_filler(max(1, read.io_concurrency // 8))
+        tier.start_filler(max(1, self.setting.io_concurrency // 8))
         return tier
 
     def free(self) -> None:

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..gate import Gate
+
 Span = Callable[[int], "tuple[int, int] | None"]  # task start -> [lo, hi), None at the end
 Run = Callable[[int, int, int], Awaitable[Any]]  # (task number, lo, hi) -> result
 
@@ -30,9 +32,18 @@ class Scheduler:
         self._consumed = 0
         self._end: int | None = None  # the number of tasks, once the spans ran out
         self._changed = asyncio.Event()
-        self._room = asyncio.Semaphore(depth)
+        self._room = Gate(depth)  # resizable: `set_depth`
         self._running: set[asyncio.Task] = set()
         self._producer = asyncio.ensure_future(self._produce())
+
+    @property
+    def depth(self) -> int:
+        return self._room.limit
+
+    def set_depth(self, depth: int) -> None:
+        """Keep up to `depth` tasks in flight from now on (the autotuner's prefetch): more
+        start at once; with fewer, new ones wait until enough results were taken."""
+        self._room.resize(depth)
 
     @property
     def ready(self) -> int:

@@ -194,6 +194,8 @@ class PipelineStats:
         self.cache_source = cache_source
         # How the workers' results came back (`Pool.figures`): through shared memory or not
         self.transfer_source: Callable[[], dict[str, int]] | None = None
+        # The autotuner's figures (`runtime.tuner`), when a setting is "auto"
+        self.autotune_source: Callable[[], dict[str, Any]] | None = None
         self.clock = clock
         self.started = clock()
         self.first_batch_seconds: float | None = None
@@ -349,6 +351,8 @@ class PipelineStats:
             "prefetch": self.prefetch,
             "batches_per_task": self.batches_per_task,
             "transfers": self.transfer_source() if self.transfer_source is not None else {},
+            **({"autotune": self.autotune_source()} if self.autotune_source is not None
+               else {}),
         }
 
     def _cores_of(self, stage: str, default: int) -> int:

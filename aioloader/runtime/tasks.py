@@ -11,11 +11,13 @@ its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError
+from ..gate import Gate
 from ..plan import Plan
 from ..planning import ChunkRefs
 from ..storage import StorageError
@@ -24,6 +26,7 @@ from ..workers.arena import array_leaves
 from .readahead import Readahead
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
+_OPEN = contextlib.nullcontext()  # no worker gate (an async context manager too)
 
 
 class TaskRunner:
@@ -46,6 +49,8 @@ class TaskRunner:
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
+        # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
+        self.worker_gate: Gate | None = None
 
     def use(self, plan: Plan) -> None:
         """Run tasks of `plan` from now on (the same pipeline with another window)."""
@@ -64,9 +69,10 @@ class TaskRunner:
         try:
             with st.fetch.timed(items=hi - lo):
                 task, lease = await self._build(k, records, epochs, refs)
-            with st.process.timed(items=hi - lo):
-                result = await self.pool.run(task, describe=f"task {k} (output positions "
-                                                            f"{lo}..{hi - 1})")
+            async with self.worker_gate or _OPEN:
+                with st.process.timed(items=hi - lo):
+                    result = await self.pool.run(task, describe=f"task {k} (output positions "
+                                                                f"{lo}..{hi - 1})")
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None

@@ -127,6 +127,8 @@ class Pool:
         # Off by default: a transform that crashes its process (a segfault in a C decoder,
         # os._exit) would take this one down instead of a worker (a clear WorkerError).
         self._first_in_parent = first_in_parent
+        # workers="auto" tuned down to 0: every task runs on that thread of this process
+        self.in_parent = False
         if workers == 0:
             self._executor: Any = InlineExecutor()
             _raise_malloc_thresholds()
@@ -160,6 +162,14 @@ class Pool:
         """Whether a worker process is up (and tasks go to the workers), waiting up to
         `timeout` s for one; True at once with workers=0."""
         return self.workers == 0 or self._up.wait(timeout)
+
+    def all_started(self) -> bool:
+        """Whether every worker process is up (at once with workers=0)."""
+        if not self.workers:
+            return True
+        if self._up.is_set() and self._unstarted:
+            self._forget_names()  # counts those up since
+        return self._up.is_set() and not self._unstarted
 
     def _spawn(self) -> None:
         with contextlib.suppress(RuntimeError):  # closed meanwhile
@@ -213,8 +223,9 @@ class Pool:
     async def _run_once(self, task: Task, describe: str, room: bool
                         ) -> tuple[Result, bool]:
         """The result of one run of `task`, and whether it ran in this process."""
+        here = self._inline_now()
         warming = self._warming
-        if warming is not None and warming.is_alive():
+        if here is None and warming is not None and warming.is_alive():
             # Submitting now would wait, on the loop, for the spawning thread (it holds the
             # executor's lock until the forkserver is up): wait off the loop instead.
             await asyncio.get_running_loop().run_in_executor(None, warming.join)
@@ -225,7 +236,6 @@ class Pool:
         slot = task.slot = arena.take() if room else -1
         lent = False
         cf = None
-        here = self._inline_now()
         try:
             if here is not None:
                 where = arena.map_of(slot) if slot >= 0 else None
@@ -276,6 +286,9 @@ class Pool:
         while no worker is up yet and no other task runs here (see `_up`)."""
         if self.workers == 0:
             return self._executor
+        if self.in_parent and not self._closed:
+            self._first = self._first or InlineExecutor("aioloader-first-tasks")
+            return self._first
         if not self._first_in_parent or self._up.is_set() or self._first_busy or self._closed:
             return None
         if self._first is None:

@@ -1,0 +1,156 @@
+"""The autotune controller: from measured stage rates, the next workers/prefetch/io_concurrency.
+
+Pure: `decide(setting, observation, limits)` is a function of numbers, property-tested; the
+runtime (`aioloader.runtime.tuner`) measures, calls it a few times a second and applies the
+result. Only settings given as "auto" move (`Limits.tune`).
+
+The rules follow tf.data's AUTOTUNE and Grain's `pick_performance_config` in spirit, not in
+code: tf.data grows a stage's parallelism while its output buffer runs dry and the CPU budget
+allows; Grain sizes its process pool from the cores and memory it sees. Here:
+
+- nothing grows unless the consumer waited (`wait_fraction`): a loader that keeps up is left
+  alone, whatever its stages do;
+- workers grow by one while the decode stage is busy (`process_busy`) and a core is free
+  (`cores_free`), never past `Limits.workers` (at most the cores this process may use).
+  Workers start at 0 (decoding on a thread of this process: no process hop, the first batch
+  at once) and step to 2 (1 process is one lane, like 0: the step would gain nothing and
+  be undone), then by one; each step up is a trial, as in tf.data's hill climbing: the
+  runtime measures the delivered rate before and after, and `better` says whether to keep
+  it; a step that did not pay is undone and becomes the ceiling (on a loaded or small
+  machine the process hop can cost more than a second core gives);
+- io_concurrency doubles while its slots are full (`io_busy`): latency-bound reads scale with
+  requests in flight, so steps are geometric; each doubling is a trial too (kept only if
+  reads complete faster: a store or client at its limit answers more requests slower);
+- prefetch grows by one while the consumer waits, unless the decode stage is the limit with
+  no core left (more tasks in flight would then only queue);
+- under memory pressure (`memory_free` below `LOW_MEMORY`) each moves down instead (prefetch
+  and io halve, workers drop by one) and nothing grows.
+
+Settings never change the output (the order of tasks is fixed; see `runtime.scheduler`), so
+the controller may be as greedy as it likes: a wrong step costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+__all__ = ["AUTO", "Limits", "Observation", "Setting", "available_cores", "better", "decide",
+           "memory_free", "start"]
+
+AUTO = "auto"
+WAITING = 0.02  # the consumer waited more than this share of the interval: input-bound
+BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
+FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused
+LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
+
+GAIN = 0.05  # a step up (workers, io) must raise its measured rate by this share to stay
+
+START_WORKERS = 0  # workers start here and grow (a first batch need not wait for any)
+START_PREFETCH = 4
+START_IO = 64
+MAX_PREFETCH = 16
+MAX_IO = 1024
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the controller sets."""
+
+    workers: int
+    prefetch: int
+    io_concurrency: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of each setting (inclusive), and which ones are tuned ("auto")."""
+
+    workers: int
+    prefetch: int = MAX_PREFETCH
+    io_concurrency: int = MAX_IO
+    min_workers: int = 0
+    tune: frozenset[str] = frozenset({"workers", "prefetch", "io_concurrency"})
+
+    def clamp(self, s: Setting) -> Setting:
+        """`s` within bounds; untuned fields are left as they are."""
+        out = s
+        for name, lo in (("workers", self.min_workers), ("prefetch", 1),
+                         ("io_concurrency", 1)):
+            if name in self.tune:
+                out = replace(out, **{name: max(lo, min(getattr(self, name), getattr(out, name)))})
+        return out
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What happened over the last interval, each figure a share of it (0..1), except
+    `cores_free` (cores: those this process may use, less what the loader used)."""
+
+    wait_fraction: float  # the consumer waited for a batch
+    process_busy: float  # decoding was busy (of the current workers; of one lane at 0)
+    io_busy: float  # the read slots were taken (of the current io_concurrency)
+    cores_free: float
+    memory_free: float = 1.0  # the machine's available memory
+
+
+def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
+    """The next setting after observing `o` with setting `s` (see the module docstring)."""
+    s = limits.clamp(s)
+    tune = limits.tune
+    if o.memory_free < LOW_MEMORY:
+        nxt = Setting(workers=s.workers - 1, prefetch=s.prefetch // 2,
+                      io_concurrency=s.io_concurrency // 2)
+    elif o.wait_fraction > WAITING:
+        cpu_bound = o.process_busy >= BUSY
+        core = o.cores_free >= FREE_CORE
+        grow = cpu_bound and core  # from 0 (one lane, in this process) to 2 lanes at once
+        nxt = Setting(workers=max(s.workers + 1, 2) if grow else s.workers,
+                      prefetch=s.prefetch + (not cpu_bound or core),
+                      io_concurrency=s.io_concurrency * (2 if o.io_busy >= BUSY else 1))
+    else:
+        return s
+    return limits.clamp(Setting(*(getattr(nxt if name in tune else s, name)
+                                  for name in ("workers", "prefetch", "io_concurrency"))))
+
+
+def better(before: float, after: float) -> bool:
+    """Whether a step up paid: the rate `after` it beats `before` by more than `GAIN`
+    (noise, and the cost of a process or of requests, must not keep a useless one)."""
+    return after > before * (1 + GAIN)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def memory_free() -> float:
+    """The share of the machine's memory available (Linux `MemAvailable`); 1.0 unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f)
+                    if k in ("MemTotal", "MemAvailable")}
+        return info["MemAvailable"] / info["MemTotal"]
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return 1.0
+
+
+def start(workers: int | str, prefetch: int | str, io_concurrency: int | str,
+          cores: int) -> tuple[Setting, Limits]:
+    """The first setting and the bounds, from the options as given: a number stays fixed,
+    "auto" starts low and may grow (workers up to `cores`)."""
+    tune = frozenset(name for name, v in (("workers", workers), ("prefetch", prefetch),
+                                          ("io_concurrency", io_concurrency)) if v == AUTO)
+    cores = max(1, cores)
+    first = Setting(workers=min(START_WORKERS, cores) if workers == AUTO else int(workers),
+                    prefetch=START_PREFETCH if prefetch == AUTO else int(prefetch),
+                    io_concurrency=START_IO if io_concurrency == AUTO else int(io_concurrency))
+    limits = Limits(workers=cores if workers == AUTO else first.workers,
+                    prefetch=MAX_PREFETCH if prefetch == AUTO else first.prefetch,
+                    io_concurrency=MAX_IO if io_concurrency == AUTO else first.io_concurrency,
+                    tune=tune)
+    return first, limits
