@@ -26,6 +26,7 @@ from .selection import MixedIndex, PositionIndex
 
 if TYPE_CHECKING:
     from .dataset import Dataset, SourceSpec
+    from .sampling import IndexOp
 
 
 class Concatenated:
@@ -174,6 +175,9 @@ def build_index(spec: MixSpec, part_records: Sequence[int]) -> MixedIndex:
     `part_records` records each, in order."""
     from .sampling import IndexPlan
 
+    if len(part_records) != len(spec.paths):  # one count per pattern (object), in order
+        raise ValueError(f"a mix of {len(spec.paths)} sources was opened as "
+                         f"{len(part_records)} parts: cannot tell its inputs' records apart")
     parts = iter(part_records)
     offset = 0
 
@@ -183,12 +187,12 @@ def build_index(spec: MixSpec, part_records: Sequence[int]) -> MixedIndex:
         offsets: list[int] = []
         for ds in s.inputs:
             if isinstance(ds.source, MixSpec):
-                inputs.append(IndexPlan(0, ds.index_ops, base=build(ds.source)))
+                inputs.append(IndexPlan(0, _ops(ds), base=build(ds.source)))
                 offsets.append(0)  # the nested mix's records are already offset
                 continue
             n = sum(next(parts) for _ in ds.source.paths)
             try:
-                inputs.append(IndexPlan(n, ds.index_ops))
+                inputs.append(IndexPlan(n, _ops(ds)))
             except ValueError as e:
                 raise ValueError(f"{' -> '.join(ds.describe())}: {e}") from None
             offsets.append(offset)
@@ -196,3 +200,8 @@ def build_index(spec: MixSpec, part_records: Sequence[int]) -> MixedIndex:
         return MixedIndex(tuple(inputs), tuple(offsets), s.props, s.seed)
 
     return build(spec)
+
+
+def _ops(ds: Dataset) -> list[IndexOp]:
+    """An input's index ops (never shard_by_jax_process(): `MixSpec` refused it)."""
+    return list(ds.index_ops)  # type: ignore[arg-type]

@@ -182,7 +182,8 @@ class MixedIndex:
                 raise ValueError(f"concatenate() input {infinite[0]} repeats forever: "
                                  "only finite datasets can be laid end to end (repeat the "
                                  "concatenation instead)")
-            starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            starts = np.concatenate([[0], np.cumsum([int(n or 0) for n in lengths])]).astype(
+                np.int64)
             object.__setattr__(self, "_starts", starts)
             object.__setattr__(self, "_length", int(starts[-1]))
         else:

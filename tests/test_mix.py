@@ -233,3 +233,24 @@ def test_what_cannot_be_mixed_is_refused_naming_the_input_and_why(files):
         len(al.Dataset.concatenate([a.repeat(), a]))
     with pytest.raises(ValueError, match="2 weights for 3"):
         al.Dataset.mix([a, a, a], [1, 2])
+
+
+def test_globbed_inputs_are_told_apart_by_pattern(files, tmp_path):
+    """An input's glob opens as several files: each input's records are still its own (the
+    table counts records per pattern, also through an index cache)."""
+    import os
+
+    root = os.path.dirname(files["a"])
+    glob = al.Dataset.from_arrayrecord(os.path.join(root, "[bc].array_record"))
+    a = al.Dataset.from_arrayrecord(files["a"])
+    ds = al.Dataset.concatenate([glob, a[:3], glob[:2]])
+    got = [json.loads(r)["id"] for r in ds[list(range(len(ds)))]]
+    assert got == [*range(1000, 1025), *range(2000, 2030), 0, 1, 2, 1000, 1001]
+    assert ids(run(ds.map(fns.decode).map(fns.only_id_noise_det).batch(16))) == got
+    patterns = [os.path.join(root, "[bc].array_record"), files["a"]]
+    for _ in range(2):  # the second opens from the index cache
+        src = al.ArrayRecordSource(patterns, index_cache_dir=tmp_path / "ix")
+        try:
+            assert src.table.pattern_records == (55, 40)
+        finally:
+            src.close()
