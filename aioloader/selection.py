@@ -10,9 +10,10 @@ scales them (the smallest to 100), and position k goes to the input whose runnin
 grows at k (Grain's `_dataset_and_key_of_next_element`, vectorized here), a smooth
 interleaving with period W = the sum of the integer weights, each input taking exactly its
 weight's slots in every period. With a `seed`, the slots of period b are permuted by a keyed
-permutation (per seed and b), so which input comes next is random within a period, but the
-counts per period, hence the proportions, are exact, and each input's elements are still
-taken in its own order (so a finite input is read from its start, as without a seed).
+permutation (per seed and b; a lookup's periods in one vectorized pass), so which input
+comes next is random within a period, but the counts per period, hence the proportions,
+are exact, and each input's elements are still taken in its own order (so a finite input
+is read from its start, as without a seed).
 
 A finite mix has Grain's length, `int(min(len_i / (w_i / W)))` over the finite inputs
 (infinite ones bound nothing), cut shorter only where an input would be read past its end
@@ -26,14 +27,13 @@ on it (Grain's "the n-th epoch of a concatenation is the n-th epoch of its input
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from .permutation import epoch_key, feistel_permute
+from .permutation import epoch_key, permute_by_epoch
 
 MAX_PERIOD = 1 << 22  # sum of the integer weights: a seeded period is laid out whole
 _SALT = 0x6D6978  # "mix": keys of a seeded period, apart from the shuffles' epoch keys
@@ -106,28 +106,27 @@ def select(k: np.ndarray, props: Sequence[int],
         return grain_select(k, props)
     period = sum(props)
     b, r = np.divmod(k, period)
-    which, key = np.empty_like(r), np.empty_like(r)
-    for pb in np.unique(b).tolist():  # few distinct periods per lookup
-        at = b == pb
-        w_all, rank = _period(tuple(props), seed, pb)
-        which[at], key[at] = w_all[r[at]], rank[r[at]]
+    periods, row = np.unique(b, return_inverse=True)  # few distinct periods per lookup
+    which_all, rank_all = _periods(tuple(props), seed, periods)
+    row = row.reshape(b.shape)
+    which, key = which_all[row, r], rank_all[row, r]
     return which, b * np.asarray(props, dtype=np.int64)[which] + key
 
 
-@functools.lru_cache(maxsize=16)
-def _period(props: tuple[int, ...], seed: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """The input of every slot of seeded period `b`, and how many slots before it in the
-    period took the same input (its rank: each input's elements are taken in order)."""
+def _periods(props: tuple[int, ...], seed: int,
+             periods: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The input of every slot of each seeded period in `periods` (one row each), and how
+    many slots before it in its period took the same input (its rank: each input's
+    elements are taken in order)."""
     period = sum(props)
-    slots = feistel_permute(np.arange(period, dtype=np.int64), period,
-                            epoch_key(seed, b, _SALT))
+    slots = permute_by_epoch(np.tile(np.arange(period, dtype=np.int64), len(periods)),
+                             np.repeat(periods, period), period, epoch_key(seed, _SALT))
     which, _ = grain_select(slots, props)
-    rank = np.empty(period, dtype=np.int64)
+    which = which.reshape(len(periods), period)
+    rank = np.zeros_like(which)
     for i in range(len(props)):
-        at = np.flatnonzero(which == i)
-        rank[at] = np.arange(len(at))
-    which.setflags(write=False)
-    rank.setflags(write=False)
+        mine = which == i
+        rank[mine] = (np.cumsum(mine, axis=1) - 1)[mine]
     return which, rank
 
 
