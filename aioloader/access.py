@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .mixed import opened
 from .objects import ObjectRecords, ObjectSource
 from .options import LoaderOptions
 from .plan import compile, needs_processes, source_meta
@@ -50,7 +51,7 @@ class Access:
             from .jax import process_index_and_count
 
             procs = process_index_and_count()
-        spec = dataset.source
+        spec = opened(dataset.source)  # a mix's inputs: one source, end to end
         self.source: ArrayRecordSource | ObjectRecords
         if isinstance(spec, ObjectSource):  # a from_source() object: read in place
             self.source = ObjectRecords(spec)

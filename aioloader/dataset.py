@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
+from .mixed import MixSpec
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
+from .selection import proportions
 from .transforms import (
     BatchOp,
     FilterOp,
@@ -67,15 +69,15 @@ class Dataset:
     """An immutable, picklable description of a pipeline: source → index ops → record ops →
     batching.
 
-    Build one with `from_arrayrecord` or `from_source`, chain verbs (`shuffle`, `repeat`,
-    `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`, `filter`, `pack`,
-    `batch`), each returning a new `Dataset`, and run it with `loader()`. Nothing is read
+    Build one with `from_arrayrecord`, `from_source`, `mix` or `concatenate`, chain verbs
+    (`shuffle`, `repeat`, `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`,
+    `flat_map`, `filter`, `pack`, `batch`), each returning a new `Dataset`, and run it with `loader()`. Nothing is read
     until then, so a description can be built anywhere (before `jax.distributed` starts) and
     sent to other processes. Pipelines of one-to-one steps are also random access:
     `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields at those positions.
     """
 
-    source: SourceSpec | ObjectSource
+    source: SourceSpec | ObjectSource | MixSpec
     index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
     record_ops: tuple[RecordOp, ...] = ()
     batching: BatchOp | PackOp | None = None
@@ -122,6 +124,25 @@ class Dataset:
         check_source(source)
         return cls(ObjectSource(source))
 
+    @classmethod
+    def mix(cls, datasets: Sequence[Dataset], weights: Sequence[float] | None = None, *,
+            seed: int | None = None) -> Dataset:
+        """Interleave `datasets` by `weights` (default equal), Grain's `MapDataset.mix`: the
+        same order (seed None), or each period of the interleaving in a keyed random order
+        (`seed`; the proportions stay exact). Ends before a finite input would run out;
+        repeat the inputs for an endless mix. Inputs are index-level (source, shuffle,
+        repeat, shard, slice): map, filter, batch and shard_by_jax_process() go after it.
+        """
+        datasets = tuple(datasets)
+        props = proportions(weights, len(datasets))
+        return cls(MixSpec(datasets, props, None if seed is None else int(seed)))
+
+    @classmethod
+    def concatenate(cls, datasets: Sequence[Dataset]) -> Dataset:
+        """The finite `datasets` one after another (index-level inputs, as for `mix`); a
+        repeat after it re-keys every input's shuffle, as Grain's does."""
+        return cls(MixSpec(tuple(datasets)))
+
     # -- index ops --------------------------------------------------------------------
 
     def _index(self, op: IndexOp | JaxProcessShard) -> Dataset:
@@ -147,6 +168,9 @@ class Dataset:
                             "shuffle's window is now window_bytes= (and its blocks "
                             "block_bytes=), e.g. shuffle(seed, strategy='block', "
                             "window_bytes=64 << 20)")
+        if strategy == "block" and isinstance(self.source, MixSpec):
+            raise ValueError("a block shuffle cuts one source's files into blocks, and a "
+                             "mix has several: use shuffle(seed) (exact) after mixing")
         if strategy == "block" and isinstance(self.source, ObjectSource):
             raise ValueError("a block shuffle reads runs of ArrayRecord chunks, and a "
                              "from_source() dataset has none: use shuffle(seed) (exact)")
@@ -332,12 +356,13 @@ class Dataset:
         """Raise a clear error, before any worker starts, when a transform cannot travel to
         worker processes (it holds a lock, an open file or socket...), or the source of a
         `from_source()` dataset cannot (workers read records from their own copy)."""
-        if isinstance(self.source, ObjectSource):
+        source = self.source.combined if isinstance(self.source, MixSpec) else self.source
+        if isinstance(source, ObjectSource):
             try:
-                dumps_op(self.source.obj)
+                dumps_op(source.obj)
             except Exception as exc:
                 raise TypeError(
-                    f"the source {self.source.name} cannot be pickled for worker processes "
+                    f"the source {source.name} cannot be pickled for worker processes "
                     f"({type(exc).__name__}: {exc}): each worker reads records from its own "
                     "copy; use workers=0, or a source that pickles") from None
         for op in (*self.record_ops, *self.batch_ops):
@@ -359,9 +384,12 @@ class Dataset:
 
     def describe(self) -> list[str]:
         """The pipeline, one stage per line."""
-        paths = self.source.paths
-        more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
-        lines = [f"source({redact(paths[0])}{more})"]
+        if isinstance(self.source, MixSpec):
+            lines = [self.source.describe()]
+        else:
+            paths = self.source.paths
+            more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
+            lines = [f"source({redact(paths[0])}{more})"]
         lines += [_describe_index(op) for op in self.index_ops]
         lines += [op.describe() for op in self.record_ops]
         if self.batching is not None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .dataset import Dataset, JaxProcessShard
+from .mixed import MixSpec, build_index
 from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
 from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
@@ -93,6 +94,8 @@ class SourceMeta:
     # block): the files cut into runs of whole chunks of about block_bytes on disk
     # (`RecordTable.runs`), for block shuffle; windows count decoded bytes (memory held)
     blocks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
+    # records of each pattern (object) opened, in order: a mix's inputs are runs of them
+    part_records: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,9 +235,10 @@ def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
     """What the plan needs of opened files (`whole`: a remote dataset kept in memory); of a
     `from_source()` object, its length (read where it is decoded, like local files)."""
     if isinstance(src, ObjectRecords):
-        return SourceMeta(len(src), None, True, False, verify)
+        parts = getattr(src.obj, "part_lengths", (len(src),))
+        return SourceMeta(len(src), None, True, False, verify, part_records=tuple(parts))
     return SourceMeta(len(src), src.chunk_starts, src.all_local, whole, verify,
-                      src.table.blocks)
+                      src.table.blocks, src.table.pattern_records)
 
 
 def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
@@ -244,7 +248,9 @@ def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
     state's)."""
     sh = shape(dataset, options.worker.window, procs)
     resolved = _resolve(dataset, meta, sh.procs, layout)
-    index = IndexPlan(meta.num_records, resolved.ops, resolved.block_starts)
+    base = (build_index(dataset.source, meta.part_records)
+            if isinstance(dataset.source, MixSpec) else None)
+    index = IndexPlan(meta.num_records, resolved.ops, resolved.block_starts, base)
     pipeline = worker_pipeline(dataset, sh, meta.verify, options.read.memory_budget)
     return Plan(sh, index, unit or sh.unit, pipeline, meta.local or meta.resident,
                 options.worker.slot_size, meta, tuple(layout), resolved.window_bytes)
@@ -260,7 +266,8 @@ def with_layout(plan: Plan, dataset: Dataset, layout: tuple[tuple[int, int], ...
     """`plan` for a state with other earlier process counts (a state set on a running
     loader): only a dealt block shuffle's windows depend on them."""
     resolved = _resolve(dataset, plan.meta, plan.shape.procs, layout)
-    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
+    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts,
+                      plan.index.base)
     return replace(plan, index=index, layout=tuple(layout))
 
 
@@ -284,4 +291,5 @@ def longest_shard(plan: Plan, dataset: Dataset) -> IndexPlan:
     if not procs:
         return plan.index
     resolved = _resolve(dataset, plan.meta, (0, procs[1]), plan.layout)
-    return IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
+    return IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts,
+                     plan.index.base)

@@ -31,6 +31,7 @@ from .permutation import (
     mix64,
     permute_by_epoch,
 )
+from .selection import PositionIndex
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -300,7 +301,10 @@ class IndexPlan:
         num_records: int,
         ops: Sequence[IndexOp],
         chunk_starts: np.ndarray | None = None,
+        base: PositionIndex | None = None,
     ) -> None:
+        """`base`: the ops apply to its positions, not to the records (`selection`: a mix or
+        a concatenation), and it maps them on to records."""
         num_records = operator.index(num_records)
         if num_records < 0:
             raise ValueError(f"num_records must be >= 0, got {num_records}")
@@ -314,7 +318,8 @@ class IndexPlan:
                     f"chunk_starts ends at {int(cs[-1])} but the source has {num_records} records"
                 )
             self.chunk_starts = cs
-        lengths: list[int | None] = [num_records]
+        self.base = base
+        lengths: list[int | None] = [num_records if base is None else base.length]
         for i, op in enumerate(self.ops):
             if not isinstance(op, (Slice, Shuffle, Repeat, Shard, BlockShuffle, Windows)):
                 raise TypeError(f"op {i} is not an index op: {op!r}")
@@ -327,7 +332,7 @@ class IndexPlan:
                         f"first, directly on the source (found after {self.ops[i - 1]!r}); "
                         "use strategy='exact' here or move the block shuffle first"
                     )
-                if self.chunk_starts is None:
+                if self.chunk_starts is None or base is not None:
                     raise ValueError("block shuffle needs the source's chunk_starts "
                                      "(its blocks' record starts)")
             try:
@@ -345,6 +350,8 @@ class IndexPlan:
         return self.lengths[-1]
 
     def _epoch_length(self) -> int | None:
+        if self.base is not None:  # the inputs' epochs follow their own lengths
+            return None
         r = self._outer_repeat
         if r is None:
             return self.length
@@ -369,8 +376,10 @@ class IndexPlan:
             period, phase = period // stride, (start + phase) // stride
         return period if phase % period == 0 else None
 
-    def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(record indices, epochs), both int64 and shaped like `positions`.
+    def lookup(self, positions: np.ndarray,
+               epochs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(record indices, epochs), both int64 and shaped like `positions`; `epochs`: the
+        incoming ones (a repeat after a mix hands its epoch to the mix's inputs).
 
         Raises IndexError for positions < 0 or >= length.
         """
@@ -386,12 +395,15 @@ class IndexPlan:
             if lo < 0 or (self.length is not None and hi >= self.length):
                 bad = lo if lo < 0 else hi
                 raise IndexError(f"position {bad} out of range for a plan of length {self.length}")
-        epochs = np.zeros_like(pos)
+        epochs = np.zeros_like(pos) if epochs is None else \
+            np.asarray(epochs, dtype=np.int64).ravel()
         reported = epochs
         for i in range(len(self.ops) - 1, -1, -1):
             pos, epochs = self.ops[i].parent(pos, epochs, self.lengths[i], self.chunk_starts)
             if i == self._outer_repeat:
                 reported = epochs
+        if self.base is not None:  # the inputs report their own (given these epochs)
+            pos, reported = self.base.lookup(pos, epochs)
         return pos.reshape(shape), reported.reshape(shape)
 
     def __repr__(self) -> str:

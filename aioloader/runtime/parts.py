@@ -19,6 +19,7 @@ from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
 from ..gate import Gate
+from ..mixed import opened
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, compile, source_meta, worker_pipeline
@@ -59,9 +60,10 @@ class Parts:
         """Start the workers, open the files, compile the plan (`unit`, `layout`: the
         state's)."""
         ds, opts = self.dataset, self.options
-        pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
-        if isinstance(ds.source, ObjectSource):  # the workers read it (aioloader.objects)
-            pipeline = dataclasses.replace(pipeline, records=ds.source.obj)
+        spec = opened(ds.source)  # a mix's inputs: one source, end to end
+        pipeline = worker_pipeline(ds, self.shape, spec.verify, opts.read.memory_budget)
+        if isinstance(spec, ObjectSource):  # the workers read it (aioloader.objects)
+            pipeline = dataclasses.replace(pipeline, records=spec.obj)
         first, most = self.setting, self.limits
         self.pool = Pool(pipeline, most.workers if "workers" in most.tune else first.workers,
                          slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
@@ -70,14 +72,14 @@ class Parts:
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
         self.pool.warm_up()  # (auto at 0 too: a step up is then measured, not spawned)
-        if isinstance(ds.source, ObjectSource):
-            return self._open_object(ds.source, unit, layout, owner)
+        if isinstance(spec, ObjectSource):
+            return self._open_object(spec, unit, layout, owner)
         read = opts.read
         storage = Storage(concurrency=most.io_concurrency, max_inflight_bytes=read.memory_budget,
-                          retry=read.retry, storage_options=dict(ds.source.storage_options))
+                          retry=read.retry, storage_options=dict(spec.storage_options))
         storage.set_concurrency(first.io_concurrency)
         src = self.source = ArrayRecordSource(
-            list(ds.source.paths), storage=storage, verify=ds.source.verify,
+            list(spec.paths), storage=storage, verify=spec.verify,
             max_gap=read.max_gap, resident_bytes=read.resident_bytes)
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
@@ -87,7 +89,7 @@ class Parts:
             stored = sum(f.size for f in src.table.files) / len(src)
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
-        meta = source_meta(src, ds.source.verify, whole=whole)
+        meta = source_meta(src, spec.verify, whole=whole)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
         if self.plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(

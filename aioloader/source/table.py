@@ -49,17 +49,21 @@ async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
     cache: list, then map the files' cached table, or index them and store it."""
     opener = _Opener(storage, verify)
     if index_cache is not None:
-        infos = [i for group in await gather_all(opener.list_pattern(p) for p in patterns)
-                 for i in group]
+        listed = await gather_all(opener.list_pattern(p) for p in patterns)
+        infos = [i for group in listed for i in group]
         cached = index_cache.load(infos)
         if cached is not None:
-            return RecordTable(infos, cached.indices, cached.bounds)
+            table = RecordTable(infos, cached.indices, cached.bounds)
+            table.pattern_files = [len(g) for g in listed]
+            return table
         table = RecordTable(infos, await opener.open_files(infos))
+        table.pattern_files = [len(g) for g in listed]
         index_cache.store(infos, table.indices)
         return await _trimmed(table)
     groups = await gather_all(opener.open_pattern(p) for p in patterns)
     table = RecordTable([info for group in groups for info, _ in group],
                         [index for group in groups for _, index in group])
+    table.pattern_files = [len(g) for g in groups]
     del groups  # the parsed columns, now copied into the table: free them before trimming
     return await _trimmed(table)
 
@@ -275,9 +279,18 @@ class RecordTable:
         # so the fetch stage caches their raw chunks, and `read` their decoded records.
         self.grouped = np.array([ix.max_records > 1 for ix in self.indices], dtype=bool)
         self._runs: dict[int, Runs] = {}
+        self.pattern_files: list[int] | None = None  # files each opened pattern named
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    @property
+    def pattern_records(self) -> tuple[int, ...]:
+        """Records of each pattern the table was opened with, in order (a mix's inputs are
+        runs of patterns); the files' counts when the patterns are not known."""
+        files = self.pattern_files or [1] * len(self.files)
+        ends = self.starts[np.cumsum([0, *files])]
+        return tuple(int(x) for x in np.diff(ends))
 
     @property
     def chunk_count(self) -> int:
