@@ -2,9 +2,9 @@
 
 Each verb returns a new `Dataset`; nothing runs until `.loader()`. The description splits in
 three parts that run in different places: index ops (shuffle, repeat, shard, slicing) are pure
-functions of a position (`sampling`); record ops (map, random_map, filter) and the batching
-step (batch or pack, plus maps after it) run in worker processes (`workers`); the loader
-schedules it all (`loader`). Names follow Grain where they mean the same thing.
+functions of a position (`sampling`); record ops (map, random_map, filter, flat_map) and the
+batching step (batch or pack, plus maps after it) run in worker processes (`workers`); the
+loader schedules it all (`loader`). Names follow Grain where they mean the same thing.
 
 Record ops commute with index ops (they act on one record at a time), so they may be called
 in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack` are refused.
@@ -27,6 +27,7 @@ from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
 from .transforms import (
     BatchOp,
     FilterOp,
+    FlatMapOp,
     MapOp,
     PackOp,
     RandomMapOp,
@@ -239,6 +240,14 @@ class Dataset:
         """Keep records for which `predicate` is true. `predicate`: a function, or an object
         with a `filter` method (`aioloader.transforms.Filter`, Grain's `Filter`)."""
         return self._record(FilterOp(transform_fn(predicate, "filter", "filter")))
+
+    def flat_map(self, fn: Callable[[Any], Any]) -> Dataset:
+        """Replace every record by the elements `fn(record)` returns (an iterable: zero or
+        more), in order. `fn`: a function, or an object with a `flat_map` method
+        (`aioloader.transforms.FlatMap`, Grain's). Resume is exact mid-expansion; a
+        record's elements are all made in one window's task, so keep the fan-out to what
+        fits in memory (`window=` sets the records a window holds)."""
+        return self._record(FlatMapOp(transform_fn(fn, "flat_map", "flat_map")))
 
     # -- batching ---------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ loops or processes: the index ops with the per-process shard resolved, the mode,
 unit and how tasks grow, what the workers run, and the pipeline's fingerprint (saved in
 states). The runtime then only executes a plan.
 
-Modes. *Batch mode* (`batch()` and no filter): a task is one or more whole batches and the
-workers return finished batches. *Stream mode* (filter or pack, or no batching): a task is a
+Modes. *Batch mode* (`batch()` and no filter or flat_map): a task is one or more whole
+batches and the workers return finished batches. *Stream mode* (filter, flat_map or pack, or
+no batching): a task is a
 window of `unit` output positions, the workers return what survived, and the batches (or
 packed rows) are assembled in order from consecutive windows (`runtime.assembly`).
 """
@@ -24,7 +25,7 @@ from .dataset import Dataset, JaxProcessShard
 from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
 from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
-from .transforms import BatchOp, FilterOp
+from .transforms import BatchOp, one_to_many
 from .workers.messages import Pipeline
 
 if TYPE_CHECKING:
@@ -54,8 +55,7 @@ def shape(dataset: Dataset, window: int | None = None,
           procs: tuple[int, int] | None = None) -> Shape:
     """The mode, unit and fingerprint of `dataset`; `procs` resolves shard_by_jax_process()."""
     batching = dataset.batching
-    batch_mode = isinstance(batching, BatchOp) and not any(
-        isinstance(op, FilterOp) for op in dataset.record_ops)
+    batch_mode = isinstance(batching, BatchOp) and not one_to_many(dataset.record_ops)
     default = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
     unit = default if batch_mode else int(window or default)
     if not needs_processes(dataset):

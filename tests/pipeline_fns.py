@@ -102,3 +102,22 @@ def as_uint8_x4(record: bytes) -> np.ndarray:
 
 def first_byte_even(element: np.ndarray) -> bool:
     return int(element[0]) % 2 == 0
+
+
+def split_tokens(element: dict) -> list[dict]:
+    """flat_map: one element per token (0..6 of them), each with its id and place."""
+    i = int(element["id"])
+    return [{"id": np.int64(i), "k": np.int64(k), "tokens": element["tokens"][: k + 1]}
+            for k in range(len(element["tokens"]) - 1)]
+
+
+def id_k(element: dict) -> dict:
+    return {"id": element["id"], "k": element["k"]}
+
+
+def id_k_noise(element: dict) -> dict:
+    return {"id": element["id"], "k": element["k"], "noise": element["noise"]}
+
+
+def not_k2(element: dict) -> bool:
+    return int(element["k"]) != 2

@@ -285,7 +285,7 @@ class Loader:
         if index.length is None:
             return None
         if not plan.batch_mode:
-            raise ValueError("num_batches() needs batch() without filter or pack")
+            raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
         return plan.batches_from(run.start.position, index.length)
 
     # -- figures ----------------------------------------------------------------------
