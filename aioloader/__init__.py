@@ -20,6 +20,7 @@ from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
 from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
+from .state import merge_states
 from .transforms import Filter, FlatMap, Map, RandomMap
 
 __version__ = "0.1.0"
@@ -48,4 +49,5 @@ __all__ = [
     "WorkerError",
     "WorkerOptions",
     "__version__",
+    "merge_states",
 ]

@@ -121,3 +121,18 @@ def id_k_noise(element: dict) -> dict:
 
 def not_k2(element: dict) -> bool:
     return int(element["k"]) != 2
+
+
+def id_tokens(element: dict) -> dict:
+    """To pack: a run of (id + 1)s, 1..5 long, so each packed segment names its record."""
+    i = int(element["id"])
+    return {"tokens": np.full(i % 5 + 1, i + 1, np.int32)}
+
+
+def packed_ids(row: dict) -> list[int]:
+    """The record ids of the segments of packed rows (`id_tokens`), row by row."""
+    t, s = np.asarray(row["tokens"]), np.asarray(row["tokens_segment_ids"])
+    out = []
+    for tr, sr in zip(t.reshape(-1, t.shape[-1]), s.reshape(-1, s.shape[-1])):
+        out += [int(tr[sr == g][0]) - 1 for g in np.unique(sr[sr > 0])]
+    return out

@@ -51,9 +51,10 @@ class Parts:
         self.disk: DiskTier | None = None
         self._finalizer: weakref.finalize | None = None
 
-    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = ()) -> Plan:
-        """Start the workers, open the files, compile the plan (`unit`, `layout`: the
-        state's)."""
+    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = (),
+                   state: Any = None) -> Plan:
+        """Start the workers, open the files, compile the plan (`unit`, `layout`, `state`:
+        the state's)."""
         ds, opts = self.dataset, self.options
         pipeline = worker_pipeline(ds, self.shape, ds.source.verify, opts.read.memory_budget)
         if isinstance(ds.source, ObjectSource):  # the workers read it (aioloader.objects)
@@ -66,7 +67,7 @@ class Parts:
                                            self.pool.close)
         self.pool.warm_up()
         if isinstance(ds.source, ObjectSource):
-            return self._open_object(ds.source, unit, layout, owner)
+            return self._open_object(ds.source, unit, layout, owner, state)
         read = opts.read
         storage = Storage(concurrency=read.io_concurrency, max_inflight_bytes=read.memory_budget,
                           retry=read.retry, storage_options=dict(ds.source.storage_options))
@@ -82,7 +83,8 @@ class Parts:
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
         meta = source_meta(src, ds.source.verify, whole=whole)
-        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
+        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout,
+                            state=state)
         if self.plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
                 "block shuffle of a remote dataset with resident_bytes=%d: too small for the "
@@ -93,13 +95,15 @@ class Parts:
         self.runner.disk = self.disk = self._disk_tier(src)
         return self.plan
 
-    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object) -> Plan:
+    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object,
+                     state: Any = None) -> Plan:
         """`open` for a `from_source()` object: no files, storage or tiers to open."""
         assert self.pool is not None
         src = self.source = ObjectRecords(spec)
         self.stats.transfer_source = self.pool.figures
         self.plan = compile(self.dataset, source_meta(src, spec.verify, whole=False),
-                            self.options, unit=unit, procs=self.shape.procs, layout=layout)
+                            self.options, unit=unit, procs=self.shape.procs, layout=layout,
+                            state=state)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         return self.plan
 
