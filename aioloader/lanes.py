@@ -172,6 +172,27 @@ def remap(old: Sequence[Progress], index: int, count: int, block: int, drop: boo
     return Lanes(tuple(segments), main, cut // (block * count) * block, cut)
 
 
+def check(lane: Shard | Lanes, index: int, count: int, block: int,
+          parent_len: int | None) -> None:
+    """A lane read from a state is one `remap` could have made for process `index` of
+    `count` (dealt in blocks of `block`): else a `StateError` (the state was edited, or is
+    of another dataset), rather than reads of records that are not there."""
+    shard = lane.main if isinstance(lane, Lanes) else lane
+    if (shard.index, shard.count, shard.block) != (index, count, block):
+        raise StateError(f"loader state lane is process {shard.index} of {shard.count} "
+                         f"(blocks of {shard.block}), not {index} of {count} (blocks of "
+                         f"{block}): was it saved for another pipeline?")
+    if isinstance(lane, Lanes):
+        for s in lane.segments:
+            inner = s.lane.main if isinstance(s.lane, Lanes) else s.lane
+            check(s.lane, inner.index, inner.count, inner.block, parent_len)
+            n = s.lane.length(parent_len)
+            if n is not None and s.stop > n:
+                raise StateError(f"loader state lane segment [{s.start}, {s.stop}) is past "
+                                 f"the end of its lane ({n} positions): was it saved for "
+                                 "another dataset?")
+
+
 # -- JSON -------------------------------------------------------------------------------
 
 

@@ -312,21 +312,27 @@ def stream_lane(dataset: Dataset, meta: SourceMeta, sh: Shape, state: LoaderStat
                              f"batch {per_batch} does not split into {count}")
         return per_batch // count
 
-    def resolve(obj: Any, count: int) -> lanes.Lanes | Shard:
-        """A lane of a run on `count` processes; one moved there is made now (`remap`)."""
+    def resolve(obj: Any, count: int, index: int) -> lanes.Lanes | Shard:
+        """Lane `index` of a run on `count` processes; one moved there is made now
+        (`remap`)."""
         if "moved" not in obj:
-            return lanes.from_json(obj)
+            lane = lanes.from_json(obj)
+            lanes.check(lane, index, count, block(count), parent_len)
+            return lane
+        if obj["index"] != index:
+            raise StateError(f"loader state lane was made for process {obj['index']}, not "
+                             f"{index} of {count}")
         origin, old = obj["moved"], obj["moved"]["process_count"]
         progress = []
         for p, d in enumerate(origin["lanes"]):
-            lane = (resolve(d["lane"], old) if d.get("lane") is not None else
+            lane = (resolve(d["lane"], old, p) if d.get("lane") is not None else
                     Shard(p, old, drop_remainder=shard.drop_remainder, block=block(old)))
             progress.append(lanes.Progress(lane, d["position"], d["skip"], d["rows"],
                                            d["until"] or d["position"] + origin["unit"]))
         return lanes.remap(progress, obj["index"], count, block(count),
                            shard.drop_remainder, parent_len)
 
-    made = resolve(state.lane, sh.process_count)
+    made = resolve(state.lane, sh.process_count, sh.procs[0])
     assert isinstance(made, lanes.Lanes)
     return made
 

@@ -182,3 +182,19 @@ def test_remap_covers_every_position_once(data, old, new, block, parent_len):
     assert sorted(consumed) == list(range(parent_len))
     for p in progress:
         assert lanes.local_at(p.lane, moved[0].cut) >= min(p.until, p.lane.length(parent_len))
+
+
+def test_an_edited_lane_is_refused_with_a_clear_error(paths, monkeypatch):
+    states = [run(paths, "filter_pack", i, 2, stop=2, monkeypatch=monkeypatch)[1]
+              for i in range(2)]
+    _, moved = run(paths, "filter_pack", 0, 3, state=al.merge_states(states), stop=1,
+                   monkeypatch=monkeypatch)
+    bad = json.loads(json.dumps(moved))
+    bad["lane"]["segments"][0][2] = 10**9  # a leftover past the end of its lane
+    with pytest.raises(StateError, match="past the end of its lane"):
+        run(paths, "filter_pack", 0, 3, state=bad, monkeypatch=monkeypatch)
+    with pytest.raises(StateError, match="not 1 of 3"):  # process 0's lane on process 1
+        run(paths, "filter_pack", 1, 3, state=moved, monkeypatch=monkeypatch)
+    bad["lane"] = {"segments": "x"}
+    with pytest.raises(StateError, match="segments"):
+        run(paths, "filter_pack", 0, 3, state=bad, monkeypatch=monkeypatch)

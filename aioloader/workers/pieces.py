@@ -71,7 +71,7 @@ def windows_of(kept: Sequence[int], records: int, window: int, lo: int = 0,
     each from the region's `origin`; 0: one window) and how many of the survivors (their
     positions in the task: `kept`) fall in each."""
     kept = np.asarray(kept, dtype=np.int64)
-    start = origin(lo, cuts)
+    start = origin(lo, cuts) if cuts else lo
     if not window or (lo - start) % window == 0:
         window = window or records
         counts = np.bincount(kept // window, minlength=-(-records // window)).tolist()
