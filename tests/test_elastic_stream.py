@@ -7,6 +7,7 @@ runs it with real JAX processes."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import json
@@ -198,3 +199,22 @@ def test_an_edited_lane_is_refused_with_a_clear_error(paths, monkeypatch):
     bad["lane"] = {"segments": "x"}
     with pytest.raises(StateError, match="segments"):
         run(paths, "filter_pack", 0, 3, state=bad, monkeypatch=monkeypatch)
+
+
+def test_set_state_moves_a_running_loader(paths, monkeypatch):
+    """A merged state set on a running loader of another count: the same items as a
+    loader started with it."""
+    name = "filter_pack"
+    states = [run(paths, name, i, 2, stop=2 + i, window=4, monkeypatch=monkeypatch)[1]
+              for i in range(2)]
+    merged = al.merge_states(states)
+    want, _ = run(paths, name, 0, 3, state=merged, monkeypatch=monkeypatch)
+    monkeypatch.setattr(aj, "process_index_and_count", lambda: (0, 3))
+
+    async def rest():
+        async with pipeline(paths, name, 3).loader(workers=0, window=4) as it:
+            await it.__anext__()
+            it.set_state(merged)
+            return [i async for item in it for i in ids(item, name)]
+
+    assert asyncio.run(rest()) == want
