@@ -21,6 +21,7 @@ from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
 from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
+from .state import merge_states
 from .transforms import Filter, FlatMap, Map, RandomMap
 
 # The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
@@ -51,4 +52,5 @@ __all__ = [
     "WorkerError",
     "WorkerOptions",
     "__version__",
+    "merge_states",
 ]

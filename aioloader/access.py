@@ -5,7 +5,7 @@ The element at output position i is computed in this process the way the loader 
 it: the same compiled plan maps i to (record, epoch), the record is read through an
 `ArrayRecordSource`, and the same record ops run on it, random_map keyed on (seed, epoch,
 record, op position). So `ds[i]` is the loader's i-th element, for any worker count. Only
-pipelines whose ops are all one-to-one can be indexed: a filter, pack or batch makes the
+pipelines whose ops are all one-to-one can be indexed: a filter, flat_map, pack or batch makes the
 position of an element depend on the elements before it.
 """
 
@@ -22,7 +22,7 @@ from .objects import ObjectRecords, ObjectSource
 from .options import LoaderOptions
 from .plan import compile, needs_processes, source_meta
 from .source import ArrayRecordSource
-from .transforms import FilterOp, apply_record_ops
+from .transforms import FilterOp, FlatMapOp, apply_record_ops
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -32,6 +32,9 @@ def unindexable(dataset: Dataset) -> str | None:
     """Why `dataset` has no random access, or None when it has."""
     if any(isinstance(op, FilterOp) for op in dataset.record_ops):
         return "a filter() drops elements, so position i depends on every element before it"
+    if any(isinstance(op, FlatMapOp) for op in dataset.record_ops):
+        return ("a flat_map() makes any number of elements of a record, so position i "
+                "depends on every element before it")
     if dataset.batching is not None:
         verb = "pack()" if dataset.batching.describe().startswith("pack") else "batch()"
         return (f"{verb} groups elements; index the pipeline before it (the loader yields "

@@ -2,9 +2,9 @@
 
 Each verb returns a new `Dataset`; nothing runs until `.loader()`. The description splits in
 three parts that run in different places: index ops (shuffle, repeat, shard, slicing) are pure
-functions of a position (`sampling`); record ops (map, random_map, filter) and the batching
-step (batch or pack, plus maps after it) run in worker processes (`workers`); the loader
-schedules it all (`loader`). Names follow Grain where they mean the same thing.
+functions of a position (`sampling`); record ops (map, random_map, filter, flat_map) and the
+batching step (batch or pack, plus maps after it) run in worker processes (`workers`); the
+loader schedules it all (`loader`). Names follow Grain where they mean the same thing.
 
 Record ops commute with index ops (they act on one record at a time), so they may be called
 in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack` are refused.
@@ -29,6 +29,7 @@ from .selection import proportions
 from .transforms import (
     BatchOp,
     FilterOp,
+    FlatMapOp,
     MapOp,
     PackOp,
     RandomMapOp,
@@ -71,10 +72,11 @@ class Dataset:
 
     Build one with `from_arrayrecord`, `from_source`, `mix` or `concatenate`, chain verbs
     (`shuffle`, `repeat`, `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`,
-    `flat_map`, `filter`, `pack`, `batch`), each returning a new `Dataset`, and run it with `loader()`. Nothing is read
-    until then, so a description can be built anywhere (before `jax.distributed` starts) and
-    sent to other processes. Pipelines of one-to-one steps are also random access:
-    `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields at those positions.
+    `flat_map`, `filter`, `pack`, `batch`), each returning a new `Dataset`, and run it with
+    `loader()`. Nothing is read until then, so a description can be built anywhere (before
+    `jax.distributed` starts) and sent to other processes. Pipelines of one-to-one steps are
+    also random access: `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields
+    at those positions.
     """
 
     source: SourceSpec | ObjectSource | MixSpec
@@ -274,6 +276,14 @@ class Dataset:
         """Keep records for which `predicate` is true. `predicate`: a function, or an object
         with a `filter` method (`aioloader.transforms.Filter`, Grain's `Filter`)."""
         return self._record(FilterOp(transform_fn(predicate, "filter", "filter")))
+
+    def flat_map(self, fn: Callable[[Any], Any]) -> Dataset:
+        """Replace every record by the elements `fn(record)` returns (an iterable: zero or
+        more), in order. `fn`: a function, or an object with a `flat_map` method
+        (`aioloader.transforms.FlatMap`, Grain's). Resume is exact mid-expansion; a
+        record's elements are all made in one window's task, so keep the fan-out to what
+        fits in memory (`window=` sets the records a window holds)."""
+        return self._record(FlatMapOp(transform_fn(fn, "flat_map", "flat_map")))
 
     # -- batching ---------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MissingExtraError
+from .state import merge_states
 
 try:
     import jax
@@ -204,8 +205,10 @@ if ocp is not None:
     class LoaderCheckpointHandler(ocp.CheckpointHandler):
         """Saves each process's loader state as `process_{i}-of-{n}.json`.
 
-        Restoring on a different process count (elastic resume) reads process 0's file: the
-        states of all processes describe the same global step.
+        Restoring on a different process count (elastic resume) reads every process's
+        file and merges them (`merge_states`): with batch() alone the states of all processes
+        describe the same global step, but with filter, flat_map or pack each process has
+        consumed its own share.
         """
 
         def save(self, directory: epath.Path, args: LoaderSave) -> None:
@@ -218,12 +221,16 @@ if ocp is not None:
         def restore(self, directory: epath.Path, args: LoaderRestore | None = None) -> Any:
             i, n = process_index_and_count()
             path = directory / f"process_{i}-of-{n}.json"
-            if not path.exists():
+            if path.exists():
+                state = json.loads(path.read_text())
+            else:
                 found = sorted(directory.glob("process_0-of-*.json"))
                 if not found:
                     raise FileNotFoundError(f"no loader state in {directory}")
-                path = found[0]
-            state = json.loads(path.read_text())
+                old = int(found[0].name.rsplit("-of-", 1)[1].split(".")[0])
+                state = merge_states([
+                    json.loads((directory / f"process_{k}-of-{old}.json").read_text())
+                    for k in range(old)])
             if args is not None and args.loader is not None:
                 args.loader.set_state(state)
             return state

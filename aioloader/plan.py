@@ -6,8 +6,9 @@ loops or processes: the index ops with the per-process shard resolved, the mode,
 unit and how tasks grow, what the workers run, and the pipeline's fingerprint (saved in
 states). The runtime then only executes a plan.
 
-Modes. *Batch mode* (`batch()` and no filter): a task is one or more whole batches and the
-workers return finished batches. *Stream mode* (filter or pack, or no batching): a task is a
+Modes. *Batch mode* (`batch()` and no filter or flat_map): a task is one or more whole
+batches and the workers return finished batches. *Stream mode* (filter, flat_map or pack, or
+no batching): a task is a
 window of `unit` output positions, the workers return what survived, and the batches (or
 packed rows) are assembled in order from consecutive windows (`runtime.assembly`).
 """
@@ -16,21 +17,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import lanes
 from .dataset import Dataset, JaxProcessShard
+from .errors import StateError
 from .mixed import MixSpec, build_index
 from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
 from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
-from .transforms import BatchOp, FilterOp
+from .transforms import BatchOp, one_to_many
 from .workers.messages import Pipeline
+from .workers.pieces import origin
 
 if TYPE_CHECKING:
     from .options import LoaderOptions
     from .source import ArrayRecordSource
+    from .state import LoaderState
 
 TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
 MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
@@ -55,8 +60,7 @@ def shape(dataset: Dataset, window: int | None = None,
           procs: tuple[int, int] | None = None) -> Shape:
     """The mode, unit and fingerprint of `dataset`; `procs` resolves shard_by_jax_process()."""
     batching = dataset.batching
-    batch_mode = isinstance(batching, BatchOp) and not any(
-        isinstance(op, FilterOp) for op in dataset.record_ops)
+    batch_mode = isinstance(batching, BatchOp) and not one_to_many(dataset.record_ops)
     default = batching.size if isinstance(batching, BatchOp) else DEFAULT_WINDOW
     unit = default if batch_mode else int(window or default)
     if not needs_processes(dataset):
@@ -116,7 +120,8 @@ def window_records(window_bytes: int, num_records: int, data_bytes: int, group: 
 
 def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
                       meta: SourceMeta | None = None,
-                      layout: tuple[tuple[int, int], ...] = ()) -> ResolvedIndex:
+                      layout: tuple[tuple[int, int], ...] = (),
+                      lane: lanes.Lanes | None = None) -> ResolvedIndex:
     """Index ops as they run: `shard_by_jax_process()` turned into a block-dealt `Shard`
     (whole per-process batches dealt round-robin: the global batch is the same for any
     process count), and a block `Shuffle` resolved against the files' blocks (`meta`).
@@ -126,7 +131,8 @@ def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
     of about `window_bytes` (a multiple of the global batch) just before the process shard,
     one lane per process (`layout`: earlier process counts of the run, from the resumed
     state), so that each process reads its own ~1/P of every window instead of a slice of
-    all of it.
+    all of it. `lane`: this process's lanes after an elastic stream-mode move, in place of
+    its shard (`aioloader.lanes`).
     """
     shuffle = next((op for op in ops if isinstance(op, Shuffle) and op.strategy == "block"),
                    None)
@@ -150,7 +156,8 @@ def resolve_index_ops(ops: tuple, procs: tuple[int, int] | None, block: int,
                 out.append(Windows(shuffle.seed, size, group, procs[1], layout))
                 mean = total / meta.num_records if meta.num_records else 0
                 window = int(size * mean / procs[1])
-            out.append(Shard(procs[0], procs[1], drop_remainder=op.drop_remainder,
+            out.append(lane if lane is not None else
+                       Shard(procs[0], procs[1], drop_remainder=op.drop_remainder,
                              block=block))
         else:
             out.append(op)
@@ -170,6 +177,7 @@ class Plan:
     meta: SourceMeta | None = None  # the opened files, to re-resolve the index ops
     layout: tuple[tuple[int, int], ...] = ()  # earlier process counts (`LoaderState.layout`)
     window_bytes: int | None = None  # block shuffle: decoded bytes of one process's window
+    lane: lanes.Lanes | None = None  # after an elastic stream-mode move (`aioloader.lanes`)
 
     @property
     def batch_mode(self) -> bool:
@@ -178,6 +186,19 @@ class Plan:
     @property
     def length(self) -> int | None:
         return self.index.length
+
+    @property
+    def restarts(self) -> list[tuple[int, int, int]]:
+        """`(position, skip, rows)` where a leftover lane begins (`lanes.Lanes`)."""
+        if self.lane is None:
+            return []
+        return sorted((p, s, r) for p, (s, r) in self.lane.restarts().items())
+
+    @property
+    def cuts(self) -> list[int]:
+        """Where windows restart their count besides 0 (`workers.pieces.origin`): where
+        leftovers and the process's own lane begin."""
+        return [] if self.lane is None else self.lane.origins()
 
     @property
     def op_names(self) -> list[str]:
@@ -194,6 +215,11 @@ class Plan:
         """
         unit = self.unit
         hi = lo + unit * batches_per_task
+        cuts = self.cuts
+        if cuts:  # windows of a region start at its origin; a task stays in one region
+            start = origin(lo, cuts)
+            hi = min([start + ((lo - start) // unit + batches_per_task) * unit,
+                      *(c for c in cuts if c > lo)])
         length = self.length
         if length is not None:
             if lo >= length:
@@ -243,32 +269,96 @@ def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
 
 def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
             unit: int | None = None, procs: tuple[int, int] | None = None,
-            layout: tuple[tuple[int, int], ...] = ()) -> Plan:
-    """The plan for `dataset` over the opened files `meta` (`unit`, `layout`: a resumed
-    state's)."""
+            layout: tuple[tuple[int, int], ...] = (), state: LoaderState | None = None
+            ) -> Plan:
+    """The plan for `dataset` over the opened files `meta` (`unit`, `layout`, `state`: a
+    resumed state's; its lanes, after an elastic stream-mode move)."""
     sh = shape(dataset, options.worker.window, procs)
-    resolved = _resolve(dataset, meta, sh.procs, layout)
+    lane = stream_lane(dataset, meta, sh, state) if state is not None else None
+    resolved = _resolve(dataset, meta, sh.procs, layout, lane)
     base = (build_index(dataset.source, meta.part_records)
             if isinstance(dataset.source, MixSpec) else None)
     index = IndexPlan(meta.num_records, resolved.ops, resolved.block_starts, base)
     pipeline = worker_pipeline(dataset, sh, meta.verify, options.read.memory_budget)
     return Plan(sh, index, unit or sh.unit, pipeline, meta.local or meta.resident,
-                options.worker.slot_size, meta, tuple(layout), resolved.window_bytes)
+                options.worker.slot_size, meta, tuple(layout), resolved.window_bytes, lane)
+
+
+def _block(dataset: Dataset) -> int:
+    return dataset.batching.size if isinstance(dataset.batching, BatchOp) else 1
 
 
 def _resolve(dataset: Dataset, meta: SourceMeta | None, procs: tuple[int, int] | None,
-             layout: tuple[tuple[int, int], ...]) -> ResolvedIndex:
-    block = dataset.batching.size if isinstance(dataset.batching, BatchOp) else 1
-    return resolve_index_ops(dataset.index_ops, procs, block, meta, layout)
+             layout: tuple[tuple[int, int], ...], lane: lanes.Lanes | None = None
+             ) -> ResolvedIndex:
+    return resolve_index_ops(dataset.index_ops, procs, _block(dataset), meta, layout, lane)
+
+
+def stream_lane(dataset: Dataset, meta: SourceMeta, sh: Shape, state: LoaderState
+                ) -> lanes.Lanes | None:
+    """This process's lanes after an elastic stream-mode move (None: its own shard)."""
+    if state.lane is None:
+        return None
+    assert sh.procs is not None, "only a pipeline sharded by process moves"
+    if any(isinstance(op, Shuffle) and op.strategy == "block" for op in dataset.index_ops):
+        raise StateError("a block shuffle with filter, flat_map or pack cannot move to "
+                         "another process count (its windows are dealt by the count)")
+    shard = next(op for op in dataset.index_ops if isinstance(op, JaxProcessShard))
+    before = dataset.index_ops[: dataset.index_ops.index(shard)]
+    parent_len = IndexPlan(meta.num_records, resolve_index_ops(before, None, 1, meta).ops,
+                           None).length
+    per_batch = _block(dataset) * sh.process_count if isinstance(dataset.batching, BatchOp) \
+        else None  # the global batch: shards are dealt in its per-process share
+
+    def block(count: int) -> int:
+        if per_batch is None:
+            return 1
+        if per_batch % count:
+            raise StateError(f"a state of {count} processes cannot move here: the global "
+                             f"batch {per_batch} does not split into {count}")
+        return per_batch // count
+
+    def resolve(obj: Any, count: int, index: int) -> lanes.Lanes | Shard:
+        """Lane `index` of a run on `count` processes; one moved there is made now
+        (`remap`)."""
+        if "moved" not in obj:
+            lane = lanes.from_json(obj)
+            lanes.check(lane, index, count, block(count), parent_len)
+            return lane
+        if obj["index"] != index:
+            raise StateError(f"loader state lane was made for process {obj['index']}, not "
+                             f"{index} of {count}")
+        origin, old = obj["moved"], obj["moved"]["process_count"]
+        progress = []
+        for p, d in enumerate(origin["lanes"]):
+            lane = (resolve(d["lane"], old, p) if d.get("lane") is not None else
+                    Shard(p, old, drop_remainder=shard.drop_remainder, block=block(old)))
+            progress.append(lanes.Progress(lane, d["position"], d["skip"], d["rows"],
+                                           d["until"] or d["position"] + origin["unit"]))
+        return lanes.remap(progress, obj["index"], count, block(count),
+                           shard.drop_remainder, parent_len)
+
+    made = resolve(state.lane, sh.process_count, sh.procs[0])
+    assert isinstance(made, lanes.Lanes)
+    return made
 
 
 def with_layout(plan: Plan, dataset: Dataset, layout: tuple[tuple[int, int], ...]) -> Plan:
     """`plan` for a state with other earlier process counts (a state set on a running
     loader): only a dealt block shuffle's windows depend on them."""
-    resolved = _resolve(dataset, plan.meta, plan.shape.procs, layout)
+    resolved = _resolve(dataset, plan.meta, plan.shape.procs, layout, plan.lane)
     index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts,
                       plan.index.base)
     return replace(plan, index=index, layout=tuple(layout))
+
+
+def with_lane(plan: Plan, dataset: Dataset, state: LoaderState) -> Plan:
+    """`plan` for a state set on a running loader whose lanes differ (elastic moves)."""
+    assert plan.meta is not None
+    lane = stream_lane(dataset, plan.meta, plan.shape, state)
+    resolved = _resolve(dataset, plan.meta, plan.shape.procs, plan.layout, lane)
+    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
+    return replace(plan, index=index, lane=lane)
 
 
 def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) -> Pipeline:

@@ -321,7 +321,8 @@ class IndexPlan:
         self.base = base
         lengths: list[int | None] = [num_records if base is None else base.length]
         for i, op in enumerate(self.ops):
-            if not isinstance(op, (Slice, Shuffle, Repeat, Shard, BlockShuffle, Windows)):
+            if not isinstance(op, (Slice, Shuffle, Repeat, Shard, BlockShuffle, Windows)) \
+                    and not getattr(op, "index_op", False):  # `lanes.Lanes`
                 raise TypeError(f"op {i} is not an index op: {op!r}")
             if isinstance(op, Shuffle) and op.strategy == "block":
                 raise ValueError(f"op {i}: {_UNRESOLVED}")
@@ -368,9 +369,10 @@ class IndexPlan:
                     return None
             elif isinstance(op, Shard) and op.contiguous:
                 start, stride = op._block(self.lengths[i])[0], 1
-            else:
-                assert isinstance(op, Shard)
+            elif isinstance(op, Shard):
                 start, stride = op.index, op.count
+            else:  # lanes of an elastic resume: epochs do not run in even steps
+                return None
             if period % stride:
                 return None
             period, phase = period // stride, (start + phase) // stride

@@ -1,9 +1,12 @@
-"""Record and batch transforms: what map / random_map / filter / batch / pack mean (pure).
+"""Record and batch transforms: what map / random_map / filter / flat_map / batch / pack mean
+(pure).
 
 The operations are picklable descriptions that run wherever the loader puts them: in a
 worker process, or inline. Randomness never depends on where or when a record is processed:
 `random_map` gets a generator keyed on (seed, epoch, record index, op position), so results
-are identical for any worker count, prefetch depth or retry.
+are identical for any worker count, prefetch depth or retry. After a `flat_map`, the k-th
+element one record expands to (counted over every flat_map before the op) keys its own
+stream too; without a flat_map, k is 0 and the keys are what they always were.
 """
 
 from __future__ import annotations
@@ -128,6 +131,14 @@ class FilterOp:
 
 
 @dataclass(frozen=True)
+class FlatMapOp:
+    fn: Callable[[Any], Iterable[Any]]
+
+    def describe(self) -> str:
+        return f"flat_map({_name(self.fn)})"
+
+
+@dataclass(frozen=True)
 class BatchOp:
     size: int
     drop_remainder: bool = False
@@ -152,7 +163,13 @@ class PackOp:
         return f"pack({dict(self.length_struct)}, bins={self.num_packing_bins})"
 
 
-RecordOp = MapOp | RandomMapOp | FilterOp
+RecordOp = MapOp | RandomMapOp | FilterOp | FlatMapOp
+
+
+def one_to_many(ops: Sequence[Any]) -> bool:
+    """Whether a record may become other than one element (a filter or a flat_map): then an
+    element's position depends on the elements before it (stream mode, no random access)."""
+    return any(isinstance(op, (FilterOp, FlatMapOp)) for op in ops)
 
 
 @dataclass
@@ -177,13 +194,16 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def record_rng(seed: int, epoch: int, index: int, op_position: int) -> np.random.Generator:
-    """The generator `random_map` op `op_position` gets for record `index` in `epoch`.
+def record_rng(seed: int, epoch: int, index: int, op_position: int,
+               expansion: int = 0) -> np.random.Generator:
+    """The generator `random_map` op `op_position` gets for record `index` in `epoch`
+    (`expansion`: which of the elements a flat_map made of the record, 0 without one).
 
     Philox is counter-based: the counter's low word advances as numbers are drawn, and the
-    high words hold (index, epoch, op), so every record has its own non-overlapping stream.
+    high words hold (index, epoch, op + expansion << 32), so every element has its own
+    non-overlapping stream.
     """
-    counter = [0, index, epoch, op_position]
+    counter = [0, index, epoch, op_position + (expansion << 32)]
     return np.random.Generator(np.random.Philox(key=seed % 2**128, counter=counter))
 
 
@@ -197,9 +217,11 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
     into error messages. One loop per op keeps the per-record cost to the user's function.
     With `times`, op i's elements and seconds are added to its entry i (the caller's
     record, not a global: this stays a pure function of its inputs). `survivors`, if given,
-    receives the input positions of the elements that survive.
+    receives the input positions of the elements that survive (a record a flat_map expanded
+    once per element it became, in order).
     """
     keep = list(range(len(elements)))  # positions (in the input) of the surviving elements
+    sub: list[int] | None = None  # each element's place among its record's (a flat_map's)
     clock = time.perf_counter
     for pos, op in enumerate(ops):
         k = 0
@@ -215,15 +237,28 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 rfn, seed = op.fn, op.seed  # (fn takes an rng too: not `fn`'s type)
                 for k, x in enumerate(elements):
                     i = keep[k]
-                    append(rfn(x, record_rng(seed, epochs[i], indices[i], pos)))
+                    append(rfn(x, record_rng(seed, epochs[i], indices[i], pos,
+                                             sub[k] if sub is not None else 0)))
+            elif isinstance(op, FlatMapOp):
+                fn = op.fn
+                kept = []
+                for k, x in enumerate(elements):
+                    made = _expand(fn(x))
+                    out += made
+                    kept += [keep[k]] * len(made)
+                keep, sub = kept, _renumber(kept)
             else:
                 pred = op.pred
-                kept = []
+                kept, subs = [], []
                 for k, x in enumerate(elements):
                     if pred(x):
                         append(x)
                         kept.append(keep[k])
+                        if sub is not None:
+                            subs.append(sub[k])
                 keep = kept
+                if sub is not None:
+                    sub = subs
         except Exception as exc:
             i = keep[k]
             where = f" in {paths[i]}" if paths and paths[i] else ""
@@ -239,6 +274,30 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
     if survivors is not None:
         survivors.extend(keep)
     return elements
+
+
+def _expand(made: Any) -> list:
+    """What a flat_map returned, as a list; a string, bytes or a mapping is refused (it
+    iterates as characters or keys, seldom what was meant)."""
+    if isinstance(made, (str, bytes, bytearray, Mapping)):
+        raise TypeError(f"flat_map must return an iterable of elements, got "
+                        f"{type(made).__name__}; wrap one element in a list: [element]")
+    try:
+        return list(made)
+    except TypeError:
+        raise TypeError(f"flat_map must return an iterable of elements (a list, a "
+                        f"generator), got {type(made).__name__}") from None
+
+
+def _renumber(keep: list[int]) -> list[int]:
+    """Each element's place among the elements its record became, in order (a record's
+    elements are consecutive: they came from one input of this call)."""
+    out, last, n = [], -1, 0
+    for i in keep:
+        n = n + 1 if i == last else 0
+        last = i
+        out.append(n)
+    return out
 
 
 def collate(elements: Sequence[Any], path: str = "element",

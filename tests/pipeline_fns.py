@@ -102,3 +102,37 @@ def as_uint8_x4(record: bytes) -> np.ndarray:
 
 def first_byte_even(element: np.ndarray) -> bool:
     return int(element[0]) % 2 == 0
+
+
+def split_tokens(element: dict) -> list[dict]:
+    """flat_map: one element per token (0..6 of them), each with its id and place."""
+    i = int(element["id"])
+    return [{"id": np.int64(i), "k": np.int64(k), "tokens": element["tokens"][: k + 1]}
+            for k in range(len(element["tokens"]) - 1)]
+
+
+def id_k(element: dict) -> dict:
+    return {"id": element["id"], "k": element["k"]}
+
+
+def id_k_noise(element: dict) -> dict:
+    return {"id": element["id"], "k": element["k"], "noise": element["noise"]}
+
+
+def not_k2(element: dict) -> bool:
+    return int(element["k"]) != 2
+
+
+def id_tokens(element: dict) -> dict:
+    """To pack: a run of (id + 1)s, 1..5 long, so each packed segment names its record."""
+    i = int(element["id"])
+    return {"tokens": np.full(i % 5 + 1, i + 1, np.int32)}
+
+
+def packed_ids(row: dict) -> list[int]:
+    """The record ids of the segments of packed rows (`id_tokens`), row by row."""
+    t, s = np.asarray(row["tokens"]), np.asarray(row["tokens_segment_ids"])
+    out = []
+    for tr, sr in zip(t.reshape(-1, t.shape[-1]), s.reshape(-1, s.shape[-1])):
+        out += [int(tr[sr == g][0]) - 1 for g in np.unique(sr[sr > 0])]
+    return out

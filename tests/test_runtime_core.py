@@ -125,7 +125,7 @@ def test_resume_refuses_what_cannot_carry_over():
         s.resume_as(PIPE, 8, 4, True)  # global 16 -> 32
     with pytest.raises(StateError, match="batch size 8, not 4"):
         s.resume_as(PIPE, 4, 2, True)
-    with pytest.raises(StateError, match="elastic resume needs batch"):
+    with pytest.raises(StateError, match="merge_states"):
         s.resume_as(PIPE, 8, 1, batch_mode=False)
     with pytest.raises(StateError, match="not on a batch boundary"):
         LoaderState(12, 0, 0, 8, 2, PIPE).resume_as(PIPE, 16, 1, True)

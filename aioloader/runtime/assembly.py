@@ -12,6 +12,10 @@ its resume tag, so the state after any batch is exact:
 - packed rows: the tag of the element that starts the packing block, plus the rows of that
   block already delivered. A block is a pure function of the elements from its first one on
   (`packing.pack_first_fit`), so re-packing from there on resume gives the same rows.
+
+After an elastic move (`aioloader.lanes`) the stream begins with old processes' leftovers:
+a window begins where each begins (`cuts`), with the elements (and packed rows of its first
+block) its old process had delivered skipped, and packing restarts there (`restarts`).
 """
 
 from __future__ import annotations
@@ -40,13 +44,26 @@ class Assembler:
 
     def __init__(self, batching: BatchOp | PackOp | None, pack_batch: BatchOp | None,
                  batch_ops: tuple, start: dict[str, int], next_window: NextWindow,
-                 stats: StageStats, window: int = 0) -> None:
+                 stats: StageStats, window: int = 0,
+                 restarts: list[tuple[int, int, int]] | None = None,
+                 cuts: list[int] | None = None) -> None:
         self.start = start
         self.window = window
+        # where a leftover lane begins: (skip, rows) delivered by its old process
+        self.restarts = {p: (s, r) for p, s, r in restarts or () if p >= start["position"]}
+        self.cuts = list(cuts or ())
+        first = self.restarts.get(start["position"])
+        if first is not None:  # the state's own place is at or past the old process's
+            if start["skip"] > first[0]:
+                del self.restarts[start["position"]]
+            else:
+                rows = start["rows"] if start["skip"] == first[0] else 0
+                self.restarts[start["position"]] = (first[0], max(first[1], rows))
         self.next_window = next_window
         self._stage: Batcher | Packer | None = None
         if isinstance(batching, PackOp):
-            self._stage = Packer(batching, pack_batch, batch_ops, start["rows"], stats)
+            self._stage = Packer(batching, pack_batch, batch_ops, start["rows"], stats,
+                                 window)
         elif batching is not None:
             self._stage = Batcher(batching, batch_ops, stats)
         self._ready: deque = deque()  # (output, state), or Raise
@@ -74,7 +91,8 @@ class Assembler:
                     self._done = True
                     self._submit(self._stage.finish)
                 else:
-                    self._submit(_feed, self._stage, window, self.window, self._skip())
+                    self._submit(_feed, self._stage, window, self.window, self._skip(),
+                                 self.cuts, self.restarts)
         item = self._ready[0]
         if isinstance(item, Stuck):
             raise item.exc
@@ -137,18 +155,28 @@ class Assembler:
                 self._done = True
                 raise StopAsyncIteration
             skip = self._skip()
-            for k, (pos, elements) in enumerate(read(*task, self.window)):
-                self._windows.append([pos, elements, skip if k == 0 else 0])
+            for k, (pos, elements) in enumerate(read(*task, self.window, self.cuts)):
+                again = self.restarts.get(pos)
+                first = skip if k == 0 else 0
+                self._windows.append([pos, elements, max(first, again[0]) if again else first])
         window = self._windows[0]
         pos, elements, j = window
         window[2] = j + 1
         return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
 
-def _feed(stage: Batcher | Packer, task: tuple, window: int, skip: int) -> list:
+def _feed(stage: Batcher | Packer, task: tuple, window: int, skip: int,
+          cuts: list[int], restarts: dict[int, tuple[int, int]]) -> list:
     """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
-    the first window's elements, those delivered before the run started)."""
+    the first window's elements, those delivered before the run started; `restarts`:
+    where a leftover lane begins, see the module docstring)."""
     out: list = []
-    for k, (at, piece) in enumerate(read(*task, window)):  # type: ignore[call-arg]
-        out += stage.feed(at, piece, skip if k == 0 else 0)
+    for k, (at, piece) in enumerate(read(*task, window, cuts)):  # type: ignore[call-arg]
+        first = skip if k == 0 else 0
+        again = restarts.get(at)
+        if again is not None:
+            if isinstance(stage, Packer):
+                out += stage.restart(again[1])
+            first = max(first, again[0])
+        out += stage.feed(at, piece, first)
     return out

@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..autotune import Setting, available_cores
 from ..autotune import start as tuning_start
+from ..lanes import to_json as lane_json
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from ..options import LoaderOptions
 from ..plan import (
     longest_shard,
     needs_processes,
     shape,
+    with_lane,
     with_layout,
 )
 from ..state import LoaderState
@@ -104,11 +106,22 @@ class Loader:
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         sh = self._shape
-        new = LoaderState.from_json(state).resume_as(sh.fingerprint, sh.unit,
-                                                      sh.process_count, sh.batch_mode)
-        if self._parts.plan is not None:
-            new.check_position(self._parts.plan.length, sh.batch_mode)
+        new = LoaderState.from_json(state).resume_as(
+            sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
+            process_index=sh.procs[0] if sh.procs else 0)
+        plan = self._parts.plan
+        if plan is not None:
+            if new.moved or new.lane != plan_lane(plan):
+                self._parts.plan = plan = with_lane(plan, self.dataset, new)
+                new = self._moved(new)
+            new.check_position(plan.length, sh.batch_mode, plan.cuts)
         self._state = new
+
+    def _moved(self, state: LoaderState) -> LoaderState:
+        """A state moved to this process count, once its plan made the lanes."""
+        if not state.moved:
+            return state
+        return dataclasses.replace(state, lane=plan_lane(self._parts.plan))
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue from `state` (from `get_state()`); restarts work in progress."""
@@ -152,8 +165,9 @@ class Loader:
     async def _start(self) -> None:
         self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
         await self._guard.arm()
-        plan = await self._parts.open(self._state.unit, self._state.layout)
-        self._state.check_position(plan.length, plan.batch_mode)
+        plan = await self._parts.open(self._state.unit, self._state.layout, self._state)
+        self._state = self._moved(self._state)
+        self._state.check_position(plan.length, plan.batch_mode, plan.cuts)
         self._new_run()
         if self._limits.tune:
             storage = getattr(self._parts.source, "storage", None)
@@ -193,6 +207,8 @@ class Loader:
             p.runner.use(p.plan)
         if p.plan.layout != self._state.layout:  # a state moved from another process count
             p.plan = with_layout(p.plan, self.dataset, self._state.layout)
+            p.runner.use(p.plan)
+        if p.runner.plan is not p.plan:  # another elastic stream-mode lane (set_state)
             p.runner.use(p.plan)
         self._run = Run(p.plan, p.runner, self._state, self.prefetch, self.dataset, self._stats)
 
@@ -338,7 +354,7 @@ class Loader:
         if index.length is None:
             return None
         if not plan.batch_mode:
-            raise ValueError("num_batches() needs batch() without filter or pack")
+            raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
         return plan.batches_from(run.start.position, index.length)
 
     # -- figures ----------------------------------------------------------------------
@@ -355,3 +371,8 @@ class Loader:
 
 
 _longest = longest_shard
+
+
+def plan_lane(plan: Any) -> Any:
+    """The plan's lanes as a state holds them (None: the process's own shard)."""
+    return None if plan is None or plan.lane is None else lane_json(plan.lane)

@@ -33,7 +33,8 @@ class Run:
         self._assembler = None if plan.batch_mode else Assembler(
             dataset.batching, dataset.pack_batch, dataset.batch_ops,
             {"position": start.position, "skip": start.skip, "rows": start.rows},
-            _next_task(self.scheduler, runner), stats.assemble, plan.unit)
+            _next_task(self.scheduler, runner), stats.assemble, plan.unit, plan.restarts,
+            plan.cuts)
 
     @property
     def ready(self) -> int:
@@ -43,7 +44,8 @@ class Run:
         """The next item and the state after it; StopAsyncIteration after the last."""
         if self._assembler is not None:
             out, at = await self._assembler.next()
-            return out, self.start.at(at["position"], at["skip"], at["rows"])
+            return out, self.start.at(at["position"], at["skip"], at["rows"],
+                                      at.get("until", 0))
         while not self._ready:
             item = await self.scheduler.next()
             if item is None:

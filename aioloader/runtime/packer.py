@@ -9,7 +9,8 @@ window whose pieces have another dtype or trailing shape, and then `pack_first_f
 elements as it always did (same rows, same errors). Runs on the assembler's thread.
 
 The tag of a row is that of the element starting its block, plus the rows of that block
-delivered: re-packing from that element on resume gives the same rows.
+delivered: re-packing from that element on resume gives the same rows. It also says where
+the block closed (`until`: one past that window), which an elastic move needs to know.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Packer:
     """Turns windows of survivors into packed rows (or batches of them)."""
 
     def __init__(self, op: PackOp, pack_batch: BatchOp | None, batch_ops: tuple[MapOp, ...],
-                 skip_rows: int, stats: StageStats) -> None:
+                 skip_rows: int, stats: StageStats, window: int = 0) -> None:
         self.op = op
         self.names = list(op.length_struct)
         self.pack_batch, self.batch_ops = pack_batch, batch_ops
@@ -66,6 +67,8 @@ class Packer:
         self._scan: tuple[int, int | None] = (0, None)  # (window, element) it has reached;
         # None: the window's first
         self._failed: BaseException | None = None
+        self._window = window  # output positions a window spans (0: unknown)
+        self._until = 0  # one past the window where the block being closed ends
 
     def feed(self, pos: int, piece: Piece, skip: int) -> list[Any]:
         if self._failed is None:
@@ -79,6 +82,14 @@ class Packer:
         if self._failed is None:
             self._pack(final=True)
         return self._outputs(final=True)
+
+    def restart(self, skip_rows: int) -> list[Any]:
+        """Close every open block here (a leftover lane begins), and skip the first
+        `skip_rows` rows of the next block (its old process delivered them)."""
+        if self._failed is None:
+            self._pack(final=True)
+        self._skip_rows = skip_rows
+        return self._outputs(final=False)
 
     def clear(self) -> None:
         """Drop the buffered windows and rows (their arrays hold shared-memory slots)."""
@@ -119,12 +130,14 @@ class Packer:
                 return None
             i = fit.scan(w.lengths, w.lo if start is None else start, w.count)
             if i < w.count:  # element i fits nowhere: it starts the next block
+                self._until = w.pos
                 self._close_fast(targets, wi, i)
                 return True
             wi, start = wi + 1, None
         self._scan = (wi, None)
         if final:
             if fit.bins:
+                self._until = self._windows[-1].pos
                 self._close_fast(targets, len(self._windows), 0)
             else:
                 self._windows.clear()
@@ -161,6 +174,7 @@ class Packer:
                 self._windows.clear()
             return False
         t0 = self.stats.begin()
+        self._until = items[min(used, len(items) - 1)][0]
         self._add_rows(block, items[0][0], items[0][1])
         if used == len(items):
             self._consume(len(self._windows), 0)
@@ -181,9 +195,10 @@ class Packer:
         skip_rows, self._skip_rows = self._skip_rows, 0
         key = self.names[0]
         filled = block[key + "_segment_ids"].reshape(self.op.num_packing_bins, -1).max(axis=1)
+        until = self._until + self._window if self._window else 0
         for r_i, r in enumerate(np.flatnonzero(filled > 0).tolist()):
             if r_i >= skip_rows:
-                self._rows.append(((bpos, bskip, r_i + 1), block, r))
+                self._rows.append(((bpos, bskip, r_i + 1, until), block, r))
 
     # -- outputs --------------------------------------------------------------------------
 
@@ -201,8 +216,8 @@ class Packer:
         return out
 
     def _output(self, rows: list) -> Any:
-        (bpos, bskip, done), _, _ = rows[-1]
-        state = {"position": bpos, "skip": bskip, "rows": done}
+        (bpos, bskip, done, until), _, _ = rows[-1]
+        state = {"position": bpos, "skip": bskip, "rows": done, "until": until}
         try:
             if self.pack_batch is None:
                 _, block, r = rows[0]

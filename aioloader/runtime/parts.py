@@ -56,9 +56,10 @@ class Parts:
         self.disk: DiskTier | None = None
         self._finalizer: weakref.finalize | None = None
 
-    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = ()) -> Plan:
-        """Start the workers, open the files, compile the plan (`unit`, `layout`: the
-        state's)."""
+    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = (),
+                   state: Any = None) -> Plan:
+        """Start the workers, open the files, compile the plan (`unit`, `layout`, `state`:
+        the state's)."""
         ds, opts = self.dataset, self.options
         spec = opened(ds.source)  # a mix's inputs: one source, end to end
         pipeline = worker_pipeline(ds, self.shape, spec.verify, opts.read.memory_budget)
@@ -73,7 +74,7 @@ class Parts:
                                            self.pool.close)
         self.pool.warm_up()  # (auto at 0 too: a step up is then measured, not spawned)
         if isinstance(spec, ObjectSource):
-            return self._open_object(spec, unit, layout, owner)
+            return self._open_object(spec, unit, layout, owner, state)
         read = opts.read
         storage = Storage(concurrency=most.io_concurrency, max_inflight_bytes=read.memory_budget,
                           retry=read.retry, storage_options=dict(spec.storage_options))
@@ -90,7 +91,8 @@ class Parts:
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
         meta = source_meta(src, spec.verify, whole=whole)
-        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout)
+        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout,
+                            state=state)
         if self.plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
                 "block shuffle of a remote dataset with resident_bytes=%d: too small for the "
@@ -112,13 +114,15 @@ class Parts:
             if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
                 self.pool.in_parent = self.setting.workers == 0
 
-    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object) -> Plan:
+    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object,
+                     state: Any = None) -> Plan:
         """`open` for a `from_source()` object: no files, storage or tiers to open."""
         assert self.pool is not None
         src = self.source = ObjectRecords(spec)
         self.stats.transfer_source = self.pool.figures
         self.plan = compile(self.dataset, source_meta(src, spec.verify, whole=False),
-                            self.options, unit=unit, procs=self.shape.procs, layout=layout)
+                            self.options, unit=unit, procs=self.shape.procs, layout=layout,
+                            state=state)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self._gate_workers()
         return self.plan

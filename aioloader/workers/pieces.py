@@ -58,13 +58,29 @@ class Packed:
 Piece = Columns | Packed | list  # a list: the elements themselves
 
 
-def windows_of(kept: Sequence[int], records: int, window: int) -> Windows:
-    """The windows of a task of `records` positions (`window` each; 0: one window) and how
-    many of the survivors (their positions in the task: `kept`) fall in each."""
-    window = window or records
-    counts = np.bincount(np.asarray(kept, dtype=np.int64) // window,
-                         minlength=-(-records // window)).tolist()
-    return tuple((k * window, c) for k, c in enumerate(counts))
+def origin(position: int, cuts: Sequence[int]) -> int:
+    """Where the windows of the region holding `position` start: 0, or the last of `cuts`
+    (where a leftover lane begins after an elastic move, `aioloader.lanes`) at or before
+    it; a region's windows are `window` positions from there on (a task stays in one)."""
+    return max((c for c in cuts if c <= position), default=0)
+
+
+def windows_of(kept: Sequence[int], records: int, window: int, lo: int = 0,
+               cuts: Sequence[int] = ()) -> Windows:
+    """The windows of a task of `records` positions from output position `lo` (`window`
+    each from the region's `origin`; 0: one window) and how many of the survivors (their
+    positions in the task: `kept`) fall in each."""
+    at = np.asarray(kept, dtype=np.int64)
+    start = origin(lo, cuts) if cuts else lo
+    if not window or (lo - start) % window == 0:
+        window = window or records
+        counts = np.bincount(at // window, minlength=-(-records // window)).tolist()
+        return tuple((k * window, c) for k, c in enumerate(counts))
+    first = window - (lo - start) % window  # the task starts inside a window (a state's)
+    offsets = np.asarray([0, *range(first, records, window)], dtype=np.int64)
+    counts = np.bincount(np.searchsorted(offsets, at, side="right") - 1,
+                         minlength=len(offsets)).tolist()
+    return tuple((int(o), c) for o, c in zip(offsets, counts))
 
 
 def window_payload(elements: list, stream: BatchOp | PackOp | None,
@@ -89,13 +105,13 @@ def has_arrays(payload: tuple | list) -> bool:
 
 
 def read(lo: int, hi: int, payload: tuple | list, survivors: Sequence[int],
-         window: int) -> list[tuple[int, Piece]]:
+         window: int, cuts: Sequence[int] = ()) -> list[tuple[int, Piece]]:
     """The pieces a worker sent for the task over output positions `[lo, hi)`
     (`window_payload`; its arrays already lent from the slot; `survivors`: each survivor's
     place in the task): `(window position, piece)` for each window of `window` positions
-    (0: the task is one window)."""
+    (0: the task is one window), windows also ending at `cuts` (`windows_of`)."""
     pos = lo
-    windows = windows_of(survivors, hi - lo, window)
+    windows = windows_of(survivors, hi - lo, window, lo, cuts)
     out: list[tuple[int, Piece]] = []
     lo = 0
     kind = None if isinstance(payload, list) else payload[0]
