@@ -82,7 +82,7 @@ class Loader:
         self._parts = Parts(self, dataset, options, self._shape, self._stats,
                             self._setting, self._limits)
         if state is not None:
-            self._apply_state(dict(state))
+            self._apply_state(state)
         self._run: Run | None = None
         self._binding = Binding(self)  # the loop and process it runs on
         self._start_task: asyncio.Future | None = None
@@ -104,7 +104,7 @@ class Loader:
         """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
         return self._state.to_json()
 
-    def _apply_state(self, state: dict[str, Any]) -> None:
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
         sh = self._shape
         new = LoaderState.from_json(state).resume_as(
             sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
