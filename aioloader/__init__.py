@@ -9,6 +9,7 @@ from .errors import (
     ArrayRecordFormatError,
     CollateError,
     ConvertError,
+    ElementSpecError,
     ObjectChangedError,
     StateError,
     StorageError,
@@ -21,6 +22,7 @@ from .retry import RetryPolicy
 from .runtime.loader import Loader
 from .source import ArrayRecordSource
 from .transforms import Filter, FlatMap, Map, RandomMap
+from .typed import ElementSpec
 
 __version__ = "0.1.0"
 
@@ -31,6 +33,8 @@ __all__ = [
     "CollateError",
     "ConvertError",
     "Dataset",
+    "ElementSpec",
+    "ElementSpecError",
     "Filter",
     "FlatMap",
     "Loader",
