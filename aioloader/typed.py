@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,12 @@ class FieldSpec:
     @property
     def row_shape(self) -> tuple[int, ...]:
         return self.shape[1:] if self.variable else self.shape
+
+    @cached_property
+    def layout(self) -> tuple[np.dtype, int]:
+        """The numpy dtype and the bytes of one row (a numeric field; checked first)."""
+        dt = np.dtype(self.dtype)
+        return dt, math.prod(self.row_shape) * dt.itemsize
 
     def check(self, where: str) -> FieldSpec:
         dt = _dtype(self.dtype, where)
@@ -192,9 +199,13 @@ class ElementSpec:
     def decode(self, record: bytes | memoryview) -> Any:
         """The arrays of one record (fresh, writable copies); ElementSpecError if its length
         does not fit the spec."""
+        one = self.fields[0]
+        if self.single and not one.variable and one.dtype != BYTES and \
+                len(record) == one.layout[1]:  # the common case, one array: straight to it
+            return np.frombuffer(record, one.layout[0]).reshape(one.shape).copy()
         view = memoryview(record).cast("B")
         if self.single:
-            value, _ = _decode_field(self.fields[0], view, 0, raw=True)
+            value, _ = _decode_field(one, view, 0, raw=True)
             return value
         out, pos = {}, 0
         for f in self.fields:
@@ -284,8 +295,7 @@ def _decode_field(f: FieldSpec, view: memoryview, pos: int,
         out = np.empty(count, dtype=object)  # a list of strings, never a 2-d 'S' array
         out[:] = items
         return out, pos
-    dt = np.dtype(f.dtype)
-    row = math.prod(f.row_shape) * dt.itemsize
+    dt, row = f.layout
     if raw and f.variable:  # the whole record is rows
         if row == 0 or left % row:
             raise ElementSpecError(f"{label} is {left} bytes, not whole rows of "
@@ -294,13 +304,15 @@ def _decode_field(f: FieldSpec, view: memoryview, pos: int,
     elif f.variable:
         rows, pos = _read_varint(view, pos, f"{label}'s row count")
         left = len(view) - pos
+        if rows > len(view):  # even empty rows are not counted past the record's size
+            raise ElementSpecError(f"{label}: {rows} rows in a {len(view)}-byte record")
     else:
         rows = None
     need = row * (1 if rows is None else rows)
     if need > left or (raw and need != left):
         raise ElementSpecError(f"{label} is {left} bytes, spec {dt}{list(f.shape)} needs {need}")
     shape = f.shape if rows is None else (rows, *f.row_shape)
-    arr = np.frombuffer(view[pos : pos + need], dtype=dt).reshape(shape).copy()
+    arr = np.frombuffer(view, dt, need // dt.itemsize, pos).reshape(shape).copy()
     return arr, pos + need
 
 
