@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow lint typecheck packaging-check demo docs docs-serve bench bench-quick clean
+.PHONY: venv test test-slow test-interop lint typecheck packaging-check demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,21 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# Google's array-record-beam-sdk as the oracle for `convert` on Beam (issue 18): it needs
+# TensorFlow and pins array-record 0.5.0 (the dev extra pins 0.8.6), so it lives in a venv
+# of its own. The first install downloads ~1 GB (TensorFlow, Beam[gcp]) and took ~12 min here.
+INTEROP := .venv-interop
+$(INTEROP)/.installed: pyproject.toml setup.py
+	test -x $(INTEROP)/bin/python || $(PYTHON) -m venv $(INTEROP)
+	$(INTEROP)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(INTEROP)/bin/python -m pip install --quiet array-record-beam-sdk==0.1.0 -e '.[beam]' \
+	    pytest pytest-asyncio pytest-timeout psutil
+	touch $@
+
+test-interop: $(INTEROP)/.installed
+	AIOLOADER_REQUIRE_INTEROP=1 $(INTEROP)/bin/python -m pytest -q -p no:cacheprovider \
+	    tests/test_beam.py -k array_record_beam_sdk
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -52,4 +67,4 @@ bench-quick: $(STAMP)
 	$(PY) -m benchmarks run --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache aioloader/arrayrecord/*.so
+	rm -rf $(VENV) $(INTEROP) build dist *.egg-info .mypy_cache aioloader/arrayrecord/*.so

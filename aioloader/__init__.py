@@ -9,6 +9,7 @@ from .errors import (
     ArrayRecordFormatError,
     CollateError,
     ConvertError,
+    ElementSpecError,
     MissingExtraError,
     ObjectChangedError,
     StateError,
@@ -23,6 +24,7 @@ from .runtime.loader import Loader
 from .source import ArrayRecordSource
 from .state import merge_states
 from .transforms import Filter, FlatMap, Map, RandomMap
+from .typed import ElementSpec
 
 # The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
 __version__ = "0.1.0"
@@ -34,6 +36,8 @@ __all__ = [
     "CollateError",
     "ConvertError",
     "Dataset",
+    "ElementSpec",
+    "ElementSpecError",
     "Filter",
     "FlatMap",
     "Loader",

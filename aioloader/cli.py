@@ -65,6 +65,7 @@ def _summary(url: str, index: Any) -> dict:
         "window_log": opts.compression.window_log if opts else None,
         "transpose": opts.transpose if opts else None,
         "options": index.writer_options,
+        "element_spec": index.element_spec or None,
         "decoded_bytes": decoded,
         "bytes_per_record": round(index.size / n, 2) if n else None,
         "decoded_bytes_per_record": round(decoded / n, 2) if n else None,
@@ -94,6 +95,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             ("compression", codec),
             ("options", info["options"] or "(none stored: written before 2022)"),
         ]
+        if info["element_spec"]:
+            rows.append(("element spec", info["element_spec"]))
         if info["records"]:
             rows += [
                 ("bytes/record", f"{info['bytes_per_record']:,} on disk, "
@@ -184,6 +187,8 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
         raise
     except ImportError as exc:  # apache_beam there, but something it needs is not
         raise MissingExtraError("beam", "--runner beam", exc.name) from None
+    if args.decode_examples:
+        raise ConvertError("--decode-examples runs with --runner local only (for now)")
     if not args.overwrite:
         fs, path = fsspec.core.url_to_fs(args.output_prefix)
         existing = fs.glob(f"{path}-?????-of-?????.array_record")
@@ -205,6 +210,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return _convert_on_beam(args)
     if args.match_shards or args.beam_args:
         raise ConvertError("--match-shards and Beam pipeline options need --runner beam")
+    if args.features and not args.decode_examples:
+        raise ConvertError("--features describes Examples: it goes with --decode-examples")
     from tqdm import tqdm
 
     from .convert import convert
@@ -220,12 +227,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
         out = convert(args.inputs, args.output_prefix, fmt=args.input_format,
                       shards=1 if args.shards is None else args.shards, group_size=args.group_size,
                       compression=args.compression, progress=progress,
-                      overwrite=args.overwrite)
+                      overwrite=args.overwrite,
+                      decode_examples=args.features or args.decode_examples)
     finally:
         bar.close()
     print(f"wrote {out['records']:,} records ({out['bytes'] / 1e6:,.1f} MB) to "
           f"{len(out['outputs'])} files: {out['outputs'][0]}"
           + (" ..." if len(out["outputs"]) > 1 else ""))
+    if out["element_spec"] is not None:
+        print(f"element spec: {out['element_spec']} (read with decode='auto')")
     return 0
 
 
@@ -371,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline options after `--`, on Dataflow, Flink or Spark")
     v.add_argument("--match-shards", action="store_true",
                    help="with --runner beam: one output shard per input file, in order")
+    v.add_argument("--decode-examples", action="store_true",
+                   help="TFRecord input holds tf.train.Examples: store each as typed named "
+                        "fields (no TensorFlow needed), described by the first Example")
+    v.add_argument("--features", metavar="DESC",
+                   help="with --decode-examples, the fields to keep, e.g. 'image:bytes,"
+                        "label:int64,emb:float32[128],tokens:int64[-1]' (-1: variable)")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 

@@ -7,12 +7,18 @@ temporary names and renamed into place only when every shard succeeded (`_Staged
 or interrupted conversion leaves existing files as they were. TFRecord is read without
 TensorFlow: each record is `u64 length, u32 masked crc32c(length), data, u32 masked
 crc32c(data)`, and both checksums are verified.
+
+Typed records: rows of .npy inputs keep their raw bytes, and the arrays' dtype and row shape
+are recorded as the element spec of every shard (`aioloader.typed`), so `Dataset.
+from_arrayrecord(..., decode="auto")` gives the arrays back; `decode_examples` turns
+TFRecord `tf.train.Example`s into typed records of named fields (`aioloader.tfexample`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import secrets
@@ -24,8 +30,11 @@ from typing import IO, Any
 import fsspec
 
 from .arrayrecord import ArrayRecordWriter
-from .errors import ConvertError, MissingExtraError
+from .errors import ConvertError, ElementSpecError, MissingExtraError
 from .storage import is_local, redact
+from .typed import ElementSpec
+
+log = logging.getLogger("aioloader")
 
 FORMATS = ("jsonl", "tfrecord", "npy", "parquet")
 
@@ -90,13 +99,19 @@ def _read_jsonl(f: IO[bytes], path: str) -> Iterator[bytes]:
         yield line
 
 
-def _read_npy(path: str) -> Iterator[bytes]:
+def _read_npy(path: str, specs: list | None = None) -> Iterator[bytes]:
     import numpy as np
 
     with fsspec.open(path, "rb") as f:
         arr = np.load(f, allow_pickle=False)
     if arr.ndim == 0:
         raise ConvertError(f"{path}: a scalar array has no rows to convert")
+    if specs is not None:
+        try:
+            specs.append((path, ElementSpec.array(arr.dtype, arr.shape[1:])))
+        except ElementSpecError as exc:  # e.g. a structured dtype: still converted, untyped
+            specs.append((path, None))
+            log.warning("%s: rows are stored untyped (%s)", redact(path), exc)
     for row in arr:
         yield np.ascontiguousarray(row).tobytes()
 
@@ -113,10 +128,10 @@ def _read_parquet(path: str) -> Iterator[bytes]:
             yield json.dumps(row, default=str).encode()
 
 
-def read_records(path: str, fmt: str) -> Iterator[bytes]:
-    """The records of one input file, in order."""
+def read_records(path: str, fmt: str, specs: list | None = None) -> Iterator[bytes]:
+    """The records of one input file, in order (`specs`: .npy inputs append (path, spec))."""
     if fmt == "npy":
-        yield from _read_npy(path)
+        yield from _read_npy(path, specs)
         return
     if fmt == "parquet":
         yield from _read_parquet(path)
@@ -262,15 +277,22 @@ def convert(
     compression: str = "zstd:3",
     progress: Callable[[int, int], Any] | None = None,
     overwrite: bool = False,
+    decode_examples: bool | str | ElementSpec = False,
 ) -> dict[str, Any]:
-    """Convert `inputs` to `shards` ArrayRecord files; returns counts and output paths.
+    """Convert `inputs` to `shards` ArrayRecord files; returns counts, output paths and the
+    element spec recorded (None for untyped records).
 
     `progress(records, bytes)` is called as records are written (from one thread). Existing
     output is refused (`FileExistsError`) unless `overwrite`; the shards appear only when the
     whole conversion succeeded, and a failed one leaves every existing file as it was.
+    `decode_examples`: TFRecord inputs hold `tf.train.Example`s, stored as typed records by
+    this feature description (`"label:int64,emb:float32[128]"` or an `ElementSpec`), or, with
+    True, by the first Example's features.
     """
     if shards < 1:
         raise ValueError("shards must be >= 1")
+    decoder = _example_decoder(decode_examples)
+    specs: list = []
     paths = shard_paths(output_prefix, shards)
     parent = os.path.dirname(_local([output_prefix])[0])
     if parent and is_local(output_prefix):
@@ -304,7 +326,12 @@ def convert(
     ok = False
     try:
         for path in inputs:
-            for record in read_records(path, fmt or guess_format(path)):
+            kind = fmt or guess_format(path)
+            if decoder is not None and kind != "tfrecord":
+                raise ConvertError(f"{path}: decode_examples needs TFRecord input, not {kind}")
+            for n, record in enumerate(read_records(path, kind, specs)):
+                if decoder is not None:
+                    record = decoder(record, path, n)
                 queues[count % shards].put(record)
                 count += 1
                 size += len(record)
@@ -313,6 +340,9 @@ def convert(
                 if errors:
                     break
         ok = not errors
+        spec = decoder.spec if decoder is not None else _common(specs, len(inputs))
+        for w in writers:  # read when each writer closes, after the end of its queue
+            w.element_spec = spec
     finally:
         for q in queues:
             q.put(None)
@@ -327,4 +357,29 @@ def convert(
         raise errors[0]
     if progress is not None:
         progress(count, size)
-    return {"records": count, "bytes": size, "outputs": paths}
+    return {"records": count, "bytes": size, "outputs": paths, "element_spec": spec}
+
+
+def _example_decoder(decode_examples: bool | str | ElementSpec) -> Any:
+    if decode_examples is False or decode_examples is None:
+        return None
+    from .tfexample import ExampleDecoder, parse_features
+
+    if decode_examples is True:
+        return ExampleDecoder()
+    if isinstance(decode_examples, str):
+        return ExampleDecoder(parse_features(decode_examples))
+    return ExampleDecoder(decode_examples)
+
+
+def _common(specs: list, inputs: int) -> ElementSpec | None:
+    """The spec every input gave (.npy rows), or None (logged when .npy inputs disagree)."""
+    if len(specs) != inputs or not specs:
+        return None
+    first = specs[0][1]
+    for path, spec in specs:
+        if spec != first:
+            log.warning("%s: rows are %s, %s's are %s: the output records no element spec",
+                        redact(path), spec, redact(specs[0][0]), first)
+            return None
+    return first

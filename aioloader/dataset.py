@@ -100,12 +100,35 @@ class Dataset:
         *,
         storage_options: Mapping[str, Any] | None = None,
         verify: str = "headers",
+        decode: Any = None,
     ) -> Dataset:
-        """Records of ArrayRecord files: a path, URL, glob, or a list of them."""
+        """Records of ArrayRecord files: a path, URL, glob, or a list of them.
+
+        `decode="auto"` turns each record into the arrays (a dict of them for named fields)
+        that the files' recorded element spec describes (`aioloader.typed`; written by
+        `convert --from npy`, `--decode-examples`, or `ArrayRecordWriter(element_spec=)`):
+        it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
+        JSON) uses that spec without opening anything.
+        """
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        return cls(SourceSpec(tuple(os.fspath(p) for p in paths),
-                              dict(storage_options or {}), verify))
+        source = SourceSpec(tuple(os.fspath(p) for p in paths), dict(storage_options or {}),
+                            verify)
+        if decode is None:
+            return cls(source)
+        from .source import recorded_spec  # opening files only when asked to
+        from .typed import Decode, ElementSpec
+
+        if isinstance(decode, ElementSpec):
+            spec = decode
+        elif decode == "auto":
+            spec = recorded_spec(source.paths, source.storage_options, source.verify)
+        elif isinstance(decode, (str, bytes)):
+            spec = ElementSpec.from_json(decode)
+        else:
+            raise TypeError(f"decode= takes 'auto', an ElementSpec or its JSON, not "
+                            f"{type(decode).__name__}")
+        return cls(source, record_ops=(MapOp(Decode(spec)),))
 
     @classmethod
     def from_source(cls, source: Any) -> Dataset:

@@ -18,6 +18,7 @@ __all__ = [
     "ArrayRecordFormatError",
     "CollateError",
     "ConvertError",
+    "ElementSpecError",
     "MissingExtraError",
     "ObjectChangedError",
     "StateError",
@@ -58,6 +59,10 @@ class CollateError(ValueError):
     def __init__(self, message: str, element: int | None = None) -> None:
         super().__init__(message)
         self.element = element
+
+
+class ElementSpecError(ValueError):
+    """A record does not fit its element spec, or a spec is malformed: says what and where."""
 
 
 class WorkerError(RuntimeError):

@@ -60,9 +60,9 @@ from .storage import ObjectInfo, redact
 
 log = logging.getLogger("aioloader")
 
-_FORMAT = "aioloader-index-table-3"
-_MAGIC = b"AIOLIDX3"
-_SUFFIX = ".v3.idx"  # entries of earlier versions (`.npz`, one per file) are never read
+_FORMAT = "aioloader-index-table-4"  # 4: the files' element specs (`aioloader.typed`)
+_MAGIC = b"AIOLIDX4"
+_SUFFIX = ".v4.idx"  # entries of earlier versions (`.npz`, `.v3.idx`) are never read
 _SLACK = 1 << 20  # an entry is at most this much larger than its data files
 _ALIGN = 64
 _MAX_HEADER = 1 << 30
@@ -175,7 +175,7 @@ def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
 
 def _write(f, key: str, indices: Sequence[FileIndex]) -> None:
     files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
-              ix.writer_options] for ix in indices]
+              ix.writer_options, ix.element_spec] for ix in indices]
     bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
     at = 0
     for ix in indices:
@@ -263,7 +263,7 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
     if len(counts) != int(chunks[stored].sum()):
         raise CacheEntryError("its record counts do not match its files' chunks")
     out, c_at, d_at = [], 0, 0
-    for k, (footer, n, has_counts, options) in enumerate(files):
+    for k, (footer, n, has_counts, options, spec) in enumerate(files):
         lo = int(firsts[k])
         if has_counts:
             rec = counts[c_at : c_at + n]
@@ -276,7 +276,7 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
         ix = FileIndex(path=redact(infos[k].url), size=infos[k].size, footer_offset=int(footer),
                        chunk_offsets=bounds[lo : lo + n], chunk_records=rec,
                        chunk_decoded_sizes=decoded[d_at : d_at + n],
-                       writer_options=str(options))
+                       writer_options=str(options), element_spec=str(spec))
         vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
         d_at += n
         out.append(ix)

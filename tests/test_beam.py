@@ -263,7 +263,9 @@ def test_a_corrupt_tfrecord_fails_the_job_and_places_no_shard(tmp_path):
 
 
 # Google's array-record-beam-sdk 0.1.0 cannot be a dev dependency: it requires TensorFlow and
-# pins array-record==0.5.0 (we pin 0.8.6). Where it is importable (e.g. unpacked with
+# pins array-record==0.5.0 (we pin 0.8.6). `make test-interop` builds a venv of its own
+# (the sdk with real TensorFlow 2.21, array-record 0.5.0, Beam 2.77) and runs this test there.
+# Elsewhere, where the sdk is importable without TensorFlow (e.g. unpacked with
 # `pip install --no-deps --target DIR array-record-beam-sdk==0.1.0` and DIR on PYTHONPATH),
 # its real pipeline runs in a child with a stand-in `tensorflow` module: the conversion
 # functions never call TensorFlow, only its demo data builder (imported at module top) does.
@@ -271,8 +273,9 @@ def test_a_corrupt_tfrecord_fails_the_job_and_places_no_shard(tmp_path):
 # input as `num_shards`: "TypeError: '>=' not supported between instances of 'AsSingleton'
 # and 'int'"), so ours is compared with its `convert_tf_to_arrayrecord_disk(num_shards=3)`.
 _THEIRS = """
-import sys, types
-sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
+import importlib.util, sys, types
+if importlib.util.find_spec("tensorflow") is None:  # real TensorFlow where installed
+    sys.modules["tensorflow"] = types.ModuleType("tensorflow")
 sys.argv = sys.argv[:1]
 from apache_beam.options.pipeline_options import PipelineOptions
 from array_record_beam_sdk import pipelines
@@ -287,6 +290,8 @@ def test_tfrecord_conversion_equals_array_record_beam_sdk(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("array_record_beam_sdk") is None:
+        if os.environ.get("AIOLOADER_REQUIRE_INTEROP"):  # `make test-interop`: never a skip
+            pytest.fail("array-record-beam-sdk is not importable in this environment")
         pytest.skip("array-record-beam-sdk is not importable (it needs TensorFlow and "
                     "array-record 0.5.0, so it is not in the dev extra)")
     _inputs(tmp_path, JSON, 3, "tfrecord")

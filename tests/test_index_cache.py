@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import aioloader as al
+from aioloader import index_cache
 
 from .arrayrecord_util import make_records, write_theirs
 
@@ -70,7 +71,7 @@ def _save_raw(entry, header: dict, arrays: dict) -> None:
     text = json.dumps(header).encode()
     text += b" " * (-(16 + len(text)) % 64)
     with open(entry, "wb") as f:
-        f.write(b"AIOLIDX3" + len(text).to_bytes(8, "little") + text + body)
+        f.write(index_cache._MAGIC + len(text).to_bytes(8, "little") + text + body)
 
 
 def _rewrite(entry, change) -> None:

@@ -42,7 +42,7 @@ from .layout import (
 )
 from .onerecord import headers_in, one_record, strip_into
 from .options import WriterOptions, parse_options
-from .proto import POSTSCRIPT_MAGIC, parse_fields
+from .proto import ELEMENT_SPEC_FIELD, POSTSCRIPT_MAGIC, parse_fields
 from .transposed import decode_transposed
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
@@ -76,6 +76,7 @@ class FileIndex:
     chunk_records: np.ndarray  # int64 (a broadcast when every chunk holds one record)
     chunk_decoded_sizes: np.ndarray  # int64 or uint32
     writer_options: str
+    element_spec: str = ""  # aioloader's element spec (JSON), if the writer recorded one
 
     @cached_property
     def chunk_ends(self) -> np.ndarray:
@@ -115,7 +116,8 @@ class FileIndex:
                 not np.array_equal(bounds[:n], self.chunk_offsets):
             raise ValueError("bounds are not this index's chunk offsets and footer offset")
         out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
-                        self.chunk_records, self.chunk_decoded_sizes, self.writer_options)
+                        self.chunk_records, self.chunk_decoded_sizes, self.writer_options,
+                        self.element_spec)
         vars(out).update(chunk_ends=bounds[1:], num_records=self.num_records)
         return out
 
@@ -481,6 +483,8 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         )
     raw_options = fields.get(4, b"")
     options = raw_options.decode("utf-8", "replace") if isinstance(raw_options, bytes) else ""
+    raw_spec = fields.get(ELEMENT_SPEC_FIELD, b"")  # checked where it is used (aioloader.typed)
+    spec = raw_spec.decode("utf-8", "replace") if isinstance(raw_spec, bytes) else ""
     offsets, decoded, counts = footer.offsets, footer.decoded, footer.records
     n_chunks = len(offsets)
     claimed_chunks = fields.get(2, n_chunks)
@@ -524,4 +528,5 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         chunk_records=compact_counts(counts),
         chunk_decoded_sizes=compact_sizes(decoded),
         writer_options=options,
+        element_spec=spec,
     )

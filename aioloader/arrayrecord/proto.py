@@ -13,11 +13,14 @@ from .errors import ArrayRecordFormatError
 from .varint import decode_varints, encode_varint, read_varint
 
 POSTSCRIPT_MAGIC = 0x71930E704FDAE05E
+ELEMENT_SPEC_FIELD = 1818
+"""`ArrayRecordMetadata` field of aioloader's element spec (JSON; `aioloader.typed`): unknown
+to array_record, which keeps reading the file; far above its own fields (1-4)."""
 
 
-def parse_fields(buf) -> dict[int, int | bytes]:
-    """Parse one message into {field number: last value}; varints as int, bytes as bytes."""
-    out: dict[int, int | bytes] = {}
+def iter_fields(buf):
+    """Yield (field number, wire type, value) of one message, in order; varints and fixed
+    widths as int, length-delimited as bytes (a repeated field yields each of its values)."""
     pos, end = 0, len(buf)
     while pos < end:
         key, pos = read_varint(buf, pos, end)
@@ -25,22 +28,27 @@ def parse_fields(buf) -> dict[int, int | bytes]:
         if number == 0:
             raise ArrayRecordFormatError("protobuf field number 0")
         if wire == 0:
-            out[number], pos = read_varint(buf, pos, end)
+            value, pos = read_varint(buf, pos, end)
         elif wire == 2:
             n, pos = read_varint(buf, pos, end)
             if pos + n > end:
                 raise ArrayRecordFormatError("protobuf field runs past its message")
-            out[number] = bytes(buf[pos : pos + n])
+            value = bytes(buf[pos : pos + n])
             pos += n
         elif wire in (1, 5):
             width = 8 if wire == 1 else 4
             if pos + width > end:
                 raise ArrayRecordFormatError("protobuf field runs past its message")
-            out[number] = int.from_bytes(buf[pos : pos + width], "little")
+            value = int.from_bytes(buf[pos : pos + width], "little")
             pos += width
         else:
             raise ArrayRecordFormatError(f"protobuf wire type {wire} is not supported")
-    return out
+        yield number, wire, value
+
+
+def parse_fields(buf) -> dict[int, int | bytes]:
+    """Parse one message into {field number: last value}; varints as int, bytes as bytes."""
+    return {number: value for number, _, value in iter_fields(buf)}
 
 
 def _varint_field(number: int, value: int) -> bytes:
@@ -55,12 +63,16 @@ def encode_postscript(footer_offset: int) -> bytes:
     return _varint_field(1, footer_offset) + _varint_field(2, POSTSCRIPT_MAGIC)
 
 
-def encode_metadata(num_chunks: int, num_records: int, writer_options: str) -> bytes:
+def encode_metadata(num_chunks: int, num_records: int, writer_options: str,
+                    extra: dict[int, bytes] | None = None) -> bytes:
+    """`RiegeliFooterMetadata{array_record_metadata{...}}`; `extra`: more length-delimited
+    fields of `ArrayRecordMetadata` (unknown to array_record, which skips them)."""
     inner = (
         _varint_field(1, 1)
         + _varint_field(2, num_chunks)
         + _varint_field(3, num_records)
         + _bytes_field(4, writer_options.encode())
+        + b"".join(_bytes_field(n, v) for n, v in sorted((extra or {}).items()))
     )
     return _bytes_field(1, inner)
 

@@ -16,7 +16,7 @@ from .codecs import Compression
 from .hashing import highwayhash64
 from .layout import CHUNK_SIMPLE, ChunkHeader, padding_chunk, physical_pieces
 from .options import WriterOptions, parse_options
-from .proto import encode_footer_entry, encode_metadata, encode_postscript
+from .proto import ELEMENT_SPEC_FIELD, encode_footer_entry, encode_metadata, encode_postscript
 
 SIGNATURE = bytes.fromhex(
     "83af70d10d884a3f00000000000000004000000000000000"
@@ -49,6 +49,11 @@ class ArrayRecordWriter:
     optionally followed by `,window_log:N`; `options` takes a full array_record options string
     instead (e.g. `"group_size:1,zstd:3"`). `storage_options` go to the fsspec filesystem of
     a URL target (credentials, `requester_pays`, `endpoint_url`, ...), as the readers take them.
+
+    `element_spec` (an `aioloader.ElementSpec`, or its JSON) records what each record holds in
+    the file's footer metadata, for `Dataset.from_arrayrecord(..., decode="auto")`; with one,
+    `write()` also takes the elements themselves (arrays, dicts of arrays) and encodes them.
+    It may be set until `close()` (the footer is written last).
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class ArrayRecordWriter:
         *,
         options: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        element_spec: Any = None,
     ) -> None:
         if options is None:
             options = f"group_size:{group_size},{compression}"
@@ -82,14 +88,21 @@ class ArrayRecordWriter:
         self._num_records = 0
         self._pos = 0
         self._closed = False
+        self.element_spec = element_spec
         self._emit(SIGNATURE)
 
     # -- public -------------------------------------------------------------------------
 
-    def write(self, record: bytes | bytearray | memoryview) -> None:
-        """Append one record."""
+    def write(self, record: Any) -> None:
+        """Append one record: bytes, or an element that `element_spec` encodes."""
         if self._closed:
             raise ValueError(f"{self._name}: write() on a closed ArrayRecordWriter")
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            encode = getattr(self.element_spec, "encode", None)
+            if encode is None:
+                raise TypeError(f"{self._name}: write() takes bytes (or, with an element_spec,"
+                                f" an element), got {type(record).__name__}")
+            record = encode(record)
         self._group.append(bytes(record))
         if len(self._group) == self.options.group_size:
             self._flush_group()
@@ -147,8 +160,14 @@ class ArrayRecordWriter:
             self._emit(padding_chunk(self._pos))
 
     def _write_index(self) -> None:
+        spec = self.element_spec
+        if spec is not None and not isinstance(spec, (str, bytes)):
+            spec = spec.to_json()
+        extra = {} if spec is None else {
+            ELEMENT_SPEC_FIELD: spec.encode() if isinstance(spec, str) else spec}
         footer_records = [
-            encode_metadata(len(self._chunks), self._num_records, self.options.to_string()),
+            encode_metadata(len(self._chunks), self._num_records, self.options.to_string(),
+                            extra),
             *self._chunks,
         ]
         data, decoded = encode_simple(footer_records, self._compression)

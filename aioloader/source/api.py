@@ -22,11 +22,13 @@ import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
+from ..errors import ElementSpecError
 from ..index_cache import IndexCache
 from ..logs import logger
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..storage import Storage, StorageError, is_local, redact
 from ..sync import release, run_sync
+from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
 from .records import ChunkCache, read_chunks
 from .table import RecordTable, open_table
@@ -186,6 +188,13 @@ class ArrayRecordSource:
         return len(self.table)
 
     @property
+    def element_spec(self) -> ElementSpec | None:
+        """What each record holds, as the files' writer recorded it (`aioloader.typed`), or
+        None; ElementSpecError if the files disagree or one is malformed."""
+        return files_spec([(redact(u), ix.element_spec)
+                           for u, ix in zip(self.urls, self.file_indices)])
+
+    @property
     def chunk_starts(self) -> np.ndarray:
         """Global index of the first record of every chunk of every file, plus the total."""
         return self.table.chunk_starts
@@ -325,3 +334,18 @@ class ArrayRecordSource:
         state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
         more = ", ..." if len(self._patterns) > 1 else ""
         return f"ArrayRecordSource({redact(self._patterns[0])!r}{more}; {state})"
+
+
+def recorded_spec(paths: Sequence[str], storage_options: Any = None,
+                  verify: str = "headers") -> ElementSpec:
+    """The element spec that the files at `paths` record (one open of their footers);
+    ElementSpecError if they record none or disagree (`decode="auto"`)."""
+    with ArrayRecordSource(list(paths), storage_options=dict(storage_options or {}),
+                           verify=verify) as src:
+        spec = src.element_spec
+    if spec is None:
+        raise ElementSpecError(
+            f"decode='auto': {', '.join(map(redact, paths))} record no element spec (write "
+            "them with convert --from npy or --decode-examples, or ArrayRecordWriter("
+            "element_spec=...)); or pass decode=ElementSpec(...)")
+    return spec
