@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader
 
 venv: $(STAMP)
 
+# The suite on two processes (pytest-xdist): each test is isolated in its own files, ports and
+# leak check, so only the wall time changes. A single file: `$(PY) -m pytest tests/test_x.py`.
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
