@@ -97,6 +97,9 @@ class FieldSpec:
         if need > MAX_ELEMENT_BYTES:
             raise ElementSpecError(f"{where}: shape {list(shape)} of {self.dtype} declares "
                                    f"{need} bytes a row, more than any record holds")
+        if shape[:1] == (-1,) and dt is not None and need == 0:
+            raise ElementSpecError(f"{where}: shape {list(shape)} has rows of 0 bytes: a record "
+                                   "cannot bound how many (give the rows a size)")
         return self
 
 

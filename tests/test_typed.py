@@ -41,9 +41,8 @@ def spec_and_element(draw):
         dt = draw(st.sampled_from(DTYPES))
         shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
         rows = draw(st.integers(0, 5))
-        # one unnamed array of variable rows: its row count comes from its length, so its
-        # rows may not be empty
-        variable = draw(st.booleans()) and (name is not None or 0 not in shape)
+        # variable rows may not be empty (a record could not bound their count: refused)
+        variable = draw(st.booleans()) and 0 not in shape
         full = (rows, *shape) if variable else shape
         raw = draw(st.binary(min_size=int(np.prod(full)) * np.dtype(dt).itemsize,
                              max_size=int(np.prod(full)) * np.dtype(dt).itemsize))
@@ -112,6 +111,8 @@ def test_a_damaged_record_is_a_clear_error_never_a_crash(case, junk, cut):
      ' {"name": "a", "dtype": "<f8", "shape": []}]}', "names repeat"),
     ('{"version": 1, "fields": [{"name": "a", "dtype": "bytes", "shape": [2, 2]}]}',
      "scalar or a list"),
+    ('{"version": 1, "fields": [{"name": "a", "dtype": "<f4", "shape": [-1, 0]}]}',
+     "rows of 0 bytes"),
 ])
 def test_hostile_specs_in_a_file_are_refused_naming_the_file(tmp_path, text, what):
     path = tmp_path / "bad.array_record"
