@@ -21,7 +21,7 @@ import numpy as np
 
 from .arrayrecord.errors import ArrayRecordFormatError
 from .arrayrecord.proto import iter_fields
-from .arrayrecord.varint import decode_varints
+from .arrayrecord.varint import decode_varints, encode_varint
 from .errors import ConvertError, ElementSpecError
 from .typed import BYTES, ElementSpec, FieldSpec
 
@@ -83,7 +83,7 @@ def encode_example(features: Mapping[str, Any]) -> bytes:
     """Serialize `{name: values}` as a tf.train.Example (bytes → bytes_list, floats →
     float_list, ints → int64_list); for tests and fixtures, as `write_tfrecord` is."""
     def field(n: int, payload: bytes) -> bytes:
-        return _varint(n << 3 | 2) + _varint(len(payload)) + payload
+        return encode_varint(n << 3 | 2) + encode_varint(len(payload)) + payload
 
     entries = b""
     for name, values in features.items():
@@ -97,19 +97,10 @@ def encode_example(features: Mapping[str, Any]) -> bytes:
             body = field(1, np.asarray(values, dtype="<f4").tobytes())
             kind = FLOAT_LIST
         else:
-            body = field(1, b"".join(_varint(int(v) & ((1 << 64) - 1)) for v in values))
+            body = field(1, b"".join(encode_varint(int(v) & ((1 << 64) - 1)) for v in values))
             kind = INT64_LIST
         entries += field(1, field(1, name.encode()) + field(2, field(kind, body)))
     return field(1, entries)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 _FEATURE = re.compile(r"^\s*([^:\s,]+)\s*:\s*([A-Za-z0-9<>=|]+)\s*(?:\[([-\d,\s]*)\])?\s*$")

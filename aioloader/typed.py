@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .arrayrecord.proto import ELEMENT_SPEC_FIELD
+from .arrayrecord.varint import encode_varint
 from .errors import ElementSpecError
 
 __all__ = ["ELEMENT_SPEC_FIELD", "Decode", "ElementSpec", "FieldSpec"]
@@ -237,15 +238,6 @@ def _dtype_str(dtype: Any) -> str:
     return BYTES if dtype in (BYTES, bytes) else np.dtype(dtype).str
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _read_varint(view: memoryview, pos: int, what: str) -> tuple[int, int]:
     value = shift = 0
     for k in range(pos, min(pos + 10, len(view))):
@@ -263,8 +255,8 @@ def _encode_field(f: FieldSpec, value: Any, raw: bool = False) -> bytes:
         items = [value] if f.shape == () else list(value)
         if f.shape not in ((), (-1,)) and len(items) != f.shape[0]:
             raise ElementSpecError(f"{label}: {len(items)} strings, spec says {f.shape[0]}")
-        head = _varint(len(items)) if f.variable else b""
-        return head + b"".join(_varint(len(b)) + bytes(b) for b in items)
+        head = encode_varint(len(items)) if f.variable else b""
+        return head + b"".join(encode_varint(len(b)) + bytes(b) for b in items)
     arr = np.asarray(value)
     if arr.dtype.kind not in _KINDS or not np.can_cast(arr.dtype, f.dtype, "same_kind"):
         raise ElementSpecError(f"{label}: dtype {arr.dtype} does not fit {f.dtype}")
@@ -272,7 +264,7 @@ def _encode_field(f: FieldSpec, value: Any, raw: bool = False) -> bytes:
     if tuple(arr.shape) != (*rows, *f.row_shape):
         raise ElementSpecError(f"{label}: shape {arr.shape} does not fit {list(f.shape)}")
     data = np.ascontiguousarray(arr, dtype=f.dtype).tobytes()
-    return data if raw or not f.variable else _varint(arr.shape[0]) + data
+    return data if raw or not f.variable else encode_varint(arr.shape[0]) + data
 
 
 def _decode_field(f: FieldSpec, view: memoryview, pos: int,

@@ -33,12 +33,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(n: int, cfg: dict) -> dict:
+def _run_processes(module: str, n: int, cfg: dict, **env_extra: str) -> None:
+    """Run `n` processes of `module` (one JAX job, a coordinator on a free port) to the end;
+    each must exit 0."""
     port = _port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.multihost_worker", str(port),
-                               str(n), str(i), json.dumps(cfg)], cwd=ROOT, env=env,
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **env_extra}
+    procs = [subprocess.Popen([sys.executable, "-m", module, str(port), str(n), str(i),
+                               json.dumps(cfg)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for i in range(n)]
     outputs = []
@@ -53,6 +54,11 @@ def _launch(n: int, cfg: dict) -> dict:
                 p.wait()
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
+
+
+def _launch(n: int, cfg: dict) -> dict:
+    _run_processes("tests.multihost_worker", n, cfg,
+                   XLA_FLAGS="--xla_force_host_platform_device_count=2")
     with open(cfg["out"]) as f:
         return json.load(f)
 
@@ -91,24 +97,7 @@ def test_elastic_resume_2_to_4(tmp_path, dataset):
 
 def _launch_stream(n: int, cfg: dict) -> list[int]:
     """Record ids yielded by all `n` processes of tests.elastic_stream_worker."""
-    port = _port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.elastic_stream_worker", str(port),
-                               str(n), str(i), json.dumps(cfg)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i in range(n)]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=240)
-            outputs.append(out.decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-3000:]
+    _run_processes("tests.elastic_stream_worker", n, cfg)
     got = []
     for i in range(n):
         with open(os.path.join(cfg["out"], f"out-{i}.json")) as f:
