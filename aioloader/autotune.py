@@ -12,9 +12,10 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
   alone, whatever its stages do;
 - workers grow by one while the decode stage is busy (`process_busy`) and a core is free
   (`cores_free`), never past `Limits.workers` (at most the cores this process may use).
-  Workers start at 0 (decoding on a thread of this process: no process hop, the first batch
-  at once) and step to 2 (1 process is one lane, like 0: the step would gain nothing and
-  be undone), then by one; each step up is a trial, as in tf.data's hill climbing: the
+  Workers start at `Limits.workers` (the processes are started at open either way, a gate
+  decides how many get tasks; ramping up from 0 cost a one-epoch run a quarter of its rate);
+  from 0 (where a memory squeeze leaves them) they step to 2 (1 process is one lane, like
+  0: the step would gain nothing and be undone), then by one; each step up is a trial, as in tf.data's hill climbing: the
   runtime measures the delivered rate before and after, and `better` says whether to keep
   it; a step that did not pay is undone and becomes the ceiling (on a loaded or small
   machine the process hop can cost more than a second core gives);
@@ -46,7 +47,7 @@ LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is
 
 GAIN = 0.05  # a step up (workers, io) must raise its measured rate by this share to stay
 
-START_WORKERS = 0  # workers start here and grow (a first batch need not wait for any)
+START_WORKERS = 1 << 30  # i.e. `cores`: the processes are started at open anyway
 START_PREFETCH = 4
 START_IO = 64
 MAX_PREFETCH = 16
@@ -142,7 +143,7 @@ def memory_free() -> float:
 def start(workers: int | str, prefetch: int | str, io_concurrency: int | str,
           cores: int) -> tuple[Setting, Limits]:
     """The first setting and the bounds, from the options as given: a number stays fixed,
-    "auto" starts low and may grow (workers up to `cores`)."""
+    "auto" starts workers at `cores`, prefetch and io_concurrency low, and may grow."""
     tune = frozenset(name for name, v in (("workers", workers), ("prefetch", prefetch),
                                           ("io_concurrency", io_concurrency)) if v == AUTO)
     cores = max(1, cores)

@@ -4,6 +4,7 @@ running loader — chosen values visible in stats, output and states unchanged."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from types import SimpleNamespace
@@ -131,6 +132,9 @@ def test_options_take_auto_and_name_a_wrong_word():
 def _tuner(applied):
     stats = SimpleNamespace(elapsed=0.0)
     first, lim = start("auto", "auto", "auto", cores=2)
+    # from workers=0 (where "auto" stands after a step down or a memory squeeze), so a step
+    # up can be tried
+    first = dataclasses.replace(first, workers=0)
     return Tuner(first, lim, stats, cores=2, apply=applied.append, memory=lambda: 1.0)
 
 
@@ -336,12 +340,14 @@ def sleepy(batch):
     return batch
 
 
-@pytest.mark.skipif(available_cores() < 2, reason="needs two cores to grow into")
-async def test_a_slow_transform_makes_the_tuner_add_workers(data):
+@pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
+async def test_auto_workers_start_at_the_cores_and_a_slow_transform_keeps_them(data):
+    """The worker processes start at open either way (a gate decides how many get tasks), so
+    "auto" starts with all of them: ramping up from 0 cost a short run a quarter of its rate
+    (benchmarks/RESULTS.md, "Autotune on a quiet machine"); growth is tested above."""
     ds = (al.Dataset.from_arrayrecord(data).repeat(4).map(fns.decode).map(fns.just_id)
           .batch(32).map(sleepy))
     _, _, figures = await _run(ds, workers="auto")
     tuned = figures["autotune"]
-    assert tuned["changes"][0]["workers"] == 2, tuned  # two lanes tried against one
-    if not tuned["undone"]:  # (a machine loaded enough may judge the trial in its noise)
-        assert tuned["workers"] == 2, tuned
+    assert tuned["workers"] >= 2, tuned
+    assert all(c["workers"] >= 2 for c in tuned["changes"]), tuned
