@@ -16,9 +16,10 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
   decides how many get tasks; ramping up from 0 cost a one-epoch run a quarter of its rate);
   from 0 (where a memory squeeze leaves them) they step to 2 (1 process is one lane, like
   0: the step would gain nothing and be undone), then by one; each step up is a trial, as
-  in tf.data's hill climbing: the runtime measures the delivered rate before and after, and `better` says whether to keep
-  it; a step that did not pay is undone and becomes the ceiling (on a loaded or small
-  machine the process hop can cost more than a second core gives);
+  in tf.data's hill climbing: the runtime measures the delivered rate before and after,
+  and `better` says whether to keep it; a step that did not pay is undone and becomes the
+  ceiling (on a loaded or small machine the process hop can cost more than a second core
+  gives);
 - io_concurrency doubles while its slots are full (`io_busy`): latency-bound reads scale with
   requests in flight, so steps are geometric; each doubling is a trial too (kept only if
   reads complete faster: a store or client at its limit answers more requests slower);
