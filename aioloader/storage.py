@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import FsspecBackend, GCSBackend, LocalBackend, ObjectInfo
+from .backends import FsspecBackend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
 from .gate import Gate
+from .gcs_aiohttp import GCSBackend
 from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aioloader.backends import GCSBackend
+from aioloader.gcs_aiohttp import GCSBackend
 from aioloader.storage import RetryPolicy, Storage, StorageError, gcs_backend, gcs_client_for
 from aioloader.testing import local_gcs
 

@@ -95,7 +95,8 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     """Describe, plan, schedule and execute stay apart: nothing below the runtime reaches it,
     and the pure modules reach no I/O, event loop or process code."""
     runtime = {m for m in GRAPH if m.startswith("aioloader.runtime")}
-    io = {"aioloader.storage", "aioloader.backends", "aioloader.sync", "aioloader.workers.pool",
+    io = {"aioloader.storage", "aioloader.backends", "aioloader.gcs_aiohttp", "aioloader.gcs_curl",
+          "aioloader.sync", "aioloader.workers.pool",
           "aioloader.source", "aioloader.lifecycle"}
     for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
                 "aioloader.autotune",
