@@ -11,7 +11,7 @@
   generation (`x-goog-generation`), where gcsfs's `info()` costs ~3 metadata requests
   (`gcs_aiohttp.GCSBackend`; the gs:// helpers both clients share live here);
 - gs:// with pycurl installed (the default then): the same reads on libcurl instead of
-  aiohttp, at about half the CPU per GET (`gcs_curl.CurlGCSBackend`; `storage.gcs_backend`
+  aiohttp, at about half the CPU per GET (`gcs_curl.CurlGCSBackend`; `gcs_client.gcs_backend`
   chooses);
 - any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
 

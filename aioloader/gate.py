@@ -1,5 +1,6 @@
 """`Gate`: an asyncio semaphore whose limit can change while it is in use, and which keeps
-the time-weighted count of holders (how full it was), for the autotuner.
+the time-weighted count of holders (how full it was), for the autotuner; and `ByteBudget`,
+the same admission by bytes in flight (storage's memory budget for range reads).
 
 Growing releases the new permits at once; shrinking takes free permits away at once and
 the rest as holders release (a debt), so holders never exceed the new limit for longer
@@ -12,7 +13,7 @@ import asyncio
 import time
 from typing import Literal
 
-__all__ = ["Gate"]
+__all__ = ["ByteBudget", "Gate"]
 
 
 class Gate(asyncio.Semaphore):
@@ -64,3 +65,45 @@ class Gate(asyncio.Semaphore):
             free = min(-delta, self._value)  # asyncio.Semaphore's count of free permits
             self._value -= free
             self._debt += -delta - free
+
+
+class ByteBudget:
+    """Waits until `n` more bytes fit under the budget (one oversized read may run alone).
+
+    The uncontended path takes no lock and never yields: it runs once per range read.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
+
+    async def acquire(self, n: int) -> None:
+        if not self._waiters and self._fits(n):
+            self.used += n
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.used -= n  # granted just as we were cancelled: give it back
+                self._wake()
+            else:
+                self._waiters = [w for w in self._waiters if w[1] is not fut]
+            raise
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, fut = self._waiters.pop(0)
+            if not fut.done():
+                self.used += n
+                fut.set_result(None)

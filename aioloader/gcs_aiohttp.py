@@ -1,4 +1,4 @@
-"""gs:// range reads on our own aiohttp session (`storage.gcs_backend` picks it, or libcurl's
+"""gs:// range reads on our own aiohttp session (`gcs_client.gcs_backend` picks it, or libcurl's
 `gcs_curl.CurlGCSBackend` where pycurl is installed): gcsfs for listing, metadata and
 credentials; one suffix-range GET opens an object (tail, size and generation in one answer);
 reads pinned to the generation seen at open. See `backends` for what a backend is.

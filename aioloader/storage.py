@@ -31,13 +31,14 @@ from typing import Any
 
 from .backends import FsspecBackend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
-from .gate import Gate
-from .gcs_aiohttp import GCSBackend
+from .gate import ByteBudget, Gate
+from .gcs_client import GCS_CLIENTS, gcs_backend, gcs_client_for
 from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
 from .urls import has_glob, is_local, redact
 
 __all__ = [
+    "GCS_CLIENTS",
     "IOStats",
     "ObjectChangedError",
     "ObjectInfo",
@@ -45,6 +46,8 @@ __all__ = [
     "Storage",
     "StorageError",
     "StoreUnavailableError",
+    "gcs_backend",
+    "gcs_client_for",
     "has_glob",
     "is_local",
     "redact",
@@ -79,93 +82,6 @@ def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
                         "is shorter than when it was opened: re-open it)")
 
 
-class _ByteBudget:
-    """Waits until `n` more bytes fit under the budget (one oversized read may run alone).
-
-    The uncontended path takes no lock and never yields: it runs once per range read.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiters: list[tuple[int, asyncio.Future]] = []
-
-    def _fits(self, n: int) -> bool:
-        return self.used == 0 or self.used + n <= self.limit
-
-    async def acquire(self, n: int) -> None:
-        if not self._waiters and self._fits(n):
-            self.used += n
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((n, fut))
-        try:
-            await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.used -= n  # granted just as we were cancelled: give it back
-                self._wake()
-            else:
-                self._waiters = [w for w in self._waiters if w[1] is not fut]
-            raise
-
-    def release(self, n: int) -> None:
-        self.used -= n
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self._fits(self._waiters[0][0]):
-            n, fut = self._waiters.pop(0)
-            if not fut.done():
-                self.used += n
-                fut.set_result(None)
-
-
-GCS_CLIENTS = ("auto", "curl", "aiohttp")
-
-
-def gcs_client_for(client: str | None = None,
-                   options: dict[str, Any] | None = None) -> str:
-    """Which client gs:// reads use: "curl" or "aiohttp" (`client` or AIOLOADER_GCS_CLIENT;
-    "auto" picks curl when pycurl is installed and `options` are ones it serves)."""
-    client = client or os.environ.get("AIOLOADER_GCS_CLIENT") or "auto"
-    if client != "auto":
-        return client
-    from importlib.util import find_spec
-
-    if find_spec("pycurl") is None:
-        return "aiohttp"
-    return "curl" if set(options or {}) <= _CURL_OPTIONS else "aiohttp"
-
-
-# storage_options the curl backend serves (gcs_curl.SERVED_OPTIONS, without importing it).
-_CURL_OPTIONS = frozenset({"token", "endpoint_url", "project", "access"})
-
-
-def gcs_backend(client: str, options: dict[str, Any], connections: int,
-                pins: dict[str, str]) -> Any:
-    """The gs:// backend `client` names: "curl" (libcurl, about half the CPU per GET; needs
-    pycurl, in the `gcs` extra), "aiohttp", or "auto": curl when pycurl is installed and the
-    storage_options are ones it serves, else aiohttp."""
-    if client != "aiohttp":
-        try:
-            from .gcs_curl import SERVED_OPTIONS, CurlGCSBackend, curl_serves
-        except ImportError as exc:
-            if client == "curl":
-                raise StorageError(
-                    f"gcs_client='curl' needs pycurl ({exc}): pip install 'aioloader[gcs]' "
-                    "(or pip install pycurl), or use gcs_client='aiohttp'") from None
-        else:
-            if curl_serves(options):
-                return CurlGCSBackend(options, connections, pins)
-            if client == "curl":
-                raise StorageError(
-                    "gcs_client='curl' reads only with storage_options "
-                    f"{sorted(SERVED_OPTIONS)}; these need gcsfs's own reads: "
-                    f"{sorted(set(options) - SERVED_OPTIONS)} (use gcs_client='aiohttp')")
-    return GCSBackend(options, connections, pins)
-
-
 async def _prepared(backend: Any) -> None:
     """Let `backend` load its client first (gs:// on libcurl imports gcsfs for metadata
     calls: 1-8 s on a loaded machine), so that the deadline times the store, not imports."""
@@ -177,7 +93,7 @@ async def _prepared(backend: Any) -> None:
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
         self.slots = Gate(concurrency)  # resizable: `Storage.set_concurrency`
-        self.budget = _ByteBudget(max_bytes)
+        self.budget = ByteBudget(max_bytes)
         self.backends: dict[str, Any] = {}
 
 

@@ -96,6 +96,7 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     and the pure modules reach no I/O, event loop or process code."""
     runtime = {m for m in GRAPH if m.startswith("aioloader.runtime")}
     io = {"aioloader.storage", "aioloader.backends", "aioloader.gcs_aiohttp", "aioloader.gcs_curl",
+          "aioloader.gcs_client",
           "aioloader.sync", "aioloader.workers.pool",
           "aioloader.source", "aioloader.lifecycle"}
     for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
