@@ -294,7 +294,15 @@ class FsspecBackend:
             raise Transient(f"{type(exc).__name__}: {exc}") from None
 
     async def aclose(self) -> None:
-        close = getattr(self.fs, "close_session", None) if self.is_async else None
-        session = getattr(self.fs, "_session", None)
-        if close is not None and session is not None and hasattr(session, "close"):
+        """Close the filesystem's HTTP session on this loop (else aiohttp reports it
+        unclosed at exit): gcsfs keeps an aiohttp `_session`; s3fs an aiobotocore client
+        entered from `_s3creator`."""
+        if not self.is_async:
+            return
+        session: Any = getattr(self.fs, "_session", None)
+        if getattr(self.fs, "close_session", None) is not None and hasattr(session, "close"):
             await session.close()
+        creator = getattr(self.fs, "_s3creator", None)
+        if creator is not None and hasattr(creator, "__aexit__"):
+            self.fs._s3creator = self.fs._s3 = None  # (its finalizer then has nothing to do)
+            await creator.__aexit__(None, None, None)
