@@ -19,10 +19,21 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
   in tf.data's hill climbing: the runtime measures the delivered rate before and after,
   and `better` says whether to keep it; a step that did not pay is undone and becomes the
   ceiling (on a loaded or small machine the process hop can cost more than a second core
-  gives);
-- io_concurrency doubles while its slots are full (`io_busy`): latency-bound reads scale with
-  requests in flight, so steps are geometric; each doubling is a trial too (kept only if
-  reads complete faster: a store or client at its limit answers more requests slower);
+  gives). While the consumer waits and the workers are mostly idle (the others would
+  still be at most `IDLE` busy), one is given back, as a trial kept unless delivery drops:
+  the wait is elsewhere (reading from a bucket on this process's CPU, say), and an idle
+  process still costs that stage some CPU (measured: io256 with 2 workers delivered 0.78x of
+  1 worker from the emulated bucket at 30 ms);
+- io_concurrency doubles while its slots are full (`io_busy`) and reads are answered about
+  as fast as the fastest seen (`read_seconds` within `QUEUED` x `read_floor`: TCP Vegas's
+  rule): by Little's law reads/s = requests in flight / time per read, so while the time per
+  read holds, doubling the requests doubles the rate; once reads slow down, the client's CPU
+  or the store is the limit and more requests would only queue (on a small machine a bucket
+  at 30 ms saturates the client before 512 in flight). Steps are geometric; each doubling is
+  a trial too (kept only if reads complete faster). A remote dataset starts at
+  `START_IO_REMOTE` (a round trip of tens of ms needs hundreds of requests in flight to
+  keep a process busy: starting at 64 cost a short run its first batches), a local one at
+  `START_IO`;
 - prefetch grows by one while the consumer waits, unless the decode stage is the limit with
   no core left (more tasks in flight would then only queue);
 - under memory pressure (`memory_free` below `LOW_MEMORY`) each moves down instead (prefetch
@@ -46,11 +57,14 @@ BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
 FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused
 LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
 
+IDLE = 0.5  # one worker fewer when the others would still be at most this busy
 GAIN = 0.05  # a step up (workers, io) must raise its measured rate by this share to stay
 
 START_WORKERS = 1 << 30  # i.e. `cores`: the processes are started at open anyway
 START_PREFETCH = 4
 START_IO = 64
+START_IO_REMOTE = 256
+QUEUED = 1.5  # reads taking longer than this x the fastest seen are queueing, not in flight
 MAX_PREFETCH = 16
 MAX_IO = 1024
 
@@ -94,6 +108,13 @@ class Observation:
     io_busy: float  # the read slots were taken (of the current io_concurrency)
     cores_free: float
     memory_free: float = 1.0  # the machine's available memory
+    read_seconds: float | None = None  # the mean time a read held its slot (None: no reads)
+    read_floor: float | None = None  # the least `read_seconds` seen so far
+
+    def reads_queue(self) -> bool:
+        """Whether reads take markedly longer than the fastest seen (so more would queue)."""
+        return (self.read_seconds is not None and self.read_floor is not None
+                and self.read_seconds > QUEUED * self.read_floor)
 
 
 def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
@@ -107,9 +128,12 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
         cpu_bound = o.process_busy >= BUSY
         core = o.cores_free >= FREE_CORE
         grow = cpu_bound and core  # from 0 (one lane, in this process) to 2 lanes at once
-        nxt = Setting(workers=max(s.workers + 1, 2) if grow else s.workers,
+        idle = s.workers >= 2 and o.process_busy * s.workers <= (s.workers - 1) * IDLE
+        nxt = Setting(workers=max(s.workers + 1, 2) if grow else
+                      s.workers - 1 if idle else s.workers,
                       prefetch=s.prefetch + (not cpu_bound or core),
-                      io_concurrency=s.io_concurrency * (2 if o.io_busy >= BUSY else 1))
+                      io_concurrency=s.io_concurrency
+                      * (2 if o.io_busy >= BUSY and not o.reads_queue() else 1))
     else:
         return s
     return limits.clamp(Setting(*(getattr(nxt if name in tune else s, name)
@@ -142,15 +166,17 @@ def memory_free() -> float:
 
 
 def start(workers: int | str, prefetch: int | str, io_concurrency: int | str,
-          cores: int) -> tuple[Setting, Limits]:
+          cores: int, remote: bool = False) -> tuple[Setting, Limits]:
     """The first setting and the bounds, from the options as given: a number stays fixed,
-    "auto" starts workers at `cores`, prefetch and io_concurrency low, and may grow."""
+    "auto" starts workers at `cores`, prefetch low, io_concurrency by where the files are
+    (`remote`: in a bucket), and may grow."""
     tune = frozenset(name for name, v in (("workers", workers), ("prefetch", prefetch),
                                           ("io_concurrency", io_concurrency)) if v == AUTO)
     cores = max(1, cores)
     first = Setting(workers=min(START_WORKERS, cores) if workers == AUTO else int(workers),
                     prefetch=START_PREFETCH if prefetch == AUTO else int(prefetch),
-                    io_concurrency=START_IO if io_concurrency == AUTO else int(io_concurrency))
+                    io_concurrency=(START_IO_REMOTE if remote else START_IO)
+                    if io_concurrency == AUTO else int(io_concurrency))
     limits = Limits(workers=cores if workers == AUTO else first.workers,
                     prefetch=MAX_PREFETCH if prefetch == AUTO else first.prefetch,
                     io_concurrency=MAX_IO if io_concurrency == AUTO else first.io_concurrency,

@@ -16,7 +16,11 @@ from hypothesis import strategies as st
 
 import aioloader as al
 from aioloader.autotune import (
+    IDLE,
     LOW_MEMORY,
+    QUEUED,
+    START_IO,
+    START_IO_REMOTE,
     Limits,
     Observation,
     Setting,
@@ -92,15 +96,29 @@ def test_a_consumer_that_does_not_wait_changes_nothing(s, o, lim):
 
 @given(settings_, observations, share, st.floats(0, 8), limits())
 def test_more_waiting_or_more_free_cores_never_gives_less(s, o, more_wait, more_free, lim):
+    """More free cores never give less of anything; more waiting never less prefetch or io,
+    and fewer workers only where decoding is idle (the wait is elsewhere: a worker fewer
+    gives its CPU to the stage that is the limit)."""
     s = lim.clamp(s)
     o = Observation(o.wait_fraction, o.process_busy, o.io_busy, o.cores_free, 1.0)
     base = decide(s, o, lim)
-    for other in (Observation(o.wait_fraction + more_wait, o.process_busy, o.io_busy,
-                              o.cores_free, 1.0),
-                  Observation(o.wait_fraction, o.process_busy, o.io_busy,
-                              o.cores_free + more_free, 1.0)):
-        nxt = decide(s, other, lim)
-        assert all(getattr(nxt, f) >= getattr(base, f) for f in FIELDS)
+    freer = decide(s, dataclasses.replace(o, cores_free=o.cores_free + more_free), lim)
+    assert all(getattr(freer, f) >= getattr(base, f) for f in FIELDS)
+    waits = decide(s, dataclasses.replace(o, wait_fraction=o.wait_fraction + more_wait), lim)
+    assert waits.prefetch >= base.prefetch and waits.io_concurrency >= base.io_concurrency
+    if waits.workers < base.workers:
+        assert o.process_busy * s.workers <= (s.workers - 1) * IDLE
+
+
+def test_idle_workers_give_one_back_while_the_consumer_waits():
+    lim = Limits(workers=4)
+    waiting_on_reads = Observation(0.5, 0.1, 0.95, cores_free=0.2)
+    assert decide(Setting(2, 4, 64), waiting_on_reads, lim).workers == 1
+    assert decide(Setting(1, 4, 64), waiting_on_reads, lim).workers == 1  # never to 0
+    busy = Observation(0.5, 0.6, 0.95, cores_free=0.2)  # 2 lanes at 0.6: 1 would be over
+    assert decide(Setting(2, 4, 64), busy, lim).workers == 2
+    assert decide(Setting(2, 4, 64), dataclasses.replace(waiting_on_reads, wait_fraction=0.0),
+                  lim).workers == 2  # keeping up: left alone
 
 
 def test_each_stage_grows_when_it_is_the_limit():
@@ -114,6 +132,47 @@ def test_each_stage_grows_when_it_is_the_limit():
     assert full == s  # decode-bound and no core: more tasks in flight would only queue
     io = decide(s, Observation(0.5, 0.2, 0.9, cores_free=1.0), lim)
     assert io == Setting(1, 5, 128)
+
+
+@given(settings_, observations, st.floats(0.001, 10), st.floats(1, 100), limits())
+def test_slower_reads_never_give_more_requests(s, o, floor, slower, lim):
+    """Little's law: once reads take longer than the fastest seen, they queue; io grows only
+    while the time per read holds (and never because reads got slower)."""
+    s = lim.clamp(s)
+    fast = dataclasses.replace(o, read_seconds=floor, read_floor=floor)
+    slow = dataclasses.replace(o, read_seconds=floor * slower, read_floor=floor)
+    assert decide(s, slow, lim).io_concurrency <= decide(s, fast, lim).io_concurrency
+
+
+def test_io_doubles_only_while_reads_are_answered_as_fast_as_ever():
+    lim, s = Limits(workers=4), Setting(1, 4, 256)
+    io_bound = Observation(0.5, 0.2, 0.9, cores_free=1.0)
+    assert decide(s, dataclasses.replace(io_bound, read_seconds=0.035, read_floor=0.031),
+                  lim).io_concurrency == 512
+    queued = dataclasses.replace(io_bound, read_seconds=0.031 * QUEUED * 1.1, read_floor=0.031)
+    assert decide(s, queued, lim).io_concurrency == 256
+    assert decide(s, io_bound, lim).io_concurrency == 512  # not timed yet: try
+
+
+def test_a_bucket_starts_with_more_requests_in_flight():
+    assert start("auto", "auto", "auto", 2)[0].io_concurrency == START_IO
+    assert start("auto", "auto", "auto", 2, remote=True)[0].io_concurrency == START_IO_REMOTE
+    assert start(0, 4, 32, 2, remote=True)[0].io_concurrency == 32  # a number is kept
+
+
+def test_the_tuner_times_reads_and_keeps_the_fastest():
+    applied: list = []
+    t = _tuner(applied)
+    a = Sample(0.0, 0.0, 0.0, 0.0, io=0.0, batches=0, reads=0)
+    b = Sample(1.0, 0.5, 0.0, 0.0, io=64 * 0.04, batches=8, reads=64)  # 40 ms a read
+    c = Sample(2.0, 1.0, 0.0, 0.0, io=64 * 0.04 + 64 * 0.09, batches=16, reads=128)  # 90 ms
+    d = Sample(3.0, 1.5, 0.0, 0.0, io=64 * 0.13 + 0.5, batches=24, reads=138)  # 10 reads
+    first = t.observe(a, b)
+    assert first.read_seconds == pytest.approx(0.04) and t.read_floor == pytest.approx(0.04)
+    second = t.observe(b, c)
+    assert second.read_seconds == pytest.approx(0.09) and second.reads_queue()
+    third = t.observe(c, d)
+    assert third.read_seconds is None and t.read_floor == pytest.approx(0.04)
 
 
 def test_options_take_auto_and_name_a_wrong_word():
@@ -173,6 +232,30 @@ def test_an_io_step_that_reads_no_faster_is_undone():
     ios = [s.io_concurrency for s in applied]
     assert ios[:3] == [128, 256, 128]  # 64 -> 128 doubled the reads; 256 did not
     assert tuner.limits.io_concurrency == 128 and tuner.setting.io_concurrency == 128
+
+
+@pytest.mark.parametrize("after, kept", [(10, True), (9.8, True), (5, False)])
+def test_a_step_down_from_idle_workers_is_kept_unless_it_costs(after, kept):
+    """Workers idle while the consumer waits (reads are the limit): one fewer is tried, and
+    kept when delivery holds (within the noise), else undone and not tried again."""
+    applied: list[Setting] = []
+    first, lim = start("auto", "auto", 64, cores=2)
+    tuner = Tuner(first, lim, SimpleNamespace(elapsed=0.0), cores=2, apply=applied.append,
+                  memory=lambda: 1.0)
+    assert tuner.setting.workers == 2
+    acc = [0.0] * 6
+    tuner.look(Sample(0.0, *acc))
+    for k, r in enumerate([10, 10, 10, after, after, after, after], 1):
+        for i, v in enumerate((0.9, 0.1 * tuner.setting.workers, 0.1, 0.0, r, 0)):
+            acc[i] += v
+        tuner.look(Sample(float(k), *acc))
+    workers = [s.workers for s in applied]
+    assert workers[0] == 1
+    if kept:
+        assert tuner.setting.workers == 1 and tuner.undone == 0
+    else:
+        assert tuner.setting.workers == 2 and tuner.limits.min_workers == 2
+        assert tuner.undone == 1 and workers.count(1) == 1
 
 
 def test_no_worker_step_before_a_baseline_was_measured():
@@ -324,7 +407,9 @@ async def test_auto_from_a_bucket_matches_and_io_concurrency_moves(data, by_hand
     assert states == ref_states
     tuned = figures["autotune"]
     assert tuned["tuned"] == ["io_concurrency"] and tuned["workers"] == 0
-    assert [c["io_concurrency"] for c in tuned["changes"]] == [128, 256, 128]
+    # a bucket starts io higher (START_IO_REMOTE), then doubles twice and halves
+    assert [c["io_concurrency"] for c in tuned["changes"]] == [
+        2 * START_IO_REMOTE, 4 * START_IO_REMOTE, 2 * START_IO_REMOTE]
 
 
 async def test_fixed_settings_have_no_tuner(data):

@@ -24,6 +24,7 @@ from ..autotune import Setting, available_cores
 from ..autotune import start as tuning_start
 from ..lanes import to_json as lane_json
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
+from ..mixed import opened
 from ..options import LoaderOptions
 from ..plan import (
     longest_shard,
@@ -34,6 +35,7 @@ from ..plan import (
 )
 from ..state import LoaderState
 from ..sync import pump
+from ..urls import is_local
 from ..workers import Pool
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
@@ -58,7 +60,7 @@ class Loader:
         self._cores = available_cores()
         self._setting, self._limits = tuning_start(
             options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
-            self._cores)
+            self._cores, remote=_remote(dataset))
         self._tuner: Tuner | None = None
         self.workers = self._setting.workers
         self.prefetch = self._setting.prefetch
@@ -376,3 +378,9 @@ _longest = longest_shard
 def plan_lane(plan: Any) -> Any:
     """The plan's lanes as a state holds them (None: the process's own shard)."""
     return None if plan is None or plan.lane is None else lane_json(plan.lane)
+
+
+def _remote(dataset: Dataset) -> bool:
+    """Whether any of the dataset's files lies in a bucket (or behind any non-local URL)."""
+    spec = opened(dataset.source)
+    return any(not is_local(p) for p in getattr(spec, "paths", ()))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from ..autotune import Limits, Observation, Setting, better, decide, memory_free
+from ..autotune import LOW_MEMORY, Limits, Observation, Setting, better, decide, memory_free
 
 log = logging.getLogger("aioloader")
 
@@ -33,6 +33,7 @@ INTERVAL = 0.2  # seconds between looks
 MIN_BATCHES = 8  # batches a rate is measured over, before and after a worker step (and at
 TASKS = 4  # least this many tasks' worth: a task may carry several batches)
 MIN_READS = 256  # reads a rate is measured over, before and after an io step
+MIN_TIMED = 32  # reads an interval's time per read is taken over
 MAX_TRIAL_S = 3.0  # a trial is judged after this long whatever was delivered
 HISTORY = 64  # changes kept for stats()
 
@@ -66,6 +67,7 @@ class Tuner:
         self.looks = 0
         self.undone = 0  # worker steps that did not pay
         self._last: Sample | None = None  # the previous look
+        self.read_floor: float | None = None  # the least time per read seen in an interval
         self._since: Sample | None = None  # the first look at the current setting
         # (what is tried: "workers" or "io_concurrency", the rate before, the setting before)
         self._trial: tuple[str, float, Setting] | None = None
@@ -89,17 +91,23 @@ class Tuner:
                       st.batches, self._reads())
 
     def observe(self, before: Sample, after: Sample) -> Observation:
-        """The interval between two samples, as the controller sees it."""
+        """The interval between two samples, as the controller sees it (and the least time
+        per read so far: `read_floor`)."""
         dt = max(after.t - before.t, 1e-6)
         s = self.setting
         lanes = max(1, s.workers)  # at 0, decoding runs on one thread of this process
         busy = (after.busy - before.busy) / (dt * lanes)
+        reads = after.reads - before.reads
+        per_read = (after.io - before.io) / reads if reads >= MIN_TIMED else None
+        if per_read is not None and (self.read_floor is None or per_read < self.read_floor):
+            self.read_floor = per_read
         return Observation(wait_fraction=(after.wait - before.wait) / dt,
                            process_busy=busy,
                            io_busy=(after.io - before.io) / (dt * s.io_concurrency),
                            cores_free=self.cores - (after.cpu - before.cpu) / dt
                            - busy * s.workers,
-                           memory_free=self._memory())
+                           memory_free=self._memory(), read_seconds=per_read,
+                           read_floor=self.read_floor)
 
     def look(self, now: Sample) -> None:
         """One interval ending at `now`: judge a trial, or decide and apply."""
@@ -118,9 +126,13 @@ class Tuner:
                 self._judge(_rate(what, since, now))
             return
         s = self.setting
-        nxt = decide(s, self.observe(last, now), self.limits)
+        obs = self.observe(last, now)
+        nxt = decide(s, obs, self.limits)
         for what in ("io_concurrency", "workers"):  # one trial at a time
-            if getattr(nxt, what) > getattr(s, what):
+            up = getattr(nxt, what) > getattr(s, what)
+            idle = (what == "workers" and nxt.workers < s.workers
+                    and obs.memory_free >= LOW_MEMORY)  # (a squeeze is obeyed, not tried)
+            if up or idle:
                 if self._measured(what, since, now) and self._trial is None:
                     self._trial = (what, _rate(what, since, now), s)
                 else:  # no baseline yet (or another trial): the others may move meanwhile
@@ -139,13 +151,16 @@ class Tuner:
         assert self._trial is not None
         what, before, prev = self._trial
         self._trial = None
-        if better(before, after):
-            return
-        self.undone += 1
         back = getattr(prev, what)
+        down = getattr(self.setting, what) < back
+        if (not better(after, before)) if down else better(before, after):
+            return  # a step up that paid, or a step down that cost nothing
+        self.undone += 1
         log.debug("autotune: %s=%d gave %.1f/s against %.1f/s at %d: back", what,
                   getattr(self.setting, what), after, before, back)
-        self.limits = replace(self.limits, **{what: back})  # not tried again
+        # not tried again: the bound comes to where it was
+        bound = "min_workers" if down else what
+        self.limits = replace(self.limits, **{bound: back})
         self._change(replace(self.setting, **{what: back}))
 
     def step(self, obs: Observation) -> bool:
