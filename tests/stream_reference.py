@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from aioloader.collate import collate, collate_named
 from aioloader.packing import pack_first_fit
 from aioloader.runtime.stats import StageStats
-from aioloader.transforms import BatchOp, PackOp, apply_batch_ops, collate, collate_named
+from aioloader.transforms import BatchOp, PackOp, apply_batch_ops
 
 # (window position, surviving elements), or None after the last window
 NextWindow = Callable[[], Awaitable["tuple[int, list[Any]] | None"]]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioloader.transforms import CollateError, collate
+from aioloader.collate import CollateError, collate
 
 numbers = st.one_of(
     st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=40),

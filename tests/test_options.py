@@ -146,9 +146,9 @@ def test_errors_is_a_leaf_and_every_error_is_one_type():
     assert imported == {"arrayrecord.errors", "urls"}
     from aioloader import errors
     from aioloader.convert import ConvertError
+    from aioloader.errors import CollateError, TransformError
     from aioloader.state import StateError
     from aioloader.storage import ObjectChangedError, StorageError, StoreUnavailableError
-    from aioloader.transforms import CollateError, TransformError
     from aioloader.workers import WorkerError
     for old in (ConvertError, StateError, ObjectChangedError, StorageError,
                 StoreUnavailableError, CollateError, TransformError, WorkerError,

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aioloader as al
+from aioloader.errors import CollateError, TransformError
 from aioloader.testing import local_gcs
-from aioloader.transforms import CollateError, TransformError
 from aioloader.workers import WorkerError
 
 from . import pipeline_fns as fns

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioloader import packing
+from aioloader.collate import collate
 from aioloader.columns import concat, rebuild, stack, take
 from aioloader.packing import FirstFit, assemble
 from aioloader.runtime.assembly import Assembler
 from aioloader.runtime.stats import StageStats
-from aioloader.transforms import BatchOp, MapOp, PackOp, collate
+from aioloader.transforms import BatchOp, MapOp, PackOp
 from aioloader.workers.arena import ShmRef, SlotAlloc, replace_leaves
 from aioloader.workers.pieces import Columns, has_arrays, read, window_payload, windows_of
 from tests import stream_reference

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ..collate import collate_named
 from ..columns import concat, rebuild, take
-from ..transforms import BatchOp, MapOp, apply_batch_ops, collate_named
+from ..transforms import BatchOp, MapOp, apply_batch_ops
 from ..workers.pieces import Columns, Piece
 from .stats import StageStats
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..collate import collate
 from ..packing import FirstFit, assemble, check_pack_config, pack_first_fit
-from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops, collate
+from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops
 from ..workers.pieces import Packed, Piece
 from .batcher import Raise
 from .stats import StageStats

@@ -29,15 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ..collate import collate_named
 from ..errors import WorkerError
 from ..objects import read_records
-from ..transforms import (
-    OpTimes,
-    apply_batch_ops,
-    apply_record_ops,
-    collate_named,
-    dumps_op,
-)
+from ..transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
 from .decode import Decoder
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
