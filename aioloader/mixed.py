@@ -173,7 +173,7 @@ def opened(source: Any) -> Any:
 def build_index(spec: MixSpec, part_records: Sequence[int]) -> MixedIndex:
     """The mix's index over the combined source, whose leaves' patterns (objects) hold
     `part_records` records each, in order."""
-    from .sampling import IndexPlan
+    from .indexplan import IndexPlan
 
     if len(part_records) != len(spec.paths):  # one count per pattern (object), in order
         raise ValueError(f"a mix of {len(spec.paths)} sources was opened as "

@@ -24,10 +24,11 @@ import numpy as np
 from . import lanes
 from .dataset import Dataset, JaxProcessShard
 from .errors import StateError
+from .indexplan import IndexPlan
 from .mixed import MixSpec, build_index
 from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
-from .sampling import BlockShuffle, IndexPlan, Shard, Shuffle, Windows
+from .sampling import BlockShuffle, Shard, Shuffle, Windows
 from .transforms import BatchOp, one_to_many
 from .workers.messages import Pipeline
 from .workers.pieces import origin

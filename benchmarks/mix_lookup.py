@@ -21,7 +21,8 @@ import sys
 CHILD = r"""
 import json, time
 import numpy as np
-from aioloader.sampling import IndexPlan, Repeat, Shuffle, Shard
+from aioloader.indexplan import IndexPlan
+from aioloader.sampling import Repeat, Shard, Shuffle
 N, TASK, LOOPS = 1_000_000, 1024, 30
 plans = {"one source: shuffle, repeat, shard": IndexPlan(N, [Shuffle(1), Repeat(None),
                                                              Shard(0, 2)])}

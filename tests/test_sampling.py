@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aioloader.indexplan import IndexPlan
 from aioloader.permutation import _epoch_keys
 from aioloader.sampling import (
     BlockShuffle,
-    IndexPlan,
     Repeat,
     Shard,
     Shuffle,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioloader.sampling import IndexPlan, Repeat, Shuffle, Slice
+from aioloader.indexplan import IndexPlan
+from aioloader.sampling import Repeat, Shuffle, Slice
 from aioloader.selection import (
     MixedIndex,
     concat_select,
