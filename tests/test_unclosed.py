@@ -36,6 +36,19 @@ SCRIPTS = {
 }
 
 
+def _runs_clean(code: str, env: dict, name: str) -> None:
+    """Run `code` in a fresh interpreter: it ends as the script meant, and nothing is
+    reported unclosed or ignored at exit."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    if "raise" in name:
+        assert proc.returncode == 1 and "the training step failed" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+    assert "Unclosed" not in proc.stderr, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
 @pytest.fixture(scope="module")
 def gcs():
     with local_gcs() as bucket:
@@ -52,14 +65,7 @@ def test_no_unclosed_session_at_exit(gcs, client, name):
     code = (f"import aioloader\nURL = 'gs://{gcs.bucket}/u/part-0.array_record'\n"
             + SCRIPTS[name])
     env = {**os.environ, "AIOLOADER_GCS_CLIENT": client, "PYTHONWARNINGS": "default"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
-    if "raise" in name:
-        assert proc.returncode == 1 and "the training step failed" in proc.stderr
-    else:
-        assert proc.returncode == 0, proc.stderr
-    assert "Unclosed" not in proc.stderr, proc.stderr
-    assert "Exception ignored" not in proc.stderr, proc.stderr
+    _runs_clean(code, env, name)
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +120,4 @@ def test_no_unclosed_session_at_exit_s3(s3, name):
     code = (f"import aioloader\nURL = 's3://bucket/u/part-0.array_record'\nOPTS = {s3!r}\n"
             + script)
     env = {**os.environ, "PYTHONWARNINGS": "default"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
-    if "raise" in name:
-        assert proc.returncode == 1 and "the training step failed" in proc.stderr
-    else:
-        assert proc.returncode == 0, proc.stderr
-    assert "Unclosed" not in proc.stderr, proc.stderr
-    assert "Exception ignored" not in proc.stderr, proc.stderr
+    _runs_clean(code, env, name)
