@@ -65,6 +65,10 @@ class DiskTier:
         counts = np.bincount(runs.file, minlength=len(files)) if len(runs) else \
             np.zeros(len(files), dtype=np.int64)
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # File f's byte b is key base[f] + b: the runs' keys then ascend across all files.
+        sizes = np.array([f.size + 1 for f in files], dtype=np.int64)
+        self._base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._run_key = self._base[runs.file] + runs.start
         self.have = np.zeros(len(runs), dtype=bool)  # on disk, proved by this process
         names = {os.path.basename(p) for p in self.paths}
         there = names.intersection(os.listdir(cache.dir_fd))  # stored before: prove on use
@@ -87,15 +91,11 @@ class DiskTier:
         return len(self.keys)
 
     def runs_of(self, refs: ChunkRefs) -> np.ndarray:
-        """The segment of each record in `refs`."""
+        """The segment of each record in `refs`: one search over all files' runs, ordered
+        by (file, start) as one key (a loop over files cost ~5 µs a record in the parent)."""
         files = refs.ids[refs.file]  # type: ignore[index]  # set for files
-        lo, hi = self._first[files], self._first[files + 1]
-        out = np.empty(len(files), dtype=np.int64)
-        for f in np.unique(files).tolist():  # a handful of files per task
-            at = files == f
-            a, b = int(self._first[f]), int(self._first[f + 1])
-            out[at] = a + np.searchsorted(self.run_start[a:b], refs.start[at], "right") - 1
-        if len(out) and ((out < lo) | (out >= hi)).any():
+        out = np.searchsorted(self._run_key, self._base[files] + refs.start, "right") - 1
+        if len(out) and ((out < self._first[files]) | (out >= self._first[files + 1])).any():
             raise AssertionError("a record outside its file's segments")
         return out
 
