@@ -338,17 +338,36 @@ def _check(fd: int, st: os.stat_result, key: SegmentKey) -> None:
     if st.st_size != entry_size(n):
         raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated, or "
                          "not an entry of this segment)")
+    digest, start, length = _proved(fd, st)
+    if digest != key.digest() or start != key.start or length != n:
+        raise EntryError("it belongs to another segment, file or version")
+
+
+def check_named(fd: int, st: os.stat_result, name: str, start: int) -> None:
+    """`_check` where the key is known only by the entry's name and the segment's start (a
+    worker's: the name is the key digest's first 160 bits)."""
+    digest, at, _ = _proved(fd, st)
+    if digest.hex()[:40] + ".seg" != name or at != start:
+        raise EntryError("it belongs to another segment, file or version")
+
+
+def _proved(fd: int, st: os.stat_result) -> tuple[bytes, int, int]:
+    """(key digest, start, length) of a whole, undamaged entry of ours; else EntryError."""
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise EntryError("it is not a plain file of ours")
+    if st.st_size < entry_size(0):
+        raise EntryError(f"it is {st.st_size} bytes: truncated")
     data = os.pread(fd, st.st_size, 0)
     if len(data) != st.st_size:
         raise EntryError("it shrank while being read")
-    magic, digest, start, length = HEADER.unpack_from(data)
+    magic, digest, start, n = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise EntryError("it is not a segment entry (bad magic)")
-    if digest != key.digest() or start != key.start or length != n:
-        raise EntryError("it belongs to another segment, file or version")
+    if st.st_size != entry_size(n):
+        raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated?)")
     stored, end = TRAILER.unpack_from(data, PAYLOAD_AT + n)
     if end != END:
         raise EntryError("its trailer is missing (half written?)")
     if highwayhash64(memoryview(data)[: PAYLOAD_AT + n]) != stored:
         raise EntryError("its checksum does not match its content (damaged or edited)")
-
+    return digest, start, n

@@ -118,7 +118,8 @@ class DiskTier:
                          chunk=refs.chunk, start=refs.start, end=refs.end,
                          within=refs.within, names=names,
                          shift=[self._shift[r] for r in u], count=refs.count,
-                         ids=self.run_file[used].astype(np.int64))
+                         ids=self.run_file[used].astype(np.int64),
+                         idents=[self._known[r] for r in u])  # type: ignore[misc]  # all proved
 
     async def fetch_refs(self, refs: ChunkRefs, fetch: Any) -> list[Any]:
         """The physical bytes of each record's chunk: from the segment files for those on
