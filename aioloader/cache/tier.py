@@ -73,6 +73,7 @@ class DiskTier:
         names = {os.path.basename(p) for p in self.paths}
         there = names.intersection(os.listdir(cache.dir_fd))  # stored before: prove on use
         self._listed = np.array([os.path.basename(p) in there for p in self.paths], dtype=bool)
+        self._complete = False  # see `complete`
         self._known: list[tuple[int, int] | None] = [None] * len(runs)
         self._stamp = np.zeros(len(runs), dtype=np.float64)
         self._inflight: dict[int, asyncio.Future] = {}
@@ -100,6 +101,13 @@ class DiskTier:
         return out
 
     # -- the loader's calls -------------------------------------------------------------
+
+    def complete(self) -> bool:
+        """Whether every segment is on disk (or listed there, to be proved on first use):
+        tasks may then grow as over local files."""
+        if not self._complete:
+            self._complete = bool((self.have | self._listed).all())
+        return self._complete
 
     async def local_refs(self, refs: ChunkRefs) -> ChunkRefs | None:
         """`refs` read from the segment files when every record's segment is on disk (the
@@ -160,6 +168,7 @@ class DiskTier:
             if todo.size:
                 await self._thread(lambda: [self._found_now(r) for r in todo.tolist()])
                 self._listed[todo] = False
+                self._complete = False  # (one may have failed its proof)
 
     def _read_local(self, runs: np.ndarray, starts: np.ndarray,
                     ends: np.ndarray) -> list[bytes | None]:
@@ -173,7 +182,7 @@ class DiskTier:
             got = self.cache.read(self.keys[r], self._known[r],
                                   list(zip(starts[group].tolist(), ends[group].tolist())))
             if got is None:
-                self.have[r], self._known[r] = False, None
+                self.have[r], self._known[r], self._complete = False, None, False
                 continue
             for i, b in zip(group.tolist(), got):
                 out[i] = b
@@ -187,7 +196,7 @@ class DiskTier:
             try:
                 os.utime(self.paths[r])
             except OSError:
-                self.have[r], self._known[r] = False, None
+                self.have[r], self._known[r], self._complete = False, None, False
                 return False
             self._stamp[r] = now
         return True
