@@ -40,6 +40,7 @@ log = logging.getLogger("aioloader")
 TOUCH_S = GRACE_S / 4  # a segment in use is stamped again after this long
 _POLL_S = (0.005, 0.25)  # waiting for another process's download: first, most
 _DISK, _BUSY, _FULL, _SKIP = "disk", "busy", "full", "skip"  # how a segment request ended
+FULL_BACKOFF_S = 10.0  # after the cache refused a segment, the memory tier stores none
 
 
 class DiskTier:
@@ -74,6 +75,9 @@ class DiskTier:
         there = names.intersection(os.listdir(cache.dir_fd))  # stored before: prove on use
         self._listed = np.array([os.path.basename(p) in there for p in self.paths], dtype=bool)
         self._complete = False  # see `complete`
+        self._file_of = {f.url: i for i, f in enumerate(files)}
+        self._full_until = 0.0
+        self.segments_local = 0  # the memory tier's segments read from disk
         self._known: list[tuple[int, int] | None] = [None] * len(runs)
         self._stamp = np.zeros(len(runs), dtype=np.float64)
         self._inflight: dict[int, asyncio.Future] = {}
@@ -209,7 +213,52 @@ class DiskTier:
         version), or (`wait=False`) another process is downloading it now."""
         return await self._segment(r, wait) == _DISK
 
-    async def _segment(self, r: int, wait: bool) -> str:
+    async def fetch_into(self, url: str, start: int, end: int, dest: memoryview) -> None:
+        """The memory tier's `FetchSegment` (aioloader.cache.segments): its segments are the
+        disk tier's, read from disk when there, else downloaded (once per host) into `dest`
+        and stored, so a later epoch or job over a filled cache asks the bucket nothing."""
+        r = self._run_at(url, start, end)
+        if r is None or not self.cacheable[r]:
+            await self.storage.read_into(url, start, end, dest)
+            return
+        await self._prove(np.array([r]))
+        if self.have[r] and await self._thread(self._read_into, r, dest):
+            self.segments_local += 1
+            return
+        if time.monotonic() < self._full_until:  # the cache refused one lately: no scans
+            await self.storage.read_into(url, start, end, dest)
+            return
+        box: list[Any] = [dest, False]  # filled by this call's download, if it is the one
+        status = await self._segment(r, True, box)
+        if box[1]:
+            return
+        if status == _DISK and await self._thread(self._read_into, r, dest):
+            self.segments_local += 1
+            return
+        await self.storage.read_into(url, start, end, dest)
+
+    def _run_at(self, url: str, start: int, end: int) -> int | None:
+        """The segment that is exactly bytes [start, end) of `url`, if any."""
+        f = self._file_of.get(url)
+        if f is None:
+            return None
+        r = int(np.searchsorted(self._run_key, self._base[f] + start, "right")) - 1
+        if r < 0 or self.run_file[r] != f or self.run_start[r] != start or \
+                self.run_end[r] != end:
+            return None
+        return r
+
+    def _read_into(self, r: int, dest: memoryview) -> bool:
+        """(A thread.) Segment `r` from its entry into `dest`; False (and forgotten) when the
+        entry vanished or went bad."""
+        known = self.cache.read_into(self.keys[r], self._known[r], dest)
+        if known is None:
+            self.have[r], self._known[r], self._complete = False, None, False
+            return False
+        self._known[r] = known
+        return True
+
+    async def _segment(self, r: int, wait: bool, box: list | None = None) -> str:
         if self.have[r]:
             return _DISK
         fut = self._inflight.get(r)
@@ -217,7 +266,7 @@ class DiskTier:
             return await asyncio.shield(fut)
         fut = self._inflight[r] = asyncio.get_running_loop().create_future()
         try:
-            status = await self._ensure(r, wait)
+            status = await self._ensure(r, wait, box)
         except asyncio.CancelledError:
             fut.cancel()
             raise
@@ -231,7 +280,8 @@ class DiskTier:
             self._inflight.pop(r, None)
         return status
 
-    async def _ensure(self, r: int, wait: bool) -> str:
+    async def _ensure(self, r: int, wait: bool, box: list | None) -> str:
+        """`_segment`'s work; `box` ([dest, False]): download into dest (and say so)."""
         if not self.cacheable[r]:
             return _SKIP
         key, cache = self.keys[r], self.cache
@@ -247,14 +297,23 @@ class DiskTier:
             if await self._found(r):  # stored by the process we waited for
                 return _DISK
             if not await self._thread(cache.make_room, entry_size(key.end - key.start)):
+                self._full_until = time.monotonic() + FULL_BACKOFF_S
                 return _FULL  # checked before downloading: no bytes fetched for nothing
-            data = await self.storage.read(key.url, key.start, key.end)
+            if box is None:
+                data: Any = await self.storage.read(key.url, key.start, key.end)
+            else:
+                data = box[0][: key.end - key.start]
+                await self.storage.read_into(key.url, key.start, key.end, data)
+                box[1] = True
             self.downloads += 1
-            if not await self._thread(cache.write, key, data):
-                return _FULL
+            known = await self._thread(cache.store, key, data)
         finally:
             lock.release()
-        return _DISK if await self._found(r) else _FULL
+        if known is None:
+            self._full_until = time.monotonic() + FULL_BACKOFF_S
+            return _FULL
+        self.have[r], self._known[r], self._stamp[r] = True, known, time.monotonic()
+        return _DISK
 
     async def _found(self, r: int) -> bool:
         return await self._thread(self._found_now, r)
@@ -325,6 +384,7 @@ class DiskTier:
                 "disk_records_local": self.records_local,
                 "disk_records_remote": self.records_remote,
                 "disk_downloads": self.downloads, "disk_filled": self.filled,
+                "disk_segments_read": self.segments_local,
                 "disk_dropped": self.cache.dropped, "disk_evicted": self.cache.evicted}
 
 
