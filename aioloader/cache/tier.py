@@ -17,7 +17,12 @@ downloading is skipped and picked up afterwards, when that process has stored it
 when every segment is on disk, or when the cache refuses one (full of recently used
 entries). Segments another process stored are found by the filler's pass; reads never
 look at the disk for a segment this process has not seen there (a stat per record would
-cost more than it saves).
+cost more than it saves). Once every segment is on disk, tasks grow as over local files
+(`complete`): the per-task cost amortizes.
+
+The memory tier above (aioloader.cache.segments) fetches its segments — the same runs —
+through `fetch_into`: from the entry when on disk, else downloaded (once per host, like the
+filler's) straight into the memory tier's place and stored.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class DiskTier:
         self._complete = False  # see `complete`
         self._file_of = {f.url: i for i, f in enumerate(files)}
         self._full_until = 0.0
+        self._closed = False
         self.segments_local = 0  # the memory tier's segments read from disk
         self._known: list[tuple[int, int] | None] = [None] * len(runs)
         self._stamp = np.zeros(len(runs), dtype=np.float64)
@@ -218,7 +224,7 @@ class DiskTier:
         disk tier's, read from disk when there, else downloaded (once per host) into `dest`
         and stored, so a later epoch or job over a filled cache asks the bucket nothing."""
         r = self._run_at(url, start, end)
-        if r is None or not self.cacheable[r]:
+        if r is None or not self.cacheable[r] or self._closed:
             await self.storage.read_into(url, start, end, dest)
             return
         await self._prove(np.array([r]))
@@ -372,6 +378,7 @@ class DiskTier:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def aclose(self) -> None:
+        self._closed = True  # the memory tier's fetches go to the bucket from now on
         t, self._filler = self._filler, None
         if t is not None:
             t.cancel()
