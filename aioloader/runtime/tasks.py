@@ -64,8 +64,8 @@ class TaskRunner:
     async def run(self, k: int, lo: int, hi: int) -> Result:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
-        if not self.local:
-            self.readahead.at(lo)
+        if not self.local and not (self.disk is not None and self.disk.complete()):
+            self.readahead.at(lo)  # (the memory tier's: needless once all is on disk)
         lease = None
         try:
             with st.fetch.timed(items=hi - lo):
