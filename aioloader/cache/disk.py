@@ -41,7 +41,6 @@ import os
 import re
 import secrets
 import stat
-import struct
 import threading
 import time
 from typing import NamedTuple
@@ -49,14 +48,19 @@ from typing import NamedTuple
 from ..arrayrecord.hashing import highwayhash64
 from ..privatedir import open_private_dir
 from ..urls import redact
+from .entry import (
+    END,
+    HEADER,
+    MAGIC,
+    PAYLOAD_AT,
+    TRAILER,
+    EntryError,
+    entry_size,
+    proved,
+)
 
 log = logging.getLogger("aioloader")
 
-MAGIC = b"AIOLSEG1"
-END = b"AIOLEND1"
-HEADER = struct.Struct("<8s32sQQ8x")  # magic, key digest, start, length, reserved
-TRAILER = struct.Struct("<Q8s")  # highwayhash64(header + payload), end magic
-PAYLOAD_AT = HEADER.size  # a segment's byte s lies at PAYLOAD_AT + s - start of its entry
 GRACE_S = 60.0  # an entry used this recently is never evicted
 TEMP_STALE_S = 3600.0  # a temporary this old was left by a dead writer
 FREE_MARGIN = 1 << 30  # keep at least this much (or 5% of the disk) free
@@ -78,10 +82,6 @@ class SegmentKey(NamedTuple):
 
     def describe(self) -> str:
         return f"bytes [{self.start}, {self.end}) of {redact(self.url)}"
-
-
-class EntryError(ValueError):
-    """Why an entry was not used (internal: a warning, the entry dropped, a re-fetch)."""
 
 
 class Lock:
@@ -357,11 +357,6 @@ class DiskCache:
             self.dir_fd = -1
 
 
-def entry_size(n: int) -> int:
-    """Bytes on disk of the entry of an `n`-byte segment."""
-    return PAYLOAD_AT + n + TRAILER.size
-
-
 def _check(fd: int, st: os.stat_result, key: SegmentKey) -> bytes:
     """Every check an entry must pass (reads it whole: ~0.15 ms/MB to hash); the entry."""
     n = key.end - key.start
@@ -370,38 +365,7 @@ def _check(fd: int, st: os.stat_result, key: SegmentKey) -> bytes:
     if st.st_size != entry_size(n):
         raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated, or "
                          "not an entry of this segment)")
-    digest, start, length, data = _proved(fd, st)
+    digest, start, length, data = proved(fd, st)
     if digest != key.digest() or start != key.start or length != n:
         raise EntryError("it belongs to another segment, file or version")
     return data
-
-
-def check_named(fd: int, st: os.stat_result, name: str, start: int) -> None:
-    """`_check` where the key is known only by the entry's name and the segment's start (a
-    worker's: the name is the key digest's first 160 bits)."""
-    digest, at, _, _ = _proved(fd, st)
-    if digest.hex()[:40] + ".seg" != name or at != start:
-        raise EntryError("it belongs to another segment, file or version")
-
-
-def _proved(fd: int, st: os.stat_result) -> tuple[bytes, int, int, bytes]:
-    """(key digest, start, length, the entry) of a whole, undamaged entry of ours; else
-    EntryError."""
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        raise EntryError("it is not a plain file of ours")
-    if st.st_size < entry_size(0):
-        raise EntryError(f"it is {st.st_size} bytes: truncated")
-    data = os.pread(fd, st.st_size, 0)
-    if len(data) != st.st_size:
-        raise EntryError("it shrank while being read")
-    magic, digest, start, n = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise EntryError("it is not a segment entry (bad magic)")
-    if st.st_size != entry_size(n):
-        raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated?)")
-    stored, end = TRAILER.unpack_from(data, PAYLOAD_AT + n)
-    if end != END:
-        raise EntryError("its trailer is missing (half written?)")
-    if highwayhash64(memoryview(data)[: PAYLOAD_AT + n]) != stored:
-        raise EntryError("its checksum does not match its content (damaged or edited)")
-    return digest, start, n, data

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..cache.disk import PAYLOAD_AT, EntryError, check_named
+from ..cache.entry import PAYLOAD_AT, EntryError, check_named
 from ..planning import ChunkRefs
 from ..storage import ObjectChangedError, short_read_error
 
