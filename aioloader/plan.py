@@ -240,7 +240,7 @@ class Plan:
         left = max(0, length - position)
         return left // self.unit if self.shape.drop_remainder else -(-left // self.unit)
 
-    def task_size_goal(self, batch_nbytes: int) -> int:
+    def task_size_goal(self, batch_nbytes: int, *, grouped: bool = False) -> int:
         """How many batches (stream mode: windows) a task should grow to, once the size of
         one is known.
 
@@ -249,8 +249,9 @@ class Plan:
         they fit a slot. Read record by record from a bucket, the reads dominate, and bigger
         tasks would only queue more reads behind io_concurrency. A window's outputs are cut
         by the parent whatever the task size, so windows group up to TASK_RECORDS.
+        `grouped`: as if local (a remote dataset's records the disk tier holds).
         """
-        if not self.groups_batches:
+        if not (self.groups_batches or grouped):
             return 1
         most = MAX_BATCHES_PER_TASK if self.batch_mode else TASK_RECORDS
         return max(1, min(most, TASK_RECORDS // self.unit,

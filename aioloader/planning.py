@@ -72,6 +72,9 @@ class ChunkRefs:
     shift: list[int] | None = None
     count: np.ndarray | None = None  # the footer's record count of each record's chunk
     ids: np.ndarray | None = None  # the source's number of each file in `paths`
+    # (dev, inode) of each of `paths` as the parent proved it (disk tier entries: see
+    # aioloader.workers.localfiles); None for files read as they are
+    idents: list[tuple[int, int]] | None = None
 
     def __len__(self) -> int:
         return len(self.file)
@@ -89,7 +92,8 @@ class ChunkRefs:
                          [self.names[f] for f in u] if self.names is not None else None,
                          [self.shift[f] for f in u] if self.shift is not None else None,
                          self.count[lo:hi] if self.count is not None else None,
-                         self.ids[used] if self.ids is not None else None)
+                         self.ids[used] if self.ids is not None else None,
+                         [self.idents[f] for f in u] if self.idents is not None else None)
 
     def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
         """The same records, read from copies of the files (file f's byte 0 at `shift[f]`

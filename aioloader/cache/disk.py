@@ -41,7 +41,6 @@ import os
 import re
 import secrets
 import stat
-import struct
 import threading
 import time
 from typing import NamedTuple
@@ -49,14 +48,19 @@ from typing import NamedTuple
 from ..arrayrecord.hashing import highwayhash64
 from ..privatedir import open_private_dir
 from ..urls import redact
+from .entry import (
+    END,
+    HEADER,
+    MAGIC,
+    PAYLOAD_AT,
+    TRAILER,
+    EntryError,
+    entry_size,
+    proved,
+)
 
 log = logging.getLogger("aioloader")
 
-MAGIC = b"AIOLSEG1"
-END = b"AIOLEND1"
-HEADER = struct.Struct("<8s32sQQ8x")  # magic, key digest, start, length, reserved
-TRAILER = struct.Struct("<Q8s")  # highwayhash64(header + payload), end magic
-PAYLOAD_AT = HEADER.size  # a segment's byte s lies at PAYLOAD_AT + s - start of its entry
 GRACE_S = 60.0  # an entry used this recently is never evicted
 TEMP_STALE_S = 3600.0  # a temporary this old was left by a dead writer
 FREE_MARGIN = 1 << 30  # keep at least this much (or 5% of the disk) free
@@ -78,10 +82,6 @@ class SegmentKey(NamedTuple):
 
     def describe(self) -> str:
         return f"bytes [{self.start}, {self.end}) of {redact(self.url)}"
-
-
-class EntryError(ValueError):
-    """Why an entry was not used (internal: a warning, the entry dropped, a re-fetch)."""
 
 
 class Lock:
@@ -182,15 +182,46 @@ class DiskCache:
             return None
         return out
 
+    def read_into(self, key: SegmentKey, known: tuple[int, int] | None,
+                  dest: memoryview) -> tuple[int, int] | None:
+        """The segment's bytes into `dest`, from the entry (checked whole unless it is still
+        the file `known`); the entry's (st_dev, st_ino), or None when missing or bad."""
+        name, n = self.name(key), key.end - key.start
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            ident = st.st_dev, st.st_ino
+            if ident != known:
+                try:
+                    data = _check(fd, st, key)
+                except EntryError as err:
+                    self._drop(name, key, str(err), st)
+                    return None
+                dest[:n] = memoryview(data)[PAYLOAD_AT : PAYLOAD_AT + n]
+            elif os.preadv(fd, [dest[:n]], PAYLOAD_AT) != n:
+                return None
+        finally:
+            os.close(fd)
+        self.hits += 1
+        return ident
+
     def write(self, key: SegmentKey, data: bytes | memoryview) -> bool:
         """Store `data` as `key`'s entry; False when there is no room for it (or the write
         failed: a warning). Replaces whatever entry had the name."""
+        return self.store(key, data) is not None
+
+    def store(self, key: SegmentKey, data: bytes | memoryview) -> tuple[int, int] | None:
+        """`write`, answering the new entry's (st_dev, st_ino): proved as written, no need
+        to read it back. None when not stored."""
         name = self.name(key)
         n = entry_size(len(data))
         with self._room:
             if not self.make_room(n):
                 self.refused += 1
-                return False
+                return None
             self._pending += n  # taken now: on disk after the rename, or given back
         header = HEADER.pack(MAGIC, key.digest(), key.start, len(data))
         digest = highwayhash64(header + bytes(data))
@@ -203,6 +234,7 @@ class DiskCache:
                     f.write(header)
                     f.write(data)
                     f.write(TRAILER.pack(digest, END))
+                    st = os.fstat(f.fileno())
                 os.replace(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -215,13 +247,13 @@ class DiskCache:
                 raise
             log.warning("disk cache: %s not stored in %s: %s", key.describe(), self.directory,
                         err.strerror or err)
-            return False
+            return None
         with self._room:
             self._pending -= n
             if self._usage is not None:
                 self._usage += n
         self.writes += 1
-        return True
+        return st.st_dev, st.st_ino
 
     # -- the download lock --------------------------------------------------------------
 
@@ -325,30 +357,15 @@ class DiskCache:
             self.dir_fd = -1
 
 
-def entry_size(n: int) -> int:
-    """Bytes on disk of the entry of an `n`-byte segment."""
-    return PAYLOAD_AT + n + TRAILER.size
-
-
-def _check(fd: int, st: os.stat_result, key: SegmentKey) -> None:
-    """Every check an entry must pass (reads it whole: ~0.15 ms/MB to hash)."""
+def _check(fd: int, st: os.stat_result, key: SegmentKey) -> bytes:
+    """Every check an entry must pass (reads it whole: ~0.15 ms/MB to hash); the entry."""
     n = key.end - key.start
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         raise EntryError("it is not a plain file of ours")
     if st.st_size != entry_size(n):
         raise EntryError(f"it is {st.st_size} bytes, not {entry_size(n)} (truncated, or "
                          "not an entry of this segment)")
-    data = os.pread(fd, st.st_size, 0)
-    if len(data) != st.st_size:
-        raise EntryError("it shrank while being read")
-    magic, digest, start, length = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise EntryError("it is not a segment entry (bad magic)")
+    digest, start, length, data = proved(fd, st)
     if digest != key.digest() or start != key.start or length != n:
         raise EntryError("it belongs to another segment, file or version")
-    stored, end = TRAILER.unpack_from(data, PAYLOAD_AT + n)
-    if end != END:
-        raise EntryError("its trailer is missing (half written?)")
-    if highwayhash64(memoryview(data)[: PAYLOAD_AT + n]) != stored:
-        raise EntryError("its checksum does not match its content (damaged or edited)")
-
+    return data

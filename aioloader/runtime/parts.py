@@ -128,16 +128,21 @@ class Parts:
         return self.plan
 
     def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
-        """The disk tier of a remote dataset not kept whole in memory, when `cache_dir` is
-        set (under the bounded memory tier, if any: a task all in memory is served there); its
-        filler gets an eighth of `io_concurrency` (the rest stays for reads)."""
+        """The disk tier of a remote dataset, when `cache_dir` is set: under the memory tier,
+        if any, whose segment fetches go through it (read from disk when there, stored when
+        not), and serving the tasks not in memory. For a dataset not kept whole in memory,
+        a filler gets an eighth of `io_concurrency` (the rest stays for reads); one kept
+        whole is stored by the memory tier's own fetches."""
         read = self.options.read
-        if read.cache_dir is None or src.all_local or (src.resident is not None
-                                                       and src.resident.whole):
+        if read.cache_dir is None or src.all_local:
             return None
         tier = DiskTier(DiskCache(read.cache_dir, read.cache_bytes), src.table, src.storage,
                         src.fetcher.segment_bytes)  # the memory tier's segments
-        tier.start_filler(max(1, self.setting.io_concurrency // 8))
+        kept = src.resident
+        if kept is not None:
+            kept.fetch_segment = tier.fetch_into
+        if kept is None or not kept.whole:
+            tier.start_filler(max(1, self.setting.io_concurrency // 8))
         return tier
 
     def free(self) -> None:

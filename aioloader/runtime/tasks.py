@@ -44,6 +44,7 @@ class TaskRunner:
         self.local = source.all_local
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
         self._goal: int | None = None
+        self._disk_goal = 1
         self._ahead: tuple | None = None  # see _lookup
         self.disk: Any = None  # the disk tier of a remote dataset (aioloader.cache), if any
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
@@ -63,8 +64,8 @@ class TaskRunner:
     async def run(self, k: int, lo: int, hi: int) -> Result:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
-        if not self.local:
-            self.readahead.at(lo)
+        if not self.local and not (self.disk is not None and self.disk.complete()):
+            self.readahead.at(lo)  # (the memory tier's: needless once all is on disk)
         lease = None
         try:
             with st.fetch.timed(items=hi - lo):
@@ -136,5 +137,9 @@ class TaskRunner:
         if self._goal is None:
             nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
             self._goal = self.plan.task_size_goal(nbytes)
-        self.batches_per_task = min(self._goal, 2 * self.batches_per_task)
+            self._disk_goal = self.plan.task_size_goal(nbytes, grouped=True)
+        goal = self._goal  # records all in the disk tier are read by workers, like local
+        if self.disk is not None and self.disk.complete():
+            goal = self._disk_goal
+        self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task
