@@ -19,7 +19,7 @@ import numpy as np
 from ..arrayrecord import ArrayRecordFormatError
 from ..gate import Gate
 from ..plan import Plan
-from ..planning import ChunkRefs
+from ..planning import ChunkRefs, ChunkWants, chunk_wants
 from ..storage import StorageError
 from ..workers import Pool, Result, Task
 from ..workers.arena import array_leaves
@@ -49,12 +49,13 @@ class TaskRunner:
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
+        self._horizon: tuple[int, ChunkWants | None] | None = None  # see _wants
         # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
         self.worker_gate: Gate | None = None
 
     def use(self, plan: Plan) -> None:
         """Run tasks of `plan` from now on (the same pipeline with another window)."""
-        self.plan, self._ahead = plan, None
+        self.plan, self._ahead, self._horizon = plan, None, None
         self.readahead.use(plan)
 
     def span(self, lo: int) -> tuple[int, int] | None:
@@ -69,6 +70,7 @@ class TaskRunner:
         try:
             with st.fetch.timed(items=hi - lo):
                 task, lease = await self._build(k, records, epochs, refs)
+                task.wants = self._wants(lo)
             async with self.worker_gate or _OPEN:
                 with st.process.timed(items=hi - lo):
                     result = await self.pool.run(task, describe=f"task {k} (output positions "
@@ -108,6 +110,44 @@ class TaskRunner:
         a, b = lo - w[0], hi - w[0]
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
+    def _wants(self, lo: int) -> ChunkWants | None:
+        """What the horizon of position `lo` wants of each large chunk, when the chunks its
+        first half touches, decoded whole, would not fit a worker's share of the
+        decoded-chunk cache (an exact shuffle over a file of large groups: every batch
+        wants every chunk); None otherwise (the cache serves: few chunks, or a block
+        shuffle's window, or a sequential read). A horizon is as many positions as the
+        share holds records of the files' mean decoded size (`workers.extract.Stash`)."""
+        share, mean = self._share()
+        if not share:
+            return None
+        length = max(1, share // (int(mean) + 16))
+        n = lo // length
+        h = self._horizon
+        if h is None or h[0] != n:
+            plan, a = self.plan, n * length
+            b = a + length if plan.length is None else min(a + length, plan.length)
+            records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
+            refs = self.source.chunk_refs(records)
+            wants = None
+            if thrashes(refs, (b - a + 1) // 2, share, mean):
+                wants = chunk_wants(refs, n)
+            h = self._horizon = (n, wants)
+        return h[1]
+
+    def _share(self) -> tuple[int, float]:
+        """A worker's share of the decoded-chunk cache, and the files' mean decoded record
+        size; (0, 0) when no chunk holds several records (or no files: from_source)."""
+        got = getattr(self, "_share_mean", None)
+        if got is None:
+            table = getattr(self.source, "table", None)
+            got = (0, 0.0)
+            if table is not None and table.max_group_size > 1 and len(self.source):
+                decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
+                share = self.pool.pipeline.chunk_cache_bytes // max(1, self.pool.workers)
+                got = (share, decoded / len(self.source))
+            self._share_mean = got
+        return got
+
     async def _build(self, k: int, records: np.ndarray, epochs: np.ndarray,
                      refs: ChunkRefs) -> tuple[Task, Any]:
         """What task `k` needs: where its records' chunks are (the worker reads local files,
@@ -138,3 +178,15 @@ class TaskRunner:
             self._goal = self.plan.task_size_goal(nbytes)
         self.batches_per_task = min(self._goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task
+
+
+def thrashes(refs: ChunkRefs, probe: int, share: int, mean: float) -> bool:
+    """Whether the multi-record chunks the first `probe` records of `refs` touch would,
+    decoded whole, take more than `share` bytes (records of `mean` decoded bytes)."""
+    head = refs.take(0, min(probe, len(refs)))
+    if head.count is None or not len(head):
+        return False
+    multi = head.count > 1
+    key = head.file[multi] * (1 << 44) + head.start[multi]
+    _, first = np.unique(key, return_index=True)
+    return float(head.count[multi][first].sum()) * mean > share
