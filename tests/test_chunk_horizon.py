@@ -186,7 +186,7 @@ def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path
                 state = loader.get_state()
                 break
         runner = loader._parts.runner
-        assert runner._horizon is not None and runner._horizon[1] is not None
+        assert runner._horizon is not None and runner._horizon[1].result() is not None
     assert head == want[:41]
     rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000, state=state)]
     assert head + rest == want
@@ -199,5 +199,5 @@ def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(tmp_pa
                    1, strategy="block", block_bytes=4096, window_bytes=60_000).batch(64)):
         with ds.loader(workers=0, memory_budget=400_000) as loader:
             ids = [i for b in loader for i in _ids(b)]
-            assert loader._parts.runner._horizon[1] is None
+            assert loader._parts.runner._horizon[1].result() is None
         assert sorted(ids) == list(range(3000))

@@ -11,6 +11,7 @@ its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -26,6 +27,8 @@ from ..workers.arena import array_leaves
 from .readahead import Readahead
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
+HORIZON_FILL = 0.9  # of a worker's cache share, what a horizon's records fill (sizes vary)
+PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 _OPEN = contextlib.nullcontext()  # no worker gate (an async context manager too)
 
 
@@ -49,7 +52,7 @@ class TaskRunner:
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
-        self._horizon: tuple[int, ChunkWants | None] | None = None  # see _wants
+        self._horizon: tuple[int, asyncio.Future] | None = None  # see _wants
         # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
         self.worker_gate: Gate | None = None
 
@@ -70,7 +73,9 @@ class TaskRunner:
         try:
             with st.fetch.timed(items=hi - lo):
                 task, lease = await self._build(k, records, epochs, refs)
-                task.wants = self._wants(lo)
+                # by its last position: a task across a horizon's end is the next one's
+                # first (the next horizon wants the rest of it; its own records are added)
+                task.wants = await self._wants(hi - 1)
             async with self.worker_gate or _OPEN:
                 with st.process.timed(items=hi - lo):
                     result = await self.pool.run(task, describe=f"task {k} (output positions "
@@ -110,29 +115,37 @@ class TaskRunner:
         a, b = lo - w[0], hi - w[0]
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
-    def _wants(self, lo: int) -> ChunkWants | None:
-        """What the horizon of position `lo` wants of each large chunk, when the chunks its
-        first half touches, decoded whole, would not fit a worker's share of the
-        decoded-chunk cache (an exact shuffle over a file of large groups: every batch
-        wants every chunk); None otherwise (the cache serves: few chunks, or a block
+    async def _wants(self, at: int) -> ChunkWants | None:
+        """What the horizon of position `at` wants of each large chunk, when the chunks its
+        first half (at most `PROBE` positions) touches, decoded whole, would not fit a
+        worker's share of the decoded-chunk cache (an exact shuffle over a file of large
+        groups: every batch wants every chunk); None otherwise (the cache serves: few chunks, or a block
         shuffle's window, or a sequential read). A horizon is as many positions as the
-        share holds records of the files' mean decoded size (`workers.extract.Stash`)."""
+        share holds records of the files' mean decoded size (`workers.extract.Stash`).
+        Worked out once per horizon, on a thread (a few hundred ms for 250k positions),
+        shared by the tasks that want it."""
         share, mean = self._share()
         if not share:
             return None
-        length = max(1, share // (int(mean) + 16))
-        n = lo // length
+        length = max(1, int(share * HORIZON_FILL) // (int(mean) + 16))
+        n = at // length
         h = self._horizon
         if h is None or h[0] != n:
-            plan, a = self.plan, n * length
-            b = a + length if plan.length is None else min(a + length, plan.length)
-            records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
-            refs = self.source.chunk_refs(records)
-            wants = None
-            if thrashes(refs, (b - a + 1) // 2, share, mean):
-                wants = chunk_wants(refs, n)
-            h = self._horizon = (n, wants)
-        return h[1]
+            a = n * length
+            b = a + length if self.plan.length is None else min(a + length, self.plan.length)
+            fut = asyncio.ensure_future(asyncio.to_thread(self._horizon_wants, self.plan, n,
+                                                          a, b, share, mean))
+            h = self._horizon = (n, fut)
+        return await asyncio.shield(h[1])
+
+    def _horizon_wants(self, plan: Plan, n: int, a: int, b: int, share: int,
+                       mean: float) -> ChunkWants | None:
+        probe = min((b - a + 1) // 2, PROBE)
+        records, _ = plan.index.lookup(np.arange(a, a + probe, dtype=np.int64))
+        if not thrashes(self.source.chunk_refs(records), share, mean):
+            return None
+        records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
+        return chunk_wants(self.source.chunk_refs(records), n)
 
     def _share(self) -> tuple[int, float]:
         """A worker's share of the decoded-chunk cache, and the files' mean decoded record
@@ -180,10 +193,9 @@ class TaskRunner:
         self.stats.batches_per_task = self.batches_per_task
 
 
-def thrashes(refs: ChunkRefs, probe: int, share: int, mean: float) -> bool:
-    """Whether the multi-record chunks the first `probe` records of `refs` touch would,
-    decoded whole, take more than `share` bytes (records of `mean` decoded bytes)."""
-    head = refs.take(0, min(probe, len(refs)))
+def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
+    """Whether the multi-record chunks the records `head` touch would, decoded whole, take
+    more than `share` bytes (records of `mean` decoded bytes)."""
     if head.count is None or not len(head):
         return False
     multi = head.count > 1

@@ -318,7 +318,8 @@ class Decoder:
                    if raws is None else [raws[i] for i in take])
             counts = refs.count.tolist()  # type: ignore[union-attr]
             for (idx, key), i, raw in zip(missing, take, got):
-                wanted = np.union1d(within[idx], wants.of(*key)).astype(np.int64)
+                wanted = (np.unique(within[idx]) if stash.full else
+                          np.union1d(within[idx], wants.of(*key))).astype(np.int64)
                 entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
                                 chunk=int(refs.chunk[i]), expected_records=counts[i],
                                 max_decoded=max_decoded)

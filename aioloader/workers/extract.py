@@ -6,15 +6,14 @@ every batch wants a few records of every chunk; decoded whole per task, each chu
 ~0.2 s and 64 MiB for a handful of records, and no cache of whole chunks helps once the
 file's chunks outnumber it. Instead, when a chunk is first wanted, the records that the
 next `horizon` output positions want of it are pulled out in one pass (`extract`: a zstd
-stream decoded in 1 MiB pieces, each piece still in the CPU's cache, never the whole chunk
+stream decoded in 256 KiB pieces, each piece still in the CPU's cache, never the whole chunk
 in memory) and kept in the stash, so each chunk is decoded once per horizon, and memory is
 the wanted records only. The stash is bounded in bytes (the share of the decoded-chunk
-cache it replaces); what does not fit is pulled out for the task alone.
+cache it replaces); once full, what does not fit is pulled out for each task alone.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from ..arrayrecord.layout import CHUNK_SIMPLE
 from ..arrayrecord.transposed import decode_transposed
 from ..arrayrecord.varint import read_varint
 
-PIECE = 1 << 20  # bytes of decoded values per step of the stream (fits an L2 cache)
+PIECE = 256 << 10  # bytes of decoded values per step of the stream (stays in the CPU's cache)
 
 Entry = tuple[np.ndarray, list[int], bytes]  # sorted record numbers, offsets, their bytes
 
@@ -131,14 +130,18 @@ def _streamed(values: Any, bounds: np.ndarray, wanted: np.ndarray, size: int) ->
 
 
 class Stash:
-    """Records pulled out of chunks for the current horizon, by chunk (name, start), least
-    recently used out first, bounded in bytes (records, and 16 bytes each for the index)."""
+    """Records pulled out of chunks for the current horizon, by chunk (name, start), bounded
+    in bytes (records, and 16 bytes each for the index). Full, it keeps what it holds and
+    takes nothing more until the next horizon (`full`): every task of an exact shuffle
+    wants every chunk again, so evicting one for another would decode both again and
+    again."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.horizon: int | None = None
-        self._items: OrderedDict[tuple[str, int], tuple[Entry, int]] = OrderedDict()
+        self.full = False
+        self._items: dict[tuple[str, int], tuple[Entry, int]] = {}
 
     def begin(self, horizon: int) -> None:
         """A task of `horizon`: what an earlier horizon pulled out goes."""
@@ -146,26 +149,22 @@ class Stash:
             self._items.clear()
             self.bytes = 0
             self.horizon = horizon
+            self.full = False
 
     def get(self, key: tuple[str, int]) -> Entry | None:
         item = self._items.get(key)
-        if item is None:
-            return None
-        self._items.move_to_end(key)
-        return item[0]
+        return None if item is None else item[0]
 
     def put(self, key: tuple[str, int], entry: Entry) -> None:
         size = len(entry[2]) + 16 * len(entry[0])
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= old[1]
-        if size > self.max_bytes:
+        if self.bytes + size > self.max_bytes:
+            self.full = True
             return
         self._items[key] = (entry, size)
         self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, (_, gone) = self._items.popitem(last=False)
-            self.bytes -= gone
 
     def __len__(self) -> int:
         return len(self._items)
