@@ -119,11 +119,11 @@ class TaskRunner:
         """What the horizon of position `at` wants of each large chunk, when the chunks its
         first half (at most `PROBE` positions) touches, decoded whole, would not fit a
         worker's share of the decoded-chunk cache (an exact shuffle over a file of large
-        groups: every batch wants every chunk); None otherwise (the cache serves: few chunks, or a block
-        shuffle's window, or a sequential read). A horizon is as many positions as the
-        share holds records of the files' mean decoded size (`workers.extract.Stash`).
-        Worked out once per horizon, on a thread (a few hundred ms for 250k positions),
-        shared by the tasks that want it."""
+        groups: every batch wants every chunk); None otherwise (the cache serves: few
+        chunks, or a block shuffle's window, or a sequential read). A horizon is as many
+        positions as the share holds records of the files' mean decoded size
+        (`workers.extract.Stash`). Worked out once per horizon, on a thread (a few hundred
+        ms for 250k positions), shared by the tasks that want it."""
         share, mean = self._share()
         if not share:
             return None
