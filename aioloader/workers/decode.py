@@ -90,6 +90,10 @@ class ChunkCache:
             _, (_, old) = self._items.popitem(last=False)
             self.bytes -= old
 
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -160,8 +164,10 @@ class Decoder:
                                   verify=verify, paths=paths, chunks=refs.chunk.tolist(),
                                   counts=None if refs.count is None else refs.count.tolist(),
                                   max_decoded=max_decoded)
-        if wants is not None:
+        if wants is not None:  # one or the other holds the share, never both
+            self.cache.clear()
             return self._stashed(refs, raws, keys, verify, max_decoded, wants)
+        self.stash.begin(-1)
         return self._shared(refs, raws, keys, verify, max_decoded)
 
     def _read_ones(self, refs: ChunkRefs, verify: str, max_decoded: int,
