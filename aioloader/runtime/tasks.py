@@ -131,19 +131,20 @@ class TaskRunner:
         n = at // length
         h = self._horizon
         if h is None or h[0] != n:
-            a = n * length
-            b = a + length if self.plan.length is None else min(a + length, self.plan.length)
-            fut = asyncio.ensure_future(asyncio.to_thread(self._horizon_wants, self.plan, n,
-                                                          a, b, share, mean))
+            plan, a = self.plan, n * length
+            b = a + length if plan.length is None else min(a + length, plan.length)
+            records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
+                                                     dtype=np.int64))
+            fut = asyncio.get_running_loop().create_future()
+            if thrashes(self.source.chunk_refs(records), share, mean):
+                fut = asyncio.ensure_future(asyncio.to_thread(self._horizon_wants, plan, n,
+                                                              a, b))
+            else:
+                fut.set_result(None)
             h = self._horizon = (n, fut)
         return await asyncio.shield(h[1])
 
-    def _horizon_wants(self, plan: Plan, n: int, a: int, b: int, share: int,
-                       mean: float) -> ChunkWants | None:
-        probe = min((b - a + 1) // 2, PROBE)
-        records, _ = plan.index.lookup(np.arange(a, a + probe, dtype=np.int64))
-        if not thrashes(self.source.chunk_refs(records), share, mean):
-            return None
+    def _horizon_wants(self, plan: Plan, n: int, a: int, b: int) -> ChunkWants:
         records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
         return chunk_wants(self.source.chunk_refs(records), n)
 
