@@ -201,3 +201,21 @@ def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(tmp_pa
             ids = [i for b in loader for i in _ids(b)]
             assert loader._parts.runner._horizon[1].result() is None
         assert sorted(ids) == list(range(3000))
+
+
+def test_a_full_stash_keeps_what_it_holds_until_the_next_horizon():
+    from aioloader.workers.extract import Stash
+
+    def entry(n: int):
+        return np.arange(n, dtype=np.int64), list(range(n + 1)), bytes(n)
+
+    stash = Stash(100)
+    stash.begin(0)
+    stash.put(("a", 0), entry(3))  # 3 + 48
+    stash.put(("b", 0), entry(3))  # full: 102 > 100, refused, "a" kept
+    assert stash.full and stash.get(("a", 0)) is not None and stash.get(("b", 0)) is None
+    assert stash.bytes == 51
+    stash.begin(0)  # the same horizon: nothing changes
+    assert stash.full and len(stash) == 1
+    stash.begin(1)
+    assert not stash.full and len(stash) == 0 and stash.bytes == 0
