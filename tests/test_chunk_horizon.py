@@ -168,9 +168,16 @@ def _ids(batch) -> list[int]:
     return [int(r.split(b":")[0]) for r in batch]
 
 
+@pytest.fixture
+def small_chunks_count_as_large(monkeypatch):
+    from aioloader.runtime import tasks
+
+    monkeypatch.setattr(tasks, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path(
-        tmp_path, workers):
+        tmp_path, workers, small_chunks_count_as_large):
     path = _write(tmp_path)
     ds = al.Dataset.from_arrayrecord(path).shuffle(3).repeat(2).batch(64)
     # The cache holds all 6 chunks (~0.5 MB decoded): whole chunks decoded and cached.
@@ -192,7 +199,8 @@ def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path
     assert head + rest == want
 
 
-def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(tmp_path):
+def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(
+        tmp_path, small_chunks_count_as_large):
     path = _write(tmp_path)
     for ds in (al.Dataset.from_arrayrecord(path).batch(64),
                al.Dataset.from_arrayrecord(path).shuffle(
@@ -219,3 +227,12 @@ def test_a_full_stash_keeps_what_it_holds_until_the_next_horizon():
     assert stash.full and len(stash) == 1
     stash.begin(1)
     assert not stash.full and len(stash) == 0 and stash.bytes == 0
+
+
+def test_small_chunks_are_decoded_by_each_task_as_before(tmp_path):
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(3).batch(64)
+    with ds.loader(workers=0, memory_budget=400_000) as loader:
+        ids = [i for b in loader for i in _ids(b)]
+        assert loader._parts.runner._horizon is None  # never worked out
+    assert sorted(ids) == list(range(3000))

@@ -29,6 +29,7 @@ from .readahead import Readahead
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
 HORIZON_FILL = 0.9  # of a worker's cache share, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
+LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
 _OPEN = contextlib.nullcontext()  # no worker gate (an async context manager too)
 
 
@@ -150,7 +151,9 @@ class TaskRunner:
 
     def _share(self) -> tuple[int, float]:
         """A worker's share of the decoded-chunk cache, and the files' mean decoded record
-        size; (0, 0) when no chunk holds several records (or no files: from_source)."""
+        size; (0, 0) when chunks are small (under `LARGE_CHUNK` decoded on average: each
+        task decodes its own, as before) or hold one record, or there are no files
+        (from_source)."""
         got = getattr(self, "_share_mean", None)
         if got is None:
             table = getattr(self.source, "table", None)
@@ -158,7 +161,8 @@ class TaskRunner:
             if table is not None and table.max_group_size > 1 and len(self.source):
                 decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
                 share = self.pool.pipeline.chunk_cache_bytes // max(1, self.pool.workers)
-                got = (share, decoded / len(self.source))
+                if decoded >= LARGE_CHUNK * max(1, table.chunk_count):
+                    got = (share, decoded / len(self.source))
             self._share_mean = got
         return got
 
