@@ -59,7 +59,8 @@ class ReadOptions:
     - `io_concurrency` (64): range reads in flight at once; raise it for high-latency buckets.
       "auto" starts at 64 and doubles while reads are the limit (up to 1024).
     - `memory_budget` (512 MiB): bytes being fetched at once, and the most one chunk may
-      decode to (a file claiming more is refused before anything is allocated).
+      decode to (a file claiming more is refused before anything is allocated); half of it
+      is the workers' decoded-chunk cache (shared out among them).
     - `retry` (None: `RetryPolicy()`'s defaults): how reads are retried, timed out, hedged.
     - `max_gap` (None: 16 KiB for local files, 256 KiB for remote): neighbouring reads are
       merged across gaps up to this many bytes; 0 merges only touching reads.

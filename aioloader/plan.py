@@ -372,6 +372,9 @@ def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) 
         batch_ops=dataset.batch_ops if sh.batch_mode else (),
         verify=verify,
         max_decoded=max_decoded,
+        # Whole decoded chunks kept (or, under a horizon, records pulled out of them) by
+        # all workers: half the memory budget (256 MiB by default), not a fixed size.
+        chunk_cache_bytes=max_decoded // 2,
         stream=None if sh.batch_mode else dataset.batching,
     )
 

@@ -219,3 +219,59 @@ def cut_runs(chunk_file, chunk_start, chunk_end, target: int) -> Runs:
     chunk = np.asarray(bounds, dtype=np.int64)
     first, last = chunk[:-1], chunk[1:] - 1
     return Runs(chunk, f[first], s[first], e[last])
+
+
+@dataclass(frozen=True)
+class ChunkWants:
+    """The records that a run of upcoming output positions (horizon `horizon`) wants of
+    each multi-record chunk it touches: chunk c is `(names[file[c]], start[c])` (the
+    original file and offset, whatever copy the workers read) and wants the sorted,
+    distinct record numbers `within[offsets[c]:offsets[c + 1]]`. A worker decoding one of
+    these chunks pulls all of them out at once (`workers.extract`)."""
+
+    horizon: int
+    names: list[str]
+    file: np.ndarray
+    start: np.ndarray
+    offsets: np.ndarray
+    within: np.ndarray
+    count: np.ndarray  # the footer's record count of each chunk
+
+    def of(self, name: str, start: int) -> np.ndarray:
+        """The record numbers wanted of the chunk at `start` of `name` (maybe none)."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = {(self.names[f], s): c for c, (f, s) in
+                     enumerate(zip(self.file.tolist(), self.start.tolist()))}
+            object.__setattr__(self, "_index", index)
+        c = index.get((name, start))
+        if c is None:
+            return self.within[:0]
+        return self.within[self.offsets[c] : self.offsets[c + 1]]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_index"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+def chunk_wants(refs: ChunkRefs, horizon: int) -> ChunkWants:
+    """What the records `refs` want of each chunk holding several records, as `ChunkWants`."""
+    multi = np.flatnonzero(refs.count > 1) if refs.count is not None else \
+        np.zeros(0, np.int64)
+    f, s, w = refs.file[multi], refs.start[multi], refs.within[multi]
+    n = refs.count[multi] if refs.count is not None else multi
+    order = np.lexsort((w, s, f))
+    f, s, w, n = f[order], s[order], w[order], n[order]
+    if len(w):
+        new = np.ones(len(w), dtype=bool)
+        new[1:] = (f[1:] != f[:-1]) | (s[1:] != s[:-1]) | (w[1:] != w[:-1])
+        f, s, w, n = f[new], s[new], w[new], n[new]
+    first = np.ones(len(w), dtype=bool)
+    first[1:] = (f[1:] != f[:-1]) | (s[1:] != s[:-1])
+    heads = np.flatnonzero(first)
+    offsets = np.append(heads, len(w)).astype(np.int64)
+    names = [refs.name(i) for i in range(len(refs.paths))]
+    return ChunkWants(horizon, names, f[heads].astype(np.int64), s[heads].astype(np.int64),
+                      offsets, w.astype(np.int32), n[heads].astype(np.int64))

@@ -137,6 +137,37 @@ def decode_simple(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECO
         out = _decompress(codec, values_block, decoded_size, decoded_size)
         values = out if codec == NONE else memoryview(out)
         return ChunkRecords._one(values, out if type(out) is bytes else None)
+    bounds = record_bounds(codec, sizes_block, n, decoded_size, max_decoded)
+    values = decompress_block(codec, values_block, decoded_size, decoded_size)
+    return ChunkRecords(values, bounds)
+
+
+def simple_parts(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECODED
+                 ) -> tuple[int, np.ndarray, Any]:
+    """A simple chunk's codec, record bounds (checked against the header) and still
+    compressed values block: what `decode_simple` decodes whole, for callers that decode
+    only part of the values (`aioloader.workers.extract`). Checks what `decode_simple`
+    checks, the budget first."""
+    if header.chunk_type != CHUNK_SIMPLE:
+        raise ArrayRecordFormatError(
+            f"chunk type 0x{header.chunk_type:02x} where a simple chunk ('r') was expected")
+    n, decoded_size = header.num_records, header.decoded_data_size
+    check_budget(n, decoded_size, max_decoded)
+    if len(data) < 2:
+        raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
+    codec = data[0]
+    sizes_len, pos = read_varint(data, 1)
+    if pos + sizes_len > len(data):
+        raise ArrayRecordFormatError(
+            f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
+        )
+    bounds = record_bounds(codec, data[pos : pos + sizes_len], n, decoded_size, max_decoded)
+    return codec, bounds, data[pos + sizes_len :]
+
+
+def record_bounds(codec: int, sizes_block, n: int, decoded_size: int,
+                  max_decoded: int) -> np.ndarray:
+    """The `n + 1` record boundaries a sizes block gives, which must end at `decoded_size`."""
     sizes = decompress_block(codec, sizes_block, None,
                              min(n * MAX_VARINT64_BYTES, max_decoded))
     lengths = decode_varints(sizes, n)
@@ -149,8 +180,7 @@ def decode_simple(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECO
         raise ArrayRecordFormatError(
             f"record sizes add up to {int(bounds[-1])} bytes, header says {decoded_size}"
         )
-    values = decompress_block(codec, values_block, decoded_size, decoded_size)
-    return ChunkRecords(values, bounds)
+    return bounds
 
 
 def check_budget(num_records: int, decoded_size: int, max_decoded: int) -> None:

@@ -29,8 +29,9 @@ from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS, header_ok, headers_in, one_record, read_plan
-from ..planning import ChunkRefs
+from ..planning import ChunkRefs, ChunkWants
 from ..storage import short_read_error
+from .extract import Stash, extract, lookup
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES
 
@@ -89,6 +90,10 @@ class ChunkCache:
             _, (_, old) = self._items.popitem(last=False)
             self.bytes -= old
 
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -129,6 +134,7 @@ class Decoder:
     def __init__(self, cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
         self.files = LocalFiles()
         self.cache = ChunkCache(cache_bytes)
+        self.stash = Stash(cache_bytes)  # in place of the cache, under a horizon
         self.decoded = 0
         self.hits = 0
         self._buf = bytearray(1 << 17)  # `_read_ones`' logical bytes of a chunk
@@ -136,13 +142,16 @@ class Decoder:
 
     def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = "headers",
                 max_decoded: int = DEFAULT_MAX_DECODED,
-                paths: Sequence[str] | None = None) -> list[bytes]:
+                paths: Sequence[str] | None = None,
+                wants: ChunkWants | None = None) -> list[bytes]:
         """Record `refs.within[i]` of the chunk `refs` places record i in, for every i.
 
         `raws[i]` is that chunk's physical bytes (records of one chunk may share them), or
         None: the files are local (or the memory copy of a remote dataset) and are read
         here. `paths` names each record's file in errors (group size 1; otherwise the
-        names come from `refs`).
+        names come from `refs`). `wants`: what the task's horizon wants of each chunk; the
+        chunks are then not decoded whole but their wanted records pulled out into the stash
+        (`workers.extract`).
         """
         self.decoded = self.hits = 0
         keys = chunk_keys(refs)
@@ -155,6 +164,10 @@ class Decoder:
                                   verify=verify, paths=paths, chunks=refs.chunk.tolist(),
                                   counts=None if refs.count is None else refs.count.tolist(),
                                   max_decoded=max_decoded)
+        if wants is not None:  # one or the other holds the share, never both
+            self.cache.clear()
+            return self._stashed(refs, raws, keys, verify, max_decoded, wants)
+        self.stash.begin(-1)
         return self._shared(refs, raws, keys, verify, max_decoded)
 
     def _read_ones(self, refs: ChunkRefs, verify: str, max_decoded: int,
@@ -280,5 +293,53 @@ class Decoder:
             append(data[bounds[w] : bounds[w + 1]])
         return out
 
+    def _stashed(self, refs: ChunkRefs, raws: Sequence | None, keys: list[tuple[int, int]],
+                 verify: str, max_decoded: int, wants: ChunkWants) -> list[bytes]:
+        """Records of large chunks from the stash; a chunk missing any of the task's is read
+        once and everything the horizon wants of it pulled out (`extract`)."""
+        stash = self.stash
+        stash.begin(wants.horizon)
+        names = [refs.name(f) for f in range(len(refs.paths))]
+        _check_within(refs, names)
+        file, start, within = refs.file, refs.start, refs.within
+        order = np.lexsort((start, file))
+        f_sorted, s_sorted = file[order], start[order]
+        cut = np.flatnonzero((f_sorted[1:] != f_sorted[:-1]) | (s_sorted[1:] != s_sorted[:-1]))
+        groups = np.split(order, cut + 1) if len(order) else []
+        out: list[Any] = [None] * len(refs)
+        missing: list[tuple[np.ndarray, tuple[str, int]]] = []
+        for idx in groups:
+            i = int(idx[0])
+            key = (names[int(file[i])], int(start[i]))
+            entry = stash.get(key)
+            pos = lookup(entry, within[idx]) if entry is not None else None
+            if pos is None:
+                missing.append((idx, key))
+            else:
+                _fill(out, idx, pos, entry)  # type: ignore[arg-type]
+        self.hits += len(groups) - len(missing)
+        if missing:
+            take = [int(idx[0]) for idx, _ in missing]
+            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
+                   if raws is None else [raws[i] for i in take])
+            counts = refs.count.tolist()  # type: ignore[union-attr]
+            for (idx, key), i, raw in zip(missing, take, got):
+                wanted = (np.unique(within[idx]) if stash.full else
+                          np.union1d(within[idx], wants.of(*key))).astype(np.int64)
+                entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
+                                chunk=int(refs.chunk[i]), expected_records=counts[i],
+                                max_decoded=max_decoded)
+                self.decoded += 1
+                stash.put(key, entry)
+                _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
+        return out
+
     def close(self) -> None:
         self.files.close()
+
+
+def _fill(out: list, idx: np.ndarray, pos: np.ndarray, entry: Any) -> None:
+    """Records at `pos` of a stash entry, into their places `idx` of `out`."""
+    offs, data = entry[1], entry[2]
+    for i, p in zip(idx.tolist(), pos.tolist()):
+        out[i] = data[offs[p] : offs[p + 1]]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
-from ..planning import ChunkRefs
+from ..planning import ChunkRefs, ChunkWants
 from ..transforms import BatchOp, MapOp, PackOp, RecordOp
 
 # Decoded multi-record chunks kept across tasks, by all workers together (`Pool` gives each
@@ -56,6 +56,9 @@ class Task:
     raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
     slot: int = -1
     arena: tuple[str, int, bool, int] | None = None  # the slot's file (`Arena.where`)
+    # What the task's horizon wants of each large chunk (`workers.extract`), when whole
+    # decoded chunks would not fit the cache: the worker pulls those records out instead.
+    wants: ChunkWants | None = None
 
 
 @dataclass

@@ -167,7 +167,7 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
         view = memoryview(arena)
         raws = [view[o : o + n] for o, n in task.raw_spans]
     return decoder.records(task.refs, raws, verify=pipeline.verify,
-                           max_decoded=pipeline.max_decoded, paths=paths)
+                           max_decoded=pipeline.max_decoded, paths=paths, wants=task.wants)
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
