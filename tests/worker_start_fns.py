@@ -1,0 +1,26 @@
+"""Transforms for tests/test_worker_start.py (worker processes import them by name): what a
+worker process has loaded, and a record op defined with the package's own base class."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import aioloader as al
+
+
+def loaded(record: bytes) -> dict:
+    """Which parts of the package (and of the standard library) this process has loaded."""
+    return {"pid": np.int64(os.getpid()),
+            "parent_side": np.bool_(any(m in sys.modules for m in (
+                "aioloader.dataset", "aioloader.runtime.loader", "aioloader.workers.pool"))),
+            "asyncio": np.bool_("asyncio" in sys.modules)}
+
+
+class Length(al.Map):
+    """A record op subclassing the public `Map` (resolved lazily in a worker process)."""
+
+    def map(self, element: bytes) -> np.int64:
+        return np.int64(len(element))
