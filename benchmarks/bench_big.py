@@ -222,7 +222,9 @@ def child_first(spec: dict[str, Any]) -> dict[str, Any]:
         it = iter(loader)  # kept: dropping it would close the loader inside the timing
         next(it)
         t1 = time.perf_counter()
-    return {"ttfb": t1 - t0, "import": t0 - t_imp}
+    # CPU of this process and every process under it (forkserver, workers), import included
+    cpu = _cpu_s([os.getpid(), *_children(os.getpid())])
+    return {"ttfb": t1 - t0, "import": t0 - t_imp, "total": t1 - t_imp, "cpu": cpu}
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -254,6 +256,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("/tmp/aioloader-bench-big"))
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--kinds", default="mib,img")
+    ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     a = ap.parse_args()
     if a.mode == "child":
         fn = child_big if a.rest[0] == "big" else child_first
@@ -279,7 +282,8 @@ def main() -> None:
         paths = text_shards(a.data)
         for w in map(int, a.workers.split(",")):
             configs.append((f"ours w={w}", {"lib": "aioloader", "paths": paths, "workers": w}))
-            configs.append((f"grain w={w}", {"lib": "grain", "paths": paths, "workers": w}))
+            if not a.no_grain:
+                configs.append((f"grain w={w}", {"lib": "grain", "paths": paths, "workers": w}))
     res: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(a.rounds):
         order = list(trees) if r % 2 == 0 else list(trees)[::-1]
@@ -293,8 +297,8 @@ def main() -> None:
                       f"{ {k: v for k, v in out.items() if k != 'stats'} }",
                       file=sys.stderr, flush=True)
     for (name, t), runs in res.items():
-        cols = ["ttfb", "import"] if a.mode == "first" else ["rate", "ttfb", "hwm_mb", "pss_mb",
-                                                             "cpu_us"]
+        cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
+                else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"])
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 
 

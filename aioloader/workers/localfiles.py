@@ -9,8 +9,9 @@ import os
 
 import numpy as np
 
+from ..errors import ObjectChangedError
 from ..planning import ChunkRefs
-from ..storage import ObjectChangedError, short_read_error
+from ..shortread import short_read_error
 
 
 class LocalFiles:

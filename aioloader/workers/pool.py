@@ -108,9 +108,10 @@ class Pool:
         track(self)
 
     def warm_up(self) -> None:
-        """Start the worker processes now (spawning takes a while) instead of on first use,
-        on a thread: starting the first one waits for the forkserver, a fresh interpreter
-        that imports NumPy and the worker's code, and the files can open meanwhile."""
+        """Start the worker processes now instead of on first use, on a thread, while the
+        files open: the first one waits for the forkserver until it has loaded NumPy and
+        the worker's code (started at `import aioloader`, it usually has:
+        `aioloader.workers.procs`)."""
         if self.workers and self._warming is None:
             self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",
                                              daemon=True)
