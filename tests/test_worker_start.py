@@ -37,6 +37,7 @@ def test_workers_load_only_the_workers_side_of_the_package(path):
     assert len(batches) == 4
     assert all(b["pid"][0] != os.getpid() for b in batches)  # ran in workers
     assert not any(b["parent_side"].any() for b in batches), "a worker loaded the parent's side"
+    assert not any(b["asyncio"].any() for b in batches), "a worker loaded asyncio"
 
 
 def test_a_transform_subclassing_the_packages_classes_loads_in_workers(path):
