@@ -137,17 +137,22 @@ def test_big_batches_made_in_pieces_equal_the_whole_ones(big, monkeypatch):
     make_batch = stacking.make_batch
 
     def spy(*args):
+        made.append(None)  # (stays None if it raises: NoRoom)
         batch = make_batch(*args)
-        made.append(batch is not None)
+        made[-1] = batch is not None
         return batch
 
     monkeypatch.setattr(stacking, "make_batch", spy)
     with ds.loader(workers=0, slot_size=64 << 20) as it:
         inline = [np.array(b) for b in it]
     assert made and all(made), made  # made in pieces, every batch
+    made.clear()
+    with ds.loader(workers=0, slot_size=16 << 20) as it:  # slots too small, and never grown
+        small = [np.array(b) for b in it]
+    assert made == [None], made  # tried once (it found no room), then made whole at once
     monkeypatch.setattr(stacking, "MIN_TASK_BYTES", 1 << 40)
     with ds.loader(workers=0) as it:
         whole = [np.array(b) for b in it]
     assert len(got) == len(whole) == 4
-    for a, b, c in zip(got, inline, whole):
-        assert a.tobytes() == b.tobytes() == c.tobytes()
+    for a, b, c, d in zip(got, inline, whole, small):
+        assert a.tobytes() == b.tobytes() == c.tobytes() == d.tobytes()

@@ -30,18 +30,23 @@ PIECE_BYTES = 8 << 20  # records' stored bytes per piece
 MIN_TASK_BYTES = 32 << 20  # smaller tasks are made whole (one piece would be the whole)
 
 _whole: set[int] = set()  # ids of pipelines whose pieces did not stack (see module doc)
+# id of a pipeline -> the largest slot room its batch did not fit: with no more room than
+# that (workers=0, whose slots never grow), a task is made whole at once, without a piece
+# made in vain first
+_too_small: dict[int, int] = {}
 
 
 class NoRoom(Exception):
     """The slot cannot hold the whole batch (the pool grows it and runs the task again)."""
 
 
-def worth_it(pipeline: Any, sizes: np.ndarray, group_size_one: bool) -> bool:
+def worth_it(pipeline: Any, sizes: np.ndarray, group_size_one: bool, room: int) -> bool:
     """Whether to make a task's batches in pieces: batch mode, records of one-record chunks
-    (each piece decodes its own), record ops that keep every record (map, random_map), and
-    `sizes` (the records' stored bytes) adding up to `MIN_TASK_BYTES` or more."""
+    (each piece decodes its own), record ops that keep every record (map, random_map),
+    `sizes` (the records' stored bytes) adding up to `MIN_TASK_BYTES` or more, and `room`
+    (bytes free in the slot) more than a batch of this pipeline found too small."""
     return (pipeline.batch is not None and group_size_one and pipeline.records is None
-            and id(pipeline) not in _whole
+            and id(pipeline) not in _whole and room > _too_small.get(id(pipeline), -1)
             and all(type(op) in (MapOp, RandomMapOp) for op in pipeline.record_ops)
             and int(sizes.sum()) >= MIN_TASK_BYTES)
 
@@ -49,6 +54,12 @@ def worth_it(pipeline: Any, sizes: np.ndarray, group_size_one: bool) -> bool:
 def give_up(pipeline: Any) -> None:
     """Make `pipeline`'s tasks whole from now on (its pieces did not stack)."""
     _whole.add(id(pipeline))
+
+
+def no_room(pipeline: Any, room: int) -> None:
+    """A batch of `pipeline` did not fit `room` bytes: make its tasks whole until slots have
+    more room (the pool grows them after the task, from its output)."""
+    _too_small[id(pipeline)] = max(room, _too_small.get(id(pipeline), -1))
 
 
 def cuts(sizes: np.ndarray, lo: int, hi: int, target: int = PIECE_BYTES) -> list[tuple[int, int]]:

@@ -281,7 +281,7 @@ def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths
     refs = task.refs
     sizes = refs.end - refs.start
     if alloc is None or pipeline.batch is None or not stacking.worth_it(
-            pipeline, sizes, chunk_keys(refs) is None):
+            pipeline, sizes, chunk_keys(refs) is None, alloc.end - alloc.pos):
         return None
     raws = task.raws
     if task.raw_spans is not None:
@@ -312,6 +312,7 @@ def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths
             out.append(apply_batch_ops(pipeline.batch_ops, batch, times=times,
                                        first=len(pipeline.record_ops)))
     except stacking.NoRoom:  # (made whole, it asks for room)
+        stacking.no_room(pipeline, alloc.end - alloc.base)
         return None
     except Exception:  # made whole instead: the same error, naming the same record
         return None
