@@ -156,3 +156,21 @@ def test_big_batches_made_in_pieces_equal_the_whole_ones(big, monkeypatch):
     assert len(got) == len(whole) == 4
     for a, b, c, d in zip(got, inline, whole, small):
         assert a.tobytes() == b.tobytes() == c.tobytes() == d.tobytes()
+
+
+def test_pieces_that_do_not_stack_give_the_whole_batch_and_exact_op_counts(big):
+    """A number that is an int in some pieces and a float in others: the batch is made
+    whole (floats throughout, as collate makes them), and each record is counted once by
+    the transform's stats although a piece was transformed before the pieces gave way."""
+    from . import worker_start_fns as wfns
+
+    ds = al.Dataset.from_arrayrecord(big).shuffle(2).map(wfns.drifting).batch(40)
+    got = {}
+    for workers, slot in ((0, 64 << 20), (1, 32 << 20)):
+        with ds.loader(workers=workers, slot_size=slot) as it:
+            got[workers] = [{k: np.array(v) for k, v in b.items()} for b in it]
+            counted = it.stats().as_dict()["transforms"]
+        assert [t["items"] for t in counted.values()] == [80], counted
+    for a, b in zip(*got.values()):
+        assert a["y"].dtype == np.float64 and a["y"].tolist() == b["y"].tolist()
+        assert a["x"].tobytes() == b["x"].tobytes()

@@ -24,3 +24,10 @@ class Length(al.Map):
 
     def map(self, element: bytes) -> np.int64:
         return np.int64(len(element))
+
+
+def drifting(record: bytes) -> dict:
+    """A big record with a number that is an int in early records and a float in later ones:
+    pieces of a batch collate it to different dtypes (the batch must be made whole)."""
+    x = np.frombuffer(record, dtype=np.uint8)
+    return {"x": x, "y": 1 if x[0] < 128 else 1.5}

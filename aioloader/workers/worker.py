@@ -213,7 +213,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         payload, spent = made
         decoded, count = began + spent, len(refs)
     else:
-        if alloc is not None and alloc.made:  # (pieces that did not stack: start again)
+        if any(times.items) or (alloc is not None and alloc.made):  # pieces tried: afresh
             times = OpTimes.zeros(len(times.items))
             alloc = _room(arena, task.slot)
         payload, survivors, count, decoded = _whole(task, pipeline, decoder, mem, paths,
