@@ -86,3 +86,12 @@ def test_the_early_start_can_be_turned_off(path):
     on first use, and its workers still load only their side."""
     got = _run({"AIOLOADER_EARLY_FORKSERVER": "0"}, *path)
     assert got == {"early": False, "marker": False, "parent_side": False, "same_server": False}
+
+
+def test_workers_see_the_environment_of_when_the_loader_was_made(path, monkeypatch):
+    """The forkserver (and so a fork of it) has the environment of `import aioloader`; the
+    pool hands each worker the parent's as it is when the loader is made."""
+    monkeypatch.setenv("AIOLOADER_TEST_ENV", "7")
+    ds = al.Dataset.from_arrayrecord(path).map(fns.env_value).batch(64)
+    with ds.loader(workers=1) as it:
+        assert next(iter(it)).tolist() == [7] * 64

@@ -31,3 +31,8 @@ def drifting(record: bytes) -> dict:
     pieces of a batch collate it to different dtypes (the batch must be made whole)."""
     x = np.frombuffer(record, dtype=np.uint8)
     return {"x": x, "y": 1 if x[0] < 128 else 1.5}
+
+
+def env_value(record: bytes) -> np.int64:
+    """AIOLOADER_TEST_ENV as this process sees it (0 if unset)."""
+    return np.int64(int(os.environ.get("AIOLOADER_TEST_ENV", "0")))

@@ -100,7 +100,9 @@ class Pool:
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes),
+                # (this process's environment now: the forkserver's is the one at import)
+                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes,
+                          dict(os.environ)),
             )
         except BaseException:
             self.arena.close()

@@ -70,12 +70,18 @@ def _raise_malloc_thresholds() -> None:
 
 
 def _init_worker(pipeline_parts: tuple, started: Any = None,
-                 cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+                 environ: dict[str, str] | None = None) -> None:
     """Load the pipeline; what fails is kept (`_init_error`) and raised by every task, so
     the parent gets the cause at once instead of a dead worker. Releases `started`: this
     worker has opened the pool's semaphores (`Pool._forget_names`). `cache_bytes`: this
-    worker's share of the decoded-chunk cache. The arena is mapped when a task names it."""
+    worker's share of the decoded-chunk cache. The arena is mapped when a task names it.
+    `environ`: the parent's environment when it made the pool, which transforms see (a
+    fork of the forkserver has the forkserver's, from when `aioloader` was imported)."""
     global _pipeline, _init_error, _decoder
+    if environ is not None and environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     if started is not None:
         started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
