@@ -9,8 +9,10 @@ start-up (~0.1-0.7 s: NumPy, the worker's modules) used to be the first batch's 
 started when `aioloader` is imported (`start_early`: ~10 ms of the importing process, the
 server loads in parallel), and the first pool finds it ready. Its environment says it is a
 worker's (`aioloader._WORKER_ENV`), so it and its workers load only the modules a worker
-uses, not the parent's side of the package. `AIOLOADER_EARLY_FORKSERVER=0` turns the early
-start off (the pool then starts the server on first use, as before).
+uses, not the parent's side of the package. The server's environment is the one at import:
+each worker is handed the parent's as it is when its pool is made (`worker._init_worker`).
+`AIOLOADER_EARLY_FORKSERVER=0` turns the early start off (the pool then starts the server on
+first use, as before).
 
 In a forked child multiprocessing's forkserver state is the parent's, and unusable: spawn
 there (`context`).
