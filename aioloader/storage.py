@@ -35,6 +35,7 @@ from .gate import ByteBudget, Gate
 from .gcs_client import GCS_CLIENTS, gcs_backend, gcs_client_for
 from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
+from .shortread import short_read_error
 from .urls import has_glob, is_local, redact
 
 __all__ = [
@@ -74,12 +75,6 @@ class IOStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
-
-
-def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
-    """A read that came back short: the file shrank since it was opened."""
-    return StorageError(f"{redact(url)}: asked for bytes [{start}, {end}), got {got} (the file "
-                        "is shorter than when it was opened: re-open it)")
 
 
 async def _prepared(backend: Any) -> None:

@@ -7,10 +7,12 @@ process (ours against Grain's).
 Every measurement is its own fresh `python` process (`child`), run against a tree by
 `PYTHONPATH=<copy of these benchmarks>:<tree>`; the trees alternate ABBA. `big`: 1 MiB records
 and 224x224x3 uint8 images, batch 256, workers 0/1/2: records/s after the first batch, time to
-the first batch, and peak memory (the sum over the parent and its workers of VmHWM, which
+the first batch, peak memory (the sum over the parent and its workers of VmHWM, which
 counts shared pages once per process that touched them, and the peak of the sampled sum of
-PSS, which counts them once). `first`: the time from building the pipeline to the first
-batch in hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
+PSS, which counts them once), and CPU per record (parent and workers, the whole run: a
+steadier figure than rates on a shared machine; multiprocessing's forkserver and resource
+tracker not counted). `first`: the time from building the pipeline to the first batch in
+hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
 """
 
 from __future__ import annotations
@@ -126,6 +128,32 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _workers(pid: int) -> list[int]:
+    """`pid`'s descendants but its direct children (the forkserver, the resource tracker):
+    the workers, forked by the forkserver (spawned ones would be direct children: none
+    here, on Linux)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True) if c.ppid() != pid]
+    except psutil.Error:
+        return []
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the live processes `pids` have used so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def child_big(spec: dict[str, Any]) -> dict[str, Any]:
     import aioloader as al
 
@@ -143,7 +171,7 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     ds = al.Dataset.from_arrayrecord(spec["paths"]).shuffle(0).repeat(spec["epochs"]).map(fn) \
         .batch(256)
-    count, first, hwm = 0, None, 0
+    count, first, hwm, cpu = 0, None, 0, 0.0
     with ds.loader(workers=spec["workers"]) as it:
         for batch in it:
             assert batch.shape[0] == 256
@@ -152,13 +180,16 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
             if first is None:
                 first = time.perf_counter()
             if count == spec["batches"]:
+                # (before the loop ends: ending it closes the loader, and its workers go)
+                hwm = sum(_status_kb(p, "VmHWM:") for p in [me, *_children(me)])
+                cpu = _cpu_s([me, *_workers(me)])
                 break
         end = time.perf_counter()
-        hwm = sum(_status_kb(p, "VmHWM:") for p in [me, *_children(me)])
         stats = it.stats().as_dict()
     done.set()
     return {"rate": (count - 1) * 256 / (end - first), "ttfb": first - t0,
             "hwm_mb": hwm / 1024, "pss_mb": peak["pss"] / 1024,
+            "cpu_us": cpu / (count * 256) * 1e6,
             "batch_mb": 256 * fn(bytes(1 << 20 if spec["kind"] == "mib"
                                        else int(np.prod(IMG224)))).nbytes / 1e6,
             "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")}}
@@ -191,7 +222,9 @@ def child_first(spec: dict[str, Any]) -> dict[str, Any]:
         it = iter(loader)  # kept: dropping it would close the loader inside the timing
         next(it)
         t1 = time.perf_counter()
-    return {"ttfb": t1 - t0, "import": t0 - t_imp}
+    # CPU of this process and every process under it (forkserver, workers), import included
+    cpu = _cpu_s([os.getpid(), *_children(os.getpid())])
+    return {"ttfb": t1 - t0, "import": t0 - t_imp, "total": t1 - t_imp, "cpu": cpu}
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -223,6 +256,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("/tmp/aioloader-bench-big"))
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--kinds", default="mib,img")
+    ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     a = ap.parse_args()
     if a.mode == "child":
         fn = child_big if a.rest[0] == "big" else child_first
@@ -248,7 +282,8 @@ def main() -> None:
         paths = text_shards(a.data)
         for w in map(int, a.workers.split(",")):
             configs.append((f"ours w={w}", {"lib": "aioloader", "paths": paths, "workers": w}))
-            configs.append((f"grain w={w}", {"lib": "grain", "paths": paths, "workers": w}))
+            if not a.no_grain:
+                configs.append((f"grain w={w}", {"lib": "grain", "paths": paths, "workers": w}))
     res: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(a.rounds):
         order = list(trees) if r % 2 == 0 else list(trees)[::-1]
@@ -262,7 +297,8 @@ def main() -> None:
                       f"{ {k: v for k, v in out.items() if k != 'stats'} }",
                       file=sys.stderr, flush=True)
     for (name, t), runs in res.items():
-        cols = ["ttfb", "import"] if a.mode == "first" else ["rate", "ttfb", "hwm_mb", "pss_mb"]
+        cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
+                else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"])
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 
 

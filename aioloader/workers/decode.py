@@ -30,7 +30,7 @@ from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS, header_ok, headers_in, one_record, read_plan
 from ..planning import ChunkRefs, ChunkWants
-from ..storage import short_read_error
+from ..shortread import short_read_error
 from .extract import Stash, extract, lookup
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES

@@ -13,8 +13,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cache.entry import PAYLOAD_AT, EntryError, check_named
+from ..errors import ObjectChangedError
 from ..planning import ChunkRefs
-from ..storage import ObjectChangedError, short_read_error
+from ..shortread import short_read_error
 
 # Disk tier entries kept mapped across tasks, least recently used dropped first: each holds
 # a descriptor (and, once evicted from the cache, its disk space) until dropped here.

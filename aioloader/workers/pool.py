@@ -10,8 +10,9 @@ instead; records of one chunk (group size > 1) ship its bytes once. Local files 
 the workers themselves. Each worker keeps decoded multi-record chunks across tasks
 (`aioloader.workers.decode`), in its share of `Pipeline.chunk_cache_bytes`.
 
-Workers are spawned (not forked: the parent runs an event loop and threads), and `workers=0`
-runs the same task code on one daemon thread of the parent, for debugging
+Workers are forks of a clean forkserver, started when `aioloader` is imported
+(`aioloader.workers.procs`; never of the parent, which runs an event loop and threads), and
+`workers=0` runs the same task code on one daemon thread of the parent, for debugging
 (`aioloader.workers.inline`).
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
@@ -21,14 +22,11 @@ cannot hold up a shutdown (with workers=0 the stuck thread is left behind, with 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
-import multiprocessing
 import os
 import threading
 import time
-import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -39,6 +37,7 @@ from .decode import Decoder
 from .inline import InlineExecutor
 from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Result, Task
+from .procs import context, stop, track
 from .semnames import forget_names, pool_semaphores
 from .worker import (
     _init_worker,
@@ -53,51 +52,10 @@ log = logging.getLogger("aioloader")
 CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
 
 
-# -- the parent's side ----------------------------------------------------------------
-
-
 def _retrieve(fut: asyncio.Future) -> None:
     """Mark a future's exception as seen (its waiter may have been cancelled)."""
     if not fut.cancelled():
         fut.exception()
-
-
-_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-
-
-def _close_pools_at_exit() -> None:
-    """Close the pools nobody closed, before concurrent.futures joins their manager threads
-    at interpreter exit (which waits for every running task: for ever, if a transform never
-    returns). Runs first: threading's exit hooks run in reverse order of registration."""
-    for pool in list(_live_pools):
-        with contextlib.suppress(Exception):
-            pool.close()
-
-
-getattr(threading, "_register_atexit", atexit.register)(_close_pools_at_exit)
-_forked = False  # this process is a fork of one that may have started the forkserver
-
-
-def _after_fork_in_child() -> None:
-    global _forked, _live_pools
-    _forked = True
-    _live_pools = weakref.WeakSet()  # the parent's, not ours to close
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    """forkserver where there is one (Linux): the first pool starts one clean server process
-    with NumPy and `aioloader.workers.worker` loaded, and every worker after that is a fork of
-    it (a few ms instead of a fresh interpreter's ~0.15 s); spawn elsewhere, and in a forked child
-    (multiprocessing's forkserver state there is the parent's, and unusable). Never plain
-    fork: the parent runs an event loop and threads."""
-    if "forkserver" in multiprocessing.get_all_start_methods() and not _forked:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["aioloader.workers.worker"])
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 class Pool:
@@ -136,23 +94,26 @@ class Pool:
         self._names_lock = threading.Lock()
         self._unstarted = workers  # workers that have not yet released `_started`
         try:
-            ctx = _context()
+            ctx = context()
             self._started = ctx.Semaphore(0)
             self._executor = ProcessPoolExecutor(
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes),
+                # (this process's environment now: the forkserver's is the one at import)
+                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes,
+                          dict(os.environ)),
             )
         except BaseException:
             self.arena.close()
             raise
-        _live_pools.add(self)
+        track(self)
 
     def warm_up(self) -> None:
-        """Start the worker processes now (spawning takes a while) instead of on first use,
-        on a thread: starting the first one waits for the forkserver, a fresh interpreter
-        that imports NumPy and the worker's code, and the files can open meanwhile."""
+        """Start the worker processes now instead of on first use, on a thread, while the
+        files open: the first one waits for the forkserver until it has loaded NumPy and
+        the worker's code (started at `import aioloader`, it usually has:
+        `aioloader.workers.procs`)."""
         if self.workers and self._warming is None:
             self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",
                                              daemon=True)
@@ -377,7 +338,7 @@ class Pool:
                         "thread: it does not keep the process from exiting)", grace)
         if procs:
             try:
-                _stop(procs, max(0.0, grace - (time.monotonic() - t0)))
+                stop(procs, max(0.0, grace - (time.monotonic() - t0)))
             except BaseException:  # Ctrl-C again while waiting: no more grace
                 for p in procs:
                     with contextlib.suppress(OSError, ValueError):
@@ -388,26 +349,3 @@ class Pool:
 
 def _has_arrays(result: Result) -> bool:
     return bool(array_leaves(result.payload))
-
-
-def _stop(procs: list, grace: float) -> None:
-    """Wait up to `grace` s for `procs` to exit (the executor asked them to), then SIGTERM,
-    then SIGKILL. Waits on their sentinels only: their exit status is the executor's to
-    read."""
-    def wait_for_exit(seconds: float) -> list:
-        deadline = time.monotonic() + seconds
-        while True:
-            left = [p for p in procs if not multiprocessing.connection.wait([p.sentinel], 0)]
-            rest = deadline - time.monotonic()
-            if not left or rest <= 0:
-                return left
-            multiprocessing.connection.wait([p.sentinel for p in left], rest)
-
-    left = wait_for_exit(grace)
-    for stop in ("terminate", "kill"):
-        if not left:
-            return
-        for p in left:
-            with contextlib.suppress(OSError, ValueError):
-                getattr(p, stop)()
-        left = wait_for_exit(1.0)

@@ -33,8 +33,9 @@ from ..collate import collate_named
 from ..errors import WorkerError
 from ..objects import read_records
 from ..transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
+from . import stacking
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
-from .decode import Decoder
+from .decode import Decoder, chunk_keys
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
 from .pieces import has_arrays, window_payload
 
@@ -64,12 +65,18 @@ def _raise_malloc_thresholds() -> None:
 
 
 def _init_worker(pipeline_parts: tuple, started: Any = None,
-                 cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+                 environ: dict[str, str] | None = None) -> None:
     """Load the pipeline; what fails is kept (`_init_error`) and raised by every task, so
     the parent gets the cause at once instead of a dead worker. Releases `started`: this
     worker has opened the pool's semaphores (`Pool._forget_names`). `cache_bytes`: this
-    worker's share of the decoded-chunk cache. The arena is mapped when a task names it."""
+    worker's share of the decoded-chunk cache. The arena is mapped when a task names it.
+    `environ`: the parent's environment when it made the pool, which transforms see (a
+    fork of the forkserver has the forkserver's, from when `aioloader` was imported)."""
     global _pipeline, _init_error, _decoder
+    if environ is not None and environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     if started is not None:
         started.release()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -199,31 +206,21 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
     paths = [refs.name(f) for f in refs.file.tolist()]
-    records = _records_of(task, pipeline, decoder, mem, paths)
-    decoded = time.perf_counter_ns()
-    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
-          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
     times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
-    kept: list[int] = []  # the survivors' places in the task (stream mode's resume tags)
-    elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
-                                task.epochs.tolist(), paths, times=times, survivors=kept)
     survivors = None
     alloc = _room(arena, task.slot)
-    if pipeline.batch is None:  # stream mode: the task's survivors (`pieces`)
-        survivors = np.asarray(kept, dtype=np.int32)
-        payload = window_payload(elements, pipeline.stream, alloc)
-    else:  # the task's elements are one or more whole batches (the last may be short)
-        size = pipeline.batch.size
-        indices, epochs = task.indices, task.epochs
-
-        def record(k: int) -> str:
-            where = f" in {paths[k]}" if paths and paths[k] else ""
-            return f"record {indices[k]} (epoch {epochs[k]}){where}"
-
-        payload = [apply_batch_ops(pipeline.batch_ops, collate_named(
-                       elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),  # type: ignore[misc]
-                       times=times, first=len(pipeline.record_ops))
-                   for i in range(0, len(elements), size)]
+    made = _in_pieces(task, pipeline, decoder, mem, paths, alloc, times)
+    if made is not None:  # big batches: straight into the slot, a piece at a time
+        payload, spent = made
+        decoded, count = began + spent, len(refs)
+    else:
+        if any(times.items) or (alloc is not None and alloc.made):  # pieces tried: afresh
+            times = OpTimes.zeros(len(times.items))
+            alloc = _room(arena, task.slot)
+        payload, survivors, count, decoded = _whole(task, pipeline, decoder, mem, paths,
+                                                    alloc, times)
+    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
+          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
     slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
     if pipeline.batch is not None or has_arrays(payload):
         placed = alloc.export(payload) if alloc is not None else None
@@ -241,10 +238,86 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         payload = _outgoing(payload, room)  # type: ignore[assignment]
         if isinstance(payload, int):
             return Result(task.task_id, None, 0, needed=payload)
-    return Result(task.task_id, payload, len(elements), slot, **io, survivors=survivors,
+    return Result(task.task_id, payload, count, slot, **io, survivors=survivors,
                   op_items=times.items, op_seconds=times.seconds, pid=os.getpid(),
                   tid=threading.get_native_id(), began_ns=began, decoded_ns=decoded,
                   ended_ns=time.perf_counter_ns())
+
+
+def _whole(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: list[str],
+           alloc: SlotAlloc | None, times: OpTimes
+           ) -> tuple[Any, np.ndarray | None, int, int]:
+    """A task's output made whole: every record decoded, then each op over all of them,
+    then each batch collated (or, in stream mode, the window's survivors); with the
+    survivors' places (stream mode), the count of elements, and when the records were
+    decoded (`time.perf_counter_ns()`)."""
+    records = _records_of(task, pipeline, decoder, mem, paths)
+    decoded = time.perf_counter_ns()
+    kept: list[int] = []  # the survivors' places in the task (stream mode's resume tags)
+    elements = apply_record_ops(pipeline.record_ops, records, task.indices.tolist(),
+                                task.epochs.tolist(), paths, times=times, survivors=kept)
+    del records
+    if pipeline.batch is None:  # stream mode: the task's survivors (`pieces`)
+        return (window_payload(elements, pipeline.stream, alloc),
+                np.asarray(kept, dtype=np.int32), len(elements), decoded)
+    # the task's elements are one or more whole batches (the last may be short)
+    size = pipeline.batch.size
+    indices, epochs = task.indices, task.epochs
+
+    def record(k: int) -> str:
+        where = f" in {paths[k]}" if paths and paths[k] else ""
+        return f"record {indices[k]} (epoch {epochs[k]}){where}"
+
+    return [apply_batch_ops(pipeline.batch_ops, collate_named(
+                elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),  # type: ignore[misc]
+                times=times, first=len(pipeline.record_ops))
+            for i in range(0, len(elements), size)], None, len(elements), decoded
+
+
+def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: list[str],
+               alloc: SlotAlloc | None, times: OpTimes) -> tuple[list, int] | None:
+    """A big task's batches made a piece at a time, straight into the slot
+    (`aioloader.workers.stacking`), and the nanoseconds spent decoding; None where that does
+    not apply or the pieces did not stack (the task is then made whole)."""
+    refs = task.refs
+    sizes = refs.end - refs.start
+    if alloc is None or pipeline.batch is None or not stacking.worth_it(
+            pipeline, sizes, chunk_keys(refs) is None, alloc.end - alloc.pos):
+        return None
+    raws = task.raws
+    if task.raw_spans is not None:
+        view = memoryview(mem)  # type: ignore[arg-type]  # a slot's spans: mapped
+        raws = [view[o : o + n] for o, n in task.raw_spans]
+    indices, epochs = task.indices.tolist(), task.epochs.tolist()
+    spent = 0
+
+    def elements_of(a: int, b: int) -> list:
+        nonlocal spent
+        t0 = time.perf_counter_ns()
+        records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
+                                  verify=pipeline.verify, max_decoded=pipeline.max_decoded,
+                                  paths=paths[a:b])
+        spent += time.perf_counter_ns() - t0
+        return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
+                                paths[a:b], times=times)
+
+    size, n, out = pipeline.batch.size, len(refs), []
+    try:
+        for lo in range(0, n, size):
+            hi = min(lo + size, n)
+            batch = stacking.make_batch(lo, hi, stacking.cuts(sizes, lo, hi), elements_of,
+                                        alloc)
+            if batch is None:
+                stacking.give_up(pipeline)
+                return None
+            out.append(apply_batch_ops(pipeline.batch_ops, batch, times=times,
+                                       first=len(pipeline.record_ops)))
+    except stacking.NoRoom:  # (made whole, it asks for room)
+        stacking.no_room(pipeline, alloc.end - alloc.base)
+        return None
+    except Exception:  # made whole instead: the same error, naming the same record
+        return None
+    return out, spent
 
 
 def _objects_only(a: Any) -> Any:

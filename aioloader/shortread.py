@@ -1,0 +1,15 @@
+"""The error for a read that came back short (the file shrank since it was opened), apart from
+`aioloader.storage` so that worker processes, which read local files themselves, raise it
+without loading the storage layer (asyncio, the object-store clients): a worker's start-up is
+the first batch's wait."""
+
+from __future__ import annotations
+
+from .errors import StorageError
+from .urls import redact
+
+
+def short_read_error(url: str, start: int, end: int, got: int) -> StorageError:
+    """A read that came back short: the file shrank since it was opened."""
+    return StorageError(f"{redact(url)}: asked for bytes [{start}, {end}), got {got} (the file "
+                        "is shorter than when it was opened: re-open it)")

@@ -1,0 +1,97 @@
+"""A worker process's start: the forkserver workers fork from starts at `import aioloader`
+(so the first batch does not wait for a fresh interpreter to load NumPy and the worker's
+code), and it and its workers load only the worker's side of the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aioloader as al
+
+from . import worker_start_fns as fns
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver: Linux")
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory) -> list[str]:
+    p = tmp_path_factory.mktemp("start") / "r.array_record"
+    with al.ArrayRecordWriter(p, group_size=1) as w:
+        for i in range(64):
+            w.write(bytes(i + 1))
+    return [str(p)]
+
+
+def test_workers_load_only_the_workers_side_of_the_package(path):
+    ds = al.Dataset.from_arrayrecord(path).map(fns.loaded).batch(16)
+    with ds.loader(workers=2) as it:
+        batches = list(it)
+    assert len(batches) == 4
+    assert all(b["pid"][0] != os.getpid() for b in batches)  # ran in workers
+    assert not any(b["parent_side"].any() for b in batches), "a worker loaded the parent's side"
+    assert not any(b["asyncio"].any() for b in batches), "a worker loaded asyncio"
+
+
+def test_a_transform_subclassing_the_packages_classes_loads_in_workers(path):
+    """`aioloader` in a worker loads its public names on first use (`al.Map` here, used by
+    the transform's module as it is imported)."""
+    ds = al.Dataset.from_arrayrecord(path).shuffle(1).map(fns.Length()).batch(8)
+    with ds.loader(workers=0) as it:
+        ref = [np.array(b) for b in it]
+    with ds.loader(workers=2) as it:
+        got = [np.array(b) for b in it]
+    assert [a.tolist() for a in got] == [b.tolist() for b in ref]
+    assert sorted(np.concatenate(got).tolist()) == list(range(1, 65))
+
+
+SCRIPT = """
+import json, os, sys
+import aioloader as al
+from multiprocessing import forkserver
+early = forkserver._forkserver._forkserver_pid
+out = {"early": early is not None, "marker": "_AIOLOADER_WORKER_PROCESS" in os.environ}
+if len(sys.argv) > 1:
+    import tests.worker_start_fns as fns
+    ds = al.Dataset.from_arrayrecord(sys.argv[1:]).map(fns.loaded).batch(64)
+    with ds.loader(workers=1) as it:
+        out["parent_side"] = bool(next(iter(it))["parent_side"].any())
+    out["same_server"] = forkserver._forkserver._forkserver_pid == early
+print(json.dumps(out))
+"""
+
+
+def _run(env: dict, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_forkserver_starts_at_import_and_the_first_pool_uses_it(path):
+    got = _run({}, *path)
+    assert got == {"early": True, "marker": False, "parent_side": False, "same_server": True}
+
+
+def test_the_early_start_can_be_turned_off(path):
+    """AIOLOADER_EARLY_FORKSERVER=0: nothing starts at import; the pool starts the server
+    on first use, and its workers still load only their side."""
+    got = _run({"AIOLOADER_EARLY_FORKSERVER": "0"}, *path)
+    assert got == {"early": False, "marker": False, "parent_side": False, "same_server": False}
+
+
+def test_workers_see_the_environment_of_when_the_loader_was_made(path, monkeypatch):
+    """The forkserver (and so a fork of it) has the environment of `import aioloader`; the
+    pool hands each worker the parent's as it is when the loader is made."""
+    monkeypatch.setenv("AIOLOADER_TEST_ENV", "7")
+    ds = al.Dataset.from_arrayrecord(path).map(fns.env_value).batch(64)
+    with ds.loader(workers=1) as it:
+        assert next(iter(it)).tolist() == [7] * 64
