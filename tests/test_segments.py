@@ -273,3 +273,21 @@ async def test_a_block_shuffle_the_tier_cannot_serve_says_so(data, bucket, caplo
     with caplog.at_level(logging.WARNING, logger="aioloader"):
         await run(ds, workers=0, memory_budget=BUDGET, resident_bytes=TIER)
     assert not [r for r in caplog.records if "block shuffle" in r.getMessage()]
+
+
+@pytest.mark.parametrize("order", ["sequential", "block"])
+async def test_tasks_the_tier_serves_group_batches_within_its_bounds(data, bucket, order):
+    """Served from the bounded tier, tasks group several batches, as local ones do (fewer
+    lookups, pins and hops per record), each within `SegmentStore.task_bytes`; the batches
+    are those of a local read, and the tier stays within `resident_bytes`."""
+    gcs, urls = bucket
+    size = sum(gcs.list_objects("s1/").values())
+    tier = size // 2  # task_bytes: size / 16, several batches of this data
+    ref, _, _ = await run(_pipeline(data[1], order), workers=0)
+    got, st, _ = await run(_pipeline(urls[1], order, storage_options=gcs.storage_options),
+                           workers=2, memory_budget=BUDGET, resident_bytes=tier)
+    _same(got, ref)
+    assert st["batches_per_task"] > 1
+    cache = st["cache"]
+    assert cache["tier_records"] > N and cache["tier_evictions"] > 0
+    assert cache["resident_bytes"] <= tier

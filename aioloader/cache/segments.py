@@ -47,6 +47,7 @@ VIRTUAL_BYTES = 1 << 44  # the bounded memory file's size: places, not memory
 AHEAD_FRACTION = 0.75  # of the capacity, for the segments of upcoming records
 AHEAD_FETCHES = 16  # segment fetches in flight for readahead (tasks' own are not counted)
 MIN_SEGMENTS = 4  # a bounded tier holds at least this many segments, or is not used
+TASK_FRACTION = 8  # a task it serves reads at most this fraction of a bounded tier
 
 _MISSING, _FETCHING, _RESIDENT = 0, 1, 2
 _PAGE = mmap.PAGESIZE
@@ -130,6 +131,12 @@ class SegmentStore:
     def ahead_budget(self) -> int:
         """Bytes of segments readahead may plan for."""
         return int(self.capacity * AHEAD_FRACTION)
+
+    @property
+    def task_bytes(self) -> int:
+        """The most stored bytes one task should read from a bounded tier: tasks in flight
+        pin their segments, and a task that cannot get room is read record by record."""
+        return self.capacity // TASK_FRACTION
 
     @property
     def min_count(self) -> int:
