@@ -291,3 +291,26 @@ async def test_tasks_the_tier_serves_group_batches_within_its_bounds(data, bucke
     cache = st["cache"]
     assert cache["tier_records"] > N and cache["tier_evictions"] > 0
     assert cache["resident_bytes"] <= tier
+
+
+async def test_blocks_smaller_than_segments_fetch_each_byte_once_an_epoch(data, bucket):
+    """A block shuffle with blocks smaller than the tier's segments cuts the segments to the
+    blocks: a segment holding parts of two blocks would be fetched once per block."""
+    gcs, urls = bucket
+    size = sum(gcs.list_objects("s1/").values())
+
+    def pipeline(paths, **kw):
+        return (al.Dataset.from_arrayrecord(paths, **kw)
+                .shuffle(7, strategy="block", block_bytes=SEGMENT // 2,
+                         window_bytes=SEGMENT * 2)
+                .repeat(2).map(digest).batch(BATCH))
+
+    ref, _, _ = await run(pipeline(data[1]), workers=0)
+    got, st, _ = await run(pipeline(urls[1], storage_options=gcs.storage_options),
+                           workers=2, memory_budget=BUDGET, resident_bytes=TIER)
+    _same(got, ref)
+    cache = st["cache"]
+    assert cache["tier_records"] > N  # most records from memory...
+    # ... and each byte fetched served its record (uncut: ~3.4x the bytes per record)
+    assert cache["tier_fetched_bytes"] <= 1.25 * cache["tier_records"] * size / N
+    assert cache["resident_bytes"] <= TIER
