@@ -114,17 +114,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{n:,} records, {file_bytes / 1e6:.0f} MB = {file_bytes / resident:.1f}× "
           f"resident_bytes {resident >> 20} MiB; block {block_bytes >> 20} MiB, window "
           f"{window_bytes >> 20} MiB; {args.repeats} repeats\n")
-    print("| row | k rec/s | ÷ local, same pipeline | requests | first batch s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| row | k rec/s | ÷ local, same pipeline | ÷ local exact | CPU µs/record | "
+          "requests | MB fetched into the tier | tasks that waited | first batch s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    exact = [_rate(o, n) for o in res["local exact"]]
     for name, outs in res.items():
         rates = [_rate(o, n) for o in outs]
         pipe = name.split()[1]
         local = [_rate(o, n) for o in res[f"local {pipe}"]]
-        ratio = [a / b for a, b in zip(rates, local) if a and b] if name.startswith("gs") else []
+        gs = name.startswith("gs")
+        ratio = [a / b for a, b in zip(rates, local) if a and b] if gs else []
+        vs_exact = [a / b for a, b in zip(rates, exact) if a and b] if gs else []
+        cpu = [o["steady_cpu"] / (o["records"] - o["first_records"]) * 1e6 for o in outs
+               if o.get("records", 0) > o.get("first_records", 0)]
         reads = [o.get("io", {}).get("reads", 0) for o in outs if "io" in o]
+        mb = [o.get("cache", {}).get("tier_fetched_bytes", 0) / 1e6 for o in outs]
+        waits = [o.get("cache", {}).get("tier_waits", 0) for o in outs]
         ttfb = [o["ttfb"] for o in outs if o.get("ttfb")]
+        med = statistics.median
         print(f"| {name} | {_fmt([r for r in rates if r], 1e3, 1)} | {_fmt(ratio)} | "
-              f"{statistics.median(reads) if reads else 0:,.0f} | {_fmt(ttfb)} |")
+              f"{_fmt(vs_exact)} | {_fmt(cpu, 1, 0)} | {med(reads) if reads else 0:,.0f} | "
+              f"{med(mb) if gs else 0:.0f} | {med(waits) if gs else 0:.0f} | {_fmt(ttfb)} |")
     return 0
 
 

@@ -33,6 +33,7 @@ class Places:
         self.room = room
         self.loc = np.full(len(room), -1, dtype=np.int64)
         self.live = 0  # bytes of places taken
+        self.peak = 0  # the most `live` has been
         self._cursor = 0  # next free place
         self._wrapped = False
 
@@ -54,6 +55,7 @@ class Places:
         self._cursor = at + room
         self.loc[s] = at
         self.live += room
+        self.peak = max(self.peak, self.live)
         return at
 
     def free(self, s: int, mem: mmap.mmap | None) -> None:

@@ -123,6 +123,11 @@ class SegmentStore:
         return self._places.live if self._places is not None else 0
 
     @property
+    def peak(self) -> int:
+        """The most bytes of places taken at once (bounded: at most `capacity`)."""
+        return self._places.peak if self._places is not None else self.bytes
+
+    @property
     def resident(self) -> int:
         """Segments in memory now."""
         return int((self._state == _RESIDENT).sum())

@@ -177,7 +177,7 @@ class Parts:
                 out.update(tier_capacity=kept.capacity, tier_fetched=kept.fetched,
                            tier_fetched_bytes=kept.fetched_bytes,
                            tier_evictions=kept.evictions, tier_records=kept.hits,
-                           tier_waits=kept.waits)
+                           tier_waits=kept.waits, tier_peak_bytes=kept.peak)
         if self.disk is not None:
             out.update(self.disk.figures())
         return out
