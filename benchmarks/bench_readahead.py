@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
              "block": {"shuffle": "block", "block_bytes": block_bytes,
                        "window_bytes": window_bytes,
                        **({"memory_budget": resident} if args.quick else {})},
-             "none": {"shuffle": "none"}}
+             "none": {"shuffle": "none",  # --quick: 2 MiB segments, as for the block rows
+                      **({"memory_budget": resident} if args.quick else {})}}
     res: dict[str, list[dict[str, Any]]] = {}
     try:
         with local_gcs(latency_ms=30, jitter_ms=10, proxy_process=True) as gcs:
