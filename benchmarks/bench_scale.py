@@ -93,7 +93,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["shuffle"] == "block":
             ds = ds.shuffle(0, strategy="block", block_bytes=spec["block_bytes"],
                             window_bytes=spec["window_bytes"])
-        else:
+        elif spec["shuffle"] != "none":  # "none": a sequential read
             ds = ds.shuffle(0)
     except TypeError as exc:
         return {"absent": str(exc)}
@@ -113,10 +113,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     except TypeError as exc:
         return {"absent": str(exc)}
     records, marks, first, now, first_records, cpu_first = 0, [], None, t0, 0, cpu0
+    last: dict[str, Any] = {}
     with loader as it:
         for batch in it:
             now = time.perf_counter()
             records += len(next(iter(batch.values())) if isinstance(batch, dict) else batch)
+            if records + BATCH >= n * epochs and not last:  # the tiers' figures, still open
+                last = it.stats().as_dict().get("cache", {})
             if first is None:
                 first, first_records, cpu_first = now - t0, records, cpu_seconds()
             while len(marks) < epochs and records >= n * (len(marks) + 1):
@@ -124,10 +127,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             if cap and now - t0 >= cap:
                 break
         cpu = cpu_seconds() - cpu0  # the workers still run: their CPU counts
-        io = it.stats().as_dict().get("io", {})
+        st = it.stats().as_dict()
+        io = st.get("io", {})
     return {"records": records, "wall": now - t0, "marks": marks, "ttfb": first, "cpu": cpu,
             "first_records": first_records, "steady_cpu": cpu - (cpu_first - cpu0),
-            "io": {k: v for k, v in io.items() if isinstance(v, int | float)}}
+            "io": {k: v for k, v in io.items() if isinstance(v, int | float)},
+            "cache": {k: v for k, v in (last or st.get("cache", {})).items()
+                      if isinstance(v, int | float)},
+            "stages": {k: v.get("busy_fraction") for k, v in st.get("stages", {}).items()
+                       if isinstance(v, dict)}}
 
 
 def _get_cpu(spec: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aioloader as al
-from aioloader.transforms import CollateError, collate
+from aioloader.collate import CollateError, collate
 from aioloader.workers import stacking
 from aioloader.workers.arena import SlotAlloc
 

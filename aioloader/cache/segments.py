@@ -17,16 +17,13 @@ Two regimes, one store:
   upcoming records lie in them (`advise`, see `aioloader.cache.readahead`) and evicted,
   least recently used first, once no task in flight still reads them (`acquire` pins a
   task's segments until its workers are done, `release`). Each fetch lands at a fresh
-  page-aligned place of a large sparse memory file (the place is never reused while the
-  virtual space lasts: 16 TiB), and an evicted segment's pages are handed back to the
-  kernel (`MADV_REMOVE`). A fresh place per fetch keeps the workers' decoded-chunk caches,
-  keyed by where bytes lie, from ever confusing one segment with the one evicted before it.
+  place of a large sparse memory file (`places`), and an evicted one's pages go back.
 
-The very first read still goes record by record, alone, and only once it is done do
-segments start coming (`start`): the time to the first batch neither waits for whole
-segments nor competes with them. A failed segment is forgotten, so a later read fetches it
-again. Every fetch goes through `fetch_segment(url, start, end, dest)` — the hook a disk
-tier wraps (look on disk, else the bucket, and keep a copy).
+The very first read still goes record by record, alone (`firstread`). A failed segment is
+forgotten, so a later read fetches it again. Every fetch goes through
+`fetch_segment(url, start, end, dest)` — the hook a disk tier wraps (look on disk, else the
+bucket, and keep a copy). This module owns the segments' states, pins and the LRU; where
+they lie is `places`'.
 """
 
 from __future__ import annotations
@@ -41,21 +38,18 @@ import numpy as np
 from ..memfile import MemoryFile, shareable
 from ..planning import CLOUD_MAX_GAP, Runs
 from ..storage import StorageError
+from .firstread import FirstRead
+from .places import VIRTUAL_BYTES, Places, pages
 
 SEGMENT_BYTES = 4 << 20
-VIRTUAL_BYTES = 1 << 44  # the bounded memory file's size: places, not memory
-AHEAD_FRACTION = 0.75  # of the capacity, for the segments of upcoming records
+AHEAD_FRACTION = 1.0  # of the capacity, for the segments of upcoming records
 AHEAD_FETCHES = 16  # segment fetches in flight for readahead (tasks' own are not counted)
 MIN_SEGMENTS = 4  # a bounded tier holds at least this many segments, or is not used
+TASK_FRACTION = 8  # a task it serves reads at most this fraction of a bounded tier
 
 _MISSING, _FETCHING, _RESIDENT = 0, 1, 2
-_PAGE = mmap.PAGESIZE
 
 FetchSegment = Callable[[str, int, int, memoryview], Awaitable[None]]
-
-
-def _pages(n) -> np.ndarray:
-    return -(-np.asarray(n, dtype=np.int64) // _PAGE) * _PAGE
 
 
 class SegmentStore:
@@ -75,15 +69,17 @@ class SegmentStore:
         n = len(self.seg_file)
         self._fbase = np.concatenate([[0], np.cumsum(sizes_)]).astype(np.int64)
         self._key = self._fbase[self.seg_file] + self.seg_start  # ascending: runs in order
-        self.room = _pages(self.seg_end - self.seg_start)
+        self.room = pages(self.seg_end - self.seg_start)
         self.whole = int(sizes_.sum()) <= self.capacity
+        self._places: Places | None = None
         if self.whole:  # every file at its own page-aligned place, as long as the source
-            room = _pages(sizes_)
+            room = pages(sizes_)
             base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
             self.loc = base[self.seg_file] + self.seg_start
             size = int(base[-1])
         else:
-            self.loc = np.full(n, -1, dtype=np.int64)
+            self._places = Places(self.room)
+            self.loc = self._places.loc  # the same array: where each segment lies, or -1
             size = VIRTUAL_BYTES
         self._state = np.zeros(n, dtype=np.int8)
         self._pins = np.zeros(n, dtype=np.int32)
@@ -95,18 +91,13 @@ class SegmentStore:
         self._mem: mmap.mmap | None = self._file.map
         self._fetching: dict[int, asyncio.Task] = {}
         self._ahead_running = 0
-        self._cursor = 0  # next free place (bounded)
-        self._wrapped = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.live = 0  # bytes of places taken: fetching and resident (bounded)
         self.bytes = 0  # bytes resident now
         self.fetched = 0  # segments fetched, and their bytes
         self.fetched_bytes = 0
         self.evictions = 0
+        self.waits = 0  # tasks that waited for a segment to land
         self.hits = 0  # records read from the tier (counted by the fetch stage)
-        self.started = False  # segments are coming: from now on, reads wait for them
-        self._direct = False  # the first read is being made directly
-        self._go: asyncio.Event | None = None  # set by `start`
+        self._first = FirstRead()
         self._closed = False
 
     @classmethod
@@ -119,7 +110,22 @@ class SegmentStore:
     @property
     def unclaimed(self) -> bool:
         """No read has started yet: the next one is the first, made directly."""
-        return not self.started and not self._direct
+        return self._first.unclaimed
+
+    @property
+    def started(self) -> bool:
+        """The first read is done: segments are coming, reads wait for them."""
+        return self._first.started
+
+    @property
+    def live(self) -> int:
+        """Bytes of places taken, fetching and resident (bounded: within `capacity`)."""
+        return self._places.live if self._places is not None else 0
+
+    @property
+    def peak(self) -> int:
+        """The most bytes of places taken at once (bounded: at most `capacity`)."""
+        return self._places.peak if self._places is not None else self.bytes
 
     @property
     def resident(self) -> int:
@@ -130,6 +136,12 @@ class SegmentStore:
     def ahead_budget(self) -> int:
         """Bytes of segments readahead may plan for."""
         return int(self.capacity * AHEAD_FRACTION)
+
+    @property
+    def task_bytes(self) -> int:
+        """The most stored bytes one task should read from a bounded tier: tasks in flight
+        pin their segments, and a task that cannot get room is read record by record."""
+        return self.capacity // TASK_FRACTION
 
     @property
     def min_count(self) -> int:
@@ -160,37 +172,24 @@ class SegmentStore:
         `start`."""
         if self._closed:
             raise _closed()
-        if self.unclaimed and self._bind():
-            self._direct = True
-            return True
-        return False
+        return self._first.claim()
 
     async def gate(self) -> bool:
         """Wait until the first read is done (`start`); False on another event loop (read
         directly)."""
         if self._closed:
             raise _closed()
-        if not self._bind():
+        if not await self._first.wait():
             return False
-        if not self.started:
-            await self._go.wait()  # type: ignore[union-attr]
-            if self._closed:
-                raise _closed()
+        if self._closed:
+            raise _closed()
         return True
-
-    def _bind(self) -> bool:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop, self._go = loop, asyncio.Event()
-        return self._loop is loop
 
     def start(self, segments: np.ndarray | None = None) -> None:
         """The first read is done (or failed): segments may come now; a whole dataset
         fetches those of the first read's ranges."""
-        if self._loop is not asyncio.get_running_loop() or self.started or self._closed:
+        if self._closed or not self._first.start():
             return
-        self.started = True
-        self._go.set()  # type: ignore[union-attr]
         if self.whole and segments is not None:
             for s in np.unique(segments).tolist():
                 if self._state[s] == _MISSING:
@@ -221,6 +220,8 @@ class SegmentStore:
         missing = segments[self._state[segments] == _MISSING]
         if not self.whole and missing.size and not self._wanted[missing].all():
             return False
+        if (self._state[segments] != _RESIDENT).any():
+            self.waits += 1  # readahead was late (or not asked): the task waits
         self._pins[segments] += 1
         try:
             for s in missing.tolist():
@@ -306,34 +307,13 @@ class SegmentStore:
         self._free(s)
 
     def _free(self, s: int) -> None:
-        at, room = int(self.loc[s]), int(self.room[s])
-        self.loc[s] = -1
-        self.live -= room
-        if self._mem is not None and room:
-            self._mem.madvise(mmap.MADV_REMOVE, at, room)  # the pages go back to the kernel
-
-    def _place(self, room: int) -> int:
-        """A page-aligned place of `room` bytes never used since the last wrap of the
-        virtual space (after one, clear of the places still taken)."""
-        at = self._cursor
-        if at + room > VIRTUAL_BYTES:
-            at, self._wrapped = 0, True
-        if self._wrapped:
-            taken = sorted((int(self.loc[s]), int(self.room[s])) for s in
-                           np.flatnonzero(self.loc >= 0).tolist())
-            for a, n in taken:
-                if a < at + room and at < a + n:
-                    at = a + n
-            if at + room > VIRTUAL_BYTES:
-                raise StorageError("the memory tier ran out of places")  # cannot: capacity
-        self._cursor = at + room
-        return at
+        assert self._places is not None
+        self._places.free(s, self._mem)
 
     def _start_one(self, s: int, ahead: bool = False) -> None:
         self._state[s] = _FETCHING
-        if not self.whole:
-            self.loc[s] = self._place(int(self.room[s]))
-            self.live += int(self.room[s])
+        if self._places is not None:
+            self._places.take(s)
         f, start, end = int(self.seg_file[s]), int(self.seg_start[s]), int(self.seg_end[s])
         at = int(self.loc[s])
         assert self._mem is not None
@@ -381,8 +361,7 @@ class SegmentStore:
         """Cancel the fetches still running and drop the segments; later reads are refused
         (and so start no fetch while this one waits for the cancelled ones)."""
         self._closed = True
-        if self._go is not None:
-            self._go.set()  # those waiting for the first read see the close
+        self._first.wake()  # those waiting for the first read see the close
         while self._fetching:
             tasks = list(self._fetching.items())
             for _, t in tasks:
@@ -392,7 +371,9 @@ class SegmentStore:
                 self._fetching.pop(s, None)
         self._state[:] = _MISSING
         self._lru.clear()
-        self.bytes = self.live = 0
+        self.bytes = 0
+        if self._places is not None:
+            self._places.live = 0
         self._mem = None
         self._file.close()  # views still held: unmapped with them
 

@@ -23,6 +23,7 @@ from ..mixed import opened
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
 from ..plan import Plan, Shape, compile, source_meta, worker_pipeline
+from ..sampling import Shuffle
 from ..source import ArrayRecordSource
 from ..storage import Storage
 from ..workers import Pool
@@ -90,6 +91,10 @@ class Parts:
             stored = sum(f.size for f in src.table.files) / len(src)
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
+        block = next((op.block_bytes for op in ds.index_ops
+                      if isinstance(op, Shuffle) and op.strategy == "block"), 0)
+        if block:  # a bounded tier's segments no larger than the blocks (each fetched once)
+            await src.fetcher.fit_segments(block)
         meta = source_meta(src, spec.verify, whole=whole)
         self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout,
                             state=state)
@@ -176,7 +181,8 @@ class Parts:
             if not kept.whole:  # the bounded tier: what it held, fetched, evicted, served
                 out.update(tier_capacity=kept.capacity, tier_fetched=kept.fetched,
                            tier_fetched_bytes=kept.fetched_bytes,
-                           tier_evictions=kept.evictions, tier_records=kept.hits)
+                           tier_evictions=kept.evictions, tier_records=kept.hits,
+                           tier_waits=kept.waits, tier_peak_bytes=kept.peak)
         if self.disk is not None:
             out.update(self.disk.figures())
         return out

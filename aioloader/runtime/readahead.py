@@ -6,7 +6,8 @@ have the memory tier fetch those that many upcoming records share (`cache.dense_
 a sequential read or a block shuffle gets whole segments ahead of need, an exact shuffle
 over a dataset much larger than memory keeps reading record by record. The look is taken
 afresh once the run has gone half way through the last one, in growing steps (most of its
-cost is the lookup, per position), so its cost per record stays small.
+cost is the lookup, per position), so its cost per record stays small; positions already
+looked up are kept, not looked up again.
 """
 
 from __future__ import annotations
@@ -23,34 +24,64 @@ MOST_LOOK = 1 << 19  # positions looked at, at most
 
 
 class Readahead:
-    """Advises the memory tier of `source` (if bounded) from the plan's upcoming records."""
+    """Advises the memory tier of `source` (if bounded) from the plan's upcoming records.
+
+    The segments and chunks of the positions looked at are kept (`_segs`, `_chunks`, from
+    position `_from`): a later look drops those behind it and looks up only the positions
+    past the last one, so that each position is looked up about once, however often the
+    tier is advised."""
 
     def __init__(self, plan: Plan, source: Any) -> None:
         self.plan = plan
         self.source = source
         self._next = 0  # the position from which to look again
         self.looks = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self._from = 0
+        self._segs = np.zeros(0, dtype=np.int64)
+        self._chunks = np.zeros(0, dtype=np.int64)
 
     def use(self, plan: Plan) -> None:
         self.plan, self._next = plan, 0
+        self._clear()
 
     def at(self, lo: int) -> None:
         """A task starts at output position `lo`: look ahead from there, when due."""
         store = getattr(self.source, "resident", None)
         if store is None or store.whole or (self._next and lo < self._next):
             return
+        self._keep_from(lo)
         plan, n = self.plan, FIRST_LOOK
         while True:
             stop = lo + n if plan.length is None else min(lo + n, plan.length)
             if stop <= lo:
                 return
-            records, _ = plan.index.lookup(np.arange(lo, stop, dtype=np.int64))
-            segs, chunks = self.source.fetcher.segments_of_records(records)
-            wanted, cut = dense_segments(segs, store.room, store.ahead_budget, store.min_count,
-                                         chunks)
-            if cut < len(segs) or stop - lo < n or n >= MOST_LOOK:
+            self._extend(lo + len(self._segs), stop)
+            wanted, cut = dense_segments(self._segs, store.room, store.ahead_budget,
+                                         store.min_count, self._chunks)
+            if cut < len(self._segs) or stop - lo < n or n >= MOST_LOOK:
                 break
             n *= 4
         self.looks += 1
         store.advise(wanted)
         self._next = lo + max(cut // 2, plan.unit)
+
+    def _keep_from(self, lo: int) -> None:
+        """Drop the positions before `lo` (all of them if `lo` is not among those kept)."""
+        skip = lo - self._from
+        if skip < 0 or skip > len(self._segs):
+            self._clear()
+            skip = 0
+        self._from = lo
+        self._segs, self._chunks = self._segs[skip:], self._chunks[skip:]
+
+    def _extend(self, start: int, stop: int) -> None:
+        """Look up positions `start..stop-1` (past those kept) and keep theirs too."""
+        if stop <= start:
+            return
+        records, _ = self.plan.index.lookup(np.arange(start, stop, dtype=np.int64))
+        segs, chunks = self.source.fetcher.segments_of_records(records)
+        self._segs = np.concatenate([self._segs, segs])
+        self._chunks = np.concatenate([self._chunks, chunks])

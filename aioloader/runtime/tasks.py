@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,9 @@ class TaskRunner:
         self.local = source.all_local
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
         self._goal: int | None = None
-        self._disk_goal = 1
+        self._disk_goal = 1  # the goal once every segment is in the disk tier
+        self._tier_goal = 1  # the goal while the memory tier serves tasks (see `observe`)
+        self._from_tier = False  # the last task built was served by the memory tier
         self._ahead: tuple | None = None  # see _lookup
         self.disk: Any = None  # the disk tier of a remote dataset (aioloader.cache), if any
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
@@ -175,6 +178,7 @@ class TaskRunner:
         if self.local:
             return Task(k, records, epochs, refs=refs), None
         lease = await self.source.resident_refs(refs)  # in the memory tier
+        self._from_tier = lease is not None
         if lease is not None:
             return Task(k, records, epochs, refs=lease.refs), lease
         if self.disk is not None:  # workers read segments on disk; the rest as bytes
@@ -186,19 +190,35 @@ class TaskRunner:
         raws = await self.source.fetch_refs(refs)
         return Task(k, records, epochs, refs=refs, raws=raws), None
 
+    def _goal_in_tier(self, nbytes: int) -> int:
+        """Batches per task while the bounded memory tier serves them: as for local files,
+        within the stored bytes a task may pin there (`SegmentStore.task_bytes`)."""
+        store = getattr(self.source, "resident", None)
+        if store is None or store.whole or not len(self.source):
+            return 1
+        stored = sum(f.size for f in self.source.table.files) / len(self.source)
+        fits = int(store.task_bytes // max(1.0, stored * self.plan.unit))
+        grouped = dataclasses.replace(self.plan, groups_batches=True)
+        return max(1, min(fits, grouped.task_size_goal(nbytes)))
+
     def observe(self, batches: list | None) -> None:
         """After a result: tasks double in size per result up to the plan's goal, rather
         than jump to it (a consumer that has had one batch would otherwise wait for a whole
-        large task, one worker a few times the step, before its second)."""
+        large task, one worker a few times the step, before its second). While the bounded
+        memory tier serves the tasks of a remote dataset (dense reads: a block shuffle, a
+        sequential read), they group batches like local files: the workers read the bytes
+        themselves, and four times fewer tasks cost the parent four times fewer lookups,
+        pins and hops; once a task is not served (sparse reads), they shrink back."""
         if not batches:
             return
         if self._goal is None:
             nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
             self._goal = self.plan.task_size_goal(nbytes)
             self._disk_goal = self.plan.task_size_goal(nbytes, grouped=True)
-        goal = self._goal  # records all in the disk tier are read by workers, like local
+            self._tier_goal = self._goal_in_tier(nbytes)
+        goal = self._tier_goal if self._from_tier else self._goal
         if self.disk is not None and self.disk.complete():
-            goal = self._disk_goal
+            goal = self._disk_goal  # records all on disk are read by workers, like local
         self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task
 

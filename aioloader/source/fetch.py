@@ -113,6 +113,21 @@ class Fetcher:
         self._first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.segment_bytes = segment
 
+    async def fit_segments(self, most: int) -> None:
+        """Cut a bounded memory tier's segments to at most `most` bytes — a block shuffle's
+        block size — before its first read. A segment holding parts of two blocks would be
+        fetched once for each (they fall in windows far apart, and the first is evicted by
+        then); cut by the same `RecordTable.runs`, a block is then one or more whole
+        segments, fetched once per epoch."""
+        kept = self.resident
+        if kept is None or kept.whole or not kept.unclaimed or most >= self.segment_bytes:
+            return
+        self.segment_bytes = max(1, int(most))
+        self.resident = SegmentStore(self.table.urls, [f.size for f in self.table.files],
+                                     self.table.runs(self.segment_bytes), kept.capacity,
+                                     self.fetch_segment)
+        await kept.aclose()
+
     async def fetch_segment(self, url: str, start: int, end: int, dest: memoryview) -> None:
         """Every segment the memory tier fetches comes through here (the disk tier's hook:
         look on disk, else the bucket, and keep a copy)."""

@@ -1,0 +1,143 @@
+"""The bounded memory tier's readahead, before/after in one sitting: block shuffle and
+sequential reads from a bucket against the same pipelines on local disk (issue 15, stop 24).
+
+    PYTHONPATH=$PWD python -m benchmarks.bench_readahead --data-dir /tmp/fleet-data \\
+        [--before /work/wt-base] [--quick] [--repeats N]
+
+The dataset, bucket and pipeline are `bench_scale`'s (1 KiB JSON records, 20 shards, at least
+4× `resident_bytes`; emulator behind the delay line at 30 ms ± 10 ms; json.loads, batch 256,
+workers=2; one fresh process per run, rates after the first batch). Rows: local disk with an
+exact shuffle, a block shuffle (4 MiB blocks, 16 MiB window; --quick: 1 MiB, 4 MiB) and no
+shuffle; then, for each tree (`--before`, and this one), gs:// with the block shuffle and with
+no shuffle. Each repeat runs every row once, the order reversed on odd repeats (ABBA); each
+bucket row's ratio is to the local row of the same pipeline in the same repeat. Every child
+imports aioloader from its own tree (this script's copy of the benchmarks is run from a
+neutral directory, so that `python -m` finds no aioloader in the current directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .bench_scale import SHARDS, SIZES, _rate
+from .common import log, sharded_dataset
+
+HERE = Path(__file__).resolve().parent
+
+
+def _child(tree: Path, workdir: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", "--child",
+                               json.dumps(spec)], capture_output=True, env=env, cwd=workdir,
+                              timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout"}
+    lines = [ln for ln in proc.stdout.decode(errors="replace").splitlines()
+             if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"error": proc.stderr.decode(errors="replace")[-400:]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _fmt(xs: list[float], k: float = 1.0, digits: int = 2) -> str:
+    if not xs:
+        return "—"
+    xs = [x / k for x in xs]
+    return f"{statistics.median(xs):.{digits}f} [{min(xs):.{digits}f}–{max(xs):.{digits}f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--before", type=Path, default=None, help="the tree before the change")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--cases", default="block,none", help="bucket pipelines: block,none")
+    args = p.parse_args(argv)
+    from aioloader.testing import local_gcs
+
+    n, resident, _, _ = SIZES["quick" if args.quick else "full"]
+    block_bytes, window_bytes = (1 << 20, 4 << 20) if args.quick else (4 << 20, 16 << 20)
+    paths = sharded_dataset(args, "text", n, SHARDS)
+    file_bytes = sum(q.stat().st_size for q in paths)
+    trees = {"after": HERE.parent}
+    if args.before is not None:
+        trees = {"before": args.before.resolve(), **trees}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-readahead-"))
+    shutil.copytree(HERE, workdir / "benchmarks",
+                    ignore=shutil.ignore_patterns("data", "__pycache__", "*.png"))
+    cases = args.cases.split(",")
+    base = {"kind": "pipeline", "records_per_epoch": n, "resident_bytes": resident}
+    pipes = {"exact": {"shuffle": "exact"},
+             "block": {"shuffle": "block", "block_bytes": block_bytes,
+                       "window_bytes": window_bytes,
+                       **({"memory_budget": resident} if args.quick else {})},
+             "none": {"shuffle": "none",  # --quick: 2 MiB segments, as for the block rows
+                      **({"memory_budget": resident} if args.quick else {})}}
+    res: dict[str, list[dict[str, Any]]] = {}
+    try:
+        with local_gcs(latency_ms=30, jitter_ms=10, proxy_process=True) as gcs:
+            urls = [gcs.upload(q, f"scale/{q.name}") for q in paths]
+            runs: list[tuple[str, Path, dict[str, Any]]] = []
+            for pipe in ["exact", *cases]:
+                runs.append((f"local {pipe}", HERE.parent,
+                             {**base, **pipes[pipe], "paths": [str(q) for q in paths]}))
+            for tree, root in trees.items():
+                for pipe in cases:
+                    runs.append((f"gs {pipe} {tree}", root,
+                                 {**base, **pipes[pipe], "paths": urls,
+                                  "opts": gcs.storage_options}))
+            for k in range(args.repeats):
+                for name, root, spec in (runs if k % 2 == 0 else runs[::-1]):
+                    out = _child(root, workdir, spec)
+                    if "error" in out:
+                        log(f"{name}: {out['error']}")
+                    res.setdefault(name, []).append(out)
+                    r = _rate(out, n)
+                    cpu = out.get("steady_cpu", 0) / max(1, out.get("records", 0)
+                                                          - out.get("first_records", 0))
+                    log(f"repeat {k + 1}: {name}: {r or 0:,.0f} rec/s, {cpu * 1e6:.0f} µs "
+                        f"CPU/record, "
+                        f"stages {out.get('stages')} cache {out.get('cache')}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\n{n:,} records, {file_bytes / 1e6:.0f} MB = {file_bytes / resident:.1f}× "
+          f"resident_bytes {resident >> 20} MiB; block {block_bytes >> 20} MiB, window "
+          f"{window_bytes >> 20} MiB; {args.repeats} repeats\n")
+    print("| row | k rec/s | ÷ local, same pipeline | ÷ local exact | CPU µs/record | "
+          "requests | MB fetched into the tier | tasks that waited | first batch s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    exact = [_rate(o, n) for o in res["local exact"]]
+    for name, outs in res.items():
+        rates = [_rate(o, n) for o in outs]
+        pipe = name.split()[1]
+        local = [_rate(o, n) for o in res[f"local {pipe}"]]
+        gs = name.startswith("gs")
+        ratio = [a / b for a, b in zip(rates, local) if a and b] if gs else []
+        vs_exact = [a / b for a, b in zip(rates, exact) if a and b] if gs else []
+        cpu = [o["steady_cpu"] / (o["records"] - o["first_records"]) * 1e6 for o in outs
+               if o.get("records", 0) > o.get("first_records", 0)]
+        reads = [o.get("io", {}).get("reads", 0) for o in outs if "io" in o]
+        mb = [o.get("cache", {}).get("tier_fetched_bytes", 0) / 1e6 for o in outs]
+        waits = [o.get("cache", {}).get("tier_waits", 0) for o in outs]
+        ttfb = [o["ttfb"] for o in outs if o.get("ttfb")]
+        med = statistics.median
+        print(f"| {name} | {_fmt([r for r in rates if r], 1e3, 1)} | {_fmt(ratio)} | "
+              f"{_fmt(vs_exact)} | {_fmt(cpu, 1, 0)} | {med(reads) if reads else 0:,.0f} | "
+              f"{med(mb) if gs else 0:.0f} | {med(waits) if gs else 0:.0f} | {_fmt(ttfb)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
