@@ -114,16 +114,22 @@ _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False
 
 
+def ones_like(counts: np.ndarray) -> np.ndarray:
+    """A read-only broadcast of 1 in the shape of `counts` (no memory per chunk)."""
+    return np.ndarray(counts.shape, np.int64, _ONE, 0, (0,))
+
+
 def compact_counts(counts: np.ndarray) -> np.ndarray:
     """Record counts, as a read-only broadcast of 1 when every chunk holds one record."""
     if len(counts) and counts.strides != (0,) and counts.min() == 1 and counts.max() == 1:
-        return np.ndarray(counts.shape, np.int64, _ONE, 0, (0,))
+        return ones_like(counts)
     return counts
 
 
 def compact_sizes(sizes: np.ndarray) -> np.ndarray:
     """Decoded chunk sizes, as uint32 when they fit (half the memory)."""
-    if len(sizes) and sizes.dtype != np.uint32 and sizes.min() >= 0 and sizes.max() < 1 << 32:
+    if len(sizes) and sizes.dtype != np.uint32 and np.minimum.reduce(sizes) >= 0 and \
+            np.maximum.reduce(sizes) < 1 << 32:
         return sizes.astype(np.uint32)
     return sizes
 
