@@ -250,9 +250,12 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
+    def decoder(header, data, budget):
+        return decode_footer_data(header, data, budget, footer_offset)
+
     _, chunk = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
-                             max_records=most, max_decoded=max_decoded, whole_range=True,
-                             decoder=decode_footer_data)
+                            max_records=most, max_decoded=max_decoded, whole_range=True,
+                            decoder=decoder)
     footer = cast(FooterData, chunk)  # what `decoder` returns
     meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):
@@ -276,7 +279,12 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
             f"footer lists {n_chunks} chunks, metadata says {claimed_chunks!r}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
-    total, most_records = _check_entries(offsets, counts, footer_offset, path)
+    if footer.checked is not None:  # the C parser checked the entries as it read them
+        total, most_records, widest = footer.checked
+        sizes = decoded.astype(np.uint32) if n_chunks and widest < 1 << 32 else decoded
+    else:
+        total, most_records = _check_entries(offsets, counts, footer_offset, path)
+        sizes = compact_sizes(decoded)
     claimed = fields.get(3, total)
     if claimed != total:
         raise ArrayRecordFormatError(
@@ -289,7 +297,7 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         footer_offset=footer_offset,
         chunk_offsets=offsets,
         chunk_records=ones_like(counts) if most_records == 1 else compact_counts(counts),
-        chunk_decoded_sizes=compact_sizes(decoded),
+        chunk_decoded_sizes=sizes,
         writer_options=options,
         element_spec=spec,
     )
