@@ -87,11 +87,11 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
     columns = getattr(_native, "columns", None) if footer_offset is not None else None
     if columns is not None:  # (a _footer built before `columns` was added lacks it)
         values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
-        cols = tuple(np.empty(n - 1, dtype=np.int64) for _ in range(3))
-        summary = columns(sizes, values, footer_offset, *cols)
+        offsets, decoded, records = (np.empty(n - 1, dtype=np.int64) for _ in range(3))
+        summary = columns(sizes, values, footer_offset, offsets, decoded, records)
         if summary is not None:
             meta_len, total, most, widest = summary
-            return FooterData(bytes(memoryview(values)[:meta_len]), *cols,
+            return FooterData(bytes(memoryview(values)[:meta_len]), offsets, decoded, records,
                               checked=(total, most, widest))
     ends = decode_varints(sizes, n)
     del sizes
