@@ -87,3 +87,27 @@ def test_a_damaged_tail_opens_or_fails_as_the_general_path_says(files, data):
     verify = data.draw(st.sampled_from(["headers", "none"]))
     assert _open(damaged, verify) == _general(damaged, verify)
 
+
+
+def test_a_local_listing_is_one_job_of_regular_files_with_sizes_and_versions(tmp_path):
+    import asyncio
+    import os
+
+    from aioloader.backends import LocalBackend
+
+    (tmp_path / "a.ar").write_bytes(b"x" * 10)
+    (tmp_path / "b.ar").mkdir()  # a directory that matches: not a file
+    (tmp_path / "c.ar").symlink_to(tmp_path / "a.ar")  # a link to a file: listed
+    (tmp_path / "d.ar").symlink_to(tmp_path / "gone")  # a dangling link: left out
+
+    async def listing():
+        backend = LocalBackend(2)
+        try:
+            return await backend.glob(str(tmp_path / "*.ar"))
+        finally:
+            await backend.aclose()
+
+    got = asyncio.run(listing())
+    mtime = str(os.stat(tmp_path / "a.ar").st_mtime_ns)
+    assert [(os.path.basename(i.url), i.size, i.version) for i in got] == [
+        ("a.ar", 10, mtime), ("c.ar", 10, mtime)]

@@ -66,17 +66,19 @@ class FileIndex:
         """Every chunk holds exactly one record (group_size 1): chunk c is record c."""
         return self.num_chunks == self.num_records and self.max_records <= 1
 
-    def with_bounds(self, bounds: np.ndarray) -> FileIndex:
+    def with_bounds(self, bounds: np.ndarray, *, check: bool = True) -> FileIndex:
         """This index with `chunk_offsets` and `chunk_ends` as views of `bounds` (its chunk
-        offsets followed by its footer offset, equal to its own)."""
+        offsets followed by its footer offset, equal to its own: checked, unless the caller
+        has just copied them there, `check=False`)."""
         n = self.num_chunks
-        if len(bounds) != n + 1 or bounds[n] != self.footer_offset or \
-                not np.array_equal(bounds[:n], self.chunk_offsets):
+        if check and (len(bounds) != n + 1 or bounds[n] != self.footer_offset or
+                      not np.array_equal(bounds[:n], self.chunk_offsets)):
             raise ValueError("bounds are not this index's chunk offsets and footer offset")
         out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
                         self.chunk_records, self.chunk_decoded_sizes, self.writer_options,
                         self.element_spec)
-        vars(out).update(chunk_ends=bounds[1:], num_records=self.num_records)
+        known = {k: v for k, v in vars(self).items() if k in _KEPT}
+        vars(out).update(known, chunk_ends=bounds[1:], num_records=self.num_records)
         return out
 
     @cached_property
@@ -109,6 +111,8 @@ class FileIndex:
         """The physical byte range `[start, end)` that holds chunk `chunk`."""
         return int(self.chunk_offsets[chunk]), int(self.chunk_ends[chunk])
 
+
+_KEPT = frozenset({"max_records", "one_record_chunks", "options"})  # what `with_bounds` carries
 
 _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False

@@ -242,7 +242,7 @@ class _Chunks:
         out = []
         for f, ix in enumerate(indices):
             lo = int(self.first_chunk[f]) + f
-            out.append(ix.with_bounds(self.bounds[lo : lo + ix.num_chunks + 1]))
+            out.append(ix.with_bounds(self.bounds[lo : lo + ix.num_chunks + 1], check=False))
         return out
 
     def record_start(self, g: np.ndarray) -> np.ndarray:
