@@ -111,3 +111,30 @@ def test_a_local_listing_is_one_job_of_regular_files_with_sizes_and_versions(tmp
     mtime = str(os.stat(tmp_path / "a.ar").st_mtime_ns)
     assert [(os.path.basename(i.url), i.size, i.version) for i in got] == [
         ("a.ar", 10, mtime), ("c.ar", 10, mtime)]
+
+
+def test_opening_many_remote_files_never_queues_a_read_past_its_deadline(tmp_path):
+    """A read's deadline times the store, not our own queue: with 24 files, 2 reads in flight
+    and ~0.2 s a request, the last tails would wait ~2 s for a slot, longer than the 1 s
+    deadline each read has (it failed so, opening 2,000 shards from a slow bucket)."""
+    import time
+
+    import aioloader as al
+    from aioloader.source import ArrayRecordSource
+    from aioloader.storage import RetryPolicy, Storage
+    from aioloader.testing import local_gcs
+
+    with local_gcs(latency_ms=200) as gcs:
+        for k in range(24):
+            path = tmp_path / f"part-{k:02d}.ar"
+            with al.ArrayRecordWriter(path, group_size=1) as w:
+                w.write(b"%d" % k)
+            gcs.upload(path, f"many/part-{k:02d}.ar")
+        storage = Storage(storage_options=gcs.storage_options, concurrency=2,
+                          retry=RetryPolicy(deadline=1.0, timeout=1.0, hedge_after=None))
+        t0 = time.perf_counter()
+        with ArrayRecordSource(gcs.url("many/part-*.ar"), storage=storage) as src:
+            n = len(src)
+            took = time.perf_counter() - t0
+            assert n == 24 and (src[0], src[23]) == (b"0", b"23")
+        assert took > 2.0 and storage.stats.failures == 0  # the queue did form
