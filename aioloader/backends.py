@@ -1,7 +1,7 @@
 """Storage backends: how one range read, size lookup or listing is done on each kind of store.
 
 - local paths: `os.pread` on a cached descriptor, in a thread pool we size ourselves, with
-  batched preads (one thread hop for many page-cache reads);
+  batched preads (one thread hop for many page-cache reads), and a listing in one job;
 - gs://: gcsfs for listing, metadata and credentials, but range GETs on our own aiohttp
   session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
   cannot be turned off per instance; reading through it would hide retries from our stats
@@ -106,15 +106,14 @@ def parse_tail(url: str, n: int, status: int, body: bytes, content_range: str,
 
 
 class LocalBackend:
+    """Local files: a listing is one thread-pool job (glob, then one `stat` per match, for
+    both "is it a file" and its size and version); reads are `os.pread` on descriptors kept
+    open, opened inside the thread-pool job that first reads them (an `open` is ~20-40 µs,
+    which the event loop need not spend: a cold open of 2,000 shards opens 2,000 files)."""
+
     def __init__(self, threads: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aioloader-pread")
         self._fds: dict[str, int] = {}
-
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return fd
 
     async def info(self, path: str) -> ObjectInfo:
         st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
@@ -124,29 +123,58 @@ class LocalBackend:
         return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
-        paths = sorted(p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
-        return list(await asyncio.gather(*(self.info(p) for p in paths)))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _list_files,
+                                                                pattern)
 
     async def read(self, path: str, start: int, end: int) -> bytes:
-        fd = self._fd(path)
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, os.pread, fd, end - start, start
-        )
+            self._pool, _pread_one, self._fds, path, start, end)
 
     async def read_batch(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Several preads in one thread-pool job: one hop instead of one per range."""
-        fds = [(self._fd(path), start, end) for path, start, end in items]
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _pread_all, fds)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _pread_all,
+                                                                self._fds, items)
 
     async def aclose(self) -> None:
+        self._pool.shutdown(wait=True)  # first: no job is opening a descriptor any more
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        self._pool.shutdown(wait=True)
 
 
-def _pread_all(items: list[tuple[int, int, int]]) -> list[bytes]:
-    return [os.pread(fd, end - start, start) for fd, start, end in items]
+def _list_files(pattern: str) -> list[ObjectInfo]:
+    """The regular files (symlinks followed) `pattern` matches, sorted, with sizes and
+    versions; one that vanishes between the listing and its `stat` is left out."""
+    out = []
+    for path in sorted(globlib.glob(pattern, recursive=True)):
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(ObjectInfo(path, st.st_size, str(st.st_mtime_ns)))
+    return out
+
+
+def _fd(fds: dict[str, int], path: str) -> int:
+    """`path`'s kept descriptor, opened now if it has none (in a pool thread: two threads
+    opening one file at once keep the first descriptor stored and close the other)."""
+    fd = fds.get(path)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        kept = fds.setdefault(path, fd)
+        if kept != fd:
+            os.close(fd)
+            fd = kept
+    return fd
+
+
+def _pread_one(fds: dict[str, int], path: str, start: int, end: int) -> bytes:
+    return os.pread(_fd(fds, path), end - start, start)
+
+
+def _pread_all(fds: dict[str, int], items: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    return [os.pread(_fd(fds, path), end - start, start) for path, start, end in items]
 
 
 def range_body(status: int, body: bytes, start: int, end: int,

@@ -342,6 +342,8 @@ class Dataset:
         resident_bytes: int | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_bytes: int | None = None,
+        index_cache_dir: str | os.PathLike | None = None,
+        gcs_client: Literal["auto", "curl", "aiohttp"] | None = None,
         slot_size: int | None = None,
         window: int | None = None,
         read: ReadOptions | None = None,
@@ -354,13 +356,13 @@ class Dataset:
         """A running pipeline: `async with ds.loader() as it`, or `for batch in ds.loader()`.
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
-        memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes),
-        `WorkerOptions` (workers, slot_size, window), `PrefetchOptions` (prefetch). Give
-        them flat (`workers=2`), by group (`read=ReadOptions(...)`, `worker=WorkerOptions(
-        ...)`), or all at once (`options=LoaderOptions(...)`). The most specific wins: a
-        flat setting overrides that field of its group, and `read=`/`worker=` replace that
-        group of `options=`;
-        None means "not given here". `state` is a `get_state()` dict to resume from.
+        memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
+        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window),
+        `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
+        ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
+        LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
+        its group, and `read=`/`worker=` replace that group of `options=`; None means "not
+        given here". `state` is a `get_state()` dict to resume from.
         `trace` records a Chrome/Perfetto trace of the stages and workers
         (`it.stats().trace("trace.json")`; a path: written there on close; see
         `LoaderOptions`).
@@ -376,7 +378,8 @@ class Dataset:
             read=read, worker=worker, workers=workers, prefetch=prefetch,
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
-            cache_bytes=cache_bytes, slot_size=slot_size,
+            cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, gcs_client=gcs_client,
+            slot_size=slot_size,
             window=window, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a

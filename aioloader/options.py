@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
+GCS_CLIENTS = ("auto", "curl", "aiohttp")
+"""The gs:// clients `gcs_client` names (`gcs_client.GCS_CLIENTS`; not imported from there,
+which would import aiohttp with the options)."""
 
 
 def _whole(obj: Any, name: str, lo: int, *, optional: bool = False,
@@ -72,6 +75,14 @@ class ReadOptions:
       fills it while reads go on, each segment downloaded once per host.
     - `cache_bytes` (64 GiB): the most the entries in `cache_dir` may take (least recently
       used out first; the disk also keeps 5%, at least 1 GiB, free whatever this says).
+    - `index_cache_dir` (None): a private local directory where the files' footer index is
+      kept (`aioloader.index_cache`): a later open lists the files, then maps one table,
+      instead of reading and parsing every file's tail (on a bucket, a request per file).
+      It must belong to this user and be writable by no one else (else `PermissionError`).
+    - `gcs_client` (None: the AIOLOADER_GCS_CLIENT environment variable, else "auto"): what
+      serves gs:// range reads: "curl" (libcurl, about half the CPU per request; needs
+      pycurl, in the `gcs` extra), "aiohttp", or "auto" (curl when pycurl is installed and
+      the storage_options are ones it serves). Listing and credentials use gcsfs either way.
     """
 
     io_concurrency: int | Literal["auto"] = 64
@@ -81,6 +92,8 @@ class ReadOptions:
     resident_bytes: int = 1 << 30
     cache_dir: str | None = None
     cache_bytes: int = 64 << 30
+    index_cache_dir: str | None = None
+    gcs_client: Literal["auto", "curl", "aiohttp"] | None = None
 
     def __post_init__(self) -> None:
         _whole(self, "io_concurrency", 1, auto=True)
@@ -93,6 +106,18 @@ class ReadOptions:
                 raise TypeError(f"cache_dir must be a path or None, got "
                                 f"{type(self.cache_dir).__name__}")
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.index_cache_dir is not None:
+            if not isinstance(self.index_cache_dir, (str, os.PathLike)):
+                raise TypeError(f"index_cache_dir must be a path or None, got "
+                                f"{type(self.index_cache_dir).__name__}")
+            object.__setattr__(self, "index_cache_dir", os.fspath(self.index_cache_dir))
+            if not self.index_cache_dir:
+                raise ValueError("index_cache_dir must name a directory, or be None (no "
+                                 "index cache); got ''")
+        if self.gcs_client is not None and self.gcs_client not in GCS_CLIENTS:
+            raise ValueError(f"gcs_client must be one of {', '.join(map(repr, GCS_CLIENTS))} "
+                             f"or None (AIOLOADER_GCS_CLIENT, else 'auto'), got "
+                             f"{self.gcs_client!r}")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be an aioloader.RetryPolicy or None, got "
                             f"{type(self.retry).__name__}")

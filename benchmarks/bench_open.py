@@ -8,7 +8,8 @@ Datasets (written once with array_record's writer, group_size 1, 8-byte records)
 100 records (N in --shards). Each measurement is a fresh process (`--child`), so import and
 allocator state are alike: it imports its library, then times opening the dataset, its
 length and one record read (Grain's reader reads the footer lazily, so the read is part of
-a fair open), and reports wall time and the growth of RSS (psutil) over the open.
+a fair open), and reports wall time, CPU time (user + system, all threads: the steadier
+figure on a shared machine) and the growth of RSS (psutil) over the open.
 aioloader runs without an index cache ("cold": footers parsed) and with a filled one
 ("cached"); gs:// runs against the local emulator (aioloader.testing.local_gcs). Rounds run
 the contenders in turn (ABBA), on a warm page cache; the table gives median [min–max].
@@ -39,12 +40,21 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _cpu() -> float:
+    """User + system CPU seconds of this process so far, all threads (steadier than wall
+    time on a shared machine)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def child(spec: dict) -> dict:
     paths = spec["paths"]
     if spec["lib"] == "grain":
         from grain.sources import ArrayRecordDataSource
 
-        rss, t = _rss(), time.perf_counter()
+        rss, cpu, t = _rss(), _cpu(), time.perf_counter()
         ds = ArrayRecordDataSource(paths)
         n = len(ds)
         ds[n // 2]
@@ -56,13 +66,14 @@ def child(spec: dict) -> dict:
         kw = {"index_cache_dir": spec["cache"]} if spec.get("cache") else {}
         if spec.get("storage_options"):
             kw["storage_options"] = spec["storage_options"]
-        rss, t = _rss(), time.perf_counter()
+        rss, cpu, t = _rss(), _cpu(), time.perf_counter()
         src = al.ArrayRecordSource(paths, **kw)
         n = len(src)
         src[n // 2]
     wall = time.perf_counter() - t
+    cpu = _cpu() - cpu
     grew = _rss() - rss
-    return {"wall": wall, "rss": grew, "n": n}
+    return {"wall": wall, "cpu": cpu, "rss": grew, "n": n}
 
 
 # -- the datasets ----------------------------------------------------------------------------
@@ -181,16 +192,17 @@ def main() -> None:
     finally:
         if gcs_ctx is not None:
             gcs_ctx.__exit__(None, None, None)
-    print("| dataset | where | contender | index | open s | RSS growth MB | B/record |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dataset | where | contender | index | open s | CPU s | RSS growth MB | B/record |")
+    print("|---|---|---|---|---|---|---|---|")
     for key, runs in results.items():
         if any("error" in x for x in runs):
             err = next(x["error"] for x in runs if "error" in x)
-            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | fails: {err} | | |")
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | fails: {err} | | | |")
             continue
         n = runs[0]["n"]
         print(f"| {key[0]} ({n:,} rec) | {key[1]} | {key[2]} | {key[3]} | "
               f"{_cell([x['wall'] for x in runs], '.3f')} | "
+              f"{_cell([x.get('cpu', float('nan')) for x in runs], '.2f')} | "
               f"{_cell([x['rss'] / 1e6 for x in runs], '.0f')} | "
               f"{statistics.median(x['rss'] for x in runs) / n:.1f} |")
 

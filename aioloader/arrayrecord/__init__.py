@@ -2,7 +2,8 @@
 
 Layers, bottom up: `hashing` (HighwayHash-64), `varint`, `layout` (blocks and chunk
 headers), `codecs`, `chunk` (simple chunks), `proto` and `options` (footer messages),
-`index` (open a file from byte ranges), `reader` and `writer`.
+`fileindex` (where chunks lie), `decoding` (chunks from bytes), `index` (open a file from
+byte ranges), `reader` and `writer`.
 """
 
 from .chunk import DEFAULT_MAX_DECODED, ChunkRecords

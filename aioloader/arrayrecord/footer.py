@@ -34,20 +34,30 @@ FOOTER_COST = 40
 
 
 class FooterData:
-    """The footer's metadata record and its entries as columns (one row per data chunk)."""
+    """The footer's metadata record and its entries as columns (one row per data chunk).
 
-    __slots__ = ("decoded", "metadata", "offsets", "records")
+    `checked`, when not None, says the entries were already checked against the file (see
+    `decode_footer_data`'s `footer_offset`): (records in all chunks, most in one chunk,
+    largest decoded size)."""
+
+    __slots__ = ("checked", "decoded", "metadata", "offsets", "records")
 
     def __init__(self, metadata: bytes, offsets: np.ndarray, decoded: np.ndarray,
-                 records: np.ndarray) -> None:
+                 records: np.ndarray, checked: tuple[int, int, int] | None = None) -> None:
         self.metadata = metadata
         self.offsets = offsets
         self.decoded = decoded
         self.records = records
+        self.checked = checked
 
 
-def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterData:
-    """Decode a footer chunk's data (its header already parsed and checked)."""
+def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
+                       footer_offset: int | None = None) -> FooterData:
+    """Decode a footer chunk's data (its header already parsed and checked).
+
+    With `footer_offset` (where the footer starts), the C parser reads the usual footer in one
+    call and checks its entries against the file too (`_footer.columns`; `checked` says so);
+    anything else takes the general path below, which leaves those checks to the caller."""
     n = header.num_records
     if header.chunk_type != CHUNK_SIMPLE or n < 2:  # the generic decoder says what is wrong
         chunk = decode_simple(header, data, max_decoded)
@@ -73,6 +83,16 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterDat
         )
     sizes = decompress_block(codec, data[pos : pos + sizes_len], None,
                              min(n * MAX_VARINT64_BYTES, max_decoded))
+    values = None
+    columns = getattr(_native, "columns", None) if footer_offset is not None else None
+    if columns is not None:  # (a _footer built before `columns` was added lacks it)
+        values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+        offsets, decoded, records = (np.empty(n - 1, dtype=np.int64) for _ in range(3))
+        summary = columns(sizes, values, footer_offset, offsets, decoded, records)
+        if summary is not None:
+            meta_len, total, most, widest = summary
+            return FooterData(bytes(memoryview(values)[:meta_len]), offsets, decoded, records,
+                              checked=(total, most, widest))
     ends = decode_varints(sizes, n)
     del sizes
     if int(ends.max()) > decoded_size:
@@ -83,7 +103,8 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int) -> FooterDat
         raise ArrayRecordFormatError(
             f"record sizes add up to {int(ends[-1])} bytes, header says {decoded_size}"
         )
-    values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+    if values is None:
+        values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
     metadata = bytes(memoryview(values)[: int(ends[0])])
     m = n - 1  # entries: entry k is record k + 1, bytes ends[k] .. ends[k + 1]
     offsets, decoded, records = (np.empty(m, dtype=np.int64) for _ in range(3))

@@ -5,45 +5,49 @@ requests and receives the bytes, so the same parser serves a local pread, a bloc
 file and an asyncio range reader (see `read_index` for the synchronous driver). A speculative
 tail read covers postscript and footer in one round trip for typical files; a second read is
 issued only when the footer starts before the tail.
+
+What this module owns is the opening: the read requests and the checks of postscript and
+footer. The `FileIndex` it returns lives in `fileindex`; decoding chunks once a file is open
+(also used here, for the postscript and footer chunks) in `decoding`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import cached_property
 from typing import cast
 
 import numpy as np
 
-from .chunk import (
-    DEFAULT_MAX_DECODED,
-    RECORD_COST,
-    ChunkRecords,
-    decode_simple,
-    verify_data,
-)
-from .codecs import _local, _zstd_decompressor
+from .chunk import DEFAULT_MAX_DECODED, RECORD_COST
+from .decoding import _check_fills, decode_chunk, decode_records
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
+from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
 from .footer import FooterData, decode_footer_data
+from .hashing import highwayhash64
 from .layout import (
+    _BLOCK,
+    _HEADER,
     BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
-    CHUNK_PADDING,
-    CHUNK_TRANSPOSED,
+    CHUNK_SIMPLE,
     ChunkHeader,
-    _parse_chunk_header,
     check_block_header,
-    chunk_end,
-    padding_length,
-    strip_block_headers,
 )
-from .onerecord import headers_in, one_record, strip_into
-from .options import WriterOptions, parse_options
 from .proto import ELEMENT_SPEC_FIELD, POSTSCRIPT_MAGIC, parse_fields
-from .transposed import decode_transposed
+from .varint import encode_varint
+
+__all__ = [  # decode_*, FileIndex and compact_* live beside this module; importable here too
+    "DEFAULT_TAIL",
+    "FileIndex",
+    "compact_counts",
+    "compact_sizes",
+    "decode_chunk",
+    "decode_records",
+    "open_index",
+    "read_index",
+]
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
 POSTSCRIPT_MAX_DECODED = 1 << 16
@@ -56,118 +60,6 @@ ReadRequest = tuple[int, int]
 def _check_verify(verify: str) -> None:
     if verify not in VERIFY_LEVELS:
         raise ValueError(f"verify must be one of {VERIFY_LEVELS}, got {verify!r}")
-
-
-@dataclass(frozen=True, eq=False)
-class FileIndex:
-    """Where every chunk of one file is, and how many records each holds.
-
-    Kept lean, since millions of chunks are common (group_size 1): an all-ones
-    `chunk_records` is a read-only broadcast (no memory per chunk; see `compact_counts`),
-    decoded sizes are uint32 when they fit, and `chunk_ends` / `record_starts` are derived
-    on first use. The source's `RecordTable` rebinds `chunk_offsets` and `chunk_ends` as views
-    of its one table of every file's chunk boundaries (`with_bounds`), so nothing is kept twice.
-    """
-
-    path: str | None
-    size: int
-    footer_offset: int
-    chunk_offsets: np.ndarray  # int64, one per data chunk
-    chunk_records: np.ndarray  # int64 (a broadcast when every chunk holds one record)
-    chunk_decoded_sizes: np.ndarray  # int64 or uint32
-    writer_options: str
-    element_spec: str = ""  # aioloader's element spec (JSON), if the writer recorded one
-
-    @cached_property
-    def chunk_ends(self) -> np.ndarray:
-        """Physical end of each chunk's range (the next chunk, or the footer)."""
-        return np.append(self.chunk_offsets[1:], self.footer_offset).astype(np.int64)
-
-    @cached_property
-    def record_starts(self) -> np.ndarray:
-        """First record of each chunk, plus the total at the end."""
-        out = np.zeros(len(self.chunk_records) + 1, dtype=np.int64)
-        np.cumsum(self.chunk_records, out=out[1:])
-        return out
-
-    @cached_property
-    def num_records(self) -> int:
-        return int(self.chunk_records.sum(dtype=np.int64)) if self.num_chunks else 0
-
-    @property
-    def num_chunks(self) -> int:
-        return len(self.chunk_offsets)
-
-    @cached_property
-    def max_records(self) -> int:
-        """The most records one chunk holds (0 for a file without chunks)."""
-        return int(self.chunk_records.max()) if self.num_chunks else 0
-
-    @cached_property
-    def one_record_chunks(self) -> bool:
-        """Every chunk holds exactly one record (group_size 1): chunk c is record c."""
-        return self.num_chunks == self.num_records and self.max_records <= 1
-
-    def with_bounds(self, bounds: np.ndarray) -> FileIndex:
-        """This index with `chunk_offsets` and `chunk_ends` as views of `bounds` (its chunk
-        offsets followed by its footer offset, equal to its own)."""
-        n = self.num_chunks
-        if len(bounds) != n + 1 or bounds[n] != self.footer_offset or \
-                not np.array_equal(bounds[:n], self.chunk_offsets):
-            raise ValueError("bounds are not this index's chunk offsets and footer offset")
-        out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
-                        self.chunk_records, self.chunk_decoded_sizes, self.writer_options,
-                        self.element_spec)
-        vars(out).update(chunk_ends=bounds[1:], num_records=self.num_records)
-        return out
-
-    @cached_property
-    def options(self) -> WriterOptions | None:
-        """Parsed writer options, or None for files written without them (before 2022)."""
-        try:
-            return parse_options(self.writer_options) if self.writer_options else None
-        except ValueError:
-            return None
-
-    @property
-    def group_size(self) -> int:
-        if self.options is not None:
-            return self.options.group_size
-        return int(self.chunk_records[0]) if self.num_chunks else 1
-
-    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """Map record indices to (chunk, index within chunk), vectorized."""
-        idx = np.asarray(indices, dtype=np.int64)
-        n = self.num_records
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise IndexError(f"{self.path or 'file'}: record {bad} out of range [0, {n})")
-        if self.one_record_chunks:
-            return idx, np.zeros_like(idx)
-        chunks = np.searchsorted(self.record_starts, idx, side="right") - 1
-        return chunks, idx - self.record_starts[chunks]
-
-    def chunk_range(self, chunk: int) -> tuple[int, int]:
-        """The physical byte range `[start, end)` that holds chunk `chunk`."""
-        return int(self.chunk_offsets[chunk]), int(self.chunk_ends[chunk])
-
-
-_ONE = np.ones(1, dtype=np.int64)
-_ONE.flags.writeable = False
-
-
-def compact_counts(counts: np.ndarray) -> np.ndarray:
-    """Record counts, as a read-only broadcast of 1 when every chunk holds one record."""
-    if len(counts) and counts.strides != (0,) and counts.min() == 1 and counts.max() == 1:
-        return np.ndarray(counts.shape, np.int64, _ONE, 0, (0,))
-    return counts
-
-
-def compact_sizes(sizes: np.ndarray) -> np.ndarray:
-    """Decoded chunk sizes, as uint32 when they fit (half the memory)."""
-    if len(sizes) and sizes.dtype != np.uint32 and sizes.min() >= 0 and sizes.max() < 1 << 32:
-        return sizes.astype(np.uint32)
-    return sizes
 
 
 def open_index(
@@ -260,177 +152,68 @@ def _check_length(buf, want: int, offset: int, path: str | None) -> None:
         )
 
 
-def decode_chunk(
-    raw,
-    start: int,
-    *,
-    verify: str = "headers",
-    path: str | None = None,
-    chunk: int | None = None,
-    expected_records: int | None = None,
-    max_records: int | None = None,
-    max_decoded: int = DEFAULT_MAX_DECODED,
-    whole_range: bool = False,
-    decoder=decode_simple,
-) -> tuple[ChunkHeader, ChunkRecords]:
-    """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
-
-    Trailing bytes (padding chunks, the next chunk) are ignored, unless `whole_range` says
-    `raw` is the chunk's whole range (up to the next chunk the footer lists): then the chunk,
-    and at most a padding chunk to the next block boundary, must fill it exactly, or the
-    footer left a chunk out. With `expected_records` (the
-    footer's count), a chunk whose header declares another number of records is an error;
-    so is one declaring more than `max_records`, or more decoded bytes than `max_decoded`
-    (a memory budget), all checked before anything is decompressed.
-    """
-    check_headers = verify != "none"
-    try:
-        logical = memoryview(raw)
-        in_block = start % BLOCK_SIZE
-        # Inline `strip_block_headers`' zero-copy case: the range lies inside one block.
-        if in_block < BLOCK_HEADER_SIZE or in_block + len(logical) > BLOCK_SIZE:
-            logical = strip_block_headers(logical, start, verify=check_headers, path=path)
-        header = _parse_chunk_header(ChunkHeader, logical, check_headers, None, start)
-        end = CHUNK_HEADER_SIZE + header.data_size
-        if len(logical) < end:
-            raise ArrayRecordFormatError(
-                f"chunk data truncated: header says {header.data_size} bytes, range holds "
-                f"{len(logical) - CHUNK_HEADER_SIZE}",
-                offset=start, hint=CORRUPT_HINT,
-            )
-        if expected_records is not None and header.num_records != expected_records:
-            raise ArrayRecordFormatError(
-                f"chunk holds {header.num_records} records, the footer says "
-                f"{expected_records}", offset=start, hint=CORRUPT_HINT,
-            )
-        if max_records is not None and header.num_records > max_records:
-            raise ArrayRecordFormatError(
-                f"chunk declares {header.num_records} records, more than the {max_records} "
-                "its place in the file can hold", offset=start, hint=CORRUPT_HINT,
-            )
-        if whole_range:
-            _check_fills(start, raw, header)
-        data = logical[CHUNK_HEADER_SIZE:end]
-        if verify == "all":
-            verify_data(header, data)
-        if header.chunk_type == CHUNK_TRANSPOSED and decoder is decode_simple:
-            return header, decode_transposed(header, data, max_decoded)
-        return header, decoder(header, data, max_decoded)
-    except ArrayRecordFormatError as err:
-        if err.offset is None:
-            err = ArrayRecordFormatError(err.what, path=err.path, offset=start,
-                                         chunk=err.chunk, hint=err.hint)
-        raise err.located(path=path, chunk=chunk) from None
-
-
-def _check_fills(start: int, raw, header: ChunkHeader) -> None:
-    """The chunk's footer range `[start, start + len(raw))` holds the chunk and at most a
-    padding chunk up to the block boundary — and the gap really is one: a data chunk that
-    ends on a boundary has a padding chunk's length, so a footer leaving it out would
-    otherwise drop its records silently."""
-    stop = chunk_end(start, header.data_size, header.num_records)
-    have = start + len(raw)
-    if have == stop:
-        return
-    if have != stop + padding_length(stop):
-        raise ArrayRecordFormatError(
-            f"the chunk ends at byte {stop}, but the footer gives it bytes up to {have}: "
-            "more than one chunk and its padding (a chunk missing from the footer?)",
-            offset=start, hint=CORRUPT_HINT,
-        )
-    gap = strip_block_headers(memoryview(raw)[stop - start :], stop)
-    pad = _parse_chunk_header(ChunkHeader, gap, True, None, stop)
-    if pad.chunk_type != CHUNK_PADDING or pad.num_records or \
-            chunk_end(stop, pad.data_size, 0) != have:
-        raise ArrayRecordFormatError(
-            f"the chunk ends at byte {stop}, and the footer gives it bytes up to {have}, "
-            f"but what lies between is not a padding chunk (type {pad.chunk_type:#x}, "
-            f"{pad.num_records} records): a chunk missing from the footer?",
-            offset=start, hint=CORRUPT_HINT,
-        )
-
-
-def decode_records(
-    raws: Sequence,
-    starts: Sequence[int],
-    within: Sequence[int],
-    *,
-    verify: str = "headers",
-    paths: Sequence[str | None] | None = None,
-    chunks: Sequence[int | None] | None = None,
-    counts: Sequence[int] | None = None,
-    max_decoded: int = DEFAULT_MAX_DECODED,
-) -> list[bytes]:
-    """Record `within[i]` of the chunk whose physical bytes `raws[i]` begin at `starts[i]`.
-
-    The same as `decode_chunk(raws[i], starts[i], expected_records=counts[i]).record(
-    within[i])` for each i (`paths[i]` and `chunks[i]` name it in errors; `counts[i]` is the
-    footer's record count for the chunk), but a one-record zstd or uncompressed chunk inside
-    one block — group_size 1, the layout of shuffled training data — is decoded inline,
-    with the same checks: a batch costs one call instead of eight per record. Each `raws[i]`
-    is its chunk's whole range (see `decode_chunk`'s `whole_range`). Whatever the
-    inline path does not accept, `decode_chunk` decodes, or names the error.
-    """
-    out: list[bytes] = []
-    append = out.append
-    hashes, data_hashes = verify != "none", verify == "all"
-    budget = max_decoded - RECORD_COST
-    try:
-        dctx = _local.zstd
-    except AttributeError:
-        dctx = _zstd_decompressor()
-    scratch = None
-    for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
-        if j == 0 and (counts is None or counts[k] == 1):
-            try:
-                n = len(raw)
-                crossed = headers_in(start, n)
-                if crossed == 0:
-                    record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
-                elif crossed > 0:
-                    if scratch is None:
-                        scratch = _scratch()
-                    logical = strip_into(raw, start, crossed, scratch, hashes)
-                    record = None if logical is None \
-                        else one_record(logical, budget, hashes, data_hashes, dctx)
-                else:
-                    record = None
-                if record is not None:
-                    append(record)
-                    continue
-            except Exception:  # anything odd: the general path decodes it or says why
-                pass
-        _, records = decode_chunk(raw, start, verify=verify,
-                                  path=paths[k] if paths is not None else None,
-                                  chunk=chunks[k] if chunks is not None else None,
-                                  expected_records=counts[k] if counts is not None else None,
-                                  max_decoded=max_decoded, whole_range=True)
-        if not 0 <= j < len(records):
-            raise ArrayRecordFormatError(
-                f"record {j} asked of a chunk of {len(records)} records",
-                path=paths[k] if paths is not None else None, offset=start,
-                chunk=chunks[k] if chunks is not None else None, hint=CORRUPT_HINT,
-            )
-        append(records.record(j))
-    return out
-
-
-def _scratch() -> bytearray:
-    """This thread's buffer for the logical bytes of chunks that cross block boundaries."""
-    try:
-        return _local.scratch
-    except AttributeError:
-        buf = _local.scratch = bytearray()
-        return buf
-
 
 def _index_verify(verify: str) -> str:
     # The index is read once per file and everything else trusts it: hash all of it.
     return "none" if verify == "none" else "all"
 
 
+_MAGIC_FIELD = b"\x10" + encode_varint(POSTSCRIPT_MAGIC)  # field 2, the magic number
+_CHUNK_AT = BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE  # the postscript's data, in its block
+
+
+def _quick_postscript(raw, pos: int, verify: str) -> int | None:
+    """The footer offset from the usual postscript (an uncompressed simple chunk of one to
+    three records, each record one byte of size, the first intact and canonical), with every
+    check `_parse_postscript` makes; None for anything else, which that then parses or names.
+
+    Opening thousands of small files is mostly this parse: the general path takes ~80 µs a
+    file (a chunk decode, three messages parsed into dicts), this one a few.
+    """
+    try:
+        n_raw = len(raw)
+        if n_raw < _CHUNK_AT + 2:
+            return None
+        _, prev, _ = _BLOCK.unpack_from(raw)
+        _, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(raw, BLOCK_HEADER_SIZE)
+        n = type_count >> 8
+        end = _CHUNK_AT + data_size
+        if prev or type_count & 0xFF != CHUNK_SIMPLE or not 1 <= n <= 3 or end > n_raw or \
+                decoded + RECORD_COST * n > POSTSCRIPT_MAX_DECODED:
+            return None
+        data = bytes(raw[_CHUNK_AT:end])
+        if data[0] != 0 or data[1] != n or 2 + n + decoded != data_size:
+            return None  # compressed, or sizes not one byte each
+        sizes = data[2 : 2 + n]
+        if max(sizes) >= 0x80 or sum(sizes) != decoded:
+            return None
+        if verify != "none" and (
+                highwayhash64(raw[8:BLOCK_HEADER_SIZE]) != _BLOCK.unpack_from(raw)[0] or
+                highwayhash64(raw[BLOCK_HEADER_SIZE + 8 : _CHUNK_AT]) !=
+                _HEADER.unpack_from(raw, BLOCK_HEADER_SIZE)[0] or
+                highwayhash64(data) != data_hash):
+            return None
+        record = data[2 + n : 2 + n + sizes[0]]
+        if record[0] != 0x08:
+            return None
+        offset, shift, k = 0, 0, 1
+        while k < 10 and record[k] & 0x80:
+            offset |= (record[k] & 0x7F) << shift
+            shift, k = shift + 7, k + 1
+        offset |= record[k] << shift
+        if record[k + 1 :] != _MAGIC_FIELD or not 64 <= offset < pos:
+            return None
+        _check_fills(pos, raw, ChunkHeader(data_size, data_hash, CHUNK_SIMPLE, n, decoded))
+        return offset
+    except Exception:  # anything odd: the general path parses it or says why
+        return None
+
+
 def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
     """Footer offset from the postscript chunk at `pos` (the file's last block)."""
+    quick = _quick_postscript(raw, pos, verify)
+    if quick is not None:
+        return quick
     try:
         if len(raw) < BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE:
             raise ArrayRecordFormatError("postscript truncated")
@@ -467,9 +250,12 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
+    def decoder(header, data, budget):
+        return decode_footer_data(header, data, budget, footer_offset)
+
     _, chunk = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
-                             max_records=most, max_decoded=max_decoded, whole_range=True,
-                             decoder=decode_footer_data)
+                            max_records=most, max_decoded=max_decoded, whole_range=True,
+                            decoder=decoder)
     footer = cast(FooterData, chunk)  # what `decoder` returns
     meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):
@@ -493,16 +279,55 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
             f"footer lists {n_chunks} chunks, metadata says {claimed_chunks!r}",
             path=path, offset=footer_offset, hint=CORRUPT_HINT,
         )
+    if footer.checked is not None:  # the C parser checked the entries as it read them
+        total, most_records, widest = footer.checked
+        sizes = decoded.astype(np.uint32) if n_chunks and widest < 1 << 32 else decoded
+    else:
+        total, most_records = _check_entries(offsets, counts, footer_offset, path)
+        sizes = compact_sizes(decoded)
+    claimed = fields.get(3, total)
+    if claimed != total:
+        raise ArrayRecordFormatError(
+            f"footer chunks hold {total} records, metadata says {claimed!r}",
+            path=path, offset=footer_offset, hint=CORRUPT_HINT,
+        )
+    index = FileIndex(
+        path=path,
+        size=size,
+        footer_offset=footer_offset,
+        chunk_offsets=offsets,
+        chunk_records=ones_like(counts) if most_records == 1 else compact_counts(counts),
+        chunk_decoded_sizes=sizes,
+        writer_options=options,
+        element_spec=spec,
+    )
+    vars(index).update(num_records=total, max_records=most_records)  # known: not recounted
+    return index
+
+
+_min, _max, _add = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+
+
+def _check_entries(offsets: np.ndarray, counts: np.ndarray, footer_offset: int,
+                   path: str | None) -> tuple[int, int]:
+    """Check the footer's chunk offsets and record counts against the file; return the
+    records in all chunks and the most in one. (Called once per file: a few NumPy calls,
+    which is most of what opening a small file costs.)"""
+    n_chunks = len(offsets)
+    if not n_chunks:
+        return 0, 0
     # Each chunk's span: to the next chunk, the last one to the footer.
     spans = np.empty_like(offsets)
     np.subtract(offsets[1:], offsets[:-1], out=spans[:-1])
-    if n_chunks:
-        spans[-1] = footer_offset - offsets[-1]
-    if n_chunks and (offsets[0] < 64 or spans.min() <= 0):
+    spans[-1] = footer_offset - offsets[-1]
+    if offsets[0] < 64 or _min(spans) <= 0:
         raise ArrayRecordFormatError(
             "footer chunk offsets are not increasing within the file", path=path,
             offset=footer_offset, hint=CORRUPT_HINT,
         )
+    least, most = int(_min(counts)), int(_max(counts))
+    if least == 1 and most == 1:  # every span is at least 1 byte: one record fits each
+        return n_chunks, 1
     # A data chunk holds at least one record, and a chunk of n records occupies at least n
     # bytes (Riegeli's chunk_end), so the counts are bounded by the file and sum safely.
     bad = np.flatnonzero((counts < 1) | (counts > spans))
@@ -513,20 +338,4 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
             f"least 1 and its {int(spans[c])} bytes hold at most {int(spans[c])}",
             path=path, offset=footer_offset, chunk=c, hint=CORRUPT_HINT,
         )
-    total = int(counts.sum())
-    claimed = fields.get(3, total)
-    if claimed != total:
-        raise ArrayRecordFormatError(
-            f"footer chunks hold {total} records, metadata says {claimed!r}",
-            path=path, offset=footer_offset, hint=CORRUPT_HINT,
-        )
-    return FileIndex(
-        path=path,
-        size=size,
-        footer_offset=footer_offset,
-        chunk_offsets=offsets,
-        chunk_records=compact_counts(counts),
-        chunk_decoded_sizes=compact_sizes(decoded),
-        writer_options=options,
-        element_spec=spec,
-    )
+    return int(_add(counts)), most

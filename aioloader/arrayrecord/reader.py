@@ -11,7 +11,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .chunk import DEFAULT_MAX_DECODED, ChunkRecords
-from .index import DEFAULT_TAIL, FileIndex, _check_verify, decode_chunk, read_index
+from .decoding import decode_chunk
+from .fileindex import FileIndex
+from .index import DEFAULT_TAIL, _check_verify, read_index
 
 Fetch = Callable[[int, int], bytes]
 

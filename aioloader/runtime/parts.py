@@ -78,11 +78,13 @@ class Parts:
             return self._open_object(spec, unit, layout, owner, state)
         read = opts.read
         storage = Storage(concurrency=most.io_concurrency, max_inflight_bytes=read.memory_budget,
-                          retry=read.retry, storage_options=dict(spec.storage_options))
+                          retry=read.retry, storage_options=dict(spec.storage_options),
+                          gcs_client=read.gcs_client)
         storage.set_concurrency(first.io_concurrency)
         src = self.source = ArrayRecordSource(
             list(spec.paths), storage=storage, verify=spec.verify,
-            max_gap=read.max_gap, resident_bytes=read.resident_bytes)
+            max_gap=read.max_gap, resident_bytes=read.resident_bytes,
+            index_cache_dir=read.index_cache_dir)
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
         await src.aopen()

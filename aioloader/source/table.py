@@ -124,16 +124,15 @@ class _Opener:
         return [(info, await self._open_file(info, tail))]
 
     async def open_files(self, files: list[ObjectInfo]) -> list[FileIndex]:
-        """Index many files at once. Remote files: every tail read in flight at once (the
-        byte budget paces them), each parsed as it lands. Local files: every parser's next
-        read goes out in one `read_many` (a few batched thread-pool jobs, not a hop per
-        file), in waves that fit the byte budget."""
+        """Index many files at once. Remote files: as many tail reads in flight as the
+        storage allows, each parsed as it lands (`_open_remote`). Local files: every
+        parser's next read goes out in one `read_many` (a few batched thread-pool jobs, not
+        a hop per file), in waves that fit the byte budget."""
         local = [k for k, info in enumerate(files) if is_local(info.url)]
         out: list[FileIndex | None] = [None] * len(files)
         if len(local) < len(files):
             remote = [k for k in range(len(files)) if not is_local(files[k].url)]
-            for k, index in zip(remote, await gather_all(self._open_file(files[k])
-                                                         for k in remote)):
+            for k, index in zip(remote, await self._open_remote([files[k] for k in remote])):
                 out[k] = index
         steps: dict[int, Generator[tuple[int, int], bytes | memoryview, FileIndex]] = {}
         wanted: dict[int, tuple[int, int]] = {}
@@ -160,6 +159,22 @@ class _Opener:
                 except StopIteration as done:
                     del wanted[k]
                     out[k] = done.value
+        return out  # type: ignore[return-value]
+
+    async def _open_remote(self, files: list[ObjectInfo]) -> list[FileIndex]:
+        """Index remote files, at most `storage.limit` at once: that many tasks take the next
+        file as each finishes. Handing the storage every tail at once would queue the rest
+        on its slots, and a read's deadline runs from when it is issued: opening thousands
+        of files from a slow bucket failed so, each read timed out waiting behind the others.
+        """
+        out: list[FileIndex | None] = [None] * len(files)
+        todo = iter(range(len(files)))
+
+        async def opener() -> None:
+            for k in todo:  # shared: each file is taken by one task
+                out[k] = await self._open_file(files[k])
+
+        await gather_all(opener() for _ in range(min(len(files), max(1, self.storage.limit))))
         return out  # type: ignore[return-value]
 
     def _tail_bytes(self, url: str) -> int:
@@ -242,7 +257,7 @@ class _Chunks:
         out = []
         for f, ix in enumerate(indices):
             lo = int(self.first_chunk[f]) + f
-            out.append(ix.with_bounds(self.bounds[lo : lo + ix.num_chunks + 1]))
+            out.append(ix.with_bounds(self.bounds[lo : lo + ix.num_chunks + 1], check=False))
         return out
 
     def record_start(self, g: np.ndarray) -> np.ndarray:
