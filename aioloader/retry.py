@@ -5,7 +5,9 @@ silence, not by duration: an attempt ends when it has received nothing (no respo
 body bytes) for `RetryPolicy.timeout` seconds, so a large download that keeps receiving bytes
 is never cut, while a connection that goes silent is retried within seconds. The read's
 deadline bounds every wait for an answer: no attempt waits for one past it, none starts after
-it, and after a silent attempt another is made only if a whole `timeout` still fits.
+it, and after a silent attempt another is made only if a whole `timeout` still fits. It starts
+when the read first holds a request slot: time queued behind our own `io_concurrency` is not
+the store's (2,000 tails opened at 64 in flight from a slow bucket timed out in the queue).
 
 Hedging (as in "The Tail at Scale"): a request with no answer after a few times the recent
 median time to a response head gets one duplicate; whichever finishes first is taken and the
@@ -172,13 +174,15 @@ class Retrier:
         policy, stats = self.policy, self.stats
         clock = asyncio.get_running_loop().time
         watched = streams and hasattr(asyncio, "timeout")  # Python 3.10: bounded only
-        began = clock()
-        deadline_at = began + policy.deadline
+        began = deadline_at = 0.0  # set when the read first holds a slot
         attempt = 0
         cause_was = ""
         while True:
             attempt += 1
             async with slots:
+                if attempt == 1:  # the deadline times the store, not our own queue
+                    began = clock()
+                    deadline_at = began + policy.deadline
                 stats.requests += 1
                 stats.in_flight += 1
                 stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)

@@ -139,6 +139,26 @@ async def test_the_deadline_bounds_every_attempt(gcs, policy, bound):
         await storage.aclose()
 
 
+async def test_a_read_queued_behind_our_own_slots_is_not_timed_out():
+    """The deadline times the store, not our own queue: 24 reads at once with 2 in flight
+    and ~0.2 s a request wait up to ~2.4 s for a slot, beyond the 1 s deadline each has; a
+    read's deadline starts when it first holds a slot."""
+    with local_gcs(latency_ms=200) as g:
+        g.upload_bytes(BLOB, "queue/blob")
+        storage = Storage(storage_options=g.storage_options, concurrency=2,
+                          retry=RetryPolicy(deadline=1.0, timeout=1.0, hedge_after=None))
+        try:
+            spans = [(k * 100, k * 100 + 50) for k in range(24)]
+            t0 = time.monotonic()
+            got = await asyncio.gather(*(storage.read(g.url("queue/blob"), a, b)
+                                         for a, b in spans))
+            assert time.monotonic() - t0 > 2.0  # the queue did form
+            assert got == [BLOB[a:b] for a, b in spans]
+            assert storage.stats.failures == 0 and storage.stats.retries == 0
+        finally:
+            await storage.aclose()
+
+
 async def test_a_store_read_through_fsspec_is_bounded_by_the_deadline(gcs):
     """fsspec stores answer whole (no progress to watch): the deadline bounds the attempt."""
     policy = RetryPolicy(deadline=1.5)
