@@ -51,6 +51,9 @@ class BlockShuffle:
     window: int = 0
     sizes: np.ndarray | None = field(default=None, compare=False, repr=False)
 
+    def describe(self) -> str:
+        return f"block_shuffle(seed={self.seed})"
+
     def __post_init__(self) -> None:
         _as_int(self, "seed")
         if _as_int(self, "window") < 0:
@@ -96,6 +99,9 @@ class Windows:
     group: int = 1
     lanes: int = 1
     layout: tuple[tuple[int, int], ...] = ()
+
+    def describe(self) -> str:
+        return f"windows(seed={self.seed}, size={self.size})"
 
     def __post_init__(self) -> None:
         for name in ("seed", "size", "group", "lanes"):

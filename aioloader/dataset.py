@@ -64,6 +64,9 @@ class JaxProcessShard:
 
     drop_remainder: bool = True
 
+    def describe(self) -> str:
+        return "shard_by_jax_process()"
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -426,7 +429,7 @@ class Dataset:
             paths = self.source.paths
             more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
             lines = [f"source({redact(paths[0])}{more})"]
-        lines += [_describe_index(op) for op in self.index_ops]
+        lines += [op.describe() for op in self.index_ops]
         lines += [op.describe() for op in self.record_ops]
         if self.batching is not None:
             lines.append(self.batching.describe())
@@ -434,18 +437,3 @@ class Dataset:
             lines.append(self.pack_batch.describe())
         lines += [op.describe() + " [per batch]" for op in self.batch_ops]
         return lines
-
-
-def _describe_index(op: Any) -> str:
-    if isinstance(op, Shuffle):
-        if op.strategy == "block":
-            return (f"shuffle(seed={op.seed}, block, block_bytes={op.block_bytes}, "
-                    f"window_bytes={op.window_bytes})")
-        return f"shuffle(seed={op.seed})"
-    if isinstance(op, Repeat):
-        return f"repeat({op.num_epochs if op.num_epochs is not None else 'forever'})"
-    if isinstance(op, Shard):
-        return f"shard({op.index}/{op.count})"
-    if isinstance(op, JaxProcessShard):
-        return "shard_by_jax_process()"
-    return f"slice[{op.start}:{op.stop}:{op.step}]"

@@ -90,6 +90,9 @@ class Slice:
         n = _require_finite(self, parent_len)
         return range(*slice(self.start, self.stop, self.step).indices(n))
 
+    def describe(self) -> str:
+        return f"slice[{self.start}:{self.stop}:{self.step}]"
+
     def length(self, parent_len: int | None) -> int | None:
         return len(self._range(parent_len))
 
@@ -142,6 +145,12 @@ class Shuffle:
                 raise ValueError(f"block shuffle needs {name} >= 1, got {value}")
             object.__setattr__(self, name, value)
 
+    def describe(self) -> str:
+        if self.strategy == "block":
+            return (f"shuffle(seed={self.seed}, block, block_bytes={self.block_bytes}, "
+                    f"window_bytes={self.window_bytes})")
+        return f"shuffle(seed={self.seed})"
+
     def length(self, parent_len: int | None) -> int | None:
         return _require_finite(self, parent_len, " (a shuffle must see the whole sequence)")
 
@@ -181,6 +190,9 @@ class Repeat:
         if n == 0:
             raise ValueError(f"{self!r} of an empty sequence would never yield anything")
         return n
+
+    def describe(self) -> str:
+        return f"repeat({self.num_epochs if self.num_epochs is not None else 'forever'})"
 
     def length(self, parent_len: int | None) -> int | None:
         n = self._parent_len(parent_len)
@@ -238,6 +250,9 @@ class Shard:
         if self.drop_remainder:
             return self.index * base, base
         return self.index * base + min(self.index, rem), base + (self.index < rem)
+
+    def describe(self) -> str:
+        return f"shard({self.index}/{self.count})"
 
     def length(self, parent_len: int | None) -> int | None:
         if self.contiguous:
