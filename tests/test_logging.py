@@ -120,8 +120,7 @@ def test_opening_a_dataset_logs_what_it_is(tmp_path, caplog):
 
 def test_nothing_prints_outside_the_cli():
     """No print() in the library: what it has to say goes to the log (the CLI and its convert
-    command, and the
-    delay line's `python -m` entry point, print)."""
+    command, and the delay line's `python -m` entry point, print)."""
     root = Path(al.__file__).parent
     allowed = {"cli.py", "cli_convert.py", "delayline.py"}
     found = []
