@@ -25,8 +25,9 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
   process still costs that stage some CPU (measured: io256 with 2 workers delivered 0.78x of
   1 worker from the emulated bucket at 30 ms);
 - io_concurrency doubles while its slots are full (`io_busy`) and reads are answered about
-  as fast as the fastest seen (`read_seconds` within `QUEUED` x `read_floor`: TCP Vegas's
-  rule): by Little's law reads/s = requests in flight / time per read, so while the time per
+  as fast as with little queued (`read_seconds` within `QUEUED` x `read_floor`, the least of
+  the store's median time to an answer and of the time per read seen in an interval: TCP
+  Vegas's BaseRTT): by Little's law reads/s = requests in flight / time per read, so while the time per
   read holds, doubling the requests doubles the rate; once reads slow down, the client's CPU
   or the store is the limit and more requests would only queue (on a small machine a bucket
   at 30 ms saturates the client before 512 in flight). Steps are geometric; each doubling is
@@ -109,7 +110,7 @@ class Observation:
     cores_free: float
     memory_free: float = 1.0  # the machine's available memory
     read_seconds: float | None = None  # the mean time a read held its slot (None: no reads)
-    read_floor: float | None = None  # the least `read_seconds` seen so far
+    read_floor: float | None = None  # the least time a read took with little queued
 
     def reads_queue(self) -> bool:
         """Whether reads take markedly longer than the fastest seen (so more would queue)."""

@@ -162,6 +162,10 @@ class Retrier:
         # Attempts of backends that do not report a response head: their whole latency
         # (kept apart from `_median`, which decides hedges), for the slow-store warning.
         self._latency = _Median()
+        # The least median time to an answer seen (over 16+ requests): the store's round
+        # trip with little queued (TCP Vegas's BaseRTT; a median, not the least sample, so
+        # jitter does not set it), against which the autotuner tells queueing.
+        self.base_rtt = math.inf
         self.warn_many = RateLimited(log)  # a read that needed many attempts
         self.warn_slow = RateLimited(log)  # a store slow to answer
 
@@ -281,11 +285,17 @@ class Retrier:
     def answered_in(self, seconds: float, url: str = "") -> None:
         if self._median.add(seconds):
             self._slow(self._median, "first byte", url)
+            self._least(self._median)
 
     def _took(self, seconds: float, url: str) -> None:
         """An attempt of a backend that reports no response head took `seconds`."""
         if self._latency.add(seconds):
             self._slow(self._latency, "answer", url)
+            self._least(self._latency)
+
+    def _least(self, median: _Median) -> None:
+        if median.value is not None and len(median) >= 16:
+            self.base_rtt = min(self.base_rtt, median.value)
 
     def _slow(self, median: _Median, what: str, url: str) -> None:
         value = median.value

@@ -155,6 +155,12 @@ class Storage:
         for state in self._states.values():
             state.slots.resize(self.limit)
 
+    def base_rtt(self) -> float | None:
+        """The least median time to an answer seen so far (None: too few requests yet): the
+        round trip with little queued, the autotuner's floor for the time a read takes."""
+        rtt = self._retrier.base_rtt
+        return None if rtt == float("inf") else rtt
+
     def slots_held_seconds(self) -> float:
         """Request-seconds spent in flight so far, over all loops (see `Gate`)."""
         return sum(state.slots.held_seconds() for state in self._states.values())

@@ -179,7 +179,8 @@ class Loader:
                                                             None),
                                 settled=lambda: pool is None or pool.in_parent
                                 or pool.all_started(),
-                                reads=lambda: storage.stats.reads if storage else 0)
+                                reads=lambda: storage.stats.reads if storage else 0,
+                                base_rtt=getattr(storage, "base_rtt", lambda: None))
             self._stats.autotune_source = self._tuner.figures
             self._tuner.start()
 

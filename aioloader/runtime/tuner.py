@@ -57,17 +57,20 @@ class Tuner:
                  memory: Callable[[], float] = memory_free,
                  cpu: Callable[[], float] = time.process_time,
                  settled: Callable[[], bool] = lambda: True,
-                 reads: Callable[[], int] = lambda: 0) -> None:
+                 reads: Callable[[], int] = lambda: 0,
+                 base_rtt: Callable[[], float | None] = lambda: None) -> None:
         self.setting, self.limits, self.stats, self.cores = setting, limits, stats, cores
         self._apply, self._io_held, self._memory, self._cpu = apply, io_held, memory, cpu
         self._settled = settled  # whether a new setting is in effect (workers started)
         self._reads = reads
+        self._base_rtt = base_rtt  # the store's least median time to an answer (storage's)
         self._settle = 1  # looks left before measuring a new setting
         self.history: list[tuple[float, Setting]] = []  # (elapsed s, setting) per change
         self.looks = 0
         self.undone = 0  # worker steps that did not pay
         self._last: Sample | None = None  # the previous look
-        self.read_floor: float | None = None  # the least time per read seen in an interval
+        # the least time per read seen in an interval, or the store's base round trip
+        self.read_floor: float | None = None
         self._since: Sample | None = None  # the first look at the current setting
         # (what is tried: "workers" or "io_concurrency", the rate before, the setting before)
         self._trial: tuple[str, float, Setting] | None = None
@@ -99,8 +102,9 @@ class Tuner:
         busy = (after.busy - before.busy) / (dt * lanes)
         reads = after.reads - before.reads
         per_read = (after.io - before.io) / reads if reads >= MIN_TIMED else None
-        if per_read is not None and (self.read_floor is None or per_read < self.read_floor):
-            self.read_floor = per_read
+        for floor in (per_read, self._base_rtt()):
+            if floor is not None and (self.read_floor is None or floor < self.read_floor):
+                self.read_floor = floor
         return Observation(wait_fraction=(after.wait - before.wait) / dt,
                            process_busy=busy,
                            io_busy=(after.io - before.io) / (dt * s.io_concurrency),
