@@ -27,8 +27,9 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
 - io_concurrency doubles while its slots are full (`io_busy`) and reads are answered about
   as fast as with little queued (`read_seconds` within `QUEUED` x `read_floor`, the least of
   the store's median time to an answer and of the time per read seen in an interval: TCP
-  Vegas's BaseRTT): by Little's law reads/s = requests in flight / time per read, so while the time per
-  read holds, doubling the requests doubles the rate; once reads slow down, the client's CPU
+  Vegas's BaseRTT): by Little's law reads/s = requests in flight / time per read, so while
+  the time per read holds, doubling the requests doubles the rate; once reads slow down, the
+  client's CPU
   or the store is the limit and more requests would only queue (on a small machine a bucket
   at 30 ms saturates the client before 512 in flight). Steps are geometric; each doubling is
   a trial too (kept only if reads complete faster). A remote dataset starts at
