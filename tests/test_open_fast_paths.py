@@ -18,6 +18,8 @@ from aioloader.arrayrecord.layout import BLOCK_SIZE
 from .arrayrecord_util import make_records, write_theirs
 
 OPTIONS = ["group_size:1", "group_size:1,uncompressed", "group_size:3,zstd:1"]
+# A footer of ~24 KB, larger than the first footer read of `small_reads`, across a boundary.
+BIG = "group_size:1,uncompressed,big"
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +30,20 @@ def files(tmp_path_factory):
         path = root / f"f{k}.ar"
         write_theirs(path, make_records(40, 50 + 7 * k, seed=k), options)
         out[options] = path.read_bytes()
+    path = root / "big.ar"
+    write_theirs(path, make_records(20, 3000, seed=9), "group_size:1,uncompressed")
+    out[BIG] = path.read_bytes()
     return out
 
 
-def _open(data: bytes, verify: str = "headers"):
+def _open(data: bytes, verify: str = "headers", small: bool = False, seen=None):
+    def fetch(o, n):
+        if seen is not None:
+            seen.append((o, n))
+        return data[o : o + n]
+
     try:
-        ix = read_index(len(data), lambda o, n: data[o : o + n], path="f", verify=verify)
+        ix = read_index(len(data), fetch, path="f", verify=verify, small_reads=small)
     except ArrayRecordFormatError as err:
         return ("error", str(err))
     return ("ok", ix.footer_offset, ix.chunk_offsets.tolist(), ix.chunk_records.tolist(),
@@ -69,15 +79,50 @@ def test_a_good_file_takes_the_short_paths_and_opens_alike(files, options, monke
     assert _open(data, "none") == _general(data, "none")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("options", [*OPTIONS, BIG])
+def test_small_reads_read_what_the_file_declares_and_open_alike(files, options):
+    """`small_reads` reads the postscript's head and the footer up to its padding chunk's
+    header — not the whole tail — and gives the same index as the tail read."""
+    data = files[options]
+    seen: list[tuple[int, int]] = []
+    got = _open(data, small=True, seen=seen)
+    assert got == _open(data) == _general(data)
+    assert _open(data, "none", small=True) == _general(data, "none")
+    footer_at = got[1]
+    assert seen[0] == (len(data) - BLOCK_SIZE, index.POSTSCRIPT_PROBE)
+    assert all(o == footer_at for o, _ in seen[1:]) and len(seen) <= 3
+    read = sum(n for _, n in seen)
+    assert read < 3 * index.FOOTER_PROBE if options != BIG else read < 80_000
+    if options == BIG:  # the footer alone is larger than the first read: a second, exact
+        assert len(seen) == 3 and seen[2][1] > index.FOOTER_PROBE
+        assert footer_at // BLOCK_SIZE != (footer_at + seen[2][1]) // BLOCK_SIZE
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987])
+def test_small_reads_open_alike_wherever_the_footer_and_its_padding_fall(tmp_path, count):
+    """Footers ending near a boundary (a padding chunk across it, or none at all) and small
+    footers anywhere in a block: the small reads cover the padding chunk's header."""
+    for size in (1, 100, 3000):
+        path = tmp_path / f"f{size}.ar"
+        write_theirs(path, make_records(size, count, seed=count), "group_size:1")
+        data = path.read_bytes()
+        assert _open(data, small=True) == _open(data) == _general(data)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_a_damaged_tail_opens_or_fails_as_the_general_path_says(files, data):
-    options = data.draw(st.sampled_from(OPTIONS))
+    options = data.draw(st.sampled_from([*OPTIONS, BIG]))
     raw = bytearray(files[options])
     footer_at = _open(bytes(raw))[1]
     # Damage the footer or the postscript block: a byte, or a few bytes in a row.
-    where = data.draw(st.sampled_from(["footer", "postscript"]))
+    # footer-end: the footer's last bytes and its padding chunk's header (what small reads
+    # read last); footer-padding: anywhere up to the postscript (mostly unread zeros).
+    where = data.draw(st.sampled_from(["footer", "footer-end", "footer-padding", "postscript"]))
+    need = index._footer_needs(bytes(raw[footer_at:]), footer_at, len(raw) - BLOCK_SIZE)
     lo, hi = ((footer_at, min(footer_at + 400, len(raw) - BLOCK_SIZE)) if where == "footer"
+              else (footer_at, len(raw) - BLOCK_SIZE) if where == "footer-padding"
+              else (footer_at + need - 120, footer_at + need) if where == "footer-end"
               else (len(raw) - BLOCK_SIZE, len(raw) - BLOCK_SIZE + 200))
     at = data.draw(st.integers(lo, hi - 1))
     for k in range(data.draw(st.integers(1, 3))):
@@ -85,7 +130,8 @@ def test_a_damaged_tail_opens_or_fails_as_the_general_path_says(files, data):
             raw[at + k] = data.draw(st.integers(0, 255))
     damaged = bytes(raw)
     verify = data.draw(st.sampled_from(["headers", "none"]))
-    assert _open(damaged, verify) == _general(damaged, verify)
+    assert _open(damaged, verify) == _general(damaged, verify) == \
+        _open(damaged, verify, small=True)
 
 
 

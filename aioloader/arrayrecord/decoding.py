@@ -26,6 +26,7 @@ from .layout import (
     CHUNK_TRANSPOSED,
     ChunkHeader,
     _parse_chunk_header,
+    add_with_overhead,
     chunk_end,
     padding_length,
     strip_block_headers,
@@ -45,6 +46,7 @@ def decode_chunk(
     max_records: int | None = None,
     max_decoded: int = DEFAULT_MAX_DECODED,
     whole_range: bool = False,
+    range_end: int | None = None,
     decoder=decode_simple,
 ) -> tuple[ChunkHeader, ChunkRecords]:
     """Decode the first chunk in the physical bytes `raw`, which begin at file offset `start`.
@@ -52,7 +54,8 @@ def decode_chunk(
     Trailing bytes (padding chunks, the next chunk) are ignored, unless `whole_range` says
     `raw` is the chunk's whole range (up to the next chunk the footer lists): then the chunk,
     and at most a padding chunk to the next block boundary, must fill it exactly, or the
-    footer left a chunk out. With `expected_records` (the
+    footer left a chunk out; `range_end` says that range ends there though `raw` holds only
+    its start (through the padding chunk's header: see `fills_end`). With `expected_records` (the
     footer's count), a chunk whose header declares another number of records is an error;
     so is one declaring more than `max_records`, or more decoded bytes than `max_decoded`
     (a memory budget), all checked before anything is decompressed.
@@ -83,7 +86,7 @@ def decode_chunk(
                 "its place in the file can hold", offset=start, hint=CORRUPT_HINT,
             )
         if whole_range:
-            _check_fills(start, raw, header)
+            _check_fills(start, raw, header, range_end)
         data = logical[CHUNK_HEADER_SIZE:end]
         if verify == "all":
             verify_data(header, data)
@@ -97,13 +100,23 @@ def decode_chunk(
         raise err.located(path=path, chunk=chunk) from None
 
 
-def _check_fills(start: int, raw, header: ChunkHeader) -> None:
-    """The chunk's footer range `[start, start + len(raw))` holds the chunk and at most a
-    padding chunk up to the block boundary — and the gap really is one: a data chunk that
-    ends on a boundary has a padding chunk's length, so a footer leaving it out would
-    otherwise drop its records silently."""
+def fills_end(stop: int, have: int) -> int:
+    """How far a chunk's range must be read to check its fill (`_check_fills`): a chunk that
+    ends at `stop` in a range ending at `have` needs the padding chunk's header, and no more
+    (the padding's zeros are not checked, and any block header inside the padding falls
+    inside that header: a padding chunk runs to the first boundary at least 40 bytes on)."""
+    return stop if have == stop else min(have, add_with_overhead(stop, CHUNK_HEADER_SIZE))
+
+
+def _check_fills(start: int, raw, header: ChunkHeader, have: int | None = None) -> None:
+    """The chunk's footer range `[start, have)` holds the chunk and at most a padding chunk
+    up to the block boundary — and the gap really is one: a data chunk that ends on a
+    boundary has a padding chunk's length, so a footer leaving it out would otherwise drop
+    its records silently. `raw` is the range's bytes, or (with `have`) at least its first
+    `fills_end` bytes."""
     stop = chunk_end(start, header.data_size, header.num_records)
-    have = start + len(raw)
+    if have is None:
+        have = start + len(raw)
     if have == stop:
         return
     if have != stop + padding_length(stop):
@@ -112,7 +125,8 @@ def _check_fills(start: int, raw, header: ChunkHeader) -> None:
             "more than one chunk and its padding (a chunk missing from the footer?)",
             offset=start, hint=CORRUPT_HINT,
         )
-    gap = strip_block_headers(memoryview(raw)[stop - start :], stop)
+    gap = strip_block_headers(memoryview(raw)[stop - start : fills_end(stop, have) - start],
+                              stop)
     pad = _parse_chunk_header(ChunkHeader, gap, True, None, stop)
     if pad.chunk_type != CHUNK_PADDING or pad.num_records or \
             chunk_end(stop, pad.data_size, 0) != have:

@@ -4,7 +4,10 @@ Opening is written sans-I/O: `open_index` is a generator that yields `(offset, l
 requests and receives the bytes, so the same parser serves a local pread, a blocking fsspec
 file and an asyncio range reader (see `read_index` for the synchronous driver). A speculative
 tail read covers postscript and footer in one round trip for typical files; a second read is
-issued only when the footer starts before the tail.
+issued only when the footer starts before the tail. Where round trips are cheap (a local
+pread), `small_reads` reads instead by what the file declares: the postscript's first bytes,
+then the footer chunk and its padding chunk's header — a few KiB, not the whole 128 KiB of a
+small file's tail, most of it padding — with every check the tail read makes.
 
 What this module owns is the opening: the read requests and the checks of postscript and
 footer. The `FileIndex` it returns lives in `fileindex`; decoding chunks once a file is open
@@ -20,7 +23,7 @@ from typing import cast
 import numpy as np
 
 from .chunk import DEFAULT_MAX_DECODED, RECORD_COST
-from .decoding import _check_fills, decode_chunk, decode_records
+from .decoding import _check_fills, decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
 from .footer import FooterData, decode_footer_data
@@ -33,7 +36,10 @@ from .layout import (
     CHUNK_HEADER_SIZE,
     CHUNK_SIMPLE,
     ChunkHeader,
+    add_with_overhead,
     check_block_header,
+    chunk_end,
+    strip_block_headers,
 )
 from .proto import ELEMENT_SPEC_FIELD, POSTSCRIPT_MAGIC, parse_fields
 from .varint import encode_varint
@@ -50,6 +56,10 @@ __all__ = [  # decode_*, FileIndex and compact_* live beside this module; import
 ]
 
 DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chunks
+# `small_reads`: the usual postscript chunk and its padding chunk's header take ~200 bytes;
+# a first footer read of a few KiB holds the footers of files of up to ~500 chunks.
+POSTSCRIPT_PROBE = 512
+FOOTER_PROBE = 1 << 13
 POSTSCRIPT_MAX_DECODED = 1 << 16
 VERIFY_LEVELS = ("none", "headers", "all")
 MIN_FILE_SIZE = 2 * BLOCK_SIZE
@@ -69,10 +79,13 @@ def open_index(
     verify: str = "headers",
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
+    small_reads: bool = False,
 ) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
     """Parse a file's index; yields read requests, returns a `FileIndex`.
 
     `max_decoded` bounds what the footer may take to read and decode (see `decode_chunk`).
+    `small_reads` trades the one speculative tail read for two or three small ones (see the
+    module's docstring); the index, and the error for a damaged file, are the same.
     """
     _check_verify(verify)
     if size < MIN_FILE_SIZE or size % BLOCK_SIZE:
@@ -85,6 +98,8 @@ def open_index(
         )
     tail = max(BLOCK_SIZE, min(size, tail - tail % BLOCK_SIZE or BLOCK_SIZE))
     tail_start = size - tail
+    if small_reads:
+        return (yield from _open_small(size, path, verify, tail_start, max_decoded))
     tail_bytes = yield (tail_start, tail)
     _check_length(tail_bytes, tail, tail_start, path)
     post_at = size - BLOCK_SIZE
@@ -107,6 +122,69 @@ def open_index(
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
     with _locating(path, footer_offset):
         return _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
+
+
+def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_decoded: int,
+                ) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
+    """`open_index` by small reads. Anything unusual or damaged is read and parsed as the
+    tail read would have it (the whole postscript block, the footer's whole range), so it
+    opens, or fails, alike."""
+    post_at = size - BLOCK_SIZE
+    head = yield (post_at, POSTSCRIPT_PROBE)
+    _check_length(head, POSTSCRIPT_PROBE, post_at, path)
+    footer_offset = _quick_postscript(head, post_at, verify, size)
+    if footer_offset is None:
+        block = yield (post_at, BLOCK_SIZE)
+        _check_length(block, BLOCK_SIZE, post_at, path)
+        with _locating(path, post_at):
+            footer_offset = _parse_postscript(block, post_at, verify, path)
+    span = post_at - footer_offset
+    if footer_offset < tail_start and span > max_decoded:
+        raise ArrayRecordFormatError(
+            f"the footer would span {span} bytes, more than the memory budget of "
+            f"{max_decoded} bytes allows", path=path, offset=footer_offset,
+            hint="the postscript is corrupted or crafted; if the file is genuine, raise the "
+            "budget (the loader's memory_budget)",
+        )
+    want = min(span, FOOTER_PROBE)
+    raw = yield (footer_offset, want)
+    _check_length(raw, want, footer_offset, path)
+    need = _footer_needs(raw, footer_offset, post_at)
+    if need is not None and want < need <= min(span, max_decoded):
+        want = need
+        raw = yield (footer_offset, want)
+        _check_length(raw, want, footer_offset, path)
+    if need is not None and need <= want:
+        try:
+            with _locating(path, footer_offset):
+                return _parse_footer(memoryview(raw)[:need], footer_offset, size, verify, path,
+                                     max_decoded, range_end=post_at)
+        except ArrayRecordFormatError:
+            pass  # named below, from the whole range, as the tail read names it
+    if want < span:
+        raw = yield (footer_offset, span)
+        _check_length(raw, span, footer_offset, path)
+    with _locating(path, footer_offset):
+        return _parse_footer(raw, footer_offset, size, verify, path, max_decoded)
+
+
+def _footer_needs(raw, footer_offset: int, post_at: int) -> int | None:
+    """How many bytes from `footer_offset` hold the footer chunk and its padding chunk's
+    header, by the footer chunk's header in `raw` (not checked here: the parse checks it);
+    None when `raw` does not say or the footer would not end before the postscript."""
+    try:
+        header_end = add_with_overhead(footer_offset, CHUNK_HEADER_SIZE)
+        if header_end - footer_offset > len(raw):
+            return None
+        logical = strip_block_headers(memoryview(raw)[: header_end - footer_offset],
+                                      footer_offset, verify=False)
+        _, data_size, _, type_count, _ = _HEADER.unpack_from(logical)
+        stop = chunk_end(footer_offset, data_size, type_count >> 8)
+        if stop > post_at:
+            return None
+        return fills_end(stop, post_at) - footer_offset
+    except Exception:  # anything odd: the whole range is read and parsed
+        return None
 
 
 @contextmanager
@@ -132,9 +210,11 @@ def read_index(
     verify: str = "headers",
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
+    small_reads: bool = False,
 ) -> FileIndex:
     """Drive `open_index` with a blocking `fetch(offset, length) -> bytes`."""
-    steps = open_index(size, path=path, verify=verify, tail=tail, max_decoded=max_decoded)
+    steps = open_index(size, path=path, verify=verify, tail=tail, max_decoded=max_decoded,
+                       small_reads=small_reads)
     try:
         request = next(steps)
         while True:
@@ -162,13 +242,14 @@ _MAGIC_FIELD = b"\x10" + encode_varint(POSTSCRIPT_MAGIC)  # field 2, the magic n
 _CHUNK_AT = BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE  # the postscript's data, in its block
 
 
-def _quick_postscript(raw, pos: int, verify: str) -> int | None:
+def _quick_postscript(raw, pos: int, verify: str, block_end: int | None = None) -> int | None:
     """The footer offset from the usual postscript (an uncompressed simple chunk of one to
     three records, each record one byte of size, the first intact and canonical), with every
     check `_parse_postscript` makes; None for anything else, which that then parses or names.
 
     Opening thousands of small files is mostly this parse: the general path takes ~80 µs a
-    file (a chunk decode, three messages parsed into dicts), this one a few.
+    file (a chunk decode, three messages parsed into dicts), this one a few. `raw` is the
+    last block, or (with `block_end`, where that block ends) its first bytes.
     """
     try:
         n_raw = len(raw)
@@ -203,7 +284,8 @@ def _quick_postscript(raw, pos: int, verify: str) -> int | None:
         offset |= record[k] << shift
         if record[k + 1 :] != _MAGIC_FIELD or not 64 <= offset < pos:
             return None
-        _check_fills(pos, raw, ChunkHeader(data_size, data_hash, CHUNK_SIMPLE, n, decoded))
+        _check_fills(pos, raw, ChunkHeader(data_size, data_hash, CHUNK_SIMPLE, n, decoded),
+                     block_end)
         return offset
     except Exception:  # anything odd: the general path parses it or says why
         return None
@@ -246,7 +328,7 @@ def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
 
 
 def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None,
-                  max_decoded: int = DEFAULT_MAX_DECODED):
+                  max_decoded: int = DEFAULT_MAX_DECODED, range_end: int | None = None):
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
@@ -255,7 +337,7 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
 
     _, chunk = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
                             max_records=most, max_decoded=max_decoded, whole_range=True,
-                            decoder=decoder)
+                            range_end=range_end, decoder=decoder)
     footer = cast(FooterData, chunk)  # what `decoder` returns
     meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):

@@ -1,11 +1,13 @@
 """Locating records: the opened files, their footer indices, and one table of every chunk.
 
 Opening lists the files (one listing for a glob), then reads every file's tail — postscript
-and footer together in one speculative range read — all files in parallel (local tails in a
-few batched thread-pool jobs, remote ones all in flight); a gs:// file named without a glob
-takes one request (a suffix-range GET also gives its size and generation). With an index
-cache, the listing is followed by one mapped table instead (`index_cache`). Each file is
-pinned to the version first seen, so a rewrite shows up as an error, not as other records.
+and footer together in one speculative range read — all files in parallel (local files in a
+few batched thread-pool jobs, by small reads of what they declare: the postscript's head,
+then the footer; remote tails as many in flight as the storage allows); a gs:// file
+named without a glob takes one request (a suffix-range GET also gives its size and
+generation). With an index cache, the listing is followed by one mapped table instead
+(`index_cache`). Each file is pinned to the version first seen, so a rewrite shows up as an
+error, not as other records.
 
 The result, a `RecordTable`, is what the rest of the source asks "where is record i?": file
 numbers (a file's place in `urls`) are the ids every later stage uses; URLs are only for
@@ -140,7 +142,8 @@ class _Opener:
             info = files[k]
             steps[k] = open_index(info.size, path=redact(info.url), verify=self.verify,
                                   tail=self._tail_bytes(info.url),
-                                  max_decoded=self.storage.max_inflight_bytes)
+                                  max_decoded=self.storage.max_inflight_bytes,
+                                  small_reads=True)
             wanted[k] = next(steps[k])
         wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
         while wanted:
