@@ -19,6 +19,20 @@ RECORD_SHAPES = [
 ]
 
 
+def write_noise(path, count: int, size: int) -> list[str]:
+    """`count` records of `size` random bytes (incompressible) in one group-size-1 file at
+    `path`, written by our writer; the path as a one-file list, as `from_arrayrecord` takes."""
+    import numpy as np
+
+    import aioloader as al
+
+    rng = np.random.default_rng(0)
+    with al.ArrayRecordWriter(path, group_size=1) as w:
+        for _ in range(count):
+            w.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    return [str(path)]
+
+
 def make_records(size: int, count: int, seed: int = 0) -> list[bytes]:
     """Half-compressible records: a random head and a repeated tail, sizes varying a little."""
     rng = random.Random(seed)

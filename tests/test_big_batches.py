@@ -14,6 +14,7 @@ import pytest
 import aioloader as al
 
 from . import pipeline_fns as fns
+from .arrayrecord_util import write_noise
 
 RECORD = 16 << 10  # 16 KiB records, batches of 16: 256 KiB, four times a 64 KiB slot
 SLOT = 64 << 10
@@ -21,12 +22,7 @@ SLOT = 64 << 10
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    path = tmp_path_factory.mktemp("big") / "big.array_record"
-    rng = np.random.default_rng(0)
-    with al.ArrayRecordWriter(path, group_size=1) as w:
-        for _ in range(96):
-            w.write(rng.integers(0, 256, RECORD, dtype=np.uint8).tobytes())
-    return [str(path)]
+    return write_noise(tmp_path_factory.mktemp("big") / "big.array_record", 96, RECORD)
 
 
 async def _collect(ds, **kw):

@@ -17,6 +17,7 @@ from aioloader.workers import stacking
 from aioloader.workers.arena import SlotAlloc
 
 from . import pipeline_fns as fns
+from .arrayrecord_util import write_noise
 
 
 def _elements(draw, n: int) -> tuple[list, bool]:
@@ -118,12 +119,7 @@ RECORD = 1 << 20  # 40 records of 1 MiB, batches of 40: 40 MiB, over MIN_TASK_BY
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    path = tmp_path_factory.mktemp("stacking") / "mib.array_record"
-    rng = np.random.default_rng(0)
-    with al.ArrayRecordWriter(path, group_size=1) as w:
-        for _ in range(80):
-            w.write(rng.integers(0, 256, RECORD, dtype=np.uint8).tobytes())
-    return [str(path)]
+    return write_noise(tmp_path_factory.mktemp("stacking") / "mib.array_record", 80, RECORD)
 
 
 def test_big_batches_made_in_pieces_equal_the_whole_ones(big, monkeypatch):

@@ -153,16 +153,23 @@ def simple_parts(header: ChunkHeader, data, max_decoded: int = DEFAULT_MAX_DECOD
             f"chunk type 0x{header.chunk_type:02x} where a simple chunk ('r') was expected")
     n, decoded_size = header.num_records, header.decoded_data_size
     check_budget(n, decoded_size, max_decoded)
+    codec, sizes_block, values_block = split_simple(data)
+    bounds = record_bounds(codec, sizes_block, n, decoded_size, max_decoded)
+    return codec, bounds, values_block
+
+
+def split_simple(data: Any) -> tuple[int, Any, Any]:
+    """A simple chunk's codec byte, its (compressed) sizes block and its values block, the
+    sizes block checked to lie within `data`. (`decode_simple` inlines this: it runs once a
+    record on group-size-1 files.)"""
     if len(data) < 2:
         raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
-    codec = data[0]
     sizes_len, pos = read_varint(data, 1)
     if pos + sizes_len > len(data):
         raise ArrayRecordFormatError(
             f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
         )
-    bounds = record_bounds(codec, data[pos : pos + sizes_len], n, decoded_size, max_decoded)
-    return codec, bounds, data[pos + sizes_len :]
+    return data[0], data[pos : pos + sizes_len], data[pos + sizes_len :]
 
 
 def record_bounds(codec: int, sizes_block, n: int, decoded_size: int,

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .chunk import decode_simple
+from .chunk import decode_simple, split_simple
 from .codecs import decompress_block
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .layout import CHUNK_SIMPLE, ChunkHeader
 from .proto import _ENTRIES_AT_ONCE, _decode_entries_bulk, _decode_entries_slow, _NotBulk
-from .varint import MAX_VARINT64_BYTES, decode_varints, read_varint
+from .varint import MAX_VARINT64_BYTES, decode_varints
 
 try:
     from . import _footer as _native
@@ -73,20 +73,12 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
             hint="the file is corrupted or crafted; if it is genuine, raise the budget (the "
                  "loader's memory_budget, or max_decoded)",
         )
-    if len(data) < 2:
-        raise ArrayRecordFormatError("simple chunk data shorter than 2 bytes")
-    codec = data[0]
-    sizes_len, pos = read_varint(data, 1)
-    if pos + sizes_len > len(data):
-        raise ArrayRecordFormatError(
-            f"sizes block of {sizes_len} bytes runs past the chunk data ({len(data)} bytes)"
-        )
-    sizes = decompress_block(codec, data[pos : pos + sizes_len], None,
-                             min(n * MAX_VARINT64_BYTES, max_decoded))
+    codec, sizes_block, values_block = split_simple(data)
+    sizes = decompress_block(codec, sizes_block, None, min(n * MAX_VARINT64_BYTES, max_decoded))
     values = None
     columns = getattr(_native, "columns", None) if footer_offset is not None else None
     if columns is not None:  # (a _footer built before `columns` was added lacks it)
-        values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+        values = decompress_block(codec, values_block, decoded_size, decoded_size)
         offsets, decoded, records = (np.empty(n - 1, dtype=np.int64) for _ in range(3))
         summary = columns(sizes, values, footer_offset, offsets, decoded, records)
         if summary is not None:
@@ -104,7 +96,7 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
             f"record sizes add up to {int(ends[-1])} bytes, header says {decoded_size}"
         )
     if values is None:
-        values = decompress_block(codec, data[pos + sizes_len :], decoded_size, decoded_size)
+        values = decompress_block(codec, values_block, decoded_size, decoded_size)
     metadata = bytes(memoryview(values)[: int(ends[0])])
     m = n - 1  # entries: entry k is record k + 1, bytes ends[k] .. ends[k + 1]
     offsets, decoded, records = (np.empty(m, dtype=np.int64) for _ in range(3))

@@ -355,24 +355,14 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     spec = raw_spec.decode("utf-8", "replace") if isinstance(raw_spec, bytes) else ""
     offsets, decoded, counts = footer.offsets, footer.decoded, footer.records
     n_chunks = len(offsets)
-    claimed_chunks = fields.get(2, n_chunks)
-    if claimed_chunks != n_chunks:
-        raise ArrayRecordFormatError(
-            f"footer lists {n_chunks} chunks, metadata says {claimed_chunks!r}",
-            path=path, offset=footer_offset, hint=CORRUPT_HINT,
-        )
+    _agrees(fields, 2, n_chunks, "footer lists {} chunks", path, footer_offset)
     if footer.checked is not None:  # the C parser checked the entries as it read them
         total, most_records, widest = footer.checked
         sizes = decoded.astype(np.uint32) if n_chunks and widest < 1 << 32 else decoded
     else:
         total, most_records = _check_entries(offsets, counts, footer_offset, path)
         sizes = compact_sizes(decoded)
-    claimed = fields.get(3, total)
-    if claimed != total:
-        raise ArrayRecordFormatError(
-            f"footer chunks hold {total} records, metadata says {claimed!r}",
-            path=path, offset=footer_offset, hint=CORRUPT_HINT,
-        )
+    _agrees(fields, 3, total, "footer chunks hold {} records", path, footer_offset)
     index = FileIndex(
         path=path,
         size=size,
@@ -421,3 +411,13 @@ def _check_entries(offsets: np.ndarray, counts: np.ndarray, footer_offset: int,
             path=path, offset=footer_offset, chunk=c, hint=CORRUPT_HINT,
         )
     return int(_add(counts)), most
+
+
+def _agrees(fields: dict, number: int, actual: int, what: str, path: str | None,
+            offset: int) -> None:
+    """The metadata's field `number`, where present, says `actual` too (a file that lies
+    about its counts is refused, naming both)."""
+    claimed = fields.get(number, actual)
+    if claimed != actual:
+        raise ArrayRecordFormatError(f"{what.format(actual)}, metadata says {claimed!r}",
+                                     path=path, offset=offset, hint=CORRUPT_HINT)

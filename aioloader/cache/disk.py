@@ -43,7 +43,7 @@ import secrets
 import stat
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..arrayrecord.hashing import highwayhash64
 from ..privatedir import open_private_dir
@@ -161,19 +161,11 @@ class DiskCache:
         """Bytes `[s, e)` (of the object) for each of `ranges`, from the entry: without a
         new check when it is still the file `known` (`verify`'s answer) proved, else after
         one. None when the entry is missing or bad."""
-        name = self.name(key)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
-        except OSError:
+        opened = self._open_checked(key, known)
+        if opened is None:
             return None
+        fd, _, _ = opened
         try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != known:
-                try:
-                    _check(fd, st, key)
-                except EntryError as err:
-                    self._drop(name, key, str(err), st)
-                    return None
             at = PAYLOAD_AT - key.start
             out = [os.pread(fd, e - s, at + s) for s, e in ranges]
         finally:
@@ -186,20 +178,13 @@ class DiskCache:
                   dest: memoryview) -> tuple[int, int] | None:
         """The segment's bytes into `dest`, from the entry (checked whole unless it is still
         the file `known`); the entry's (st_dev, st_ino), or None when missing or bad."""
-        name, n = self.name(key), key.end - key.start
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
-        except OSError:
+        n = key.end - key.start
+        opened = self._open_checked(key, known)
+        if opened is None:
             return None
+        fd, ident, data = opened
         try:
-            st = os.fstat(fd)
-            ident = st.st_dev, st.st_ino
-            if ident != known:
-                try:
-                    data = _check(fd, st, key)
-                except EntryError as err:
-                    self._drop(name, key, str(err), st)
-                    return None
+            if data is not None:  # checked whole just now: copy what was read
                 dest[:n] = memoryview(data)[PAYLOAD_AT : PAYLOAD_AT + n]
             elif os.preadv(fd, [dest[:n]], PAYLOAD_AT) != n:
                 return None
@@ -207,6 +192,28 @@ class DiskCache:
             os.close(fd)
         self.hits += 1
         return ident
+
+    def _open_checked(self, key: SegmentKey, known: tuple[int, int] | None
+                      ) -> tuple[int, tuple[int, int], Any] | None:
+        """The entry open (the caller closes the descriptor), its (st_dev, st_ino), and its
+        bytes when it was checked whole — it is not the file `known` proved — else None.
+        None when it is missing or bad (a bad one is dropped, with a warning)."""
+        name = self.name(key)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            ident = st.st_dev, st.st_ino
+            return fd, ident, (_check(fd, st, key) if ident != known else None)
+        except EntryError as err:
+            os.close(fd)
+            self._drop(name, key, str(err), st)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
 
     def write(self, key: SegmentKey, data: bytes | memoryview) -> bool:
         """Store `data` as `key`'s entry; False when there is no room for it (or the write
