@@ -38,21 +38,9 @@ from .retry import GaveUp, Retrier, RetryPolicy
 from .shortread import short_read_error
 from .urls import has_glob, is_local, redact
 
-__all__ = [
-    "GCS_CLIENTS",
-    "IOStats",
-    "ObjectChangedError",
-    "ObjectInfo",
-    "RetryPolicy",
-    "Storage",
-    "StorageError",
-    "StoreUnavailableError",
-    "gcs_backend",
-    "gcs_client_for",
-    "has_glob",
-    "is_local",
-    "redact",
-]
+__all__ = ["GCS_CLIENTS", "IOStats", "ObjectChangedError", "ObjectInfo", "RetryPolicy", "Storage",
+           "StorageError", "StoreUnavailableError", "gcs_backend", "gcs_client_for", "has_glob",
+           "is_local", "redact"]
 
 log = logger("storage")
 
@@ -156,10 +144,9 @@ class Storage:
             state.slots.resize(self.limit)
 
     def base_rtt(self) -> float | None:
-        """The least median time to an answer seen so far (None: too few requests yet): the
-        round trip with little queued, the autotuner's floor for the time a read takes."""
-        rtt = self._retrier.base_rtt
-        return None if rtt == float("inf") else rtt
+        """The least median time to an answer so far (None: too few requests): the autotuner's
+        floor for the time a read takes."""
+        return None if self._retrier.base_rtt == float("inf") else self._retrier.base_rtt
 
     def slots_held_seconds(self) -> float:
         """Request-seconds spent in flight so far, over all loops (see `Gate`)."""
