@@ -136,3 +136,12 @@ def packed_ids(row: dict) -> list[int]:
     for tr, sr in zip(t.reshape(-1, t.shape[-1]), s.reshape(-1, s.shape[-1])):
         out += [int(tr[sr == g][0]) - 1 for g in np.unique(sr[sr > 0])]
     return out
+
+
+def same_batches(a, b) -> None:
+    """Two runs yielded the same dict batches: as many, same keys, equal arrays."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])

@@ -9,7 +9,6 @@ import json
 import random
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -353,12 +352,7 @@ async def _run(ds, tune=None, **kw):
         return out, states, it.stats().as_dict()
 
 
-def _same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k])
+_same = fns.same_batches
 
 
 def _push(it, k):

@@ -7,18 +7,16 @@ redirected to the entries (`local_refs`): worker processes read them themselves,
 files (`ChunkRefs.read_from`: a byte `b` of the object is at `PAYLOAD_AT + b - start` of
 the entry of the segment `[start, end)`). A task with some records still remote gets them
 all as bytes (`fetch_refs`): those on disk read here (a thread, a pread each), the rest
-through the bucket as before. Under an exact shuffle nearly every task is mixed until the
-disk holds nearly everything, which is why the parent reads the local ones rather than
-asking the bucket again.
+through the bucket (under an exact shuffle nearly every task is mixed until the disk holds
+nearly everything: asking the bucket again for those on disk would waste requests).
 
 The filler (`start_filler`) downloads whole segments, file by file, a few at a time (a
 bounded share of `io_concurrency`), each once per host: a segment another process is
 downloading is skipped and picked up afterwards, when that process has stored it. It stops
 when every segment is on disk, or when the cache refuses one (full of recently used
-entries). Segments another process stored are found by the filler's pass; reads never
-look at the disk for a segment this process has not seen there (a stat per record would
-cost more than it saves). Once every segment is on disk, tasks grow as over local files
-(`complete`): the per-task cost amortizes.
+entries). Segments another process stored are found by the filler's pass (reads never stat
+the disk per record). Once every segment is on disk, tasks grow as over local files
+(`complete`).
 
 The memory tier above (aioloader.cache.segments) fetches its segments — the same runs —
 through `fetch_into`: from the entry when on disk, else downloaded (once per host, like the
