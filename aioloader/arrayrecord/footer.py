@@ -78,7 +78,11 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
     values = None
     columns = getattr(_native, "columns", None) if footer_offset is not None else None
     if columns is not None:  # (a _footer built before `columns` was added lacks it)
-        values = decompress_block(codec, values_block, decoded_size, decoded_size)
+        try:
+            values = decompress_block(codec, values_block, decoded_size, decoded_size)
+        except ArrayRecordFormatError:  # the general path below says what, in its order
+            columns = values = None
+    if columns is not None and values is not None:
         offsets, decoded, records = (np.empty(n - 1, dtype=np.int64) for _ in range(3))
         summary = columns(sizes, values, footer_offset, offsets, decoded, records)
         if summary is not None:
