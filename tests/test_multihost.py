@@ -6,11 +6,15 @@ coordinator on 127.0.0.1 and reads the same gs:// dataset from the emulator.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -33,25 +37,43 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(module: str, n: int, cfg: dict, **env_extra: str) -> None:
+def _run_processes(module: str, n: int, cfg: dict, timeout: float = 200,
+                   **env_extra: str) -> None:
     """Run `n` processes of `module` (one JAX job, a coordinator on a free port) to the end;
-    each must exit 0."""
+    each must exit 0. Their output goes to files, not pipes: a pipe nobody reads while we
+    wait on another process can fill and stall the whole job, and a pipe's EOF waits for
+    every grandchild holding it. A job past `timeout` is asked for its threads' stacks
+    (the workers register faulthandler on SIGUSR1) before it is killed, so a hang names
+    where it hangs."""
     port = _port()
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **env_extra}
-    procs = [subprocess.Popen([sys.executable, "-m", module, str(port), str(n), str(i),
-                               json.dumps(cfg)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i in range(n)]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=240)
-            outputs.append(out.decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
+        procs = [subprocess.Popen([sys.executable, "-m", module, str(port), str(n), str(i),
+                                   json.dumps(cfg)], cwd=ROOT, env=env, stdout=logs[i],
+                                  stderr=subprocess.STDOUT)
+                 for i in range(n)]
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            hung = [i for i, p in enumerate(procs) if p.poll() is None]
+            for i in hung:
+                os.kill(procs[i].pid, signal.SIGUSR1)
+            if hung:
+                time.sleep(2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
                 p.wait()
+        outputs = []
+        for f in logs:
+            f.seek(0)
+            outputs.append(f.read().decode(errors="replace"))
+    if hung:
+        pytest.fail(f"processes {hung} of {n} still running after {timeout:.0f} s:\n"
+                    + "\n".join(f"--- process {i}:\n{outputs[i][-6000:]}" for i in range(n)))
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
 
