@@ -50,8 +50,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-__all__ = ["AUTO", "Limits", "Observation", "Setting", "available_cores", "better", "decide",
-           "memory_free", "start"]
+__all__ = ["AUTO", "GAIN", "GAIN_IO", "Limits", "Observation", "Setting", "available_cores",
+           "better", "decide", "memory_free", "start"]
 
 AUTO = "auto"
 WAITING = 0.02  # the consumer waited more than this share of the interval: input-bound
@@ -60,7 +60,8 @@ FREE_CORE = 0.5  # a core counts as free when at least this much of one is unuse
 LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
 
 IDLE = 0.5  # one worker fewer when the others would still be at most this busy
-GAIN = 0.05  # a step up (workers, io) must raise its measured rate by this share to stay
+GAIN = 0.05  # a step up in workers must raise the delivered rate by this share to stay
+GAIN_IO = 0.15  # a doubling of io_concurrency must raise reads/s by this share to stay
 
 START_WORKERS = 1 << 30  # i.e. `cores`: the processes are started at open anyway
 START_PREFETCH = 4
@@ -142,10 +143,13 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
                                   for name in ("workers", "prefetch", "io_concurrency"))))
 
 
-def better(before: float, after: float) -> bool:
-    """Whether a step up paid: the rate `after` it beats `before` by more than `GAIN`
-    (noise, and the cost of a process or of requests, must not keep a useless one)."""
-    return after > before * (1 + GAIN)
+def better(before: float, after: float, gain: float = GAIN) -> bool:
+    """Whether a step up paid: the rate `after` it beats `before` by more than `gain`
+    (noise, and the cost of a process or of requests, must not keep a useless one). An io
+    doubling is held to `GAIN_IO`: while reads are not queueing it about doubles reads/s
+    (Little's law), so a few percent is noise over a short trial, not a gain, and a kept
+    useless doubling queues every later read behind twice the requests."""
+    return after > before * (1 + gain)
 
 
 def available_cores() -> int:

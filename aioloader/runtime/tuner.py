@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from .. import autotune
 from ..autotune import LOW_MEMORY, Limits, Observation, Setting, better, decide, memory_free
 
 log = logging.getLogger("aioloader")
@@ -32,7 +33,7 @@ log = logging.getLogger("aioloader")
 INTERVAL = 0.2  # seconds between looks
 MIN_BATCHES = 8  # batches a rate is measured over, before and after a worker step (and at
 TASKS = 4  # least this many tasks' worth: a task may carry several batches)
-MIN_READS = 256  # reads a rate is measured over, before and after an io step
+MIN_READS = 1024  # reads a rate is measured over, before and after an io step
 MIN_TIMED = 32  # reads an interval's time per read is taken over
 MAX_TRIAL_S = 3.0  # a trial is judged after this long whatever was delivered
 HISTORY = 64  # changes kept for stats()
@@ -157,7 +158,8 @@ class Tuner:
         self._trial = None
         back = getattr(prev, what)
         down = getattr(self.setting, what) < back
-        if (not better(after, before)) if down else better(before, after):
+        gain = autotune.GAIN_IO if what == "io_concurrency" else autotune.GAIN
+        if (not better(after, before, gain)) if down else better(before, after, gain):
             return  # a step up that paid, or a step down that cost nothing
         self.undone += 1
         log.debug("autotune: %s=%d gave %.1f/s against %.1f/s at %d: back", what,
