@@ -15,11 +15,12 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
+from .description import JaxProcessShard, SourceSpec, check_picklable, stage_lines
 from .mixed import MixSpec
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
@@ -34,38 +35,11 @@ from .transforms import (
     PackOp,
     RandomMapOp,
     RecordOp,
-    dumps_op,
     transform_fn,
 )
-from .urls import redact
 
 if TYPE_CHECKING:
     from .runtime.loader import Loader
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """Where the records come from (picklable: workers and checkpoints can rebuild it)."""
-
-    paths: tuple[str, ...]
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    verify: str = "headers"
-
-    def __repr__(self) -> str:
-        """Paths redacted, and the options' names only: their values hold credentials."""
-        return (f"SourceSpec(paths={tuple(redact(p) for p in self.paths)!r}, "
-                f"storage_options=<{', '.join(map(str, self.storage_options)) or 'none'}>, "
-                f"verify={self.verify!r})")
-
-
-@dataclass(frozen=True)
-class JaxProcessShard:
-    """`shard_by_jax_process()`: resolved to a `Shard` when the loader starts."""
-
-    drop_remainder: bool = True
-
-    def describe(self) -> str:
-        return "shard_by_jax_process()"
 
 
 @dataclass(frozen=True)
@@ -395,24 +369,7 @@ class Dataset:
         """Raise a clear error, before any worker starts, when a transform cannot travel to
         worker processes (it holds a lock, an open file or socket...), or the source of a
         `from_source()` dataset cannot (workers read records from their own copy)."""
-        source = self.source.combined if isinstance(self.source, MixSpec) else self.source
-        if isinstance(source, ObjectSource):
-            try:
-                dumps_op(source.obj)
-            except Exception as exc:
-                raise TypeError(
-                    f"the source {source.name} cannot be pickled for worker processes "
-                    f"({type(exc).__name__}: {exc}): each worker reads records from its own "
-                    "copy; use workers=0, or a source that pickles") from None
-        for op in (*self.record_ops, *self.batch_ops):
-            try:
-                dumps_op(op)
-            except Exception as exc:
-                raise TypeError(
-                    f"{op.describe()} cannot be pickled for worker processes "
-                    f"({type(exc).__name__}: {exc}): it holds something that cannot travel to "
-                    "another process; create that inside the function, or use workers=0"
-                ) from None
+        check_picklable(self)
 
     def graph(self) -> str:
         """The pipeline drawn stage by stage, each with the type/shape/dtype of its first
@@ -423,17 +380,4 @@ class Dataset:
 
     def describe(self) -> list[str]:
         """The pipeline, one stage per line."""
-        if isinstance(self.source, MixSpec):
-            lines = [self.source.describe()]
-        else:
-            paths = self.source.paths
-            more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
-            lines = [f"source({redact(paths[0])}{more})"]
-        lines += [op.describe() for op in self.index_ops]
-        lines += [op.describe() for op in self.record_ops]
-        if self.batching is not None:
-            lines.append(self.batching.describe())
-        if self.pack_batch is not None:
-            lines.append(self.pack_batch.describe())
-        lines += [op.describe() + " [per batch]" for op in self.batch_ops]
-        return lines
+        return stage_lines(self)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .description import JaxProcessShard, SourceSpec
 from .objects import ObjectSource, read_records
 from .selection import MixedIndex, PositionIndex
 
 if TYPE_CHECKING:
-    from .dataset import Dataset, SourceSpec
+    from .dataset import Dataset
     from .sampling import IndexOp
 
 
@@ -69,7 +70,6 @@ class Concatenated:
 
 
 def _why_not_an_input(ds: Dataset) -> str | None:
-    from .dataset import JaxProcessShard
     from .sampling import Shuffle
 
     if ds.record_ops:
@@ -149,8 +149,6 @@ class MixSpec:
     @cached_property
     def combined(self) -> SourceSpec | ObjectSource:
         """The one source the loader opens: every input's files (objects) end to end."""
-        from .dataset import SourceSpec
-
         leaves = list(self.leaves())
         if isinstance(leaves[0], ObjectSource):
             return ObjectSource(Concatenated([s.obj for s in leaves]))  # type: ignore[union-attr]

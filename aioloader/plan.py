@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import lanes
-from .dataset import Dataset, JaxProcessShard
+from .dataset import Dataset
+from .description import JaxProcessShard
 from .errors import StateError
 from .indexplan import IndexPlan
 from .mixed import MixSpec, build_index

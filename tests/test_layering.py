@@ -102,7 +102,8 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
                 "aioloader.autotune",
                 "aioloader.packing", "aioloader.transforms", "aioloader.state",
-                "aioloader.options", "aioloader.errors", "aioloader.dataset", "aioloader.plan"):
+                "aioloader.options", "aioloader.errors", "aioloader.dataset",
+                "aioloader.description", "aioloader.plan"):
         reach = _reach(mod)
         assert not reach & runtime, (mod, reach & runtime)
         assert not reach & io, (mod, reach & io)
