@@ -29,10 +29,11 @@ allows; Grain sizes its process pool from the cores and memory it sees. Here:
   the store's median time to an answer and of the time per read seen in an interval: TCP
   Vegas's BaseRTT): by Little's law reads/s = requests in flight / time per read, so while
   the time per read holds, doubling the requests doubles the rate; once reads slow down, the
-  client's CPU
-  or the store is the limit and more requests would only queue (on a small machine a bucket
-  at 30 ms saturates the client before 512 in flight). Steps are geometric; each doubling is
-  a trial too (kept only if reads complete faster). A remote dataset starts at
+  client's CPU or the store is the limit and more requests would only queue (on a small
+  machine a bucket at 30 ms saturates the client before 512 in flight: reads at 256 took
+  1.3-1.45x the floor, and a doubling tried from there was undone). Steps are geometric;
+  each doubling is a trial too, kept only if reads/s rise by `GAIN_IO` (a few percent is
+  noise). A remote dataset starts at
   `START_IO_REMOTE` (a round trip of tens of ms needs hundreds of requests in flight to
   keep a process busy: starting at 64 cost a short run its first batches), a local one at
   `START_IO`;
@@ -67,7 +68,7 @@ START_WORKERS = 1 << 30  # i.e. `cores`: the processes are started at open anywa
 START_PREFETCH = 4
 START_IO = 64
 START_IO_REMOTE = 256
-QUEUED = 1.5  # reads taking longer than this x the fastest seen are queueing, not in flight
+QUEUED = 1.25  # reads taking longer than this x the fastest seen are queueing, not in flight
 MAX_PREFETCH = 16
 MAX_IO = 1024
 

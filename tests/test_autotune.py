@@ -31,6 +31,7 @@ from aioloader.gate import Gate
 from aioloader.options import PrefetchOptions, ReadOptions, WorkerOptions
 from aioloader.runtime import tuner as tuner_module
 from aioloader.runtime.scheduler import Scheduler
+from aioloader.runtime.tasks import gate_limit
 from aioloader.runtime.tuner import Sample, Tuner
 from aioloader.testing import local_gcs
 
@@ -118,6 +119,17 @@ def test_idle_workers_give_one_back_while_the_consumer_waits():
     assert decide(Setting(2, 4, 64), busy, lim).workers == 2
     assert decide(Setting(2, 4, 64), dataclasses.replace(waiting_on_reads, wait_fraction=0.0),
                   lim).workers == 2  # keeping up: left alone
+
+
+@given(st.integers(0, 64), st.integers(1, 64))
+def test_the_worker_gate_limits_lanes_only_while_some_are_to_idle(lanes, workers):
+    """Fewer lanes than workers: exactly that many tasks at the pool. Every worker in use:
+    one more task each, queued behind the one it runs (no idle round trip between tasks)."""
+    got = gate_limit(lanes, workers)
+    if lanes < workers:
+        assert got == max(1, lanes)
+    else:
+        assert got == lanes + workers
 
 
 def test_each_stage_grows_when_it_is_the_limit():

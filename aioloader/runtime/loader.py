@@ -40,6 +40,7 @@ from ..workers import Pool
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .stats import PipelineStats
+from .tasks import gate_limit
 from .tuner import Tuner
 
 if TYPE_CHECKING:
@@ -189,7 +190,8 @@ class Loader:
         p, st = self._parts, self._stats
         tune = self._limits.tune
         if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
-            p.runner.worker_gate.resize(max(1, s.workers))  # 0: one lane, in this process
+            # 0: one lane, in this process
+            p.runner.worker_gate.resize(gate_limit(s.workers, self._limits.workers))
             if p.pool is not None:
                 p.pool.in_parent = s.workers == 0
             self.workers = st.workers = s.workers

@@ -27,7 +27,7 @@ from ..sampling import Shuffle
 from ..source import ArrayRecordSource
 from ..storage import Storage
 from ..workers import Pool
-from .tasks import TaskRunner
+from .tasks import TaskRunner, gate_limit
 
 log = logging.getLogger("aioloader")
 
@@ -117,7 +117,7 @@ class Parts:
         the first ones are up, `workers.semnames`); a gate lets only `setting.workers` tasks
         at them at once, and the tuner resizes it. Idle workers cost memory, not CPU."""
         if "workers" in self.limits.tune and self.runner is not None:
-            self.runner.worker_gate = Gate(max(1, self.setting.workers))
+            self.runner.worker_gate = Gate(gate_limit(self.setting.workers, self.limits.workers))
             if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
                 self.pool.in_parent = self.setting.workers == 0
 

@@ -203,6 +203,9 @@ class PipelineStats:
         self.records = 0  # records read from storage (before filters)
         self.elements = 0  # elements that survived filters
         self.wait_seconds = 0.0  # time the consumer spent waiting for the next batch
+        # seconds the decode lanes spent running tasks, by their own clocks (the process
+        # stage's time also counts a task queued at the pool or waiting for a slot)
+        self.task_seconds = 0.0
         self.ready_samples = 0
         self.ready_total = 0  # sum of ready batches seen at each request (queue occupancy)
         self.worker_reads = 0  # reads of local files the workers made themselves

@@ -42,7 +42,7 @@ HISTORY = 64  # changes kept for stats()
 class Sample(NamedTuple):
     t: float
     wait: float  # the consumer's waiting, seconds so far
-    busy: float  # the decode stage's busy seconds so far
+    busy: float  # seconds the decode lanes ran tasks so far
     cpu: float  # this process's CPU seconds so far
     io: float  # request-seconds in flight so far
     batches: int  # delivered so far
@@ -90,7 +90,7 @@ class Tuner:
 
     def sample(self) -> Sample:
         st = self.stats
-        return Sample(time.perf_counter(), st.wait_seconds, st.process.busy_seconds(),
+        return Sample(time.perf_counter(), st.wait_seconds, st.task_seconds,
                       self._cpu(), self._io_held() if self._io_held is not None else 0.0,
                       st.batches, self._reads())
 
@@ -132,6 +132,9 @@ class Tuner:
             return
         s = self.setting
         obs = self.observe(last, now)
+        log.debug("autotune: waited %.2f, decode busy %.2f, read slots %.2f, %s ms a read "
+                  "(floor %s)", obs.wait_fraction, obs.process_busy, obs.io_busy,
+                  _ms(obs.read_seconds), _ms(obs.read_floor))
         nxt = decide(s, obs, self.limits)
         for what in ("io_concurrency", "workers"):  # one trial at a time
             up = getattr(nxt, what) > getattr(s, what)
@@ -200,6 +203,10 @@ class Tuner:
                 "looks": self.looks, "undone": self.undone,
                 "changes": [{"at_s": t, "workers": c.workers, "prefetch": c.prefetch,
                              "io_concurrency": c.io_concurrency} for t, c in self.history]}
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.0f}"
 
 
 def _count(what: str, s: Sample) -> int:
