@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import threading
 
 # Four CPU devices for the in-process JAX tests (meshes with 'data' and 'model' axes);
@@ -22,6 +23,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import time
+import warnings
 
 import psutil
 import pytest
@@ -81,6 +83,24 @@ def _snapshot() -> dict[str, set]:
         "memfd": _memory_files(),
         "sockets": _sockets(),
     }
+
+
+def _sigint() -> tuple[str, bool]:
+    return (repr(signal.getsignal(signal.SIGINT)),
+            signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.fixture(autouse=True)
+def sigint_left_alone():
+    """Warn, naming the test, when a test leaves SIGINT's handler or mask changed in this
+    process (children inherit a blocked or ignored SIGINT: CI once had every Ctrl-C test of
+    one xdist worker hang)."""
+    before = _sigint()
+    yield
+    after = _sigint()
+    if after != before:
+        warnings.warn(f"this test left SIGINT changed: (handler, blocked) {before} -> {after}",
+                      stacklevel=1)
 
 
 @pytest.fixture(autouse=True)

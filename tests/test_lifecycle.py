@@ -56,6 +56,30 @@ def _ready(proc: subprocess.Popen, timeout: float = 60) -> dict:
     return json.loads(line[0])
 
 
+@pytest.fixture
+def terminal_sigint():
+    """Ctrl-C as a program run from a terminal gets it: Python's default handler, and SIGINT
+    not blocked in this thread, for the test and the children it starts (both are inherited
+    through fork and exec). A test runner's process need not be so: in one CI run every
+    Ctrl-C test of one xdist worker hung, its children and the in-process one alike, as
+    SIGINT blocked or ignored there would make them (`conftest.sigint_left_alone` names a
+    test that leaves it so). The state found is restored after, and said on stderr when it
+    was not the default."""
+    handler = signal.getsignal(signal.SIGINT)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if handler is not signal.default_int_handler or blocked:
+        print(f"SIGINT in this test process: handler {handler!r}, blocked {blocked}; "
+              "set to the default for this test", file=sys.stderr)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+
+
 def _aioloader_threads() -> set[str]:
     return {t.name for t in threading.enumerate()
             if t.name.startswith("aioloader") or t.name == "QueueFeederThread"}
@@ -102,7 +126,8 @@ def test_a_forked_child_gets_a_fresh_loop_and_never_hangs(paths):
 
 @pytest.mark.parametrize("presses", [1, 2])
 @pytest.mark.parametrize("workers", [0, 1])
-def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, workers):
+def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, workers,
+                                                           terminal_sigint):
     proc = _child("hang", str(workers), *paths, start_new_session=True)
     try:
         info = _ready(proc)
@@ -201,7 +226,8 @@ def test_a_pool_holds_no_named_semaphore_once_its_workers_run_and_exits_quietly(
 
 
 @pytest.mark.parametrize("how", ["break", "ctrl-c"])
-def test_async_for_left_without_async_with_releases_everything_when_the_loop_ends(paths, how):
+def test_async_for_left_without_async_with_releases_everything_when_the_loop_ends(
+        paths, how, terminal_sigint):
     me = psutil.Process()
     threads, children, mem = _aioloader_threads(), worker_pids(me), memory_files(me.pid)
     seen: dict = {}
