@@ -14,6 +14,9 @@ notes give as "first batch", is left out), each as records/s and as a ratio to t
 local-disk row of the same repeat:
 
 - local disk, exact shuffle (the reference);
+- local disk, block shuffle (the block rows' reference: the issue asks the bucket's block
+  shuffle for ≥ 80% of "the same pipeline's" local rate, and a block shuffle costs more per
+  record than the exact one);
 - gs:// record by record: exact shuffle, one range GET per record (today's path for a
   dataset larger than `resident_bytes`), capped at 20 s (10 s with --quick);
 - gs:// block shuffle: `shuffle(strategy="block", block_bytes=, window_bytes=)`, one epoch
@@ -24,8 +27,8 @@ local-disk row of the same repeat:
 
 Rows whose feature the measured tree lacks say "n/a (feature absent)", so one copy of this
 script measures the trees before and after (`benchmarks/compare_trees.py`). Targets: block ≥
-80% of local; disk tier epoch 2 ≥ 80% of local and epoch 1 ≥ 4× record by record; CPU per
-GET ≤ half the before tree's (compare the two trees' runs).
+80% of local's block shuffle; disk tier epoch 2 ≥ 80% of local and epoch 1 ≥ 4× record by
+record; CPU per GET ≤ half the before tree's (compare the two trees' runs).
 """
 
 from __future__ import annotations
@@ -265,7 +268,8 @@ def measure(args: Any) -> list[Row]:
             "shuffle": "exact"}
     reps = getattr(args, "repeats", None) or (2 if args.quick else 3)
     res: dict[str, list[dict[str, Any]]] = {k: [] for k in
-                                            ("local", "record", "block", "disk", "cpu")}
+                                            ("local", "local_block", "record", "block",
+                                             "disk", "cpu")}
     with local_gcs(latency_ms=30, jitter_ms=10, proxy_process=True) as gcs:
         urls = [gcs.upload(p, f"scale/{p.name}") for p in paths]
         opts = gcs.storage_options
@@ -273,6 +277,9 @@ def measure(args: Any) -> list[Row]:
         direct = {**opts, "endpoint_url": gcs.server_endpoint}
         specs = {
             "local": {**base, "paths": [str(p) for p in paths]},
+            # the block shuffle's own reference: the same pipeline on local disk
+            "local_block": {**base, "paths": [str(p) for p in paths], "shuffle": "block",
+                            "block_bytes": block_bytes, "window_bytes": window_bytes},
             "record": {**base, "paths": urls, "opts": opts, "max_seconds": cap_s},
             "block": {**base, "paths": urls, "opts": opts, "shuffle": "block",
                       "block_bytes": block_bytes, "window_bytes": window_bytes,
@@ -287,8 +294,8 @@ def measure(args: Any) -> list[Row]:
         }
         for k in range(reps):
             for name, spec in specs.items():
-                if (name == "block" and not have["block"]) or (name == "disk"
-                                                               and not have["disk"]):
+                if (name in ("block", "local_block") and not have["block"]) or (
+                        name == "disk" and not have["disk"]):
                     continue
                 log(f"scale: repeat {k + 1}/{reps}: {name}")
                 with tempfile.TemporaryDirectory(prefix="scale-cache-") as cache:
@@ -309,12 +316,19 @@ def measure(args: Any) -> list[Row]:
                       f"{fmt(_med([r['records'] for r in res['record'] if 'records' in r]))} "
                       "records per run")]
     if have["block"]:
+        # judged against the same pipeline on local disk (a block shuffle there too: it
+        # costs more per record than the exact one, ~0.9x its rate here)
+        local_block = [_rate(r, n) for r in res["local_block"]]
         block = [_rate(r, n) for r in res["block"]]
-        ratio = _med([b / x for b, x in zip(block, local, strict=True) if b and x])
-        rows.append(_row("gs:// block shuffle", block, local, note=(
-            f"block_bytes {block_bytes >> 20} MiB, window_bytes {window_bytes >> 20} MiB; "
-            f"{_cpu_note(res['block'])}; "
-            + _verdict(ratio, TARGETS["block"], "≥ 0.80× local"))))
+        ratio = _med([b / x for b, x in zip(block, local_block, strict=True) if b and x])
+        vs_exact = _med([b / x for b, x in zip(block, local, strict=True) if b and x])
+        sizes = f"block_bytes {block_bytes >> 20} MiB, window_bytes {window_bytes >> 20} MiB"
+        rows.append(_row("local disk, block shuffle", local_block, local, note=(
+            f"{sizes}; {_cpu_note(res['local_block'])}; the block rows' reference")))
+        rows.append(_row("gs:// block shuffle", block, local_block, note=(
+            f"{sizes}; {_cpu_note(res['block'])}; against local exact: "
+            f"{vs_exact:.2f}×; " + _verdict(ratio, TARGETS["block"],
+                                              "≥ 0.80× the local block shuffle"))))
     else:
         rows.append(Row("gs:// block shuffle", "rec/s", None, note="n/a (feature absent: "
                         "shuffle(block_bytes=, window_bytes=))"))
