@@ -28,7 +28,15 @@ class Run:
         self.plan = plan
         self.runner = runner
         self.start = start
-        self.scheduler = Scheduler(runner.span, runner.run, start.position, depth)
+        # From a bucket the first task runs alone: the others' reads (hundreds of GETs
+        # each, record by record) would share this process's CPU and the connections with
+        # its reads, and the first batch is the one a job waits for. The depth opens once
+        # it is out (`_opened`).
+        # (Batch mode: a stream's assembler takes tasks itself.)
+        alone = plan.batch_mode and not runner.local and depth > 1
+        self._depth = depth if alone else 0
+        self.scheduler = Scheduler(runner.span, runner.run, start.position,
+                                   1 if alone else depth)
         self._ready: collections.deque = collections.deque()  # batch mode: (batch, position)
         self._assembler = None if plan.batch_mode else Assembler(
             dataset.batching, dataset.pack_batch, dataset.batch_ops,
@@ -48,6 +56,7 @@ class Run:
                                       at.get("until", 0))
         while not self._ready:
             item = await self.scheduler.next()
+            self._opened()
             if item is None:
                 raise StopAsyncIteration
             lo, _, result = item
@@ -57,6 +66,13 @@ class Run:
                 self._ready.append((batch, lo + (j + 1) * unit))
         batch, position = self._ready.popleft()
         return batch, self.start.at(position)
+
+    def _opened(self) -> None:
+        """After the first task: the depth asked for (unless the tuner set one meanwhile)."""
+        if self._depth:
+            if self.scheduler.depth == 1:
+                self.scheduler.set_depth(self._depth)
+            self._depth = 0
 
     async def aclose(self) -> None:
         if self._assembler is not None:
