@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import aioloader.arrayrecord.footer as footer
 import aioloader.arrayrecord.index as index
+import aioloader.arrayrecord.postscript as postscript
 from aioloader.arrayrecord import ArrayRecordFormatError, read_index
 from aioloader.arrayrecord.layout import BLOCK_SIZE
 
@@ -53,21 +54,21 @@ def _open(data: bytes, verify: str = "headers", small: bool = False, seen=None):
 
 def _general(data: bytes, verify: str = "headers"):
     """`_open` with both short paths off."""
-    saved_quick, saved_native = index._quick_postscript, footer._native
-    index._quick_postscript = lambda *a: None
+    saved_quick, saved_native = postscript.quick_postscript, footer._native
+    postscript.quick_postscript = lambda *a: None
     if saved_native is not None:
         footer._native = types.SimpleNamespace(entries=saved_native.entries)
     try:
         return _open(data, verify)
     finally:
-        index._quick_postscript, footer._native = saved_quick, saved_native
+        postscript.quick_postscript, footer._native = saved_quick, saved_native
 
 
 @pytest.mark.parametrize("options", OPTIONS)
 def test_a_good_file_takes_the_short_paths_and_opens_alike(files, options, monkeypatch):
     data = files[options]
     pos = len(data) - BLOCK_SIZE
-    assert index._quick_postscript(memoryview(data)[pos:], pos, "headers") is not None
+    assert postscript.quick_postscript(memoryview(data)[pos:], pos, "headers") is not None
     if footer._native is not None and hasattr(footer._native, "columns"):
         seen = []
         real = footer.decode_footer_data

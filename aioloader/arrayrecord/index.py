@@ -9,9 +9,9 @@ pread), `small_reads` reads instead by what the file declares: the postscript's 
 then the footer chunk and its padding chunk's header — a few KiB, not the whole 128 KiB of a
 small file's tail, most of it padding — with every check the tail read makes.
 
-What this module owns is the opening: the read requests and the checks of postscript and
-footer. The `FileIndex` it returns lives in `fileindex`; decoding chunks once a file is open
-(also used here, for the postscript and footer chunks) in `decoding`.
+What this module owns is the opening: the read requests and the checks of the footer. The
+postscript's parse lives in `postscript`; the `FileIndex` it returns in `fileindex`; decoding
+chunks once a file is open (also used here, for the footer chunk) in `decoding`.
 """
 
 from __future__ import annotations
@@ -22,27 +22,21 @@ from typing import cast
 
 import numpy as np
 
-from .chunk import DEFAULT_MAX_DECODED, RECORD_COST
-from .decoding import _check_fills, decode_chunk, decode_records, fills_end
+from . import postscript
+from .chunk import DEFAULT_MAX_DECODED
+from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
 from .footer import FooterData, decode_footer_data
-from .hashing import highwayhash64
 from .layout import (
-    _BLOCK,
     _HEADER,
-    BLOCK_HEADER_SIZE,
     BLOCK_SIZE,
     CHUNK_HEADER_SIZE,
-    CHUNK_SIMPLE,
-    ChunkHeader,
     add_with_overhead,
-    check_block_header,
     chunk_end,
     strip_block_headers,
 )
-from .proto import ELEMENT_SPEC_FIELD, POSTSCRIPT_MAGIC, parse_fields
-from .varint import encode_varint
+from .proto import ELEMENT_SPEC_FIELD, parse_fields
 
 __all__ = [  # decode_*, FileIndex and compact_* live beside this module; importable here too
     "DEFAULT_TAIL",
@@ -60,7 +54,6 @@ DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chun
 # a first footer read of a few KiB holds the footers of files of up to ~500 chunks.
 POSTSCRIPT_PROBE = 512
 FOOTER_PROBE = 1 << 13
-POSTSCRIPT_MAX_DECODED = 1 << 16
 VERIFY_LEVELS = ("none", "headers", "all")
 MIN_FILE_SIZE = 2 * BLOCK_SIZE
 
@@ -104,7 +97,7 @@ def open_index(
     _check_length(tail_bytes, tail, tail_start, path)
     post_at = size - BLOCK_SIZE
     with _locating(path, post_at):
-        footer_offset = _parse_postscript(
+        footer_offset = postscript.parse_postscript(
             memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
         )
     if footer_offset >= tail_start:
@@ -132,12 +125,12 @@ def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_d
     post_at = size - BLOCK_SIZE
     head = yield (post_at, POSTSCRIPT_PROBE)
     _check_length(head, POSTSCRIPT_PROBE, post_at, path)
-    footer_offset = _quick_postscript(head, post_at, verify, size)
+    footer_offset = postscript.quick_postscript(head, post_at, verify, size)
     if footer_offset is None:
         block = yield (post_at, BLOCK_SIZE)
         _check_length(block, BLOCK_SIZE, post_at, path)
         with _locating(path, post_at):
-            footer_offset = _parse_postscript(block, post_at, verify, path)
+            footer_offset = postscript.parse_postscript(block, post_at, verify, path)
     span = post_at - footer_offset
     if footer_offset < tail_start and span > max_decoded:
         raise ArrayRecordFormatError(
@@ -233,100 +226,6 @@ def _check_length(buf, want: int, offset: int, path: str | None) -> None:
 
 
 
-def _index_verify(verify: str) -> str:
-    # The index is read once per file and everything else trusts it: hash all of it.
-    return "none" if verify == "none" else "all"
-
-
-_MAGIC_FIELD = b"\x10" + encode_varint(POSTSCRIPT_MAGIC)  # field 2, the magic number
-_CHUNK_AT = BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE  # the postscript's data, in its block
-
-
-def _quick_postscript(raw, pos: int, verify: str, block_end: int | None = None) -> int | None:
-    """The footer offset from the usual postscript (an uncompressed simple chunk of one to
-    three records, each record one byte of size, the first intact and canonical), with every
-    check `_parse_postscript` makes; None for anything else, which that then parses or names.
-
-    Opening thousands of small files is mostly this parse: the general path takes ~80 µs a
-    file (a chunk decode, three messages parsed into dicts), this one a few. `raw` is the
-    last block, or (with `block_end`, where that block ends) its first bytes.
-    """
-    try:
-        n_raw = len(raw)
-        if n_raw < _CHUNK_AT + 2:
-            return None
-        _, prev, _ = _BLOCK.unpack_from(raw)
-        _, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(raw, BLOCK_HEADER_SIZE)
-        n = type_count >> 8
-        end = _CHUNK_AT + data_size
-        if prev or type_count & 0xFF != CHUNK_SIMPLE or not 1 <= n <= 3 or end > n_raw or \
-                decoded + RECORD_COST * n > POSTSCRIPT_MAX_DECODED:
-            return None
-        data = bytes(raw[_CHUNK_AT:end])
-        if data[0] != 0 or data[1] != n or 2 + n + decoded != data_size:
-            return None  # compressed, or sizes not one byte each
-        sizes = data[2 : 2 + n]
-        if max(sizes) >= 0x80 or sum(sizes) != decoded:
-            return None
-        if verify != "none" and (
-                highwayhash64(raw[8:BLOCK_HEADER_SIZE]) != _BLOCK.unpack_from(raw)[0] or
-                highwayhash64(raw[BLOCK_HEADER_SIZE + 8 : _CHUNK_AT]) !=
-                _HEADER.unpack_from(raw, BLOCK_HEADER_SIZE)[0] or
-                highwayhash64(data) != data_hash):
-            return None
-        record = data[2 + n : 2 + n + sizes[0]]
-        if record[0] != 0x08:
-            return None
-        offset, shift, k = 0, 0, 1
-        while k < 10 and record[k] & 0x80:
-            offset |= (record[k] & 0x7F) << shift
-            shift, k = shift + 7, k + 1
-        offset |= record[k] << shift
-        if record[k + 1 :] != _MAGIC_FIELD or not 64 <= offset < pos:
-            return None
-        _check_fills(pos, raw, ChunkHeader(data_size, data_hash, CHUNK_SIMPLE, n, decoded),
-                     block_end)
-        return offset
-    except Exception:  # anything odd: the general path parses it or says why
-        return None
-
-
-def _parse_postscript(raw, pos: int, verify: str, path: str | None) -> int:
-    """Footer offset from the postscript chunk at `pos` (the file's last block)."""
-    quick = _quick_postscript(raw, pos, verify)
-    if quick is not None:
-        return quick
-    try:
-        if len(raw) < BLOCK_HEADER_SIZE + CHUNK_HEADER_SIZE:
-            raise ArrayRecordFormatError("postscript truncated")
-        if verify != "none":
-            prev, _ = check_block_header(raw[:BLOCK_HEADER_SIZE], pos, path)
-            if prev != 0:
-                raise ArrayRecordFormatError("no chunk starts at the last 64 KiB block")
-        # Three ~20-byte records: a 64 KiB bound keeps a crafted claim from costing anything.
-        _, records = decode_chunk(raw, pos, verify=_index_verify(verify), path=path,
-                                  max_decoded=POSTSCRIPT_MAX_DECODED, whole_range=True)
-        for j in range(min(3, len(records))):  # copies 2 and 3 back up a damaged copy 1
-            try:
-                fields = parse_fields(records.view(j))
-            except ArrayRecordFormatError:
-                continue
-            if fields.get(2) == POSTSCRIPT_MAGIC and isinstance(fields.get(1), int):
-                footer_offset = int(fields[1])
-                if not 64 <= footer_offset < pos:
-                    raise ArrayRecordFormatError(
-                        f"postscript points at footer offset {footer_offset}, outside the file"
-                    )
-                return footer_offset
-        raise ArrayRecordFormatError("no record with the ArrayRecord magic number")
-    except ArrayRecordFormatError as err:
-        raise ArrayRecordFormatError(
-            f"no valid ArrayRecord postscript in the last 64 KiB block: {err.what}",
-            path=path, offset=pos,
-            hint="this is not an ArrayRecord file, or it is truncated or corrupted",
-        ) from None
-
-
 def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None,
                   max_decoded: int = DEFAULT_MAX_DECODED, range_end: int | None = None):
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
@@ -335,7 +234,7 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     def decoder(header, data, budget):
         return decode_footer_data(header, data, budget, footer_offset)
 
-    _, chunk = decode_chunk(raw, footer_offset, verify=_index_verify(verify), path=path,
+    _, chunk = decode_chunk(raw, footer_offset, verify=postscript.index_verify(verify), path=path,
                             max_records=most, max_decoded=max_decoded, whole_range=True,
                             range_end=range_end, decoder=decoder)
     footer = cast(FooterData, chunk)  # what `decoder` returns
