@@ -192,8 +192,8 @@ def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path
             if k == 40:
                 state = loader.get_state()
                 break
-        runner = loader._parts.runner
-        assert runner._horizon is not None and runner._horizon[1].result() is not None
+        # (not the latest horizon's future: leaving the loop may cancel one in the works)
+        assert loader._parts.runner.horizons > 0
     assert head == want[:41]
     rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000, state=state)]
     assert head + rest == want

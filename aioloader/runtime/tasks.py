@@ -68,6 +68,7 @@ class TaskRunner:
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
         self._horizon: tuple[int, asyncio.Future] | None = None  # see _wants
+        self.horizons = 0  # horizons whose wants were worked out (the large-chunk path)
         # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
         self.worker_gate: Gate | None = None
 
@@ -162,7 +163,9 @@ class TaskRunner:
 
     def _horizon_wants(self, plan: Plan, n: int, a: int, b: int) -> ChunkWants:
         records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
-        return chunk_wants(self.source.chunk_refs(records), n)
+        wants = chunk_wants(self.source.chunk_refs(records), n)
+        self.horizons += 1
+        return wants
 
     def _share(self) -> tuple[int, float]:
         """A worker's share of the decoded-chunk cache, and the files' mean decoded record
