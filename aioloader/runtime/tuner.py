@@ -25,8 +25,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from .. import autotune
-from ..autotune import LOW_MEMORY, Limits, Observation, Setting, better, decide, memory_free
+from ..autotune import (
+    GAIN,
+    GAIN_IO,
+    LOW_MEMORY,
+    Limits,
+    Observation,
+    Setting,
+    better,
+    decide,
+    memory_free,
+)
 
 log = logging.getLogger("aioloader")
 
@@ -161,7 +170,7 @@ class Tuner:
         self._trial = None
         back = getattr(prev, what)
         down = getattr(self.setting, what) < back
-        gain = autotune.GAIN_IO if what == "io_concurrency" else autotune.GAIN
+        gain = GAIN_IO if what == "io_concurrency" else GAIN
         if (not better(after, before, gain)) if down else better(before, after, gain):
             return  # a step up that paid, or a step down that cost nothing
         self.undone += 1
