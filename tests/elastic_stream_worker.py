@@ -11,21 +11,18 @@ old processes' states on another process count.
 
 from __future__ import annotations
 
-import faulthandler
 import itertools
 import json
 import os
-import signal
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 from etils import epath
-from jax.experimental import multihost_utils
 
 import aioloader as al
 from aioloader.jax import LoaderCheckpointHandler, LoaderRestore, LoaderSave
+from tests import jax_job
 from tests import pipeline_fns as fns
 
 
@@ -42,12 +39,7 @@ def ids(item, kind: str) -> list[int]:
 
 
 def main() -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where it hangs
-    port, n, i, cfg_json = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    cfg = json.loads(cfg_json)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
-                               process_id=i)
+    i, cfg = jax_job.join()
     loader = pipeline(cfg).loader(workers=cfg.get("workers", 0), window=cfg.get("window"))
     handler = LoaderCheckpointHandler()
     if cfg.get("restore"):
@@ -61,15 +53,7 @@ def main() -> None:
     loader.close()
     with open(os.path.join(cfg["out"], f"out-{i}.json"), "w") as f:
         json.dump(got, f)
-    multihost_utils.sync_global_devices("done")
-    jax.distributed.shutdown()
-    # Skip the interpreter's teardown: there JAX's CPU client joins its thread pool, and
-    # now and then (under load) one of its threads is still creating a gloo communicator
-    # towards a process that has already exited; it waits out gloo's timeout (minutes)
-    # and stalls the test. Every result is written and synced by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    jax_job.leave()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,8 @@ writes the gathered global batches (record ids) and the loader state to files.
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
-import signal
-import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -23,6 +20,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 import aioloader as al
+from tests import jax_job
 from tests.pipeline_fns import decode, only_id_noise_det
 
 
@@ -36,12 +34,7 @@ def pipeline(cfg: dict, sharded: bool) -> al.Dataset:
 
 
 def main() -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where it hangs
-    port, n, i, cfg_json = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    cfg = json.loads(cfg_json)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
-                               process_id=i)
+    i, cfg = jax_job.join()
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec("data"))
     state = cfg.get("state")
@@ -60,15 +53,7 @@ def main() -> None:
         with open(cfg["out"], "w") as f:
             json.dump({"batches": batches, "state": state,
                        "devices": jax.device_count(), "processes": jax.process_count()}, f)
-    multihost_utils.sync_global_devices("done")
-    jax.distributed.shutdown()
-    # Skip the interpreter's teardown: there JAX's CPU client joins its thread pool, and
-    # now and then (under load) one of its threads is still creating a gloo communicator
-    # towards a process that has already exited; it waits out gloo's timeout (minutes)
-    # and stalls the test. Every result is written and synced by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    jax_job.leave()
 
 
 if __name__ == "__main__":
