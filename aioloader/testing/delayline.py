@@ -554,6 +554,12 @@ def _delay_line_main(config_json: str) -> None:
     """Child side of :class:`_DelayLineProcess`: serve until stdin closes."""
     cfg = json.loads(config_json)
     faults = _Faults.from_dict(cfg.pop("faults"))
+    try:  # uvloop when installed: it stands in for the network, its CPU is not the client's
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     line = _DelayLine(**cfg, faults=faults)
     line.start()
     try:
