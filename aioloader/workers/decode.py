@@ -318,20 +318,21 @@ class Decoder:
             else:
                 _fill(out, idx, pos, entry)  # type: ignore[arg-type]
         self.hits += len(groups) - len(missing)
-        if missing:
-            take = [int(idx[0]) for idx, _ in missing]
-            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
-                   if raws is None else [raws[i] for i in take])
-            counts = refs.count.tolist()  # type: ignore[union-attr]
-            for (idx, key), i, raw in zip(missing, take, got):
-                wanted = (np.unique(within[idx]) if stash.full else
-                          np.union1d(within[idx], wants.of(*key))).astype(np.int64)
-                entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
-                                chunk=int(refs.chunk[i]), expected_records=counts[i],
-                                max_decoded=max_decoded)
-                self.decoded += 1
-                stash.put(key, entry)
-                _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
+        counts = refs.count.tolist()  # type: ignore[union-attr]
+        for idx, key in missing:
+            i = int(idx[0])
+            # one chunk read at a time: the first task of a horizon misses every chunk, and
+            # their compressed bytes together are the whole file
+            raw = (self.files.read(_pick(refs, np.asarray([i], dtype=np.int64)))[0]
+                   if raws is None else raws[i])
+            wanted = (np.unique(within[idx]) if stash.full else
+                      np.union1d(within[idx], wants.of(*key))).astype(np.int64)
+            entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
+                            chunk=int(refs.chunk[i]), expected_records=counts[i],
+                            max_decoded=max_decoded)
+            self.decoded += 1
+            stash.put(key, entry)
+            _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
         return out
 
     def close(self) -> None:
