@@ -226,8 +226,9 @@ class ChunkWants:
     """The records that a run of upcoming output positions (horizon `horizon`) wants of
     each multi-record chunk it touches: chunk c is `(names[file[c]], start[c])` (the
     original file and offset, whatever copy the workers read) and wants the sorted,
-    distinct record numbers `within[offsets[c]:offsets[c + 1]]`. A worker decoding one of
-    these chunks pulls all of them out at once (`workers.extract`)."""
+    distinct record numbers `within[offsets[c]:offsets[c + 1]]`; `first[c]` is a record of
+    it in the refs the wants were worked out of. One worker pulls them all out of the chunk
+    at once, for every task of the horizon (`workers.extract`)."""
 
     horizon: int
     names: list[str]
@@ -236,6 +237,7 @@ class ChunkWants:
     offsets: np.ndarray
     within: np.ndarray
     count: np.ndarray  # the footer's record count of each chunk
+    first: np.ndarray
 
     def of(self, name: str, start: int) -> np.ndarray:
         """The record numbers wanted of the chunk at `start` of `name` (maybe none)."""
@@ -263,15 +265,16 @@ def chunk_wants(refs: ChunkRefs, horizon: int) -> ChunkWants:
     f, s, w = refs.file[multi], refs.start[multi], refs.within[multi]
     n = refs.count[multi] if refs.count is not None else multi
     order = np.lexsort((w, s, f))
-    f, s, w, n = f[order], s[order], w[order], n[order]
+    f, s, w, n, at = f[order], s[order], w[order], n[order], multi[order]
     if len(w):
         new = np.ones(len(w), dtype=bool)
         new[1:] = (f[1:] != f[:-1]) | (s[1:] != s[:-1]) | (w[1:] != w[:-1])
-        f, s, w, n = f[new], s[new], w[new], n[new]
+        f, s, w, n, at = f[new], s[new], w[new], n[new], at[new]
     first = np.ones(len(w), dtype=bool)
     first[1:] = (f[1:] != f[:-1]) | (s[1:] != s[:-1])
     heads = np.flatnonzero(first)
     offsets = np.append(heads, len(w)).astype(np.int64)
     names = [refs.name(i) for i in range(len(refs.paths))]
     return ChunkWants(horizon, names, f[heads].astype(np.int64), s[heads].astype(np.int64),
-                      offsets, w.astype(np.int32), n[heads].astype(np.int64))
+                      offsets, w.astype(np.int32), n[heads].astype(np.int64),
+                      at[heads].astype(np.int64))

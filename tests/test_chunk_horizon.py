@@ -1,6 +1,8 @@
-"""Large chunks under an exact shuffle: records pulled out per horizon (`workers.extract`,
-`planning.ChunkWants`) are the records, in any order, with any stash size; a loader that
-takes that path gives the batches of one that decodes chunks whole, and resumes exactly."""
+"""Large chunks under an exact shuffle: records pulled out per horizon into the workers'
+shared stash (`workers.extract`, `planning.ChunkWants`, `runtime.horizons`) are the records,
+in any order, with any stash size; a loader that takes that path gives the batches of one
+that decodes chunks whole, whatever its worker count, decodes each chunk once per horizon
+(not once per worker), and resumes exactly."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from aioloader.arrayrecord.index import read_index
 from aioloader.planning import ChunkRefs, chunk_wants
 from aioloader.workers import extract as extract_mod
 from aioloader.workers.decode import Decoder
-from aioloader.workers.extract import extract
+from aioloader.workers.extract import StashFile, extract, read_entry
+from aioloader.workers.messages import Fill, StashRef
 
 _FILES: dict[tuple, tuple] = {}
 
@@ -135,25 +138,51 @@ def test_chunk_wants_lists_each_chunks_wanted_records_once_in_order(n, files, se
 
 @settings(max_examples=25, deadline=None)
 @given(tasks=st.lists(st.lists(st.integers(0, 599), max_size=40), min_size=1, max_size=6),
-       stash=st.sampled_from([0, 2000, 40_000, 1 << 30]), horizon=st.integers(1, 3),
-       seed=st.integers(0, 100))
-def test_a_decoder_with_horizons_gives_the_records_of_one_without(root, tasks, stash,
-                                                                  horizon, seed):
+       stash=st.sampled_from([256, 2000, 40_000, 1 << 20]), seed=st.integers(0, 100))
+def test_tasks_over_a_filled_stash_give_the_records_of_a_decoder_without(root, tasks, stash,
+                                                                         seed):
     _path, records, src = _file(root, "group_size:200,zstd:3")
     rng = np.random.default_rng(seed)
     ahead = rng.integers(0, len(records), 300)  # what the rest of the horizon wants
-    dec = Decoder(stash)
+    wanted = np.concatenate([np.asarray(t, dtype=np.int64) for t in tasks] + [ahead])
+    refs = src.table.chunk_refs(wanted)
+    wants = chunk_wants(refs, 0)
+    file = StashFile(stash)
+    dec = Decoder(0)
     try:
-        for k, task in enumerate(tasks):
+        offsets, sizes = file.regions(np.diff(wants.offsets) * 400.0)
+        assert sizes.sum() <= stash and (offsets % 64 == 0).all()
+        at = {}
+        for c in range(len(sizes)):  # the fill jobs (any worker's: one decoder will do)
+            i = int(wants.first[c])
+            job = Fill(file.path, int(offsets[c]), int(sizes[c]),
+                       wants.within[wants.offsets[c] : wants.offsets[c + 1]])
+            if dec.fill(refs.take(i, i + 1), None, job):
+                at[(wants.names[int(wants.file[c])], int(wants.start[c]))] = (
+                    int(offsets[c]), int(sizes[c]))
+        ref = StashRef(file.path, 0, at)
+        for task in tasks:
             idx = np.asarray(task, dtype=np.int64)
-            refs = src.table.chunk_refs(idx)
-            wants = chunk_wants(src.table.chunk_refs(np.concatenate([idx, ahead])),
-                                k // horizon)
-            got = dec.records(refs, None, verify="headers", wants=wants)
-            assert got == [records[i] for i in task]
-            assert dec.stash.bytes <= stash
+            assert dec.records(src.table.chunk_refs(idx), None, stash=ref) == \
+                [records[i] for i in task]
     finally:
         dec.close()
+        file.close()
+
+
+def test_a_region_too_small_keeps_the_records_that_fit_in_order(root):
+    path, records, src = _file(root, "group_size:200,zstd:3")
+    raw, start, count, _ = _chunk_of(src, 0)
+    wanted = np.arange(0, 200, 3, dtype=np.int64)
+    region = memoryview(bytearray(4096))
+    got = extract(raw, start, wanted, path=path, expected_records=count, into=region)[0]
+    assert 0 < len(got) < len(wanted) and (got == wanted[: len(got)]).all()
+    entry = read_entry(region)
+    assert entry[0].tolist() == got.tolist()
+    assert [bytes(entry[2][a:b]) for a, b in zip(entry[1][:-1], entry[1][1:])] == \
+        [records[int(w)] for w in got]
+    assert extract(raw, start, wanted, path=path, expected_records=count,
+                   into=memoryview(bytearray(24)))[0].tolist() == []
 
 
 def _write(tmp_path, n: int = 3000, group: int = 500) -> str:
@@ -170,9 +199,9 @@ def _ids(batch) -> list[int]:
 
 @pytest.fixture
 def small_chunks_count_as_large(monkeypatch):
-    from aioloader.runtime import tasks
+    from aioloader.runtime import horizons
 
-    monkeypatch.setattr(tasks, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
+    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -193,7 +222,7 @@ def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path
                 state = loader.get_state()
                 break
         # (not the latest horizon's future: leaving the loop may cancel one in the works)
-        assert loader._parts.runner.horizons > 0
+        assert loader._parts.runner.horizons.count > 0
     assert head == want[:41]
     rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000, state=state)]
     assert head + rest == want
@@ -207,26 +236,24 @@ def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(
                    1, strategy="block", block_bytes=4096, window_bytes=60_000).batch(64)):
         with ds.loader(workers=0, memory_budget=400_000) as loader:
             ids = [i for b in loader for i in _ids(b)]
-            assert loader._parts.runner._horizon[1].result() is None
+            h = loader._parts.runner.horizons
+            assert h.probed > 0 and h.count == 0
         assert sorted(ids) == list(range(3000))
 
 
-def test_a_full_stash_keeps_what_it_holds_until_the_next_horizon():
-    from aioloader.workers.extract import Stash
-
-    def entry(n: int):
-        return np.arange(n, dtype=np.int64), list(range(n + 1)), bytes(n)
-
-    stash = Stash(100)
-    stash.begin(0)
-    stash.put(("a", 0), entry(3))  # 3 + 48
-    stash.put(("b", 0), entry(3))  # full: 102 > 100, refused, "a" kept
-    assert stash.full and stash.get(("a", 0)) is not None and stash.get(("b", 0)) is None
-    assert stash.bytes == 51
-    stash.begin(0)  # the same horizon: nothing changes
-    assert stash.full and len(stash) == 1
-    stash.begin(1)
-    assert not stash.full and len(stash) == 0 and stash.bytes == 0
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_chunk_is_decoded_once_per_horizon_whatever_the_worker_count(
+        tmp_path, workers, small_chunks_count_as_large):
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(5).batch(64)
+    with ds.loader(workers=workers, memory_budget=400_000) as loader:
+        ids = [i for b in loader for i in _ids(b)]
+        runner = loader._parts.runner
+        # 6 chunks, each pulled out once per horizon by one worker (a record of a task
+        # that straddles a horizon's region may be pulled out again, for it alone)
+        assert runner.horizons.count >= 2
+        assert runner.chunks_decoded <= 6 * runner.horizons.count + 6
+    assert sorted(ids) == list(range(3000))
 
 
 def test_small_chunks_are_decoded_by_each_task_as_before(tmp_path):
@@ -234,5 +261,5 @@ def test_small_chunks_are_decoded_by_each_task_as_before(tmp_path):
     ds = al.Dataset.from_arrayrecord(path).shuffle(3).batch(64)
     with ds.loader(workers=0, memory_budget=400_000) as loader:
         ids = [i for b in loader for i in _ids(b)]
-        assert loader._parts.runner._horizon is None  # never worked out
+        assert loader._parts.runner.horizons.probed == 0  # never worked out
     assert sorted(ids) == list(range(3000))

@@ -159,6 +159,8 @@ class Parts:
             self._finalizer()
 
     async def aclose(self) -> None:
+        if self.runner is not None:
+            self.runner.horizons.close()
         self.free()
         disk, self.disk = self.disk, None
         if disk is not None:

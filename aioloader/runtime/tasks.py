@@ -21,16 +21,14 @@ import numpy as np
 from ..arrayrecord import ArrayRecordFormatError
 from ..gate import Gate
 from ..plan import Plan
-from ..planning import ChunkRefs, ChunkWants, chunk_wants
+from ..planning import ChunkRefs
 from ..storage import StorageError
 from ..workers import Pool, Result, Task
 from ..workers.arena import array_leaves
+from .horizons import Horizons
 from .readahead import Readahead
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
-HORIZON_FILL = 0.9  # of a worker's cache share, what a horizon's records fill (sizes vary)
-PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
-LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
 _OPEN = contextlib.nullcontext()  # no worker gate (an async context manager too)
 
 
@@ -67,14 +65,15 @@ class TaskRunner:
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(plan, source)
-        self._horizon: tuple[int, asyncio.Future] | None = None  # see _wants
-        self.horizons = 0  # horizons whose wants were worked out (the large-chunk path)
+        # exact shuffles over large chunks: records pulled out per horizon, shared
+        self.horizons = Horizons(self)
         # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
         self.worker_gate: Gate | None = None
 
     def use(self, plan: Plan) -> None:
         """Run tasks of `plan` from now on (the same pipeline with another window)."""
-        self.plan, self._ahead, self._horizon = plan, None, None
+        self.plan, self._ahead = plan, None
+        self.horizons.use()
         self.readahead.use(plan)
 
     def span(self, lo: int) -> tuple[int, int] | None:
@@ -86,12 +85,14 @@ class TaskRunner:
         if not self.local and not (self.disk is not None and self.disk.complete()):
             self.readahead.at(lo)  # (the memory tier's: needless once all is on disk)
         lease = None
+        # by its last position (the horizon takes the positions of a task before it), held
+        # before anything is awaited: tasks hold horizons in the order they start
+        horizon = self.horizons.hold(hi - 1)
         try:
             with st.fetch.timed(items=hi - lo):
                 task, lease = await self._build(k, records, epochs, refs)
-                # by its last position: a task across a horizon's end is the next one's
-                # first (the next horizon wants the rest of it; its own records are added)
-                task.wants = await self._wants(hi - 1)
+                if horizon is not None:
+                    task.stash = await asyncio.shield(horizon.ready)
             async with self.worker_gate or _OPEN:
                 with st.process.timed(items=hi - lo):
                     result = await self.pool.run(task, describe=f"task {k} (output positions "
@@ -100,6 +101,7 @@ class TaskRunner:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
         finally:
+            self.horizons.release(horizon)
             if lease is not None:  # the workers are done with the task's segments
                 lease.release()
         if result.reads and self.local:  # the worker's reads of local files (not of a
@@ -131,58 +133,6 @@ class TaskRunner:
             w = self._ahead = (lo, stop, records, epochs, self.source.chunk_refs(records))
         a, b = lo - w[0], hi - w[0]
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
-
-    async def _wants(self, at: int) -> ChunkWants | None:
-        """What the horizon of position `at` wants of each large chunk, when the chunks its
-        first half (at most `PROBE` positions) touches, decoded whole, would not fit a
-        worker's share of the decoded-chunk cache (an exact shuffle over a file of large
-        groups: every batch wants every chunk); None otherwise (the cache serves: few
-        chunks, or a block shuffle's window, or a sequential read). A horizon is as many
-        positions as the share holds records of the files' mean decoded size
-        (`workers.extract.Stash`). Worked out once per horizon, on a thread (a few hundred
-        ms for 250k positions), shared by the tasks that want it."""
-        share, mean = self._share()
-        if not share:
-            return None
-        length = max(1, int(share * HORIZON_FILL) // (int(mean) + 16))
-        n = at // length
-        h = self._horizon
-        if h is None or h[0] != n:
-            plan, a = self.plan, n * length
-            b = a + length if plan.length is None else min(a + length, plan.length)
-            records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
-                                                     dtype=np.int64))
-            fut = asyncio.get_running_loop().create_future()
-            if thrashes(self.source.chunk_refs(records), share, mean):
-                fut = asyncio.ensure_future(asyncio.to_thread(self._horizon_wants, plan, n,
-                                                              a, b))
-            else:
-                fut.set_result(None)
-            h = self._horizon = (n, fut)
-        return await asyncio.shield(h[1])
-
-    def _horizon_wants(self, plan: Plan, n: int, a: int, b: int) -> ChunkWants:
-        records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
-        wants = chunk_wants(self.source.chunk_refs(records), n)
-        self.horizons += 1
-        return wants
-
-    def _share(self) -> tuple[int, float]:
-        """A worker's share of the decoded-chunk cache, and the files' mean decoded record
-        size; (0, 0) when chunks are small (under `LARGE_CHUNK` decoded on average: each
-        task decodes its own, as before) or hold one record, or there are no files
-        (from_source)."""
-        got = getattr(self, "_share_mean", None)
-        if got is None:
-            table = getattr(self.source, "table", None)
-            got = (0, 0.0)
-            if table is not None and table.max_group_size > 1 and len(self.source):
-                decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
-                share = self.pool.pipeline.chunk_cache_bytes // max(1, self.pool.workers)
-                if decoded >= LARGE_CHUNK * max(1, table.chunk_count):
-                    got = (share, decoded / len(self.source))
-            self._share_mean = got
-        return got
 
     async def _build(self, k: int, records: np.ndarray, epochs: np.ndarray,
                      refs: ChunkRefs) -> tuple[Task, Any]:
@@ -236,13 +186,3 @@ class TaskRunner:
         self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task
 
-
-def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
-    """Whether the multi-record chunks the records `head` touch would, decoded whole, take
-    more than `share` bytes (records of `mean` decoded bytes)."""
-    if head.count is None or not len(head):
-        return False
-    multi = head.count > 1
-    key = head.file[multi] * (1 << 44) + head.start[multi]
-    _, first = np.unique(key, return_index=True)
-    return float(head.count[multi][first].sum()) * mean > share

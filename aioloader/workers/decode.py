@@ -14,7 +14,9 @@ or a sequential read ask for the same chunks again. One-record chunks are not ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import mmap
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -29,11 +31,11 @@ from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS, header_ok, headers_in, one_record, read_plan
-from ..planning import ChunkRefs, ChunkWants
+from ..planning import ChunkRefs
 from ..shortread import short_read_error
-from .extract import Stash, extract, lookup
+from .extract import HEAD, extract, lookup, read_entry
 from .localfiles import LocalFiles
-from .messages import DEFAULT_CHUNK_CACHE_BYTES
+from .messages import DEFAULT_CHUNK_CACHE_BYTES, Fill, StashRef
 
 # The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
 # shares it out among its workers (`Pool`), so the loader holds no more than before.
@@ -134,7 +136,7 @@ class Decoder:
     def __init__(self, cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
         self.files = LocalFiles()
         self.cache = ChunkCache(cache_bytes)
-        self.stash = Stash(cache_bytes)  # in place of the cache, under a horizon
+        self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
         self.decoded = 0
         self.hits = 0
         self._buf = bytearray(1 << 17)  # `_read_ones`' logical bytes of a chunk
@@ -143,15 +145,14 @@ class Decoder:
     def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = "headers",
                 max_decoded: int = DEFAULT_MAX_DECODED,
                 paths: Sequence[str] | None = None,
-                wants: ChunkWants | None = None) -> list[bytes]:
+                stash: StashRef | None = None) -> list[bytes]:
         """Record `refs.within[i]` of the chunk `refs` places record i in, for every i.
 
         `raws[i]` is that chunk's physical bytes (records of one chunk may share them), or
         None: the files are local (or the memory copy of a remote dataset) and are read
         here. `paths` names each record's file in errors (group size 1; otherwise the
-        names come from `refs`). `wants`: what the task's horizon wants of each chunk; the
-        chunks are then not decoded whole but their wanted records pulled out into the stash
-        (`workers.extract`).
+        names come from `refs`). `stash`: where the task's horizon keeps what it wants of
+        each large chunk (`workers.extract`); the chunks are then not decoded whole.
         """
         self.decoded = self.hits = 0
         keys = chunk_keys(refs)
@@ -164,10 +165,9 @@ class Decoder:
                                   verify=verify, paths=paths, chunks=refs.chunk.tolist(),
                                   counts=None if refs.count is None else refs.count.tolist(),
                                   max_decoded=max_decoded)
-        if wants is not None:  # one or the other holds the share, never both
+        if stash is not None:  # (whole chunks no longer wanted: their cache goes)
             self.cache.clear()
-            return self._stashed(refs, raws, keys, verify, max_decoded, wants)
-        self.stash.begin(-1)
+            return self._stashed(refs, raws, keys, verify, max_decoded, stash)
         return self._shared(refs, raws, keys, verify, max_decoded)
 
     def _read_ones(self, refs: ChunkRefs, verify: str, max_decoded: int,
@@ -294,11 +294,10 @@ class Decoder:
         return out
 
     def _stashed(self, refs: ChunkRefs, raws: Sequence | None, keys: list[tuple[int, int]],
-                 verify: str, max_decoded: int, wants: ChunkWants) -> list[bytes]:
-        """Records of large chunks from the stash; a chunk missing any of the task's is read
-        once and everything the horizon wants of it pulled out (`extract`)."""
-        stash = self.stash
-        stash.begin(wants.horizon)
+                 verify: str, max_decoded: int, stash: StashRef) -> list[bytes]:
+        """Records of large chunks from the horizon's entries in the stash file; those of
+        a chunk it lacks (any of the task's) are pulled out for this task alone."""
+        view = self._view(stash.path)
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
         file, start, within = refs.file, refs.start, refs.within
@@ -311,35 +310,75 @@ class Decoder:
         for idx in groups:
             i = int(idx[0])
             key = (names[int(file[i])], int(start[i]))
-            entry = stash.get(key)
+            at = stash.at.get(key)
+            entry = read_entry(view[at[0] : at[0] + at[1]]) if at is not None else None
             pos = lookup(entry, within[idx]) if entry is not None else None
             if pos is None:
                 missing.append((idx, key))
             else:
                 _fill(out, idx, pos, entry)  # type: ignore[arg-type]
         self.hits += len(groups) - len(missing)
-        if missing:
-            take = [int(idx[0]) for idx, _ in missing]
-            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
-                   if raws is None else [raws[i] for i in take])
-            counts = refs.count.tolist()  # type: ignore[union-attr]
-            for (idx, key), i, raw in zip(missing, take, got):
-                wanted = (np.unique(within[idx]) if stash.full else
-                          np.union1d(within[idx], wants.of(*key))).astype(np.int64)
-                entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
-                                chunk=int(refs.chunk[i]), expected_records=counts[i],
-                                max_decoded=max_decoded)
-                self.decoded += 1
-                stash.put(key, entry)
-                _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
+        counts = refs.count.tolist()  # type: ignore[union-attr]
+        for idx, key in missing:  # one chunk read at a time (their bytes may be the file)
+            i = int(idx[0])
+            raw = self._raw(refs, raws, i)
+            wanted = np.unique(within[idx]).astype(np.int64)
+            entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
+                            chunk=int(refs.chunk[i]), expected_records=counts[i],
+                            max_decoded=max_decoded)
+            self.decoded += 1
+            _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
         return out
+
+    def fill(self, refs: ChunkRefs, raws: Sequence | None, job: Fill, *,
+             verify: str = "headers", max_decoded: int = DEFAULT_MAX_DECODED) -> int:
+        """A fill job: records `job.wanted` of the chunk of `refs`' first record pulled out
+        into the job's region of the stash file; how many went in (a prefix)."""
+        self.cache.clear()
+        if job.size < HEAD + 8 or not len(refs):
+            return 0
+        names = [refs.name(f) for f in range(len(refs.paths))]
+        _check_within(refs, names)
+        region = self._view(job.path)[job.offset : job.offset + job.size]
+        wanted = extract(self._raw(refs, raws, 0), int(refs.start[0]),
+                         np.asarray(job.wanted, dtype=np.int64), verify=verify,
+                         path=names[int(refs.file[0])], chunk=int(refs.chunk[0]),
+                         expected_records=int(refs.count[0]),  # type: ignore[index]
+                         max_decoded=max_decoded, into=region)[0]
+        self.decoded += 1
+        return len(wanted)
+
+    def _raw(self, refs: ChunkRefs, raws: Sequence | None, i: int) -> Any:
+        """The physical bytes of record i's chunk: fetched (`raws`), or read here."""
+        if raws is not None:
+            return raws[i]
+        return self.files.read(_pick(refs, np.asarray([i], dtype=np.int64)))[0]
+
+    def _view(self, path: str) -> memoryview:
+        """The stash file at `path`, mapped once (a pool has one for its life)."""
+        if self._stash is None or self._stash[0] != path:
+            self._unmap()
+            fd = os.open(path, os.O_RDWR)
+            try:
+                self._stash = (path, mmap.mmap(fd, 0))
+            finally:
+                os.close(fd)
+        return memoryview(self._stash[1])
+
+    def _unmap(self) -> None:
+        old, self._stash = self._stash, None
+        if old is not None:
+            with contextlib.suppress(BufferError):  # (a view still held: it goes with it)
+                old[1].close()
 
     def close(self) -> None:
         self.files.close()
+        self._unmap()
 
 
 def _fill(out: list, idx: np.ndarray, pos: np.ndarray, entry: Any) -> None:
-    """Records at `pos` of a stash entry, into their places `idx` of `out`."""
+    """Records at `pos` of a stash entry, into their places `idx` of `out` (as bytes: the
+    entry's data is a view)."""
     offs, data = entry[1], entry[2]
-    for i, p in zip(idx.tolist(), pos.tolist()):
-        out[i] = data[offs[p] : offs[p + 1]]
+    for i, a, b in zip(idx.tolist(), offs[pos].tolist(), offs[pos + 1].tolist()):
+        out[i] = bytes(data[a:b])

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
-from ..planning import ChunkRefs, ChunkWants
+from ..planning import ChunkRefs
 from ..transforms import BatchOp, MapOp, PackOp, RecordOp
 
 # Decoded multi-record chunks kept across tasks, by all workers together (`Pool` gives each
@@ -56,9 +56,34 @@ class Task:
     raw_spans: list[tuple[int, int]] | None = None  # raws placed in the slot's input half
     slot: int = -1
     arena: tuple[str, int, bool, int] | None = None  # the slot's file (`Arena.where`)
-    # What the task's horizon wants of each large chunk (`workers.extract`), when whole
-    # decoded chunks would not fit the cache: the worker pulls those records out instead.
-    wants: ChunkWants | None = None
+    # Where the task's horizon keeps the records it wants of each large chunk, pulled out
+    # once for all workers (`workers.extract`), when whole decoded chunks would not fit
+    # the cache; or, for a fill job, the records of the task's one chunk to pull out there.
+    stash: StashRef | None = None
+    fill: Fill | None = None
+
+
+@dataclass(frozen=True)
+class StashRef:
+    """Where one horizon's records lie in the stash file the workers share (`path`):
+    chunk (name, start) -> (offset, bytes) of its entry (`workers.extract.read_entry`).
+    A chunk not listed (or a record missing from its entry) is pulled out by the task."""
+
+    path: str
+    horizon: int
+    at: dict[tuple[str, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A fill job: records `wanted` (sorted, distinct) of the task's one chunk, laid out at
+    `offset` of the stash file `path` in at most `size` bytes (the longest prefix that fits);
+    its Result's `count` says how many went in."""
+
+    path: str
+    offset: int
+    size: int
+    wanted: np.ndarray
 
 
 @dataclass

@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import WorkerError
 from .arena import Arena, Blob, Pickled, array_leaves
 from .decode import Decoder
+from .extract import StashFile
 from .inline import InlineExecutor
 from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Result, Task
@@ -73,6 +74,9 @@ class Pool:
         # what the parent used to (the chunks a task wants are decoded where it runs).
         cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
         self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
+        # Records pulled out of large chunks for a horizon, for all workers at once (made
+        # when first used: `runtime.horizons`), in place of their caches' shares.
+        self.stash = StashFile(pipeline.chunk_cache_bytes)
         self.arena = Arena(slots, slot_size)
         self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
         self._warming: threading.Thread | None = None
@@ -309,6 +313,7 @@ class Pool:
             finally:
                 self._decoder.close()
                 self.arena.close()
+                self.stash.close()
 
     def _stop_workers(self, grace: float) -> None:
         ex = self._executor

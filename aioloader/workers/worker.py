@@ -177,7 +177,7 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
         view = memoryview(arena)
         raws = [view[o : o + n] for o, n in task.raw_spans]
     return decoder.records(task.refs, raws, verify=pipeline.verify,
-                           max_decoded=pipeline.max_decoded, paths=paths, wants=task.wants)
+                           max_decoded=pipeline.max_decoded, paths=paths, stash=task.stash)
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
@@ -205,6 +205,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         path, size, _, place = task.arena
         arena = (_map((path, size, _)), size, place)
     mem = arena[0] if arena is not None else None
+    if task.fill is not None:  # a fill job of the shared stash (`workers.extract`)
+        return _filled(task, pipeline, decoder, mem, began)
     files = decoder.files
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
@@ -244,6 +246,23 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     return Result(task.task_id, payload, count, slot, **io, survivors=survivors,
                   op_items=times.items, op_seconds=times.seconds, pid=os.getpid(),
                   tid=threading.get_native_id(), began_ns=began, decoded_ns=decoded,
+                  ended_ns=time.perf_counter_ns())
+
+
+def _filled(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, began: int) -> Result:
+    """A fill job run: its chunk's wanted records laid out in the stash file; `count`: how
+    many went in."""
+    raws = task.raws
+    if task.raw_spans is not None:
+        view = memoryview(mem)
+        raws = [view[o : o + n] for o, n in task.raw_spans]
+    reads, nbytes = decoder.files.reads, decoder.files.bytes
+    decoder.decoded = decoder.hits = 0
+    count = decoder.fill(task.refs, raws, task.fill,  # type: ignore[arg-type]  # a fill
+                         verify=pipeline.verify, max_decoded=pipeline.max_decoded)
+    return Result(task.task_id, None, count, reads=decoder.files.reads - reads,
+                  bytes_read=decoder.files.bytes - nbytes, chunks_decoded=decoder.decoded,
+                  pid=os.getpid(), tid=threading.get_native_id(), began_ns=began,
                   ended_ns=time.perf_counter_ns())
 
 
@@ -299,7 +318,7 @@ def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths
         t0 = time.perf_counter_ns()
         records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
                                   verify=pipeline.verify, max_decoded=pipeline.max_decoded,
-                                  paths=paths[a:b])
+                                  paths=paths[a:b], stash=task.stash)
         spent += time.perf_counter_ns() - t0
         return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
                                 paths[a:b], times=times)

@@ -1,0 +1,214 @@
+"""Horizons of output positions over files of large chunks: what each wants of each chunk,
+pulled once into the stash the workers share (`workers.extract`), and which tasks read it.
+
+Under an exact shuffle of a file whose chunks decode to megabytes, every batch wants a few
+records of every chunk, and a cache of whole decoded chunks thrashes. Positions are then
+cut into horizons of as many records as the whole decoded-chunk cache holds; per horizon,
+the parent works out what it wants of each chunk (`planning.chunk_wants`, on a thread),
+and sends one fill job per chunk to the pool, which pulls those records out in one
+streamed pass into that chunk's region of the stash file; the horizon's tasks then read
+their records there, in whichever worker. Each chunk is decoded once per horizon, by one
+worker, whatever the worker count, and memory is the cache's size, shared.
+
+One stash file serves one horizon at a time: a horizon fills it only once every task of
+the one before has finished (tasks take their horizon, by their last position, in the
+order they start, before they wait for anything). A task that comes later to a horizon
+already gone (or a record a region had no room for) pulls its records out alone: slower,
+never different. Files of small chunks, a block shuffle's window, a sequential read: the
+cache serves, and nothing here is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..planning import ChunkRefs, ChunkWants, chunk_wants
+from ..workers.extract import HEAD
+from ..workers.messages import Fill, StashRef
+
+HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
+PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
+LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
+
+
+class Horizon:
+    """One horizon's readers (tasks that hold it) and its stash (`ready`: a StashRef, or
+    None when the cache serves it)."""
+
+    def __init__(self, key: tuple[int, int], before: Horizon | None) -> None:
+        self.key = key  # (plan generation, number)
+        self.before = before  # the horizon whose readers must be done before this fills
+        self.users = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def drained(self) -> None:
+        """Once this horizon's stash is made (or failed) and no task reads it any more."""
+        await asyncio.wait([self.ready])
+        while self.users:
+            await self.idle.wait()
+
+
+class Horizons:
+    """The horizons of one task runner (`runtime.tasks.TaskRunner`): its plan, source and
+    pool, and `build` to make a task (the fill jobs read chunks as its tasks do)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.count = 0  # horizons whose stash was filled
+        self.probed = 0  # horizons checked for thrashing
+        self._gen = 0
+        self._latest: Horizon | None = None
+        self._share_mean: tuple[int, float] | None = None
+        self._preparing: set[asyncio.Future] = set()
+
+    def use(self) -> None:
+        """A new plan: horizons numbered afresh (the stash still waits for the old ones)."""
+        self._gen += 1
+
+    def hold(self, at: int) -> Horizon | None:
+        """The horizon of position `at`, held by one more task (`release` when done); None
+        when chunks are small. Synchronous, so that tasks hold in the order they start."""
+        share, mean = self.share()
+        if not share:
+            return None
+        # a task is of the horizon of its last position: the horizon's stash holds the
+        # positions of the longest task before it too
+        plan = self.runner.plan
+        slack = plan.unit * plan.task_size_goal(1, grouped=True)
+        fits = max(1, int(share * HORIZON_FILL) // (int(mean) + 16))
+        length = max(fits - slack, (fits + 1) // 2)
+        key = (self._gen, at // length)
+        h = self._latest
+        if h is None or h.key < key:
+            h = self._latest = Horizon(key, h)
+            fut = asyncio.ensure_future(self._prepare(h, key[1] * length, length, slack))
+            fut.add_done_callback(functools.partial(_settle, h.ready))
+            self._preparing.add(fut)
+            fut.add_done_callback(self._preparing.discard)
+        elif h.key != key:  # a task later than the horizons after its own: alone
+            h = Horizon(key, None)
+            h.ready.set_result(StashRef(self.runner.pool.stash.path, key[1], {}))
+        h.users += 1
+        h.idle.clear()
+        return h
+
+    def close(self) -> None:
+        """Stop the horizons in the works (the loader closes)."""
+        for fut in list(self._preparing):
+            fut.cancel()
+
+    def release(self, h: Horizon | None) -> None:
+        if h is not None:
+            h.users -= 1
+            if not h.users:
+                h.idle.set()
+
+    async def _prepare(self, h: Horizon, a: int, length: int, slack: int
+                       ) -> StashRef | None:
+        plan = self.runner.plan
+        b = a + length if plan.length is None else min(a + length, plan.length)
+        share, mean = self.share()
+        records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
+                                                 dtype=np.int64))
+        self.probed += 1
+        if not thrashes(self.runner.source.chunk_refs(records), share, mean):
+            return None
+        lo = max(0, a - slack)
+        wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
+        if h.before is not None:
+            await h.before.drained()
+        stash = self.runner.pool.stash
+        offsets, sizes = stash.regions(self._estimates(wants, refs))
+        got = await asyncio.gather(*(self._fill(c, wants, records, refs, int(offsets[c]),
+                                                int(sizes[c])) for c in range(len(sizes))),
+                                   return_exceptions=True)
+        for g in got:
+            if isinstance(g, BaseException):
+                raise g
+        self.count += 1
+        return StashRef(stash.path, h.key[1], {
+            (wants.names[int(wants.file[c])], int(wants.start[c])):
+                (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]})
+
+    def _wants(self, plan: Any, n: int, a: int, b: int
+               ) -> tuple[ChunkWants, np.ndarray, ChunkRefs]:
+        records, _ = plan.index.lookup(np.arange(a, b, dtype=np.int64))
+        refs = self.runner.source.chunk_refs(records)
+        return chunk_wants(refs, n), records, refs
+
+    def _estimates(self, wants: ChunkWants, refs: ChunkRefs) -> np.ndarray:
+        """The bytes each chunk's entry should take: its records wanted at its mean size."""
+        indices = self.runner.source.table.indices
+        ids = refs.ids if refs.ids is not None else np.arange(len(refs.paths))
+        first = wants.first
+        decoded = np.array([indices[int(ids[f])].chunk_decoded_sizes[c] for f, c in
+                            zip(refs.file[first].tolist(), refs.chunk[first].tolist())],
+                           dtype=np.float64)
+        n = np.diff(wants.offsets)
+        return HEAD + 8 + n * (16 + decoded / np.maximum(wants.count, 1))
+
+    async def _fill(self, c: int, wants: ChunkWants, records: np.ndarray, refs: ChunkRefs,
+                    offset: int, size: int) -> int:
+        """Chunk c's wanted records pulled into its region by a worker; how many fit."""
+        runner = self.runner
+        i = int(wants.first[c])
+        task, lease = await runner._build(-1, records[i : i + 1], np.zeros(1, np.int64),
+                                          refs.take(i, i + 1))
+        try:
+            task.fill = Fill(runner.pool.stash.path, offset, size,
+                             wants.within[wants.offsets[c] : wants.offsets[c + 1]])
+            name = wants.names[int(wants.file[c])]
+            result = await runner.pool.run(task, describe=(
+                f"pulling records of the chunk at {int(wants.start[c])} of {name} out for "
+                f"horizon {wants.horizon}"))
+        finally:
+            if lease is not None:
+                lease.release()
+        runner.chunks_decoded += result.chunks_decoded
+        return result.count
+
+    def share(self) -> tuple[int, float]:
+        """The decoded-chunk cache (all workers' together: the stash is shared), and the
+        files' mean decoded record size; (0, 0) when chunks are small (under `LARGE_CHUNK`
+        decoded on average: each task decodes its own, as before) or hold one record, or
+        there are no files (from_source)."""
+        got = self._share_mean
+        if got is None:
+            source = self.runner.source
+            table = getattr(source, "table", None)
+            got = (0, 0.0)
+            if table is not None and table.max_group_size > 1 and len(source):
+                decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
+                if decoded >= LARGE_CHUNK * max(1, table.chunk_count):
+                    got = (self.runner.pool.pipeline.chunk_cache_bytes,
+                           decoded / len(source))
+            self._share_mean = got
+        return got
+
+
+def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
+    """`ready` takes the outcome of the horizon's preparation (retrieved either way)."""
+    if fut.cancelled():
+        ready.cancel()
+    elif fut.exception() is not None:
+        ready.set_exception(fut.exception())  # type: ignore[arg-type]
+        ready.exception()  # (seen: a loader that stops need not read it)
+    else:
+        ready.set_result(fut.result())
+
+
+def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
+    """Whether the multi-record chunks the records `head` touch would, decoded whole, take
+    more than `share` bytes (records of `mean` decoded bytes)."""
+    if head.count is None or not len(head):
+        return False
+    multi = head.count > 1
+    key = head.file[multi] * (1 << 44) + head.start[multi]
+    _, first = np.unique(key, return_index=True)
+    return float(head.count[multi][first].sum()) * mean > share
