@@ -263,3 +263,31 @@ def test_small_chunks_are_decoded_by_each_task_as_before(tmp_path):
         ids = [i for b in loader for i in _ids(b)]
         assert loader._parts.runner.horizons.probed == 0  # never worked out
     assert sorted(ids) == list(range(3000))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
+        tmp_path, workers, small_chunks_count_as_large):
+    """Chunks fetched from gs:// (raw bytes in the fetch stage's cache, handed to the fill
+    jobs and the tasks as refs, not file paths) give the same batches, and resume."""
+    from aioloader.testing import local_gcs
+
+    path = _write(tmp_path)
+    local = al.Dataset.from_arrayrecord(path).shuffle(3).batch(64)
+    want = [_ids(b) for b in local.loader(workers=0)]
+    with local_gcs() as gcs:
+        url = gcs.upload(path, "h/big.array_record")
+        ds = al.Dataset.from_arrayrecord(url, storage_options=gcs.storage_options) \
+            .shuffle(3).batch(64)
+        with ds.loader(workers=workers, memory_budget=400_000, resident_bytes=0) as loader:
+            head = []
+            for k, b in enumerate(loader):
+                head.append(_ids(b))
+                if k == 20:
+                    state = loader.get_state()
+                    break
+            assert loader._parts.runner.horizons.count > 0
+        rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000,
+                                           resident_bytes=0, state=state)]
+    assert head == want[:21]
+    assert head + rest == want
