@@ -49,10 +49,12 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _floor(pattern: str, options: dict, tail: int, concurrency: int) -> int:
-    """The bare client's open: one listing, then each file's last `tail` bytes, `concurrency`
-    reads in flight (as `_Opener` reads them), then one small read (the record read). No
-    parse, no retries' bookkeeping, no loader: the floor an open of these files can reach."""
+async def _floor(pattern: str, options: dict, reads: str, concurrency: int) -> int:
+    """The bare client's open: one listing, then one read per file, `concurrency` in flight
+    (as `opening._Opener` reads them), then one small read (the record read). No parse, no
+    retries' bookkeeping, no loader: the floor an open of these files can reach. `reads`:
+    "tail:N" (the last N bytes, the open before stop 26) or "span:N" (N bytes before the
+    postscript and its first 512: `open_index(span=N)`)."""
     import asyncio
 
     from aioloader.gcs_curl import CurlGCSBackend
@@ -62,9 +64,15 @@ async def _floor(pattern: str, options: dict, tail: int, concurrency: int) -> in
         files = await backend.glob(pattern)
         todo = iter(files)
 
+        how, _, n = reads.partition(":")
+
         async def reader() -> None:
             for f in todo:
-                await backend.read(f.url, max(0, f.size - tail), f.size)
+                if how == "tail":
+                    await backend.read(f.url, max(0, f.size - int(n)), f.size)
+                else:
+                    post_at = f.size - (1 << 16)
+                    await backend.read(f.url, max(0, post_at - int(n)), post_at + 512)
 
         await asyncio.gather(*(reader() for _ in range(min(concurrency, len(files)))))
         await backend.read(files[len(files) // 2].url, 0, 16)
@@ -83,7 +91,7 @@ def child(spec: dict) -> dict:
         import aioloader.gcs_curl
 
         rss, cpu, t = _rss(), _cpu(), time.perf_counter()
-        n = asyncio.run(_floor(paths, spec["storage_options"], spec["tail"], spec["concurrency"]))
+        n = asyncio.run(_floor(paths, spec["storage_options"], spec["reads"], spec["concurrency"]))
     elif spec["lib"] == "grain":
         from grain.sources import ArrayRecordDataSource
 
@@ -172,8 +180,9 @@ def main() -> None:
     ap.add_argument("--latency", default="0",
                     help="gs:// delay-line latencies in ms, comma-separated (one emulator each)")
     ap.add_argument("--floor", action="append", default=[],
-                    help="NAME=TAIL_BYTES: a bare-client floor row (listing + that tail of "
-                         "every file, 64 in flight; see _floor), e.g. floor=1048576")
+                    help="NAME=READS: a bare-client floor row (listing + one read per file, "
+                         "64 in flight; READS is tail:N or span:N, see _floor), e.g. "
+                         "floor=tail:1048576")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
@@ -181,7 +190,7 @@ def main() -> None:
         return
     python = sys.executable
     trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).parents[1])]]
-    floors = [(n, int(b)) for n, b in (f.split("=", 1) for f in args.floor)]
+    floors = [tuple(f.split("=", 1)) for f in args.floor]
     shards = [int(s) for s in args.shards.split(",") if s]
     data = datasets(Path(args.data_dir), shards)
     names = [n for n in data if not args.only or n in args.only]
@@ -210,7 +219,7 @@ def main() -> None:
 
 
 def _run_site(site: float | None, names: list[str], data: dict[str, str], trees: list,
-              floors: list[tuple[str, int]], caches: dict[str, str], args: argparse.Namespace,
+              floors: list[tuple[str, ...]], caches: dict[str, str], args: argparse.Namespace,
               python: str, results: dict[tuple, list[dict]]) -> None:
     """Every contender on one site: local files (`site` None), or the emulator behind the
     delay line at `site` ms (its counters give each gs:// run's requests and bytes)."""
@@ -243,9 +252,9 @@ def _run_site(site: float | None, names: list[str], data: dict[str, str], trees:
                     contenders.append(((name, where, tname, "cached"), tree,
                                        {"lib": "aio", "paths": paths, "cache": cache, **opts}))
             if gcs is not None:
-                for fname, tail in floors:
+                for fname, reads in floors:
                     contenders.append(((name, where, fname, "-"), trees[0][1],
-                                       {"lib": "floor", "paths": paths, "tail": tail,
+                                       {"lib": "floor", "paths": paths, "reads": reads,
                                         "concurrency": 64, **opts}))
             elif not args.no_grain:
                 contenders.append(((name, where, "grain", "-"), None,
