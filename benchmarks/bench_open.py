@@ -30,6 +30,7 @@ from pathlib import Path
 RECORDS = 5_000_000
 MANY_FILES = 100
 SHARD_RECORDS = 100
+WIDE_RECORDS = 2_000
 
 
 # -- the child: one open in a fresh process -------------------------------------------------
@@ -119,28 +120,31 @@ def child(spec: dict) -> dict:
 
 # -- the datasets ----------------------------------------------------------------------------
 
-def _write(path: Path, n: int) -> None:
+def _write(path: Path, n: int, size: int = 8) -> None:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     tmp = path.with_suffix(".tmp")
     w = ArrayRecordWriter(str(tmp), "group_size:1,uncompressed")
     for i in range(n):
-        w.write(i.to_bytes(8, "little"))
+        w.write(i.to_bytes(8, "little") * (size // 8))
     w.close()
     os.replace(tmp, path)
 
 
-def datasets(root: Path, shards: list[int]) -> dict[str, str]:
-    """name -> glob; written once."""
+def datasets(root: Path, shards: list[int], wide: list[int] | None = None) -> dict[str, str]:
+    """name -> glob; written once. `wide-N`: N files of ~1.3 MB (2,000 records of 600 bytes),
+    larger than the 1 MiB that opening read of each remote file before stop 26."""
     out = {}
-    for name, files, per in [("many", MANY_FILES, RECORDS // MANY_FILES), ("one", 1, RECORDS),
-                             *[(f"shards-{s}", s, SHARD_RECORDS) for s in shards]]:
+    for name, files, per, size in [
+            ("many", MANY_FILES, RECORDS // MANY_FILES, 8), ("one", 1, RECORDS, 8),
+            *[(f"shards-{s}", s, SHARD_RECORDS, 8) for s in shards],
+            *[(f"wide-{s}", s, WIDE_RECORDS, 600) for s in wide or []]]:
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
         for k in range(files):
             p = d / f"part-{k:05d}.array_record"
             if not p.exists():
-                _write(p, per)
+                _write(p, per, size)
         out[name] = str(d / "part-*.array_record")
     return out
 
@@ -172,6 +176,7 @@ def main() -> None:
                     help="NAME=PATH of an aioloader tree (default: this one)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shards", default="100,500,2000")
+    ap.add_argument("--wide", default="", help="file counts of wide-N datasets (e.g. 300)")
     ap.add_argument("--only", action="append", default=[], help="dataset names to run")
     ap.add_argument("--no-gcs", action="store_true")
     ap.add_argument("--no-local", action="store_true", help="gs:// rows only")
@@ -192,7 +197,7 @@ def main() -> None:
     trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).parents[1])]]
     floors = [tuple(f.split("=", 1)) for f in args.floor]
     shards = [int(s) for s in args.shards.split(",") if s]
-    data = datasets(Path(args.data_dir), shards)
+    data = datasets(Path(args.data_dir), shards, [int(s) for s in args.wide.split(",") if s])
     names = [n for n in data if not args.only or n in args.only]
     caches = {t: tempfile.mkdtemp(prefix=f"idx-{t}-") for t, _ in trees}
     results: dict[tuple, list[dict]] = {}
@@ -231,7 +236,7 @@ def _run_site(site: float | None, names: list[str], data: dict[str, str], trees:
         gcs_ctx = local_gcs(latency_ms=site, proxy_process=True)
         gcs = gcs_ctx.__enter__()
         for name in names:
-            if name.startswith("shards-"):
+            if name.startswith(("shards-", "wide-")):
                 for p in _expand(data[name]):
                     gcs.upload(p, f"{name}/{Path(p).name}")
                 urls[name] = gcs.url(f"{name}/part-*.array_record")
