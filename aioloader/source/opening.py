@@ -136,9 +136,10 @@ class _Opener:
         if has_glob(pattern):
             files = await self._list(pattern)
             return list(zip(files, await self.open_files(files)))
-        info, tail = await self.storage.read_tail(pattern, BLOCK_SIZE + self._span())
+        span = self._span()  # the same for the suffix GET and the parse: one request
+        info, tail = await self.storage.read_tail(pattern, BLOCK_SIZE + span)
         self.storage.pin(info)
-        return [(info, await self._open_file(info, tail))]
+        return [(info, await self._open_file(info, tail, span))]
 
     async def open_files(self, files: list[ObjectInfo]) -> list[FileIndex]:
         """Index many files at once. Remote files: as many tail reads in flight as the
@@ -205,14 +206,16 @@ class _Opener:
             self.storage.pin(info)
         return found
 
-    async def _open_file(self, info: ObjectInfo, tail: bytes | None = None) -> FileIndex:
+    async def _open_file(self, info: ObjectInfo, tail: bytes | None = None,
+                         span: int | None = None) -> FileIndex:
         """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read.
         A local file by small reads; a remote one by one read of its footer's likely span
-        and its postscript's head (`open_index`'s `span`), learning from each file."""
+        (`span`, default `_span()`) and its postscript's head (`open_index`'s `span`),
+        learning from each file."""
         local = is_local(info.url)
         steps = open_index(info.size, path=redact(info.url), verify=self.verify,
                            max_decoded=self.storage.max_inflight_bytes, small_reads=local,
-                           span=None if local else self._span())
+                           span=None if local else span if span is not None else self._span())
         tail_at = info.size - len(tail) if tail is not None else info.size
         try:
             offset, length = next(steps)
