@@ -37,6 +37,7 @@ from .transforms import (
     RecordOp,
     transform_fn,
 )
+from .urls import has_glob
 
 if TYPE_CHECKING:
     from .runtime.loader import Loader
@@ -91,6 +92,10 @@ class Dataset:
             paths = [paths]
         source = SourceSpec(tuple(os.fspath(p) for p in paths), dict(storage_options or {}),
                             verify)
+        if any(p.startswith(("gs://", "gcs://")) and has_glob(p) for p in source.paths):
+            from .preimport import import_started
+
+            import_started("gcsfs")  # its listing needs gcsfs: import it while the rest starts
         if decode is None:
             return cls(source)
         from .source import recorded_spec  # opening files only when asked to

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import quote
 
@@ -36,6 +35,7 @@ from .backends import (
 )
 from .curl import CurlSession
 from .errors import Transient
+from .preimport import import_started
 from .reach import guarded
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
@@ -67,9 +67,7 @@ class CurlGCSBackend:
         self._fs: Any = None
         self._import: Future | None = None
         if not self._anon:  # the first read needs a token: start gcsfs's import now
-            pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-import")
-            self._import = pool.submit(importlib.import_module, "gcsfs")
-            pool.shutdown(wait=False)
+            self._import = import_started("gcsfs")
         self.session = CurlSession(connections)
 
     _key = staticmethod(gcs_key)
@@ -78,9 +76,7 @@ class CurlGCSBackend:
         """gcsfs's filesystem (listing, metadata, credentials), made on first need."""
         if self._fs is None:
             if self._import is None:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-import")
-                self._import = pool.submit(importlib.import_module, "gcsfs")
-                pool.shutdown(wait=False)
+                self._import = import_started("gcsfs")
             with contextlib.suppress(ImportError):  # gcsfs_filesystem says which extra
                 await asyncio.wrap_future(self._import)
             if self._fs is None:

@@ -74,8 +74,8 @@ def _redact_url(url: str) -> str:
 
 def redact(text: str) -> str:
     """`text` (a URL, or a message that quotes URLs) with every URL's credentials hidden."""
-    if "://" not in text:
-        return text
+    if "://" not in text or ("@" not in text and "?" not in text and "#" not in text):
+        return text  # no userinfo, no query: nothing to hide (the common case, kept cheap)
     if _WHOLE_URL.fullmatch(text):  # one URL: all of it, quotes or `)` in a password too
         return _redact_url(text)
     return _URL_IN_TEXT.sub(lambda m: _redact_url(m.group()), text)

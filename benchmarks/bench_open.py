@@ -30,6 +30,7 @@ from pathlib import Path
 RECORDS = 5_000_000
 MANY_FILES = 100
 SHARD_RECORDS = 100
+WIDE_RECORDS = 2_000
 
 
 # -- the child: one open in a fresh process -------------------------------------------------
@@ -49,9 +50,50 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+async def _floor(pattern: str, options: dict, reads: str, concurrency: int) -> int:
+    """The bare client's open: one listing, then one read per file, `concurrency` in flight
+    (as `opening._Opener` reads them), then one small read (the record read). No parse, no
+    retries' bookkeeping, no loader: the floor an open of these files can reach. `reads`:
+    "tail:N" (the last N bytes, the open before stop 26) or "span:N" (N bytes before the
+    postscript and its first 512: `open_index(span=N)`)."""
+    import asyncio
+
+    from aioloader.gcs_curl import CurlGCSBackend
+
+    backend = CurlGCSBackend(options, concurrency, {})
+    try:
+        files = await backend.glob(pattern)
+        todo = iter(files)
+
+        how, _, n = reads.partition(":")
+
+        async def reader() -> None:
+            for f in todo:
+                if how == "tail":
+                    await backend.read(f.url, max(0, f.size - int(n)), f.size)
+                else:
+                    post_at = f.size - (1 << 16)
+                    await backend.read(f.url, max(0, post_at - int(n)), post_at + 512)
+
+        await asyncio.gather(*(reader() for _ in range(min(concurrency, len(files)))))
+        await backend.read(files[len(files) // 2].url, 0, 16)
+        return len(files)
+    finally:
+        await backend.aclose()
+
+
 def child(spec: dict) -> dict:
     paths = spec["paths"]
-    if spec["lib"] == "grain":
+    if spec["lib"] == "floor":
+        import asyncio
+
+        import gcsfs  # imported before timing, as for aio below
+
+        import aioloader.gcs_curl
+
+        rss, cpu, t = _rss(), _cpu(), time.perf_counter()
+        n = asyncio.run(_floor(paths, spec["storage_options"], spec["reads"], spec["concurrency"]))
+    elif spec["lib"] == "grain":
         from grain.sources import ArrayRecordDataSource
 
         rss, cpu, t = _rss(), _cpu(), time.perf_counter()
@@ -78,28 +120,31 @@ def child(spec: dict) -> dict:
 
 # -- the datasets ----------------------------------------------------------------------------
 
-def _write(path: Path, n: int) -> None:
+def _write(path: Path, n: int, size: int = 8) -> None:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     tmp = path.with_suffix(".tmp")
     w = ArrayRecordWriter(str(tmp), "group_size:1,uncompressed")
     for i in range(n):
-        w.write(i.to_bytes(8, "little"))
+        w.write(i.to_bytes(8, "little") * (size // 8))
     w.close()
     os.replace(tmp, path)
 
 
-def datasets(root: Path, shards: list[int]) -> dict[str, str]:
-    """name -> glob; written once."""
+def datasets(root: Path, shards: list[int], wide: list[int] | None = None) -> dict[str, str]:
+    """name -> glob; written once. `wide-N`: N files of ~1.3 MB (2,000 records of 600 bytes),
+    larger than the 1 MiB that opening read of each remote file before stop 26."""
     out = {}
-    for name, files, per in [("many", MANY_FILES, RECORDS // MANY_FILES), ("one", 1, RECORDS),
-                             *[(f"shards-{s}", s, SHARD_RECORDS) for s in shards]]:
+    for name, files, per, size in [
+            ("many", MANY_FILES, RECORDS // MANY_FILES, 8), ("one", 1, RECORDS, 8),
+            *[(f"shards-{s}", s, SHARD_RECORDS, 8) for s in shards],
+            *[(f"wide-{s}", s, WIDE_RECORDS, 600) for s in wide or []]]:
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
         for k in range(files):
             p = d / f"part-{k:05d}.array_record"
             if not p.exists():
-                _write(p, per)
+                _write(p, per, size)
         out[name] = str(d / "part-*.array_record")
     return out
 
@@ -131,9 +176,18 @@ def main() -> None:
                     help="NAME=PATH of an aioloader tree (default: this one)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shards", default="100,500,2000")
+    ap.add_argument("--wide", default="", help="file counts of wide-N datasets (e.g. 300)")
     ap.add_argument("--only", action="append", default=[], help="dataset names to run")
     ap.add_argument("--no-gcs", action="store_true")
+    ap.add_argument("--no-local", action="store_true", help="gs:// rows only")
+    ap.add_argument("--no-cached", action="store_true", help="cold opens only")
     ap.add_argument("--no-grain", action="store_true")
+    ap.add_argument("--latency", default="0",
+                    help="gs:// delay-line latencies in ms, comma-separated (one emulator each)")
+    ap.add_argument("--floor", action="append", default=[],
+                    help="NAME=READS: a bare-client floor row (listing + one read per file, "
+                         "64 in flight; READS is tail:N or span:N, see _floor), e.g. "
+                         "floor=tail:1048576")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
@@ -141,70 +195,91 @@ def main() -> None:
         return
     python = sys.executable
     trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).parents[1])]]
+    floors = [tuple(f.split("=", 1)) for f in args.floor]
     shards = [int(s) for s in args.shards.split(",") if s]
-    data = datasets(Path(args.data_dir), shards)
+    data = datasets(Path(args.data_dir), shards, [int(s) for s in args.wide.split(",") if s])
     names = [n for n in data if not args.only or n in args.only]
-    gcs_ctx = None
-    gs_urls: dict[str, str] = {}
-    storage_options: dict = {}
-    if not args.no_gcs:
-        from aioloader.testing import local_gcs
-
-        gcs_ctx = local_gcs()
-        gcs = gcs_ctx.__enter__()
-        storage_options = gcs.storage_options
-        for name in names:
-            if name.startswith("shards-"):
-                for p in _expand(data[name]):
-                    gcs.upload(p, f"{name}/{Path(p).name}")
-                gs_urls[name] = gcs.url(f"{name}/part-*.array_record")
     caches = {t: tempfile.mkdtemp(prefix=f"idx-{t}-") for t, _ in trees}
     results: dict[tuple, list[dict]] = {}
+    sites = ([] if args.no_local else [None]) + (
+        [] if args.no_gcs else [float(x) for x in args.latency.split(",") if x])
+    for site in sites:
+        _run_site(site, names, data, trees, floors, caches, args, python, results)
+    print("| dataset | where | contender | index | open s | CPU s | RSS growth MB | requests "
+          "| MB read |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key, runs in results.items():
+        if any("error" in x for x in runs):
+            err = next(x["error"] for x in runs if "error" in x)
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | fails: {err} | | | | |")
+            continue
+        reqs = f"{statistics.median(x['requests'] for x in runs):.0f}" if "requests" in runs[0] \
+            else "-"
+        mb = f"{statistics.median(x['bytes'] for x in runs) / 1e6:.1f}" if "bytes" in runs[0] \
+            else "-"
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
+              f"{_cell([x['wall'] for x in runs], '.3f')} | "
+              f"{_cell([x.get('cpu', float('nan')) for x in runs], '.2f')} | "
+              f"{_cell([x['rss'] / 1e6 for x in runs], '.0f')} | {reqs} | {mb} |")
+
+
+def _run_site(site: float | None, names: list[str], data: dict[str, str], trees: list,
+              floors: list[tuple[str, ...]], caches: dict[str, str], args: argparse.Namespace,
+              python: str, results: dict[tuple, list[dict]]) -> None:
+    """Every contender on one site: local files (`site` None), or the emulator behind the
+    delay line at `site` ms (its counters give each gs:// run's requests and bytes)."""
+    gcs_ctx = gcs = None
+    urls: dict[str, str] = {}
+    if site is not None:
+        from aioloader.testing import local_gcs
+
+        gcs_ctx = local_gcs(latency_ms=site, proxy_process=True)
+        gcs = gcs_ctx.__enter__()
+        for name in names:
+            if name.startswith(("shards-", "wide-")):
+                for p in _expand(data[name]):
+                    gcs.upload(p, f"{name}/{Path(p).name}")
+                urls[name] = gcs.url(f"{name}/part-*.array_record")
+    where = "local" if site is None else f"gs {site:g} ms"
     try:
         for name in names:
+            if site is not None and name not in urls:
+                continue
+            paths = data[name] if site is None else urls[name]
+            opts = {} if gcs is None else {"storage_options": gcs.storage_options}
             contenders = []
             for tname, tree in trees:
-                contenders.append(((name, "local", tname, "cold"), tree,
-                                   {"lib": "aio", "paths": data[name]}))
-                cache = os.path.join(caches[tname], name)
-                os.makedirs(cache, mode=0o700, exist_ok=True)
-                contenders.append(((name, "local", tname, "cached"), tree,
-                                   {"lib": "aio", "paths": data[name], "cache": cache}))
-                if name in gs_urls:
-                    contenders.append(((name, "gs", tname, "cold"), tree,
-                                       {"lib": "aio", "paths": gs_urls[name],
-                                        "storage_options": storage_options}))
-                    gcache = cache + "-gs"
-                    os.makedirs(gcache, mode=0o700, exist_ok=True)
-                    contenders.append(((name, "gs", tname, "cached"), tree,
-                                       {"lib": "aio", "paths": gs_urls[name], "cache": gcache,
-                                        "storage_options": storage_options}))
-            if not args.no_grain:
-                contenders.append(((name, "local", "grain", "-"), None,
+                contenders.append(((name, where, tname, "cold"), tree,
+                                   {"lib": "aio", "paths": paths, **opts}))
+                if not args.no_cached:
+                    cache = os.path.join(caches[tname], f"{name}-{where.replace(' ', '')}")
+                    os.makedirs(cache, mode=0o700, exist_ok=True)
+                    contenders.append(((name, where, tname, "cached"), tree,
+                                       {"lib": "aio", "paths": paths, "cache": cache, **opts}))
+            if gcs is not None:
+                for fname, reads in floors:
+                    contenders.append(((name, where, fname, "-"), trees[0][1],
+                                       {"lib": "floor", "paths": paths, "reads": reads,
+                                        "concurrency": 64, **opts}))
+            elif not args.no_grain:
+                contenders.append(((name, where, "grain", "-"), None,
                                    {"lib": "grain", "paths": _expand(data[name])}))
             for _, tree, spec in contenders:  # warm the page cache and fill index caches
                 run_child(python, tree, spec)
             for r in range(args.rounds):
                 order = contenders if r % 2 == 0 else contenders[::-1]
                 for key, tree, spec in order:
-                    results.setdefault(key, []).append(run_child(python, tree, spec))
-                    print(f"  {key}: {results[key][-1]}", file=sys.stderr)
+                    before = gcs.proxy_stats if gcs is not None else None
+                    out = run_child(python, tree, spec)
+                    if before is not None:
+                        after = gcs.proxy_stats
+                        out["requests"] = after.requests - before.requests
+                        out["bytes"] = after.bytes_down - before.bytes_down
+                    results.setdefault(key, []).append(out)
+                    print(f"  {key}: {out}", file=sys.stderr)
     finally:
         if gcs_ctx is not None:
             gcs_ctx.__exit__(None, None, None)
-    print("| dataset | where | contender | index | open s | CPU s | RSS growth MB | B/record |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key, runs in results.items():
-        if any("error" in x for x in runs):
-            err = next(x["error"] for x in runs if "error" in x)
-            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | fails: {err} | | | |")
-            continue
-        n = runs[0]["n"]
-        print(f"| {key[0]} ({n:,} rec) | {key[1]} | {key[2]} | {key[3]} | "
-              f"{_cell([x['wall'] for x in runs], '.3f')} | "
-              f"{_cell([x.get('cpu', float('nan')) for x in runs], '.2f')} | "
-              f"{_cell([x['rss'] / 1e6 for x in runs], '.0f')} | "
-              f"{statistics.median(x['rss'] for x in runs) / n:.1f} |")
 
 
 def _cell(xs: list[float], f: str) -> str:

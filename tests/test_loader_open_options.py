@@ -11,7 +11,7 @@ import aioloader as al
 from aioloader.gcs_aiohttp import GCSBackend
 from aioloader.gcs_client import GCS_CLIENTS
 from aioloader.options import GCS_CLIENTS as OPTION_CLIENTS
-from aioloader.source import table as source_table
+from aioloader.source import opening as source_table
 from aioloader.testing import local_gcs
 
 

@@ -37,14 +37,16 @@ def files(tmp_path_factory):
     return out
 
 
-def _open(data: bytes, verify: str = "headers", small: bool = False, seen=None):
+def _open(data: bytes, verify: str = "headers", small: bool = False, seen=None,
+          span: int | None = None):
     def fetch(o, n):
         if seen is not None:
             seen.append((o, n))
         return data[o : o + n]
 
     try:
-        ix = read_index(len(data), fetch, path="f", verify=verify, small_reads=small)
+        ix = read_index(len(data), fetch, path="f", verify=verify, small_reads=small,
+                        span=span)
     except ArrayRecordFormatError as err:
         return ("error", str(err))
     return ("ok", ix.footer_offset, ix.chunk_offsets.tolist(), ix.chunk_records.tolist(),
@@ -131,8 +133,42 @@ def test_a_damaged_tail_opens_or_fails_as_the_general_path_says(files, data):
             raw[at + k] = data.draw(st.integers(0, 255))
     damaged = bytes(raw)
     verify = data.draw(st.sampled_from(["headers", "none"]))
+    span = data.draw(st.sampled_from(SPANS))
     assert _open(damaged, verify) == _general(damaged, verify) == \
-        _open(damaged, verify, small=True)
+        _open(damaged, verify, small=True) == _open(damaged, verify, span=span)
+
+
+# `span`s: none before the postscript (the footer always by a second read), one that ends
+# inside a footer, one that holds any footer of up to 64 KiB, more than any file here.
+SPANS = [0, 1000, 2 * BLOCK_SIZE, 1 << 20]
+
+
+@pytest.mark.parametrize("options", [*OPTIONS, BIG])
+@pytest.mark.parametrize("span", SPANS)
+def test_span_reads_the_footer_with_the_postscript_head_and_opens_alike(files, options,
+                                                                         span):
+    """`span` reads the `span` bytes before the postscript and the postscript's head in one
+    request — a footer outside them in one more, exactly its range — and opens alike."""
+    data = files[options]
+    seen: list[tuple[int, int]] = []
+    got = _open(data, small=False, seen=seen, span=span)
+    assert got == _open(data) == _general(data)
+    assert _open(data, "none", span=span) == _general(data, "none")
+    post_at, footer_at = len(data) - BLOCK_SIZE, got[1]
+    start = max(0, post_at - span)
+    assert seen[0] == (start, post_at + index.POSTSCRIPT_PROBE - start)
+    assert seen[1:] == ([] if footer_at >= start else [(footer_at, post_at - footer_at)])
+
+
+def test_span_reads_an_unusual_postscript_block_whole(files):
+    """A postscript the quick parse declines (here: its hash damaged) is read whole and
+    named as the tail read names it."""
+    data = bytearray(files[OPTIONS[0]])
+    data[len(data) - BLOCK_SIZE + 3] ^= 0xFF  # the block header's hash
+    seen: list[tuple[int, int]] = []
+    got = _open(bytes(data), seen=seen, span=1 << 20)
+    assert got == _open(bytes(data)) and got[0] == "error" and "postscript" in got[1]
+    assert seen[1] == (len(data) - BLOCK_SIZE, BLOCK_SIZE)
 
 
 

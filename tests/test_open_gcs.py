@@ -14,8 +14,9 @@ import dataclasses
 import pytest
 
 from aioloader.arrayrecord import ArrayRecordFormatError
+from aioloader.arrayrecord.layout import BLOCK_SIZE
 from aioloader.source import ArrayRecordSource
-from aioloader.source import table as source_table
+from aioloader.source import opening as source_table
 from aioloader.storage import ObjectChangedError, RetryPolicy, Storage, StorageError
 from aioloader.testing import ProxyStats, local_gcs
 
@@ -32,7 +33,7 @@ def gcs():
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """20 small files (each under the 1 MiB speculative tail) and one of ~2.5 MB."""
+    """20 small files (two 64 KiB blocks each) and one of ~2.5 MB."""
     root = tmp_path_factory.mktemp("open")
     out = []
     for k in range(FILES):
@@ -43,7 +44,7 @@ def shards(tmp_path_factory):
     big = root / "big.ar"
     records = make_records(1000, 2500, seed=99)
     write_theirs(big, records, "group_size:1,uncompressed")
-    assert big.stat().st_size > 2 * source_table.CLOUD_TAIL
+    assert big.stat().st_size > 2 * source_table.CLOUD_SPAN
     out.append((big, records))
     return out
 
@@ -76,7 +77,7 @@ async def test_twenty_named_objects_open_in_twenty_requests(gcs, shards):
 
 
 async def test_size_and_generation_match_the_metadata(gcs, shards):
-    path, _ = shards[-1]  # bigger than the 1 MiB tail: a 206 for the last 1 MiB
+    path, _ = shards[-1]  # bigger than the suffix read: a 206 for its last bytes
     url = gcs.upload(path, "meta/big.ar")
     src, seen = await _open_counted(gcs, url)
     try:
@@ -102,9 +103,88 @@ async def test_glob_opens_with_one_listing_and_one_read_per_file(gcs, shards):
         await src.aclose()
 
 
+async def test_a_glob_reads_each_footer_and_postscript_head_not_whole_tails(gcs, shards):
+    """Each file's one read is its footer's span and the postscript's head: for these
+    two-block files about half the file (the whole file was read before: 128 KiB)."""
+    for p, _ in shards[:FILES]:
+        gcs.upload(p, f"spans/{p.name}")
+    src, seen = await _open_counted(gcs, gcs.url("spans/part-*.ar"))
+    try:
+        assert seen["downloads"] == FILES
+        per_file = src.storage.stats.bytes / FILES
+        assert per_file < BLOCK_SIZE + 1024, per_file
+        expected = [r for _, records in shards[:FILES] for r in records]
+        assert await src.read([0, len(expected) - 1]) == [expected[0], expected[-1]]
+    finally:
+        await src.aclose()
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Four ~1.2 MB files with small footers (part-0k), and four whose footers (~80 KB,
+    20,000 one-byte records) are larger than the first read holds (part-1k)."""
+    root = tmp_path_factory.mktemp("wide")
+    small, big = [], []
+    for k in range(4):
+        path = root / f"part-0{k}.ar"
+        write_theirs(path, make_records(1000, 1200, seed=k), "group_size:1,uncompressed")
+        small.append(path)
+        path = root / f"part-1{k}.ar"
+        records = make_records(1, 20_000, seed=k)
+        write_theirs(path, records, "group_size:1,uncompressed")
+        big.append(path)
+    return small, big, records
+
+
+async def test_a_large_file_reads_its_footer_not_a_megabyte(gcs, wide):
+    small, _, _ = wide
+    for p in small:
+        gcs.upload(p, f"wide/{p.name}")
+    src, seen = await _open_counted(gcs, gcs.url("wide/part-*.ar"))
+    try:
+        assert seen["downloads"] == len(small)
+        first = source_table.FIRST_SPAN + source_table.POSTSCRIPT_PROBE
+        assert src.storage.stats.bytes == len(small) * first  # was 1 MiB a file
+    finally:
+        await src.aclose()
+
+
+async def test_later_files_read_what_earlier_footers_took(gcs, wide):
+    """One read in flight: the first file's footer is larger than the first read holds (a
+    second read); the next files' first reads are sized to hold such a footer."""
+    _, big, records = wide
+    for p in big:
+        gcs.upload(p, f"learn/{p.name}")
+    storage = Storage(storage_options=gcs.storage_options, concurrency=1)
+    before = gcs.proxy_stats
+    src = await ArrayRecordSource.open(gcs.url("learn/part-*.ar"), storage=storage)
+    try:
+        assert _delta(before, gcs.proxy_stats)["downloads"] == len(big) + 1
+        took = [ix.size - BLOCK_SIZE - ix.footer_offset for ix in src.file_indices]
+        assert min(took) > source_table.FIRST_SPAN - BLOCK_SIZE  # so each needed more
+        assert await src.read([len(src) - 1]) == [records[-1]]
+    finally:
+        await storage.aclose()
+
+
+async def test_a_footer_larger_than_learned_costs_one_more_read(gcs, wide):
+    small, big, records = wide
+    for p in [*small[:3], big[3]]:
+        gcs.upload(p, f"outlier/{p.name}")
+    storage = Storage(storage_options=gcs.storage_options, concurrency=1)
+    before = gcs.proxy_stats
+    src = await ArrayRecordSource.open(gcs.url("outlier/part-*.ar"), storage=storage)
+    try:
+        assert _delta(before, gcs.proxy_stats)["downloads"] == 5  # 4 files, the last twice
+        assert len(src) == 3 * 1200 + 20_000
+        assert await src.read([len(src) - 1]) == [records[-1]]
+    finally:
+        await storage.aclose()
+
+
 async def test_footer_beyond_the_tail_costs_a_second_request(gcs, shards, monkeypatch):
-    # With a 64 KiB speculative tail only the postscript block arrives with the first GET.
-    monkeypatch.setattr(source_table, "CLOUD_TAIL", 1 << 16)
+    # With no span before the postscript only the postscript block arrives with the first GET.
+    monkeypatch.setattr(source_table, "FIRST_SPAN", 0)
     path, records = shards[-1]
     url = gcs.upload(path, "short-tail/big.ar")
     src, seen = await _open_counted(gcs, url)
@@ -263,8 +343,9 @@ async def test_a_206_that_is_not_the_tail_is_a_clear_error(shards):
     async with _odd_server({"big.ar": path.read_bytes()}, "head-not-tail") as (opts, _):
         storage = Storage(storage_options=opts)
         try:
-            with pytest.raises(StorageError, match=r"gs://b/big\.ar: asked for the last "
-                                                   r"1048576 bytes.*Content-Range 'bytes 0-"):
+            n = BLOCK_SIZE + source_table.FIRST_SPAN
+            with pytest.raises(StorageError, match=rf"gs://b/big\.ar: asked for the last "
+                                                   rf"{n} bytes.*Content-Range 'bytes 0-"):
                 await ArrayRecordSource.open("gs://b/big.ar", storage=storage)
         finally:
             await storage.aclose()

@@ -73,12 +73,15 @@ def open_index(
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
     small_reads: bool = False,
+    span: int | None = None,
 ) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
     """Parse a file's index; yields read requests, returns a `FileIndex`.
 
     `max_decoded` bounds what the footer may take to read and decode (see `decode_chunk`).
     `small_reads` trades the one speculative tail read for two or three small ones (see the
-    module's docstring); the index, and the error for a damaged file, are the same.
+    module's docstring); `span` (instead of `tail`) makes the one speculative read the `span`
+    bytes before the postscript and the postscript's head, not the rest of its block. The
+    index, and the error for a damaged file, are the same.
     """
     _check_verify(verify)
     if size < MIN_FILE_SIZE or size % BLOCK_SIZE:
@@ -93,6 +96,8 @@ def open_index(
     tail_start = size - tail
     if small_reads:
         return (yield from _open_small(size, path, verify, tail_start, max_decoded))
+    if span is not None:
+        return (yield from _open_span(size, path, verify, span, max_decoded))
     tail_bytes = yield (tail_start, tail)
     _check_length(tail_bytes, tail, tail_start, path)
     post_at = size - BLOCK_SIZE
@@ -100,21 +105,66 @@ def open_index(
         footer_offset = postscript.parse_postscript(
             memoryview(tail_bytes)[post_at - tail_start :], post_at, verify, path
         )
-    if footer_offset >= tail_start:
+    return (yield from _footer_from(tail_bytes, tail_start, footer_offset, size, path, verify,
+                                    max_decoded))
+
+
+def _footer_from(buf, buf_at: int, footer_offset: int, size: int, path: str | None,
+                 verify: str, max_decoded: int,
+                 ) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
+    """The footer's whole range (to the postscript) from `buf`, the bytes read from `buf_at`
+    on, or, when it starts before them, by one more read; parsed and checked."""
+    post_at = size - BLOCK_SIZE
+    if footer_offset >= buf_at:
         footer_raw: bytes | memoryview = (
-            memoryview(tail_bytes)[footer_offset - tail_start : post_at - tail_start])
+            memoryview(buf)[footer_offset - buf_at : post_at - buf_at])
     else:
-        if post_at - footer_offset > max_decoded:
-            raise ArrayRecordFormatError(
-                f"the footer would span {post_at - footer_offset} bytes, more than the "
-                f"memory budget of {max_decoded} bytes allows", path=path,
-                offset=footer_offset, hint="the postscript is corrupted or crafted; if the "
-                "file is genuine, raise the budget (the loader's memory_budget)",
-            )
+        _check_span(post_at - footer_offset, max_decoded, footer_offset, path)
         footer_raw = yield (footer_offset, post_at - footer_offset)
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
     with _locating(path, footer_offset):
         return _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
+
+
+def _check_span(span: int, max_decoded: int, footer_offset: int, path: str | None) -> None:
+    """Refuse a footer range larger than the memory budget before reading it."""
+    if span > max_decoded:
+        raise ArrayRecordFormatError(
+            f"the footer would span {span} bytes, more than the memory budget of "
+            f"{max_decoded} bytes allows", path=path, offset=footer_offset,
+            hint="the postscript is corrupted or crafted; if the file is genuine, raise the "
+            "budget (the loader's memory_budget)",
+        )
+
+
+def _postscript_from(head, size: int, path: str | None, verify: str,
+                     ) -> Generator[ReadRequest, bytes | memoryview, int]:
+    """The footer offset from the postscript's first bytes (`head`), or, for an unusual or
+    damaged postscript, from its whole block, read and parsed as the tail read does."""
+    post_at = size - BLOCK_SIZE
+    footer_offset = postscript.quick_postscript(head, post_at, verify, size)
+    if footer_offset is None:
+        block = yield (post_at, BLOCK_SIZE)
+        _check_length(block, BLOCK_SIZE, post_at, path)
+        with _locating(path, post_at):
+            footer_offset = postscript.parse_postscript(block, post_at, verify, path)
+    return footer_offset
+
+
+def _open_span(size: int, path: str | None, verify: str, span: int, max_decoded: int,
+               ) -> Generator[ReadRequest, bytes | memoryview, FileIndex]:
+    """`open_index` by one read of the `span` bytes before the postscript and the
+    postscript's head: a remote file's footer and padding in one round trip, without the
+    rest of the postscript's 64 KiB block (or, for small files, the whole file)."""
+    post_at = size - BLOCK_SIZE
+    start = max(0, post_at - span)
+    want = post_at + POSTSCRIPT_PROBE - start
+    buf = yield (start, want)
+    _check_length(buf, want, start, path)
+    footer_offset = yield from _postscript_from(memoryview(buf)[post_at - start :], size, path,
+                                                verify)
+    return (yield from _footer_from(buf, start, footer_offset, size, path, verify,
+                                    max_decoded))
 
 
 def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_decoded: int,
@@ -125,20 +175,10 @@ def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_d
     post_at = size - BLOCK_SIZE
     head = yield (post_at, POSTSCRIPT_PROBE)
     _check_length(head, POSTSCRIPT_PROBE, post_at, path)
-    footer_offset = postscript.quick_postscript(head, post_at, verify, size)
-    if footer_offset is None:
-        block = yield (post_at, BLOCK_SIZE)
-        _check_length(block, BLOCK_SIZE, post_at, path)
-        with _locating(path, post_at):
-            footer_offset = postscript.parse_postscript(block, post_at, verify, path)
+    footer_offset = yield from _postscript_from(head, size, path, verify)
     span = post_at - footer_offset
-    if footer_offset < tail_start and span > max_decoded:
-        raise ArrayRecordFormatError(
-            f"the footer would span {span} bytes, more than the memory budget of "
-            f"{max_decoded} bytes allows", path=path, offset=footer_offset,
-            hint="the postscript is corrupted or crafted; if the file is genuine, raise the "
-            "budget (the loader's memory_budget)",
-        )
+    if footer_offset < tail_start:
+        _check_span(span, max_decoded, footer_offset, path)
     want = min(span, FOOTER_PROBE)
     raw = yield (footer_offset, want)
     _check_length(raw, want, footer_offset, path)
@@ -204,10 +244,11 @@ def read_index(
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
     small_reads: bool = False,
+    span: int | None = None,
 ) -> FileIndex:
     """Drive `open_index` with a blocking `fetch(offset, length) -> bytes`."""
     steps = open_index(size, path=path, verify=verify, tail=tail, max_decoded=max_decoded,
-                       small_reads=small_reads)
+                       small_reads=small_reads, span=span)
     try:
         request = next(steps)
         while True:

@@ -30,8 +30,9 @@ from ..storage import Storage, StorageError, is_local, redact
 from ..sync import release, run_sync
 from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
+from .opening import open_table
 from .records import ChunkCache, read_chunks
-from .table import RecordTable, open_table
+from .table import RecordTable
 
 log = logger("source")
 

@@ -1,0 +1,232 @@
+"""Opening: list the files, read and parse every file's footer, build the `RecordTable`.
+
+Opening lists the files (one listing for a glob), then reads every file's footer, all files
+in parallel: local files in a few batched thread-pool jobs, by small reads of what they
+declare (the postscript's head, then the footer); remote files, as many in flight as the
+storage allows, by one speculative read each of the footer's likely span and the
+postscript's head, sized by the files opened before (a footer that does not fit costs one
+more read). A gs:// file named without a glob takes one request (a suffix-range GET also
+gives its size and generation). With an index cache, the listing is followed by one mapped
+table instead (`index_cache`). Each file is pinned to the version first seen, so a rewrite
+shows up as an error, not as other records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from ..arrayrecord import FileIndex, open_index
+from ..arrayrecord.index import POSTSCRIPT_PROBE
+from ..arrayrecord.layout import BLOCK_SIZE
+from ..index_cache import IndexCache
+from ..storage import ObjectInfo, Storage, has_glob, is_local, redact
+from .table import RecordTable
+
+# A remote file's one speculative read: this much before its postscript (with the
+# postscript's head). A footer chunk is followed by padding to the next 64 KiB boundary at
+# least a chunk header on, so a footer of f bytes and its padding take less than
+# f + BLOCK_SIZE + PAD_SLACK: FIRST_SPAN holds any footer of up to 64 KiB wherever it ends,
+# and once a file's footer and padding took more (a second read), later files' reads are
+# sized to hold that footer wherever it ends (`_Opener.learn`), up to CLOUD_SPAN.
+FIRST_SPAN = 2 * BLOCK_SIZE
+PAD_SLACK = 128  # the padding chunk's header (40 bytes) and a block header (24) inside it
+CLOUD_SPAN = 1 << 20  # the most learned: footers of up to ~300k chunks in one round trip
+
+
+async def gather_all(coros) -> list[Any]:
+    """`asyncio.gather`, but the first failure cancels and awaits the rest, so none is still
+    running (and using the storage being closed) when the error reaches the caller."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
+                     index_cache: IndexCache | None) -> RecordTable:
+    """List and index the files `patterns` name, in order, all at once. With an index
+    cache: list, then map the files' cached table, or index them and store it."""
+    opener = _Opener(storage, verify)
+    if index_cache is not None:
+        listed = await gather_all(opener.list_pattern(p) for p in patterns)
+        infos = [i for group in listed for i in group]
+        cached = index_cache.load(infos)
+        if cached is not None:
+            table = RecordTable(infos, cached.indices, cached.bounds)
+            table.pattern_files = [len(g) for g in listed]
+            return table
+        table = RecordTable(infos, await opener.open_files(infos))
+        table.pattern_files = [len(g) for g in listed]
+        index_cache.store(infos, table.indices)
+        return await _trimmed(table)
+    groups = await gather_all(opener.open_pattern(p) for p in patterns)
+    table = RecordTable([info for group in groups for info, _ in group],
+                        [index for group in groups for _, index in group])
+    table.pattern_files = [len(g) for g in groups]
+    del groups  # the parsed columns, now copied into the table: free them before trimming
+    return await _trimmed(table)
+
+
+async def _trimmed(table: RecordTable) -> RecordTable:
+    """`table`, after giving the heap's free memory back to the system (glibc only).
+
+    Parsing footers frees per-file columns (copied into the table, narrowed, or found to
+    be all ones) of ~100 KB–40 MB each; glibc's growing mmap threshold keeps such blocks in
+    the heap, which left ~8 bytes per record of freed memory in RSS after a 5M-record open.
+    """
+    if _malloc_trim is not None and table.chunk_count > 100_000:
+        await asyncio.sleep(0)  # finished tasks' callbacks still hold their results
+        _malloc_trim(0)
+    return table
+
+
+def _find_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, ImportError):  # not glibc: nothing to do
+        return None
+
+
+_malloc_trim = _find_malloc_trim() if sys.platform.startswith("linux") else None
+
+
+class _Opener:
+    """Reads files' tails into footer indices through one storage."""
+
+    def __init__(self, storage: Storage, verify: str) -> None:
+        self.storage = storage
+        self.verify = verify
+        self.span = FIRST_SPAN  # how much before a remote file's postscript to read first
+
+    def _span(self) -> int:
+        """`span`, within the byte budget."""
+        return max(0, min(self.span, self.storage.max_inflight_bytes - POSTSCRIPT_PROBE))
+
+    def learn(self, index: FileIndex) -> None:
+        """Size later files' first reads to hold a footer as large as this one's, wherever
+        its padding ends (see FIRST_SPAN)."""
+        took = index.size - BLOCK_SIZE - index.footer_offset  # footer and padding
+        self.span = max(self.span, min(CLOUD_SPAN, took + BLOCK_SIZE + PAD_SLACK))
+
+    async def list_pattern(self, pattern: str) -> list[ObjectInfo]:
+        """The files `pattern` names, pinned: a listing for a glob, a lookup for a name."""
+        if has_glob(pattern):
+            return await self._list(pattern)
+        info = await self.storage.info(pattern)
+        self.storage.pin(info)
+        return [info]
+
+    async def open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
+        """Open the files `pattern` names, in order, each pinned to the version first seen.
+
+        A glob is one listing (sizes and generations included), then one tail read per file.
+        A single name is one request on gs:// (a suffix-range GET gives size, generation and
+        tail together), and a size lookup then a tail read elsewhere; its tail is parsed as
+        soon as it arrives, so thousands of named files never hold their tails all at once.
+        """
+        if has_glob(pattern):
+            files = await self._list(pattern)
+            return list(zip(files, await self.open_files(files)))
+        span = self._span()  # the same for the suffix GET and the parse: one request
+        info, tail = await self.storage.read_tail(pattern, BLOCK_SIZE + span)
+        self.storage.pin(info)
+        return [(info, await self._open_file(info, tail, span))]
+
+    async def open_files(self, files: list[ObjectInfo]) -> list[FileIndex]:
+        """Index many files at once. Remote files: as many tail reads in flight as the
+        storage allows, each parsed as it lands (`_open_remote`). Local files: every
+        parser's next read goes out in one `read_many` (a few batched thread-pool jobs, not
+        a hop per file), in waves that fit the byte budget."""
+        local = [k for k, info in enumerate(files) if is_local(info.url)]
+        out: list[FileIndex | None] = [None] * len(files)
+        if len(local) < len(files):
+            remote = [k for k in range(len(files)) if not is_local(files[k].url)]
+            for k, index in zip(remote, await self._open_remote([files[k] for k in remote])):
+                out[k] = index
+        steps: dict[int, Generator[tuple[int, int], bytes | memoryview, FileIndex]] = {}
+        wanted: dict[int, tuple[int, int]] = {}
+        for k in local:
+            info = files[k]
+            steps[k] = open_index(info.size, path=redact(info.url), verify=self.verify,
+                                  max_decoded=self.storage.max_inflight_bytes,
+                                  small_reads=True)
+            wanted[k] = next(steps[k])
+        wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
+        while wanted:
+            keys: list[int] = []
+            total = 0
+            for k, (_, length) in wanted.items():
+                if keys and total + length > wave_bytes:
+                    break
+                keys.append(k)
+                total += length
+            datas = await self.storage.read_many(
+                [(files[k].url, wanted[k][0], wanted[k][0] + wanted[k][1]) for k in keys])
+            for k, data in zip(keys, datas):
+                try:
+                    wanted[k] = steps[k].send(data)
+                except StopIteration as done:
+                    del wanted[k]
+                    out[k] = done.value
+        return out  # type: ignore[return-value]
+
+    async def _open_remote(self, files: list[ObjectInfo]) -> list[FileIndex]:
+        """Index remote files, at most `storage.limit` at once: that many tasks take the next
+        file as each finishes. Handing the storage every tail at once would queue the rest
+        on its slots, and a read's deadline runs from when it is issued: opening thousands
+        of files from a slow bucket failed so, each read timed out waiting behind the others.
+        """
+        out: list[FileIndex | None] = [None] * len(files)
+        todo = iter(range(len(files)))
+
+        async def opener() -> None:
+            for k in todo:  # shared: each file is taken by one task
+                out[k] = await self._open_file(files[k])
+
+        await gather_all(opener() for _ in range(min(len(files), max(1, self.storage.limit))))
+        return out  # type: ignore[return-value]
+
+    async def _list(self, pattern: str) -> list[ObjectInfo]:
+        """The files a glob matches, pinned; no per-file lookups (the listing has it all)."""
+        found = await self.storage.glob(pattern)
+        if not found:
+            raise FileNotFoundError(
+                f"no files match {redact(pattern)!r} (check the path and pattern)"
+            )
+        for info in found:
+            self.storage.pin(info)
+        return found
+
+    async def _open_file(self, info: ObjectInfo, tail: bytes | None = None,
+                         span: int | None = None) -> FileIndex:
+        """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read.
+        A local file by small reads; a remote one by one read of its footer's likely span
+        (`span`, default `_span()`) and its postscript's head (`open_index`'s `span`),
+        learning from each file."""
+        local = is_local(info.url)
+        steps = open_index(info.size, path=redact(info.url), verify=self.verify,
+                           max_decoded=self.storage.max_inflight_bytes, small_reads=local,
+                           span=None if local else span if span is not None else self._span())
+        tail_at = info.size - len(tail) if tail is not None else info.size
+        try:
+            offset, length = next(steps)
+            while True:
+                if tail is not None and tail_at <= offset and offset + length <= info.size:
+                    data = (tail if length == len(tail) else
+                            memoryview(tail)[offset - tail_at : offset - tail_at + length])
+                else:
+                    data = await self.storage.read(info.url, offset, offset + length)
+                offset, length = steps.send(data)
+        except StopIteration as done:
+            if not local:
+                self.learn(done.value)
+            return done.value
