@@ -27,8 +27,8 @@ from ..collate import collate
 from ..transforms import MapOp, RandomMapOp
 from .arena import SlotAlloc
 
-PIECE_BYTES = 8 << 20  # records' stored bytes per piece
-MIN_TASK_BYTES = 32 << 20  # smaller tasks are made whole (one piece would be the whole)
+PIECE_BYTES = 2 << 20  # records' stored bytes per piece
+MIN_TASK_BYTES = 8 << 20  # smaller tasks are made whole (a few pieces would be the whole)
 
 _whole: set[int] = set()  # ids of pipelines whose pieces did not stack (see module doc)
 # id of a pipeline -> the largest slot room its batch did not fit: with no more room than
