@@ -269,6 +269,10 @@ def main() -> None:
                     ignore=shutil.ignore_patterns("data", "__pycache__", "*.png"))
     trees = {"before": a.before.resolve(), "after": a.after.resolve()} if a.before else \
         {"after": a.after.resolve()}
+    for tree in trees.values():  # as installed: this machine sets PYTHONDONTWRITEBYTECODE,
+        # so each child (and its forkserver) would compile an editable tree's stale modules
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "aioloader")],
+                       check=True)
     configs: list[tuple[str, dict[str, Any]]] = []
     if a.mode == "big":
         data = big_data(a.data)
