@@ -256,6 +256,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("/tmp/aioloader-bench-big"))
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--kinds", default="mib,img")
+    ap.add_argument("--batches", type=int, help="big: batches a run (10 mib, 32 img)")
     ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     a = ap.parse_args()
     if a.mode == "child":
@@ -278,7 +279,7 @@ def main() -> None:
         data = big_data(a.data)
         for kind in a.kinds.split(","):
             for w in map(int, a.workers.split(",")):
-                batches = 10 if kind == "mib" else 32
+                batches = a.batches or (10 if kind == "mib" else 32)
                 configs.append((f"{kind} w={w}", {"kind": kind, "paths": data[kind],
                                                   "workers": w, "batches": batches,
                                                   "epochs": 8}))
