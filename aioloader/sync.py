@@ -128,9 +128,9 @@ def stop_background_loop() -> None:
     loop.close()
 
 
-def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[T]], *,
+def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[Any]], *,
          depth: int, closing: Callable[[], bool], check: Callable[[], None],
-         on_exit: Callable[[], None]) -> Iterator[T]:
+         on_exit: Callable[[], None], held: bool = False) -> Iterator[Any]:
     """A plain iterator over `await next_item()` (until StopAsyncIteration), run on `loop`.
 
     A pump task on the loop keeps up to `depth` items ready in a `queue.Queue`, so a ready
@@ -138,7 +138,9 @@ def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[T]],
     back first). A CancelledError while `closing()` (closed from another thread) ends the
     iteration like the last item; `check()` runs before each item (e.g. refuses in a forked
     child), and `on_exit()` when the iteration ends, however it ends, before the items not
-    taken are dropped.
+    taken are dropped. `held`: items are tuples whose last element is None or a function
+    the pump calls on the loop once the consumer took the item (a place ahead that the item
+    held while it waited here); they are handed out without it.
     """
     pid = os.getpid()
     handoff: queue.Queue = queue.Queue()
@@ -170,13 +172,25 @@ def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[T]],
                 return
             if kind == "error":
                 raise value
-            loop.call_soon_threadsafe(credits[0].release)
+            release = None
+            if held:
+                *rest, release = value
+                value = tuple(rest)
+            loop.call_soon_threadsafe(_taken, credits[0], release)
             yield value
     finally:
         if pumping is not None and os.getpid() == pid:
             pumping.cancel()
         on_exit()
         handoff.queue.clear()  # items not taken: their memory goes now, not at a gc
+
+
+def _taken(credit: asyncio.Semaphore, release: Callable[[], None] | None) -> None:
+    """(On the loop) the consumer took an item: room for another in the hand-off, and the
+    place it held ahead given back."""
+    credit.release()
+    if release is not None:
+        release()
 
 
 def _forget_after_fork() -> None:

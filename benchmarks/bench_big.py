@@ -11,8 +11,9 @@ the first batch, peak memory (the sum over the parent and its workers of VmHWM, 
 counts shared pages once per process that touched them, and the peak of the sampled sum of
 PSS, which counts them once), and CPU per record (parent and workers, the whole run: a
 steadier figure than rates on a shared machine; multiprocessing's forkserver and resource
-tracker not counted). `first`: the time from building the pipeline to the first batch in
-hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
+tracker not counted); `--breakdown` splits the peak PSS by process and by kind (the arena's
+shared memory, heap, anonymous maps, files). `first`: the time from building the pipeline
+to the first batch in hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
 """
 
 from __future__ import annotations
@@ -119,6 +120,41 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
+def _pss_by_kind(pid: int) -> dict[str, int]:
+    """`pid`'s PSS (kB) by what it maps: the arena's shared memory, the heap (brk),
+    anonymous maps (Python's object arenas, big buffers, thread stacks), and files (code)."""
+    out: dict[str, int] = {}
+    kind = "files"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head, _, rest = line.partition(" ")
+                if "-" in head and not head.endswith(":"):  # a mapping's first line
+                    name = rest.split(None, 4)[4].strip() if len(rest.split(None, 4)) > 4 else ""
+                    kind = ("arena" if "aioloader-arena" in name else "heap" if name == "[heap]"
+                            else "anon" if not name or name.startswith("[") else "files")
+                elif head == "Pss:":
+                    out[kind] = out.get(kind, 0) + int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def _role(pid: int, me: int) -> str:
+    if pid == me:
+        return "parent"
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return "gone"
+    if ppid != me:  # the forkserver's forks (their command line is the server's)
+        return "workers"
+    return "tracker" if "resource_tracker" in cmd else "forkserver"
+
+
 def _children(pid: int) -> list[int]:
     import psutil
 
@@ -158,13 +194,26 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
     import aioloader as al
 
     me = os.getpid()
-    peak = {"pss": 0}
+    peak: dict[str, Any] = {"pss": 0}
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.05):
             pids = [me, *_children(me)]
-            peak["pss"] = max(peak["pss"], sum(_pss_kb(p) for p in pids))
+            if not spec.get("breakdown"):
+                peak["pss"] = max(peak["pss"], sum(_pss_kb(p) for p in pids))
+                continue
+            parts = {p: _pss_by_kind(p) for p in pids}
+            total = sum(sum(v.values()) for v in parts.values())
+            if total > peak["pss"]:  # the peak's share of each process and kind, in MB
+                peak["pss"] = total
+                by: dict[str, dict[str, float]] = {}
+                for p, kinds in parts.items():
+                    role = _role(p, me)
+                    for k, kb in kinds.items():
+                        row = by.setdefault(role, {})
+                        row[k] = round(row.get(k, 0) + kb / 1024, 1)
+                peak["by"] = by
 
     threading.Thread(target=sample, daemon=True).start()
     fn = {"mib": as_bytes_array, "img": as_image224}[spec["kind"]]
@@ -192,7 +241,8 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
             "cpu_us": cpu / (count * 256) * 1e6,
             "batch_mb": 256 * fn(bytes(1 << 20 if spec["kind"] == "mib"
                                        else int(np.prod(IMG224)))).nbytes / 1e6,
-            "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")}}
+            "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")},
+            **({"peak_by": peak["by"]} if "by" in peak else {})}
 
 
 def child_first(spec: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +306,10 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("/tmp/aioloader-bench-big"))
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--kinds", default="mib,img")
+    ap.add_argument("--batches", type=int, help="big: batches a run (10 mib, 32 img)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="big: the peak PSS by process (parent, forkserver, resource tracker, "
+                         "workers) and kind (arena, heap, anon, files), from /proc/*/smaps")
     ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     a = ap.parse_args()
     if a.mode == "child":
@@ -278,10 +332,10 @@ def main() -> None:
         data = big_data(a.data)
         for kind in a.kinds.split(","):
             for w in map(int, a.workers.split(",")):
-                batches = 10 if kind == "mib" else 32
+                batches = a.batches or (10 if kind == "mib" else 32)
                 configs.append((f"{kind} w={w}", {"kind": kind, "paths": data[kind],
                                                   "workers": w, "batches": batches,
-                                                  "epochs": 8}))
+                                                  "epochs": 8, "breakdown": a.breakdown}))
     else:
         paths = text_shards(a.data)
         for w in map(int, a.workers.split(",")):

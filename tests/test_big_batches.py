@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -129,3 +130,22 @@ def test_memory_stays_within_a_few_batches_per_prefetched_task(tmp_path):
     assert n == 20 and transfers["by_value"] == 0
     batch = 16 << 20
     assert peak[0] - base <= 2 * batch * (2 + 2), (peak[0] - base) / 2**20
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_the_sync_hand_off_counts_among_the_prefetched_batches(big, prefetch):
+    """With a consumer slower than the workers, the plain iterator keeps `prefetch` tasks
+    ahead, those waiting in its hand-off included: the slots out (so the batches' memory)
+    are those and the consumer's one, not `prefetch` + the hand-off's depth + one. The
+    batches are those of the async iterator."""
+    ds = al.Dataset.from_arrayrecord(big).shuffle(3).repeat(3).map(fns.as_uint8).batch(16)
+    ref, _ = asyncio.run(_collect(ds, workers=0))
+    got, most = [], 0
+    with ds.loader(workers=1, prefetch=prefetch) as it:
+        for batch in it:
+            got.append(batch.tobytes())
+            time.sleep(0.05)  # the workers fill every place meanwhile
+            arena = it.pool.arena
+            most = max(most, arena.slots - len(arena.free))
+    assert got == [b.tobytes() for b in ref]
+    assert most <= prefetch + 1, most

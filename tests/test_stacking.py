@@ -145,13 +145,18 @@ def test_big_batches_made_in_pieces_equal_the_whole_ones(big, monkeypatch):
     made.clear()
     with ds.loader(workers=0, slot_size=16 << 20) as it:  # slots too small, and never grown
         small = [np.array(b) for b in it]
+    assert made == [], made  # less room than the records' bytes: made whole, never tried
+    x4 = al.Dataset.from_arrayrecord(big).shuffle(5).repeat(2).map(fns.as_uint8_x4).batch(40)
+    # (room for the records' bytes, not for the batch)
+    tiled = [np.array(b) for b in x4.loader(workers=0, slot_size=64 << 20)]
     assert made == [None], made  # tried once (it found no room), then made whole at once
     monkeypatch.setattr(stacking, "MIN_TASK_BYTES", 1 << 40)
     with ds.loader(workers=0) as it:
         whole = [np.array(b) for b in it]
     assert len(got) == len(whole) == 4
-    for a, b, c, d in zip(got, inline, whole, small):
+    for a, b, c, d, e in zip(got, inline, whole, small, tiled):
         assert a.tobytes() == b.tobytes() == c.tobytes() == d.tobytes()
+        assert e.tobytes() == np.tile(a, 4).tobytes()
 
 
 def test_pieces_that_do_not_stack_give_the_whole_batch_and_exact_op_counts(big):

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..autotune import Setting, available_cores
@@ -286,11 +286,13 @@ class Loader:
         return self
 
     async def __anext__(self) -> Any:
-        batch, self._state = await self._take()
+        batch, self._state, _ = await self._take()
         return batch
 
-    async def _take(self) -> tuple[Any, LoaderState]:
-        """The next item and the state after it (the caller hands it out)."""
+    async def _take(self, keep: bool = False
+                    ) -> tuple[Any, LoaderState, Callable[[], None] | None]:
+        """The next item, the state after it (the caller hands it out), and, with `keep`,
+        what to call on the loop once the consumer took it (`Run.next`)."""
         if self._closed:
             if self._start_task is not None and self._start_task.done() and \
                     not self._start_task.cancelled() and self._start_task.exception():
@@ -301,7 +303,7 @@ class Loader:
             run, st = self._run, self._stats
             assert run is not None
             ready, t0 = run.scheduler.ready, time.perf_counter()
-            item = await run.next()
+            item = await run.next(keep)
             st.note_batch(time.perf_counter() - t0, ready)
             return item
         except asyncio.CancelledError:
@@ -323,8 +325,8 @@ class Loader:
             if os.getpid() != pid:  # a forked child: the pump is the parent's
                 raise forked_error(pid)
 
-        items = pump(loop, self._take, depth=SYNC_HANDOFF_DEPTH,
-                     closing=lambda: self._closed, check=check, on_exit=self.close)
+        items = pump(loop, lambda: self._take(keep=True), depth=SYNC_HANDOFF_DEPTH,
+                     closing=lambda: self._closed, check=check, on_exit=self.close, held=True)
         for batch, self._state in items:
             yield batch
 

@@ -10,6 +10,7 @@ out (`Loader._deliver`), and nowhere else.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from ..plan import Plan
@@ -48,24 +49,30 @@ class Run:
     def ready(self) -> int:
         return self.scheduler.ready + len(self._ready)
 
-    async def next(self) -> tuple[Any, LoaderState]:
-        """The next item and the state after it; StopAsyncIteration after the last."""
+    async def next(self, keep: bool = False) -> tuple[Any, LoaderState, Callable[[], None] | None]:
+        """The next item, the state after it, and (with `keep`, batch mode) what to call once
+        a consumer took it from a hand-off: till then its task keeps its place among the
+        `prefetch` ahead (`Scheduler.next`), so what waits in the sync iterator's hand-off
+        counts as ahead of the consumer, not on top. StopAsyncIteration after the last."""
         if self._assembler is not None:
             out, at = await self._assembler.next()
             return out, self.start.at(at["position"], at["skip"], at["rows"],
-                                      at.get("until", 0))
+                                      at.get("until", 0)), None
         while not self._ready:
-            item = await self.scheduler.next()
+            item = await self.scheduler.next(keep)
             self._opened()
             if item is None:
                 raise StopAsyncIteration
             lo, _, result = item
             self.runner.observe(result.payload)
             unit = self.plan.unit
-            for j, batch in enumerate(result.payload or ()):
-                self._ready.append((batch, lo + (j + 1) * unit))
-        batch, position = self._ready.popleft()
-        return batch, self.start.at(position)
+            batches = result.payload or ()
+            if keep and not batches:
+                self.scheduler.give_back()
+            for j, batch in enumerate(batches):  # (the task's place: with its first batch)
+                self._ready.append((batch, lo + (j + 1) * unit, keep and j == 0))
+        batch, position, held = self._ready.popleft()
+        return batch, self.start.at(position), self.scheduler.give_back if held else None
 
     def _opened(self) -> None:
         """After the first task: the depth asked for (unless the tuner set one meanwhile)."""

@@ -35,9 +35,11 @@ if TYPE_CHECKING:
     from ..dataset import Dataset
     from .stats import PipelineStats
 
-# Slots: tasks in flight or done (prefetch), batches in the sync hand-off, and a few the
-# consumer holds (its step, device prefetch); beyond that a batch goes by value.
-SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready beyond the prefetch
+# Slots: tasks in flight or done (prefetch: the sync iterator's hand-off counts among them,
+# `Run.next`), a few the consumer holds (its step, device prefetch), and spares; beyond
+# that a batch goes by value. Only slots used are memory: at most prefetch + what the
+# consumer holds, reused last-in first-out (`Arena.take`).
+SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready (within the prefetch)
 HELD_SLOTS = 4
 
 

@@ -83,9 +83,11 @@ class Scheduler:
         finally:
             self._changed.set()
 
-    async def next(self) -> tuple[int, int, Any] | None:
+    async def next(self, keep: bool = False) -> tuple[int, int, Any] | None:
         """`(lo, hi, result)` of the next task in order; None after the last one. A task's
-        error is raised here, in its turn."""
+        error is raised here, in its turn. `keep`: the task keeps its place in the window
+        until the caller gives it back (`give_back`), e.g. once a consumer took the result
+        from a hand-off, so that what waits there counts as tasks ahead."""
         k = self._consumed
         while k not in self._results:
             if self._end is not None and k >= self._end:
@@ -97,10 +99,19 @@ class Scheduler:
             await self._changed.wait()
         lo, hi, fut = self._results.pop(k)
         try:
-            return lo, hi, await fut
-        finally:
+            out = await fut
+        except BaseException:
             self._consumed += 1
             self._room.release()
+            raise
+        self._consumed += 1
+        if not keep:
+            self._room.release()
+        return lo, hi, out
+
+    def give_back(self) -> None:
+        """A place a result taken with `keep` held: another task may start."""
+        self._room.release()
 
     def cancel(self) -> list[asyncio.Task]:
         """Cancel everything in flight; returns the tasks to await (see `aclose`)."""
