@@ -14,6 +14,8 @@ The issue's target is "≤ 4 round trips + one batch": the child then takes 8 mo
 reports one batch at that steady rate (`batch`), and the first batch less one such batch, in
 round trips (`beyond`), measured in the same process on the same machine load. `TREES` runs
 the child on each named tree in turn (ABAB) against the same emulator and delay line.
+`PIN=1` puts the emulator and the delay line on the last core and the child on the others:
+on a real bucket the server's CPU is not the client's.
 """
 from __future__ import annotations
 
@@ -67,6 +69,14 @@ def main() -> None:
     client = os.environ.get("AIOLOADER_GCS_CLIENT", "auto")
     with local_gcs(latency_ms=lat, proxy_process=True) as gcs:
         urls = [gcs.upload(p, f"text/{p.name}") for p in paths]
+        cores = sorted(os.sched_getaffinity(0))
+        client_cores = cores
+        if os.environ.get("PIN") and len(cores) > 1:
+            import psutil
+
+            for p in psutil.Process().children(recursive=True):  # the emulator, the delay line
+                p.cpu_affinity(cores[-1:])
+            client_cores = cores[:-1]
         trees = [t.split("=", 1) for t in os.environ.get("TREES", f"tree={root}").split(",")]
         for _, tree in trees:  # as installed: this machine sets PYTHONDONTWRITEBYTECODE, so
             # an editable tree's stale modules would be compiled again in every child
@@ -81,7 +91,8 @@ def main() -> None:
                         [sys.executable, "-c", CHILD,
                          json.dumps({"paths": spec, "opts": gcs.storage_options})],
                         env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())},
-                        capture_output=True, text=True, cwd=root, check=True)
+                        capture_output=True, text=True, cwd=root, check=True,
+                        preexec_fn=lambda: os.sched_setaffinity(0, client_cores))
                     r = json.loads(out.stdout.strip().splitlines()[-1])
                     after = gcs.proxy_stats
                     s = lat / 1e3 if lat else float("nan")
