@@ -213,19 +213,23 @@ def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path
     want = [_ids(b) for b in ds.loader(workers=0)]
     assert sorted(i for b in want for i in b) == sorted(list(range(3000)) * 2)
     # A budget whose cache share holds one chunk: records pulled out per horizon.
-    loader = ds.loader(workers=workers, memory_budget=400_000)
+    assert _on_horizons_then_resumed(ds, 41, workers=workers) == want
+
+
+def _on_horizons_then_resumed(ds, k: int, **options) -> list[list[int]]:
+    """`k` batches from a loader that must take the horizon path, then the rest from a
+    loader resumed from its state."""
+    options["memory_budget"] = 400_000
     head = []
-    with loader:
-        for k, b in enumerate(loader):
+    with ds.loader(**options) as loader:
+        for b in loader:
             head.append(_ids(b))
-            if k == 40:
+            if len(head) == k:
                 state = loader.get_state()
                 break
         # (not the latest horizon's future: leaving the loop may cancel one in the works)
         assert loader._parts.runner.horizons.count > 0
-    assert head == want[:41]
-    rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000, state=state)]
-    assert head + rest == want
+    return head + [_ids(b) for b in ds.loader(**options, state=state)]
 
 
 def test_a_block_shuffle_and_a_sequential_read_keep_decoding_whole_chunks(
@@ -279,15 +283,5 @@ def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
         url = gcs.upload(path, "h/big.array_record")
         ds = al.Dataset.from_arrayrecord(url, storage_options=gcs.storage_options) \
             .shuffle(3).batch(64)
-        with ds.loader(workers=workers, memory_budget=400_000, resident_bytes=0) as loader:
-            head = []
-            for k, b in enumerate(loader):
-                head.append(_ids(b))
-                if k == 20:
-                    state = loader.get_state()
-                    break
-            assert loader._parts.runner.horizons.count > 0
-        rest = [_ids(b) for b in ds.loader(workers=workers, memory_budget=400_000,
-                                           resident_bytes=0, state=state)]
-    assert head == want[:21]
-    assert head + rest == want
+        got = _on_horizons_then_resumed(ds, 21, workers=workers, resident_bytes=0)
+    assert got == want
