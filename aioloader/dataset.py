@@ -37,7 +37,7 @@ from .transforms import (
     RecordOp,
     transform_fn,
 )
-from .urls import has_glob
+from .urls import has_glob, is_gcs
 
 if TYPE_CHECKING:
     from .runtime.loader import Loader
@@ -92,7 +92,7 @@ class Dataset:
             paths = [paths]
         source = SourceSpec(tuple(os.fspath(p) for p in paths), dict(storage_options or {}),
                             verify)
-        if any(p.startswith(("gs://", "gcs://")) and has_glob(p) for p in source.paths):
+        if any(is_gcs(p) and has_glob(p) for p in source.paths):
             from .preimport import import_started
 
             import_started("gcsfs")  # its listing needs gcsfs: import it while the rest starts

@@ -36,7 +36,7 @@ from .gcs_client import GCS_CLIENTS, gcs_backend, gcs_client_for
 from .logs import logger
 from .retry import GaveUp, Retrier, RetryPolicy
 from .shortread import short_read_error
-from .urls import has_glob, is_local, redact
+from .urls import GCS_SCHEMES, has_glob, is_local, redact
 
 __all__ = ["GCS_CLIENTS", "IOStats", "ObjectChangedError", "ObjectInfo", "RetryPolicy", "Storage",
            "StorageError", "StoreUnavailableError", "gcs_backend", "gcs_client_for", "has_glob",
@@ -174,7 +174,7 @@ class Storage:
         if backend is None:
             if key == "file":
                 backend = LocalBackend(min(32, self.concurrency))
-            elif key in ("gs", "gcs"):
+            elif key in GCS_SCHEMES:
                 backend = gcs_backend(self.gcs_client, self.storage_options,
                                       self.concurrency + self.retry.max_hedges, self._pins)
             else:

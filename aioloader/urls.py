@@ -85,6 +85,13 @@ def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
+GCS_SCHEMES = ("gs", "gcs")  # gcs:// is gcsfs's alias of gs://
+
+
+def is_gcs(url: str) -> bool:
+    return url.partition("://")[0] in GCS_SCHEMES and "://" in url
+
+
 def has_glob(pattern: str) -> bool:
     """Whether `pattern` names files by a glob; a URL's query is never part of the glob."""
     return any(_GLOB_CHARS.search(_split(part)[2]) for part in _CHAIN.split(pattern))
