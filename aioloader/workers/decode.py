@@ -318,15 +318,10 @@ class Decoder:
             else:
                 _fill(out, idx, pos, entry)  # type: ignore[arg-type]
         self.hits += len(groups) - len(missing)
-        counts = refs.count.tolist()  # type: ignore[union-attr]
         for idx, key in missing:  # one chunk read at a time (their bytes may be the file)
-            i = int(idx[0])
-            raw = self._raw(refs, raws, i)
             wanted = np.unique(within[idx]).astype(np.int64)
-            entry = extract(raw, key[1], wanted, verify=verify, path=key[0],
-                            chunk=int(refs.chunk[i]), expected_records=counts[i],
-                            max_decoded=max_decoded)
-            self.decoded += 1
+            entry = self._extract(refs, raws, int(idx[0]), key[0], wanted, verify,
+                                  max_decoded)
             _fill(out, idx, np.searchsorted(wanted, within[idx]), entry)
         return out
 
@@ -340,19 +335,23 @@ class Decoder:
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
         region = self._view(job.path)[job.offset : job.offset + job.size]
-        wanted = extract(self._raw(refs, raws, 0), int(refs.start[0]),
-                         np.asarray(job.wanted, dtype=np.int64), verify=verify,
-                         path=names[int(refs.file[0])], chunk=int(refs.chunk[0]),
-                         expected_records=int(refs.count[0]),  # type: ignore[index]
-                         max_decoded=max_decoded, into=region)[0]
-        self.decoded += 1
+        wanted = self._extract(refs, raws, 0, names[int(refs.file[0])],
+                               np.asarray(job.wanted, dtype=np.int64), verify, max_decoded,
+                               into=region)[0]
         return len(wanted)
 
-    def _raw(self, refs: ChunkRefs, raws: Sequence | None, i: int) -> Any:
-        """The physical bytes of record i's chunk: fetched (`raws`), or read here."""
-        if raws is not None:
-            return raws[i]
-        return self.files.read(_pick(refs, np.asarray([i], dtype=np.int64)))[0]
+    def _extract(self, refs: ChunkRefs, raws: Sequence | None, i: int, name: str,
+                 wanted: np.ndarray, verify: str, max_decoded: int,
+                 into: memoryview | None = None) -> Any:
+        """Records `wanted` of record i's chunk pulled out in one streamed pass (its
+        physical bytes fetched, `raws`, or read here)."""
+        raw = raws[i] if raws is not None else \
+            self.files.read(_pick(refs, np.asarray([i], dtype=np.int64)))[0]
+        self.decoded += 1
+        return extract(raw, int(refs.start[i]), wanted, verify=verify, path=name,
+                       chunk=int(refs.chunk[i]),
+                       expected_records=int(refs.count[i]),  # type: ignore[index]
+                       max_decoded=max_decoded, into=into)
 
     def _view(self, path: str) -> memoryview:
         """The stash file at `path`, mapped once (a pool has one for its life)."""
