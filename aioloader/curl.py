@@ -102,8 +102,13 @@ class Response:
 class CurlSession:
     """GETs on one event loop through one libcurl multi handle (a shared connection pool)."""
 
-    def __init__(self, connections: int) -> None:
+    def __init__(self, connections: int, *, multiplex: bool = True) -> None:
+        """`multiplex`: the endpoint may speak HTTP/2 (https): a transfer then waits for a
+        connection being opened rather than opening another. Over plain http (HTTP/1.1)
+        that wait is a round trip lost on every cold start, and one stalled answer holds
+        every transfer that waited on its connection: so there, never wait."""
         self._loop = asyncio.get_running_loop()
+        self._pipewait = int(multiplex)
         self._multi = multi = pycurl.CurlMulti()
         multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
@@ -115,13 +120,12 @@ class CurlSession:
         self._watched: dict[int, int] = {}  # fd -> the POLL_* events the loop watches
         self._closed = False
 
-    @staticmethod
-    def _new_handle() -> Any:
+    def _new_handle(self) -> Any:
         c = pycurl.Curl()
         c.setopt(pycurl.NOSIGNAL, 1)
         c.setopt(pycurl.FOLLOWLOCATION, 0)
         c.setopt(pycurl.TCP_NODELAY, 1)
-        c.setopt(pycurl.PIPEWAIT, 1)  # on HTTP/2, wait to multiplex rather than open more
+        c.setopt(pycurl.PIPEWAIT, self._pipewait)  # see __init__
         return c
 
     async def get(self, url: str, start: int | None, end: int | None, auth: list[str],

@@ -68,7 +68,7 @@ class CurlGCSBackend:
         self._import: Future | None = None
         if not self._anon:  # the first read needs a token: start gcsfs's import now
             self._import = import_started("gcsfs")
-        self.session = CurlSession(connections)
+        self.session = CurlSession(connections, multiplex=self._base.startswith("https:"))
 
     _key = staticmethod(gcs_key)
 

@@ -7,6 +7,7 @@ pins each client explicitly and compares them byte for byte.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -115,6 +116,28 @@ async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gc
         with pytest.raises(TimeoutError, match="curl/blob"):
             await storage.read(gcs.url("curl/blob"), 5, 500)
     finally:
+        await storage.aclose()
+
+
+async def test_concurrent_reads_on_a_new_session_do_not_wait_for_one_answer(gcs):
+    """Over plain HTTP/1.1 nothing can be multiplexed: reads started at once each open their
+    own connection at once, none waits on another's answer. (libcurl's PIPEWAIT made them
+    wait for the first connection's response: one round trip more on every cold start, and
+    one stalled answer stalled them all until the retry timeout.)"""
+    policy = RetryPolicy(timeout=30, deadline=60, hedge_after=None)
+    storage = _storage(gcs, "curl", retry=policy)
+    url = gcs.url("curl/blob")
+    starts = (0, 100, 200, 300)
+    try:
+        gcs.set_faults(hold_first=1, hold_s=math.inf)  # whichever arrives first: never answered
+        reads = [asyncio.ensure_future(storage.read(url, k, k + 100)) for k in starts]
+        done, pending = await asyncio.wait(reads, timeout=10)
+        assert len(done) == 3 and len(pending) == 1
+        assert all(r.result() == BLOB[k : k + 100] for r, k in zip(reads, starts) if r in done)
+    finally:
+        for r in reads:
+            r.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
         await storage.aclose()
 
 
