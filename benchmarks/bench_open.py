@@ -53,16 +53,20 @@ def _cpu() -> float:
 async def _floor(pattern: str, options: dict, reads: str, concurrency: int) -> int:
     """The bare client's open: one listing, then one read per file, `concurrency` in flight
     (as `opening._Opener` reads them), then one small read (the record read). No parse, no
-    retries' bookkeeping, no loader: the floor an open of these files can reach. `reads`:
+    retries' bookkeeping, no loader: the floor an open of these files can reach. Each read is
+    pinned to the generation listed, as the open pins them (the same requests: the emulator
+    spends twice the CPU on a read that names a generation, RESULTS.md). `reads`:
     "tail:N" (the last N bytes, the open before stop 26) or "span:N" (N bytes before the
     postscript and its first 512: `open_index(span=N)`)."""
     import asyncio
 
     from aioloader.gcs_curl import CurlGCSBackend
 
-    backend = CurlGCSBackend(options, concurrency, {})
+    pins: dict[str, str] = {}  # filled from the listing: each read names its generation,
+    backend = CurlGCSBackend(options, concurrency, pins)  # as the open's reads must
     try:
         files = await backend.glob(pattern)
+        pins.update((f.url, f.version) for f in files if f.version)
         todo = iter(files)
 
         how, _, n = reads.partition(":")
