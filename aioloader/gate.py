@@ -41,6 +41,15 @@ class Gate(asyncio.Semaphore):
         self._tick(1)
         return True
 
+    def take(self) -> bool:
+        """Acquire now if a permit is free and nobody waits, without awaiting (the common
+        case, once per request); False: `await acquire()` instead."""
+        if self._value > 0 and not self._waiters:
+            self._value -= 1
+            self._tick(1)
+            return True
+        return False
+
     def release(self) -> None:
         self._tick(-1)
         if self._debt:
@@ -81,9 +90,16 @@ class ByteBudget:
     def _fits(self, n: int) -> bool:
         return self.used == 0 or self.used + n <= self.limit
 
-    async def acquire(self, n: int) -> None:
-        if not self._waiters and self._fits(n):
+    def take(self, n: int) -> bool:
+        """Hold `n` bytes now if they fit and nobody waits, without awaiting; False:
+        `await acquire(n)` instead."""
+        if not self._waiters and (self.used == 0 or self.used + n <= self.limit):
             self.used += n
+            return True
+        return False
+
+    async def acquire(self, n: int) -> None:
+        if self.take(n):
             return
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append((n, fut))

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Transient, Unreachable
+from .gate import Gate
 from .hedge import RETRIABLE as _RETRIABLE
 from .hedge import Attempt, Silent, Watch, where
 from .logs import RateLimited, logger
@@ -46,6 +47,7 @@ from .urls import redact
 __all__ = ["MANY_ATTEMPTS", "SLOW_S", "GaveUp", "Retrier", "RetryPolicy", "Watch"]
 
 log = logger("retry")
+_INLINE_TIMEOUT = hasattr(asyncio, "timeout")  # Python 3.10: attempts bounded only
 MANY_ATTEMPTS = 4  # a read that needed this many attempts (or half the policy's) is told of
 SLOW_S = 1.0  # a median wait for an answer above this says the store is slow
 
@@ -169,7 +171,7 @@ class Retrier:
         self.warn_many = RateLimited(log)  # a read that needed many attempts
         self.warn_slow = RateLimited(log)  # a store slow to answer
 
-    async def run(self, slots: asyncio.Semaphore, call: Any, args: tuple, *, streams: bool,
+    async def run(self, slots: Gate, call: Any, args: tuple, *, streams: bool,
                   hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None = None,
                   url: str = "", span: tuple[int, int] | None = None) -> Any:
         """`await call(*args)` until it succeeds or the policy gives up (`GaveUp`), each
@@ -177,13 +179,15 @@ class Retrier:
         read in logs, formatted only when a line is written."""
         policy, stats = self.policy, self.stats
         clock = asyncio.get_running_loop().time
-        watched = streams and hasattr(asyncio, "timeout")  # Python 3.10: bounded only
+        watched = streams and _INLINE_TIMEOUT
         began = deadline_at = 0.0  # set when the read first holds a slot
         attempt = 0
         cause_was = ""
         while True:
             attempt += 1
-            async with slots:
+            if not slots.take():  # (`async with slots`, without an await when free)
+                await slots.acquire()
+            try:
                 if attempt == 1:  # the deadline times the store, not our own queue
                     began = clock()
                     deadline_at = began + policy.deadline
@@ -211,6 +215,8 @@ class Retrier:
                 finally:
                     stats.in_flight -= 1
                     stats.busy_seconds += time.monotonic() - t0
+            finally:
+                slots.release()
             if cause is None:
                 if attempt >= min(MANY_ATTEMPTS, max(2, policy.attempts // 2)):
                     self.warn_many("%s needed %d attempts (%.1f s); the last failure: %s. The "

@@ -78,6 +78,7 @@ class _LoopState:
         self.slots = Gate(concurrency)  # resizable: `Storage.set_concurrency`
         self.budget = ByteBudget(max_bytes)
         self.backends: dict[str, Any] = {}
+        self.routes: dict[str, tuple[Any, str]] = {}  # URL -> (its backend, its path there)
 
 
 async def _close_backends(state: _LoopState) -> None:
@@ -85,6 +86,7 @@ async def _close_backends(state: _LoopState) -> None:
         with contextlib.suppress(Exception):
             await backend.aclose()
     state.backends.clear()
+    state.routes.clear()
 
 
 def _close_left_open(loop: asyncio.AbstractEventLoop, state: _LoopState, pid: int) -> None:
@@ -165,6 +167,9 @@ class Storage:
 
     def _backend(self, url: str) -> tuple[Any, str]:
         state = self._state()
+        route = state.routes.get(url)  # (every range read asks: worked out once per URL)
+        if route is not None:
+            return route
         if is_local(url):
             key, path = "file", url.removeprefix("file://")
         else:
@@ -182,7 +187,8 @@ class Storage:
             state.backends[key] = backend
             log.debug("%s reads through %s, %d in flight at most, retries: %s", key,
                       type(backend).__name__, self.concurrency, self.retry)
-        return backend, path
+        state.routes[url] = route = (backend, path)
+        return route
 
     # -- public -----------------------------------------------------------------------
 
@@ -287,7 +293,8 @@ class Storage:
         send when a request is slow to answer. `span` is the byte range for error messages
         (None: the last `n` bytes)."""
         state = self._state()
-        await state.budget.acquire(n)
+        if not state.budget.take(n):
+            await state.budget.acquire(n)
         try:
             return await self._retrier.run(state.slots, call, args, hedge=hedge,
                                            streams=getattr(backend, "streams", False),

@@ -308,6 +308,22 @@ async def test_a_gate_grows_and_shrinks_while_held():
     assert gate.held_seconds() > 0
 
 
+async def test_take_acquires_a_free_permit_at_once_and_never_jumps_the_queue():
+    gate = Gate(2)
+    assert gate.take() and gate.held == 1  # free: taken without awaiting
+    assert gate.take() and not gate.take()  # none left
+    waiter = asyncio.ensure_future(gate.acquire())
+    await asyncio.sleep(0)
+    gate.release()  # the permit goes to the waiter, whose turn it is
+    assert not gate.take()
+    await asyncio.wait_for(waiter, 1)
+    gate.resize(1)  # two held, limit one: a release is swallowed
+    gate.release()
+    assert not gate.take() and gate.held == 1
+    gate.release()
+    assert gate.take() and gate.held == 1
+
+
 async def test_the_scheduler_keeps_as_many_tasks_in_flight_as_its_depth_says():
     running, peaks = set(), []
 

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aioloader as al
+from aioloader.gate import Gate
 from aioloader.storage import Storage, has_glob, redact
 from aioloader.testing import local_gcs
 
@@ -329,7 +330,7 @@ async def test_retry_lines_redact_signed_and_password_urls(caplog):
                       .Random(0))
     for url in [signed("https://h/b", "a.ar"), with_password("https://h/b", "b.ar")]:
         failures = iter([Transient("HTTP 503"), Transient("HTTP 429")])
-        assert await retrier.run(asyncio.Semaphore(1), call, (), streams=False, url=url,
+        assert await retrier.run(Gate(1), call, (), streams=False, url=url,
                                  span=(0, 10)) == b"ok"
     lines = [r.getMessage() for r in caplog.records if r.name == "aioloader.retry"]
     assert len(lines) == 4 and all("[0, 10)" in m for m in lines), lines

@@ -119,6 +119,30 @@ async def test_a_silent_request_is_retried_after_the_idle_timeout(gcs):
         await storage.aclose()
 
 
+@pytest.mark.parametrize("late", [0.0, 0.3])
+async def test_a_caller_cancelling_a_stalled_read_is_never_turned_into_a_retry(gcs, late):
+    """A read's attempt ends itself by cancelling its own task (silence, a hedge that won);
+    the caller's own cancellation must still come out as one: cancelled while waiting, or
+    in the same turn as the attempt's timer fell due (`late`: the timer's own time)."""
+    policy = RetryPolicy(timeout=0.3, deadline=30, hedge_after=None)
+    storage = Storage(storage_options=gcs.storage_options, retry=policy)
+    try:
+        gcs.set_faults(hold_rate=1.0, hold_s=math.inf)
+        read = asyncio.ensure_future(storage.read(gcs.url("stalls/blob"), 100, 300))
+        await asyncio.sleep(0.1)
+        if late:  # cancel from a callback due with the attempt's silence timer
+            loop = asyncio.get_running_loop()
+            loop.call_at(loop.time() + late - 0.1, read.cancel)
+            await asyncio.wait([read], timeout=5)
+        else:
+            read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert storage.stats.failures == 0
+    finally:
+        await storage.aclose()
+
+
 @pytest.mark.parametrize(("policy", "bound"), [
     (RetryPolicy(deadline=3), 5.0),  # the idle timeout (3 s) and the deadline agree
     (RetryPolicy(timeout=30, deadline=1.5), 3.5),  # no attempt outlives the deadline
