@@ -7,8 +7,9 @@ what is left in Python per GET is a handful of `setopt` calls, one body callback
 completion (measured in benchmarks/request_cost.py, RESULTS.md "Issue 15: cost per request").
 
 How: one `CurlMulti` per event loop. libcurl tells us which sockets to watch and when its
-timer is due (`M_SOCKETFUNCTION`, `M_TIMERFUNCTION`); the loop's `add_reader`/`add_writer` and
-`call_later` call back into `socket_action`, and finished transfers complete their futures.
+timer is due (`M_SOCKETFUNCTION`, `M_TIMERFUNCTION`); the sockets are watched by one epoll
+of our own that the loop watches (`curlwatch`), the timer by `call_at`, both calling back
+into `socket_action`, and finished transfers complete their futures.
 No thread, no timeouts of its own: like the aiohttp backend, a request reports what it
 receives to a `retry.Watch` and the caller's retry policy times silence and cancels; a
 cancelled transfer is removed from the multi handle (libcurl closes its connection).
@@ -25,6 +26,7 @@ from typing import Any
 
 import pycurl
 
+from .curlwatch import new_watch
 from .errors import StorageError, Transient, Unreachable
 
 __all__ = ["CurlSession", "Response"]
@@ -117,7 +119,7 @@ class CurlSession:
         self._running: dict[Any, tuple[asyncio.Future, Response]] = {}
         self._timer: asyncio.Handle | None = None
         self._due = 0.0
-        self._watched: dict[int, int] = {}  # fd -> the POLL_* events the loop watches
+        self._watch = new_watch(self._loop, self._act)  # the sockets libcurl asks to watch
         self._closed = False
 
     def _new_handle(self) -> Any:
@@ -184,28 +186,7 @@ class CurlSession:
     # -- libcurl's callbacks, on the event loop ---------------------------------------------
 
     def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
-        """Watch `fd` for what libcurl asks (only changes reach the loop). An idle
-        connection is unwatched (POLL_REMOVE): libcurl may close it at any time, and a
-        closed descriptor must never stay registered (its number is reused)."""
-        loop, watched = self._loop, self._watched
-        had = watched.get(fd, 0)
-        want = 0 if what == pycurl.POLL_REMOVE else what
-        if want == had:
-            return
-        if (had ^ want) & pycurl.POLL_IN:
-            if want & pycurl.POLL_IN:
-                loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
-            else:
-                loop.remove_reader(fd)
-        if (had ^ want) & pycurl.POLL_OUT:
-            if want & pycurl.POLL_OUT:
-                loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
-            else:
-                loop.remove_writer(fd)
-        if want:
-            watched[fd] = want
-        else:
-            del watched[fd]
+        self._watch.set(fd, what)  # (`curlwatch`: an idle connection's socket stays cheap)
 
     def _on_timer(self, ms: int) -> None:
         """libcurl's next timeout. A timer already due sooner is kept: waking libcurl early
@@ -257,10 +238,7 @@ class CurlSession:
         for c in self._free:
             c.close()
         self._free.clear()
-        for fd in self._watched:  # none should be left; never leave one registered
-            self._loop.remove_reader(fd)
-            self._loop.remove_writer(fd)
-        self._watched.clear()
+        self._watch.close()  # after the multi: closing it lets go of every socket
 
 
 def _ignore(data: bytes) -> None:
