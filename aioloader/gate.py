@@ -93,7 +93,7 @@ class ByteBudget:
     def take(self, n: int) -> bool:
         """Hold `n` bytes now if they fit and nobody waits, without awaiting; False:
         `await acquire(n)` instead."""
-        if not self._waiters and (self.used == 0 or self.used + n <= self.limit):
+        if not self._waiters and self._fits(n):
             self.used += n
             return True
         return False

@@ -53,11 +53,11 @@ class Attempt:
     """One attempt of a backend that reports its progress (`streams`).
 
     The first request runs inline under a cancel scope (this task, cancelled by `_stop`), so
-    a fast read costs one timer and no task. The timer looks at what the requests received: silence
-    (no head and no bytes for `timeout`, or no head by the deadline) ends the attempt; a head
-    slow to come sends the hedge, as a task. If the hedge finishes first, the scope cancels the
-    first request and the hedge's result is taken; if the first finishes first, the hedge is
-    cancelled; if one fails, the other may still win.
+    a fast read costs one timer and no task. The timer looks at what the requests received:
+    silence (no head and no bytes for `timeout`, or no head by the deadline) ends the attempt;
+    a head slow to come sends the hedge, as a task. If the hedge finishes first, the scope
+    cancels the first request and the hedge's result is taken; if the first finishes first,
+    the hedge is cancelled; if one fails, the other may still win.
     """
 
     __slots__ = ("_r", "clock", "deadline_at", "first", "first_done", "hedge", "hedge_at",

@@ -73,6 +73,9 @@ async def _prepared(backend: Any) -> None:
         await prepare()
 
 
+ROUTES_KEPT = 1 << 16  # URLs whose backend is remembered (~100 bytes each): many files' worth
+
+
 class _LoopState:
     def __init__(self, concurrency: int, max_bytes: int) -> None:
         self.slots = Gate(concurrency)  # resizable: `Storage.set_concurrency`
@@ -187,7 +190,9 @@ class Storage:
             state.backends[key] = backend
             log.debug("%s reads through %s, %d in flight at most, retries: %s", key,
                       type(backend).__name__, self.concurrency, self.retry)
-        state.routes[url] = route = (backend, path)
+        route = (backend, path)
+        if len(state.routes) < ROUTES_KEPT:
+            state.routes[url] = route
         return route
 
     # -- public -----------------------------------------------------------------------
