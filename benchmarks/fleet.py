@@ -32,12 +32,13 @@ exists (https://cloud.google.com/storage/docs/bandwidth-usage; raisable): `--buc
 23 Gbps for a 22-vCPU C3, up to 100–200 Gbps with Tier_1): `--nic-gbps` (16). Latency: 30 ms
 per request, as our emulator runs (BENCHMARKS.md: 20 ms + 15 ms jitter is close to real GCS).
 
-Client costs are our measurements on 2 cores (issue 15, RESULTS.md): ~160–280 µs CPU per range
-GET in Python (`--get-cpu-us`, 220), ~1 GB/s of large reads per client core (`--client-gbps`),
-one event-loop core for I/O (`--io-cores`), 64–256 in flight (`--in-flight`, 256), and the
-local pipeline rate (json.loads, batch 256, workers=2): ~114–136k rec/s of 1 KiB text
-(`--local-rate`, 125k) and ~2.1 GB/s of large records (`--local-gbps`): a host serves
-min(local-rate, local-gbps ÷ record size) records/s. Scale these for bigger hosts.
+Client costs are our measurements on 2 cores (issue 15, RESULTS.md): ~130–155 µs CPU per
+range GET through `Storage.read` on libcurl (`--get-cpu-us`, 140), ~1 GB/s of large reads per
+client core (`--client-gbps`), one event-loop core for I/O (`--io-cores`), 64–256 in flight
+(`--in-flight`, 256), and the local pipeline rate (json.loads, batch 256, workers=2):
+~114–136k rec/s of 1 KiB text (`--local-rate`, 125k) and ~2.1 GB/s of large records
+(`--local-gbps`): a host serves min(local-rate, local-gbps ÷ record size) records/s. Scale
+these for bigger hosts.
 
 Reported per (dataset, record size, strategy, N), steady = the last simulated second:
 time to steady (first second at ≥ 95% of the steady rate; "> horizon" if the bucket still
@@ -70,7 +71,7 @@ class Params:
     nic_gbps: float = 16.0
     latency_s: float = 0.030
     in_flight: int = 256
-    get_cpu_us: float = 220.0
+    get_cpu_us: float = 140.0
     client_gbps: float = 8.0  # ~1 GB/s of large GETs per io core
     io_cores: float = 1.0
     local_rate: float = 125_000.0  # records/s the host's pipeline serves from local bytes

@@ -87,16 +87,18 @@ def test_requests_and_bytes_add_up(strategy, record, dataset, n):
 
 
 def test_more_hosts_never_give_a_host_more_from_a_request_bound_bucket():
-    p, run = _run(["exact"], [100 * GB], [KIB], [1, 2, 8, 64, 1000], seconds=900)
+    # A host of ~4.5k GET/s (220 µs each): 1 host fits under 5,000 reads/s; 1,000 hosts are
+    # throttled the whole 15 minutes.
+    p, run = _run(["exact"], [100 * GB], [KIB], [1, 2, 8, 64, 1000], seconds=900,
+                  get_cpu_us=220.0)
     assert (np.diff(run.rate, axis=0) <= 1e-9).all()
-    # 1 host fits under 5,000 reads/s; 1,000 hosts are throttled the whole 15 minutes.
     assert run.throttled_s[0] == 0 and run.throttled_s[-1] == p.seconds
     assert not np.isfinite(time_to_steady(run, p)[-1])
 
 
 def test_the_ramp_takes_log2_doublings():
-    """1,000 hosts at ~4.5k GET/s each need ~900× the initial 5,000 reads/s: ~9.8 doublings
-    (of 20 minutes in GCS, so ~3.3 hours of throttling; 1 minute here, to keep it fast)."""
+    """1,000 hosts at ~7.1k GET/s each need ~1,400× the initial 5,000 reads/s: ~10.5 doublings
+    (of 20 minutes in GCS, so ~3.5 hours of throttling; 1 minute here, to keep it fast)."""
     p, run = _run(["exact"], [10**13], [KIB], [1000], seconds=900, doubling_s=60.0)
     need = run.unthrottled_rate[0] * 1000 / p.bucket_reads
     expected = np.log2(need) * p.doubling_s
