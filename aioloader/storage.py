@@ -10,17 +10,14 @@ attempts and last cause.
 How each kind of store performs one attempt is in `backends`; how a read is retried, given up
 on and hedged is in `retry`; this module is what sits on top: limits and the I/O stats.
 
-Loop-bound resources (sessions, semaphores) are kept per event loop, so the same `Storage`
-works from the caller's loop and from the background loop of the sync API. Sessions left open
-(a source used through the sync API and never closed, a script that ends on an exception) are
-closed on their loop when the `Storage` is collected or the interpreter exits, whichever comes
-first (`_close_left_open`), so no "Unclosed client session" is printed.
+Loop-bound resources (sessions, semaphores) are kept per event loop (`loopstate`), so the
+same `Storage` works from the caller's loop and from the background loop of the sync API,
+and sessions left open are closed on their loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
@@ -31,9 +28,9 @@ from typing import Any
 
 from .backends import FsspecBackend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
-from .gate import ByteBudget, Gate
 from .gcs_client import GCS_CLIENTS, gcs_backend, gcs_client_for
 from .logs import logger
+from .loopstate import ROUTES_KEPT, LoopState, close_left_open
 from .retry import GaveUp, Retrier, RetryPolicy
 from .shortread import short_read_error
 from .urls import GCS_SCHEMES, has_glob, is_local, redact
@@ -73,43 +70,6 @@ async def _prepared(backend: Any) -> None:
         await prepare()
 
 
-ROUTES_KEPT = 1 << 16  # URLs whose backend is remembered (~100 bytes each): many files' worth
-
-
-class _LoopState:
-    def __init__(self, concurrency: int, max_bytes: int) -> None:
-        self.slots = Gate(concurrency)  # resizable: `Storage.set_concurrency`
-        self.budget = ByteBudget(max_bytes)
-        self.backends: dict[str, Any] = {}
-        self.routes: dict[str, tuple[Any, str]] = {}  # URL -> (its backend, its path there)
-
-
-async def _close_backends(state: _LoopState) -> None:
-    for backend in state.backends.values():
-        with contextlib.suppress(Exception):
-            await backend.aclose()
-    state.backends.clear()
-    state.routes.clear()
-
-
-def _close_left_open(loop: asyncio.AbstractEventLoop, state: _LoopState, pid: int) -> None:
-    """A `Storage` that was never closed is gone (or the interpreter is exiting): close its
-    sessions on their loop, if that loop still runs here (a weakref.finalize callback; a
-    forked child has the loop's object but not its thread)."""
-    if (not state.backends or os.getpid() != pid or loop.is_closed()
-            or not loop.is_running()):
-        return
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:  # collected on the loop's own thread: cannot wait here
-        loop.create_task(_close_backends(state))
-        return
-    with contextlib.suppress(Exception):
-        asyncio.run_coroutine_threadsafe(_close_backends(state), loop).result(5)
-
-
 class Storage:
     """Byte ranges of local files and fsspec URLs under one concurrency and byte budget."""
 
@@ -137,7 +97,7 @@ class Storage:
         self.stats = IOStats()
         self._retrier = Retrier(self.retry, self.stats, random.Random(seed))
         self._pins: dict[str, str] = {}
-        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._states: dict[asyncio.AbstractEventLoop, LoopState] = {}
         self._finalizers: dict[asyncio.AbstractEventLoop, weakref.finalize] = {}
         self.limit = concurrency  # requests in flight now (<= concurrency: see set_concurrency)
 
@@ -159,12 +119,12 @@ class Storage:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _state(self) -> _LoopState:
+    def _state(self) -> LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
-            state = self._states[loop] = _LoopState(self.limit, self.max_inflight_bytes)
-            self._finalizers[loop] = weakref.finalize(self, _close_left_open, loop, state,
+            state = self._states[loop] = LoopState(self.limit, self.max_inflight_bytes)
+            self._finalizers[loop] = weakref.finalize(self, close_left_open, loop, state,
                                                        os.getpid())
         return state
 
