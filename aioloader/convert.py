@@ -3,8 +3,8 @@
 Inputs are read in order and dealt round-robin to N shard writers, each on its own thread
 (compression releases the GIL, so shards compress in parallel). Outputs are named
 `PREFIX-00000-of-00008.array_record`, locally or at any fsspec URL, written under hidden
-temporary names and renamed into place only when every shard succeeded (`_Staged`): a failed
-or interrupted conversion leaves existing files as they were. TFRecord is read without
+temporary names and renamed into place only when every shard succeeded (`aioloader.staged`):
+a failed or interrupted conversion leaves existing files as they were. TFRecord is read without
 TensorFlow: each record is `u64 length, u32 masked crc32c(length), data, u32 masked
 crc32c(data)`, and both checksums are verified.
 
@@ -16,12 +16,10 @@ TFRecord `tf.train.Example`s into typed records of named fields (`aioloader.tfex
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import queue
-import secrets
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +29,7 @@ import fsspec
 
 from .arrayrecord import ArrayRecordWriter
 from .errors import ConvertError, ElementSpecError, MissingExtraError
+from .staged import Staged
 from .storage import is_local, redact
 from .typed import ElementSpec
 
@@ -149,124 +148,6 @@ def shard_paths(prefix: str, shards: int) -> list[str]:
     return [f"{prefix}-{k:05d}-of-{shards:05d}.array_record" for k in range(shards)]
 
 
-class _Staged:
-    """Output files written under hidden temporary names beside them, placed only at the end.
-
-    Local temporaries are created exclusively (O_EXCL|O_NOFOLLOW, a random name), so nothing
-    planted there is written through; `place` renames each over its output, which replaces a
-    symlink rather than following it. Without `overwrite`, existing output (a dangling symlink
-    included) is refused before anything is written, and a name that appears meanwhile is
-    not replaced either (placed by hard link, which fails on an existing name). fsspec
-    URLs are written to temporary objects and moved at the end (on gs:// a server-side copy).
-    """
-
-    def __init__(self, paths: Sequence[str], overwrite: bool) -> None:
-        self.paths = list(paths)
-        self.overwrite = overwrite
-        self.local = is_local(self.paths[0])
-        self.fs = None if self.local else fsspec.core.url_to_fs(self.paths[0])[0]
-        self.temps = [self._temp_name(p) for p in self.paths]
-        self.files: list[IO[bytes]] = []
-        if not overwrite:
-            self._refuse([p for p in self.paths if self._exists(p)])
-
-    def open(self) -> list[IO[bytes] | str]:
-        """Writer targets: exclusively created files (local), or temporary URLs."""
-        if not self.local:
-            return list(self.temps)
-        for tmp in self.temps:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o666)
-            self.files.append(os.fdopen(fd, "wb"))
-        return list(self.files)
-
-    def finish(self, k: int) -> None:
-        """Shard `k` is complete: make it durable (local)."""
-        if self.local:
-            self.files[k].flush()
-            os.fsync(self.files[k].fileno())
-            self.files[k].close()
-
-    def place(self) -> None:
-        """Move every temporary over its output."""
-        if not self.local:
-            for tmp, path in zip(self.temps, self.paths):
-                self.fs.mv(tmp, path)  # type: ignore[union-attr]
-            return
-        placed = []
-        try:
-            for tmp, path in zip(self.temps, _local(self.paths)):
-                if self.overwrite:
-                    os.replace(tmp, path)
-                else:
-                    _place_new(tmp, path)
-                placed.append(path)
-        except FileExistsError:
-            for path in placed:  # ours, just made: nothing else is there
-                os.unlink(path)
-            self._refuse([p for p in self.paths if self._exists(p)])
-            raise
-        _fsync_dir(os.path.dirname(_local(self.paths)[0]) or ".")
-
-    def discard(self) -> None:
-        """Remove the temporaries (after a failure), never an output."""
-        for f in self.files:
-            with contextlib.suppress(OSError):
-                f.close()
-        for tmp in self.temps:
-            with contextlib.suppress(OSError):
-                if self.local:
-                    os.unlink(tmp)
-                else:
-                    self.fs.rm(tmp)  # type: ignore[union-attr]
-
-    def _exists(self, path: str) -> bool:
-        if self.local:
-            return os.path.lexists(_local([path])[0])
-        return self.fs.exists(path)  # type: ignore[union-attr]
-
-    def _temp_name(self, path: str) -> str:
-        head, _, name = (_local([path])[0] if self.local else path).rpartition("/")
-        return f"{head}{'/' if head else ''}.{name}.{secrets.token_hex(8)}.tmp"
-
-    @staticmethod
-    def _refuse(existing: list[str]) -> None:
-        if not existing:
-            return
-        shown = ", ".join(redact(p) for p in existing[:10])
-        more = f" and {len(existing) - 10} more" if len(existing) > 10 else ""
-        raise FileExistsError(f"output already exists: {shown}{more}; pass --overwrite "
-                              f"(overwrite=True) to replace {'them' if existing[1:] else 'it'}")
-
-
-def _place_new(tmp: str, path: str) -> None:
-    """Rename `tmp` to `path`, which must not exist: a hard link fails if it does."""
-    try:
-        os.link(tmp, path, follow_symlinks=False)
-    except FileExistsError:
-        raise
-    except OSError:  # no hard links on this file system: check, then rename
-        if os.path.lexists(path):
-            raise FileExistsError(path) from None
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def _local(paths: Sequence[str]) -> list[str]:
-    return [p.removeprefix("file://") for p in paths]
-
-
-def _fsync_dir(path: str) -> None:
-    """Make the renames durable (best effort: not every file system allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def convert(
     inputs: Sequence[str],
     output_prefix: str,
@@ -294,10 +175,10 @@ def convert(
     decoder = _example_decoder(decode_examples)
     specs: list = []
     paths = shard_paths(output_prefix, shards)
-    parent = os.path.dirname(_local([output_prefix])[0])
+    parent = os.path.dirname(output_prefix.removeprefix("file://"))
     if parent and is_local(output_prefix):
         os.makedirs(parent, exist_ok=True)
-    staged = _Staged(paths, overwrite)
+    staged = Staged(paths, overwrite)
     try:
         writers = [ArrayRecordWriter(t, group_size=group_size, compression=compression)
                    for t in staged.open()]
