@@ -171,7 +171,7 @@ def read_records(path: str, fmt: str, specs: list | None = None) -> Iterator[byt
                                 redact(path)) from None
     with f:
         if fmt == "jsonl":
-            yield from _read_jsonl(f, path)
+            yield from _read_jsonl(f, redact(path))
         else:  # the stream's size, where it is the file's (not decompressed on the fly)
             size = getattr(f, "size", None) if opened.compression is None else None
             yield from read_tfrecord(f, redact(path), size=size)
