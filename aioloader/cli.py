@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -366,7 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (ArrayRecordFormatError, StorageError, ConvertError, OSError,
             MissingExtraError) as err:
-        print(f"aioloader {args.command}: {err}", file=sys.stderr)
+        print(f"aioloader {args.command}: {redact(str(err))}", file=sys.stderr)
+        return 1
+    except Exception:  # unforeseen: the traceback, with no URL's credentials in it
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
         return 1
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .convert import ConvertError
+from .convert import ConvertError, check_output_prefix
 from .errors import MissingExtraError
 from .urls import redact
 
@@ -42,6 +42,7 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    check_output_prefix(args.output_prefix)
     if args.runner == "beam":
         return _convert_on_beam(args)
     if args.match_shards or args.beam_args:
@@ -68,7 +69,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(f"wrote {out['records']:,} records ({out['bytes'] / 1e6:,.1f} MB) to "
-          f"{len(out['outputs'])} files: {out['outputs'][0]}"
+          f"{len(out['outputs'])} files: {redact(out['outputs'][0])}"
           + (" ..." if len(out["outputs"]) > 1 else ""))
     if out["element_spec"] is not None:
         print(f"element spec: {out['element_spec']} (read with decode='auto')")

@@ -1,12 +1,14 @@
 """Convert record files (JSON lines, TFRecord, .npy, Parquet) to sharded ArrayRecord files.
 
-Inputs are read in order and dealt round-robin to N shard writers, each on its own thread
-(compression releases the GIL, so shards compress in parallel). Outputs are named
-`PREFIX-00000-of-00008.array_record`, locally or at any fsspec URL, written under hidden
-temporary names and renamed into place only when every shard succeeded (`_Staged`): a failed
-or interrupted conversion leaves existing files as they were. TFRecord is read without
+Inputs (paths, URLs, or quoted globs expanded in sorted order, as on Beam) are read in order
+and dealt round-robin to N shard writers, each on its own thread (compression releases the
+GIL, so shards compress in parallel). Outputs are named `PREFIX-00000-of-00008.array_record`,
+locally or at any fsspec URL (never with a query: it would end up in the names), written under
+hidden temporary names and renamed into place only when every shard succeeded
+(`aioloader.staged`, which also removes what a killed run left). TFRecord is read without
 TensorFlow: each record is `u64 length, u32 masked crc32c(length), data, u32 masked
-crc32c(data)`, and both checksums are verified.
+crc32c(data)`, both checksums are verified, and no declared length is believed past the
+bytes the file has left.
 
 Typed records: rows of .npy inputs keep their raw bytes, and the arrays' dtype and row shape
 are recorded as the element spec of every shard (`aioloader.typed`), so `Dataset.
@@ -16,12 +18,11 @@ TFRecord `tf.train.Example`s into typed records of named fields (`aioloader.tfex
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import json
 import logging
 import os
 import queue
-import secrets
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,8 +32,9 @@ import fsspec
 
 from .arrayrecord import ArrayRecordWriter
 from .errors import ConvertError, ElementSpecError, MissingExtraError
-from .storage import is_local, redact
+from .staged import Staged, sweep_leftovers
 from .typed import ElementSpec
+from .urls import has_glob, has_query, is_local, redact
 
 log = logging.getLogger("aioloader")
 
@@ -56,8 +58,11 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def read_tfrecord(f: IO[bytes], path: str, verify: bool = True) -> Iterator[bytes]:
-    """Records of one TFRecord stream, checksums verified."""
+def read_tfrecord(f: IO[bytes], path: str, verify: bool = True,
+                  size: int | None = None) -> Iterator[bytes]:
+    """Records of one TFRecord stream, checksums verified. A declared length is checked
+    against the `size` of the stream (when known) before anything is read, and otherwise read
+    in pieces, so a corrupt length is an error naming the record, never a huge allocation."""
     offset = 0
     while True:
         head = f.read(12)
@@ -69,14 +74,34 @@ def read_tfrecord(f: IO[bytes], path: str, verify: bool = True) -> Iterator[byte
         if verify and _masked_crc(head[:8]) != length_crc:
             raise ConvertError(f"{path}: length checksum mismatch at byte {offset} (corrupted "
                                "file, or not TFRecord)")
-        data = f.read(length)
+        left = None if size is None else size - offset - 12
+        if left is not None and length + 4 > left:
+            raise ConvertError(f"{path}: the record at byte {offset} declares {length:,} bytes, "
+                               f"but the file has {max(left - 4, 0):,} left for it (corrupted "
+                               "file, or not TFRecord)")
+        data = _read_at_most(f, length)
         tail = f.read(4)
         if len(data) < length or len(tail) < 4:
-            raise ConvertError(f"{path}: record at byte {offset} is truncated")
+            raise ConvertError(f"{path}: the record at byte {offset} is truncated: it declares "
+                               f"{length:,} bytes, only {len(data):,} follow")
         if verify and _masked_crc(data) != struct.unpack("<I", tail)[0]:
             raise ConvertError(f"{path}: data checksum mismatch in the record at byte {offset}")
         offset += 16 + length
         yield data
+
+
+_PIECE = 64 << 20  # a record longer than this is read in pieces of this size
+
+
+def _read_at_most(f: IO[bytes], n: int) -> bytes:
+    """Up to `n` bytes of `f`: no more memory than the stream really holds."""
+    if n <= _PIECE:
+        return f.read(n)
+    pieces = []
+    while n > 0 and (piece := f.read(min(n, _PIECE))):
+        pieces.append(piece)
+        n -= len(piece)
+    return b"".join(pieces)
 
 
 def write_tfrecord(f: IO[bytes], records: Sequence[bytes]) -> None:
@@ -136,135 +161,57 @@ def read_records(path: str, fmt: str, specs: list | None = None) -> Iterator[byt
     if fmt == "parquet":
         yield from _read_parquet(path)
         return
-    with fsspec.open(path, "rb", compression="infer") as f:
+    if fmt not in FORMATS:
+        raise ConvertError(f"unknown input format {fmt!r}; one of {FORMATS}")
+    opened = fsspec.open(path, "rb", compression="infer")
+    try:
+        f = opened.open()
+    except FileNotFoundError:  # fsspec's own text is garbled for names with `?` or `*`
+        raise FileNotFoundError(errno.ENOENT, "no such file (or it cannot be reached)",
+                                redact(path)) from None
+    with f:
         if fmt == "jsonl":
-            yield from _read_jsonl(f, path)
-        elif fmt == "tfrecord":
-            yield from read_tfrecord(f, path)
-        else:
-            raise ConvertError(f"unknown input format {fmt!r}; one of {FORMATS}")
+            yield from _read_jsonl(f, redact(path))
+        else:  # the stream's size, where it is the file's (not decompressed on the fly)
+            size = getattr(f, "size", None) if opened.compression is None else None
+            yield from read_tfrecord(f, redact(path), size=size)
+
+
+def glob_matches(pattern: str, storage_options: dict | None = None) -> list[tuple[str, int]] | None:
+    """`(url, size)` of each file a glob matches, sorted (FileNotFoundError: none), or None
+    when `pattern` is no glob. Inputs are expanded so on every runner, this machine's too."""
+    if not has_glob(pattern):
+        return None
+    fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
+    found = fs.glob(path, detail=True)
+    named = sorted((fs.unstrip_protocol(p) if "://" in pattern else p, int(info["size"]))
+                   for p, info in found.items() if info.get("type") != "directory")
+    if not named:
+        raise FileNotFoundError(errno.ENOENT, "no file matches", redact(pattern))
+    return named
+
+
+def expand_inputs(patterns: Sequence[str]) -> list[str]:
+    """Every input named: each glob's files in sorted order, other names as they are."""
+    out = []
+    for pattern in patterns:
+        matched = glob_matches(pattern)
+        out.extend([pattern] if matched is None else [url for url, _ in matched])
+    return out
+
+
+def check_output_prefix(prefix: str) -> None:
+    """Refuse an output URL with a query: shard names are appended to the prefix, so the
+    query (a signature, a token) would end up inside every object's name."""
+    if not is_local(prefix) and has_query(prefix):
+        raise ConvertError(f"{redact(prefix)}: an output URL takes no query string (shard "
+                           "names are appended to it, so the query would become part of "
+                           "every object's name); give the bucket path alone and credentials "
+                           "through the environment or storage options")
 
 
 def shard_paths(prefix: str, shards: int) -> list[str]:
     return [f"{prefix}-{k:05d}-of-{shards:05d}.array_record" for k in range(shards)]
-
-
-class _Staged:
-    """Output files written under hidden temporary names beside them, placed only at the end.
-
-    Local temporaries are created exclusively (O_EXCL|O_NOFOLLOW, a random name), so nothing
-    planted there is written through; `place` renames each over its output, which replaces a
-    symlink rather than following it. Without `overwrite`, existing output (a dangling symlink
-    included) is refused before anything is written, and a name that appears meanwhile is
-    not replaced either (placed by hard link, which fails on an existing name). fsspec
-    URLs are written to temporary objects and moved at the end (on gs:// a server-side copy).
-    """
-
-    def __init__(self, paths: Sequence[str], overwrite: bool) -> None:
-        self.paths = list(paths)
-        self.overwrite = overwrite
-        self.local = is_local(self.paths[0])
-        self.fs = None if self.local else fsspec.core.url_to_fs(self.paths[0])[0]
-        self.temps = [self._temp_name(p) for p in self.paths]
-        self.files: list[IO[bytes]] = []
-        if not overwrite:
-            self._refuse([p for p in self.paths if self._exists(p)])
-
-    def open(self) -> list[IO[bytes] | str]:
-        """Writer targets: exclusively created files (local), or temporary URLs."""
-        if not self.local:
-            return list(self.temps)
-        for tmp in self.temps:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o666)
-            self.files.append(os.fdopen(fd, "wb"))
-        return list(self.files)
-
-    def finish(self, k: int) -> None:
-        """Shard `k` is complete: make it durable (local)."""
-        if self.local:
-            self.files[k].flush()
-            os.fsync(self.files[k].fileno())
-            self.files[k].close()
-
-    def place(self) -> None:
-        """Move every temporary over its output."""
-        if not self.local:
-            for tmp, path in zip(self.temps, self.paths):
-                self.fs.mv(tmp, path)  # type: ignore[union-attr]
-            return
-        placed = []
-        try:
-            for tmp, path in zip(self.temps, _local(self.paths)):
-                if self.overwrite:
-                    os.replace(tmp, path)
-                else:
-                    _place_new(tmp, path)
-                placed.append(path)
-        except FileExistsError:
-            for path in placed:  # ours, just made: nothing else is there
-                os.unlink(path)
-            self._refuse([p for p in self.paths if self._exists(p)])
-            raise
-        _fsync_dir(os.path.dirname(_local(self.paths)[0]) or ".")
-
-    def discard(self) -> None:
-        """Remove the temporaries (after a failure), never an output."""
-        for f in self.files:
-            with contextlib.suppress(OSError):
-                f.close()
-        for tmp in self.temps:
-            with contextlib.suppress(OSError):
-                if self.local:
-                    os.unlink(tmp)
-                else:
-                    self.fs.rm(tmp)  # type: ignore[union-attr]
-
-    def _exists(self, path: str) -> bool:
-        if self.local:
-            return os.path.lexists(_local([path])[0])
-        return self.fs.exists(path)  # type: ignore[union-attr]
-
-    def _temp_name(self, path: str) -> str:
-        head, _, name = (_local([path])[0] if self.local else path).rpartition("/")
-        return f"{head}{'/' if head else ''}.{name}.{secrets.token_hex(8)}.tmp"
-
-    @staticmethod
-    def _refuse(existing: list[str]) -> None:
-        if not existing:
-            return
-        shown = ", ".join(redact(p) for p in existing[:10])
-        more = f" and {len(existing) - 10} more" if len(existing) > 10 else ""
-        raise FileExistsError(f"output already exists: {shown}{more}; pass --overwrite "
-                              f"(overwrite=True) to replace {'them' if existing[1:] else 'it'}")
-
-
-def _place_new(tmp: str, path: str) -> None:
-    """Rename `tmp` to `path`, which must not exist: a hard link fails if it does."""
-    try:
-        os.link(tmp, path, follow_symlinks=False)
-    except FileExistsError:
-        raise
-    except OSError:  # no hard links on this file system: check, then rename
-        if os.path.lexists(path):
-            raise FileExistsError(path) from None
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def _local(paths: Sequence[str]) -> list[str]:
-    return [p.removeprefix("file://") for p in paths]
-
-
-def _fsync_dir(path: str) -> None:
-    """Make the renames durable (best effort: not every file system allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def convert(
@@ -291,16 +238,19 @@ def convert(
     """
     if shards < 1:
         raise ValueError("shards must be >= 1")
+    check_output_prefix(output_prefix)
     decoder = _example_decoder(decode_examples)
+    inputs = expand_inputs(inputs)
     specs: list = []
     paths = shard_paths(output_prefix, shards)
-    parent = os.path.dirname(_local([output_prefix])[0])
+    parent = os.path.dirname(output_prefix.removeprefix("file://"))
     if parent and is_local(output_prefix):
         os.makedirs(parent, exist_ok=True)
-    staged = _Staged(paths, overwrite)
+    staged = Staged(paths, overwrite)
+    leftovers = sweep_leftovers(output_prefix)
     try:
-        writers = [ArrayRecordWriter(t, group_size=group_size, compression=compression)
-                   for t in staged.open()]
+        writers = [_writer(t, path, group_size, compression)
+                   for t, path in zip(staged.open(), paths)]
     except BaseException:
         staged.discard()
         raise
@@ -314,7 +264,7 @@ def convert(
             writers[k].close()
             staged.finish(k)
         except BaseException as exc:  # reported after the join
-            errors.append(exc)
+            errors.append(_naming(exc, paths[k]))
             while queues[k].get() is not None:  # keep the producer from blocking
                 pass
 
@@ -357,7 +307,26 @@ def convert(
         raise errors[0]
     if progress is not None:
         progress(count, size)
-    return {"records": count, "bytes": size, "outputs": paths, "element_spec": spec}
+    return {"records": count, "bytes": size, "outputs": paths, "element_spec": spec,
+            "leftovers_removed": leftovers}
+
+
+def _naming(exc: BaseException, path: str) -> BaseException:
+    """A write error that names no file (ENOSPC, EIO: the OS names none) as one naming the
+    shard it stopped."""
+    if isinstance(exc, OSError) and not exc.filename:
+        return OSError(exc.errno, f"{exc.strerror or exc}: writing {redact(path)}")
+    return exc
+
+
+def _writer(target: Any, path: str, group_size: int, compression: str) -> ArrayRecordWriter:
+    try:
+        return ArrayRecordWriter(target, group_size=group_size, compression=compression)
+    except NotImplementedError:  # fsspec's http:// (and others) open files for reading only
+        scheme = path.partition("://")[0]
+        raise ConvertError(f"{redact(path)}: cannot write there: fsspec's {scheme}:// "
+                           "filesystem does not write files; give a local path or a bucket "
+                           "URL (gs://, s3://, ...)") from None
 
 
 def _example_decoder(decode_examples: bool | str | ElementSpec) -> Any:

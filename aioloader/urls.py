@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["has_glob", "is_local", "redact", "redact_logs"]
+__all__ = ["has_glob", "has_query", "is_local", "redact", "redact_logs"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # A URL inside text: from its scheme to the first space or quote; trailing punctuation of the
@@ -95,6 +95,12 @@ def is_gcs(url: str) -> bool:
 def has_glob(pattern: str) -> bool:
     """Whether `pattern` names files by a glob; a URL's query is never part of the glob."""
     return any(_GLOB_CHARS.search(_split(part)[2]) for part in _CHAIN.split(pattern))
+
+
+def has_query(url: str) -> bool:
+    """Whether `url` (or a URL of its fsspec chain) has a query or fragment, as `redact`
+    finds them: what `redact` would mask."""
+    return any(_split(part)[3] for part in _CHAIN.split(url))
 
 
 class _RedactFilter(logging.Filter):

@@ -19,7 +19,8 @@ from apache_beam.io.concat_source import ConcatSource
 from apache_beam.io.range_trackers import OffsetRangeTracker
 
 from ..arrayrecord import FileIndex, RangeReader
-from ..urls import has_glob, redact
+from ..convert import glob_matches
+from ..urls import redact
 from .sink import url_fs
 
 __all__ = ["ReadFromArrayRecord", "match_files"]
@@ -125,20 +126,15 @@ class _FileSource(iobase.BoundedSource):
 
 def match_files(patterns: str | Sequence[str],
                 storage_options: dict | None = None) -> list[tuple[str, int]]:
-    """`(url, size)` of every file the patterns name, sorted within each pattern."""
+    """`(url, size)` of every file the patterns name, sorted within each pattern (globs are
+    expanded by `aioloader.convert.glob_matches`, as `convert` does on one machine)."""
     out = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        fs, path = url_fs(pattern, storage_options)
-        protocol = pattern.split("://", 1)[0] + "://" if "://" in pattern else ""
-        if has_glob(pattern):
-            found = fs.glob(path, detail=True)
-            if not found:
-                raise FileNotFoundError(f"{redact(pattern)}: no file matches")
-            named = sorted((fs.unstrip_protocol(p) if protocol else p, int(info["size"]))
-                           for p, info in found.items() if info.get("type") != "directory")
-            out.extend(named)
-        else:
-            out.append((pattern, int(fs.info(path)["size"])))
+        matched = glob_matches(pattern, storage_options)
+        if matched is None:
+            fs, path = url_fs(pattern, storage_options)
+            matched = [(pattern, int(fs.info(path)["size"]))]
+        out.extend(matched)
     return out
 
 
