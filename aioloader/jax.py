@@ -27,7 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from .dataslices import shard_of, table_of
+from .description import JaxProcessShard
 from .errors import MissingExtraError
+from .plan import needs_processes
 from .state import merge_states
 
 try:
@@ -39,6 +42,24 @@ except ImportError as exc:
 def process_index_and_count() -> tuple[int, int]:
     """This process's index and the process count of the JAX runtime."""
     return jax.process_index(), jax.process_count()
+
+
+def data_slice(sharding: Any) -> tuple[int, int]:
+    """`(index, count)` of this process's data slice under `sharding`: the rows of every
+    global batch it loads with `shard_by_jax_process()` (`aioloader.dataslices`). The
+    per-process batch is the global batch ÷ `count`."""
+    return shard_of(table_of(sharding), *process_index_and_count())
+
+
+def process_shard(dataset: Any) -> tuple[int, int] | None:
+    """`(shard index, shard count)` of this process for `dataset`'s shard_by_jax_process():
+    by the sharding it was given, or (0, 1) on one process; None when several processes
+    wait for the one `to_jax` gives."""
+    op = next(op for op in dataset.index_ops if isinstance(op, JaxProcessShard))
+    index, count = process_index_and_count()
+    if op.layout is not None:
+        return shard_of(op.layout, index, count)
+    return (0, 1) if count == 1 else None
 
 
 def _is_array(x: Any) -> bool:
@@ -89,6 +110,8 @@ class _Placement:
 
     def __init__(self, loader: Any, sharding: Any, prefetch_to_device: int,
                  pad_final: bool) -> None:
+        if sharding is not None and needs_processes(loader.dataset):
+            loader.use_data_slice(data_slice(sharding))  # before the state is read
         self.loader = loader
         self.sharding = sharding
         self.depth = max(1, prefetch_to_device)

@@ -78,11 +78,32 @@ def _run_processes(module: str, n: int, cfg: dict, timeout: float = 200,
         assert p.returncode == 0, out[-3000:]
 
 
-def _launch(n: int, cfg: dict) -> dict:
+def _launch(n: int, cfg: dict, devices: int = 2) -> dict:
+    """Run `n` processes of tests.multihost_worker with `devices` CPU devices each; process
+    0's output, with `shards`: per batch, every device's (device id, first row, rows)."""
     _run_processes("tests.multihost_worker", n, cfg,
-                   XLA_FLAGS="--xla_force_host_platform_device_count=2")
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     with open(cfg["out"]) as f:
-        return json.load(f)
+        got = json.load(f)
+    got["shards"] = []
+    for i in range(n):
+        with open(f"{cfg['out']}.{i}") as f:
+            for step, held in enumerate(json.load(f)):
+                if step == len(got["shards"]):
+                    got["shards"].append([])
+                got["shards"][step] += held
+    return got
+
+
+def _check_replicas(got: dict, global_batch: int) -> None:
+    """Devices holding the same rows of a global batch (replicas over 'model') hold the
+    same records, and the distinct blocks tile the global batch in order."""
+    for step, (batch, held) in enumerate(zip(got["batches"], got["shards"])):
+        blocks: dict[int, list[int]] = {}
+        for _, start, rows in held:
+            assert blocks.setdefault(start, rows) == rows, (step, held)
+        tiled = [r for start in sorted(blocks) for r in blocks[start]]
+        assert tiled == batch and len(set(batch)) == global_batch, (step, held)
 
 
 @pytest.fixture(scope="module")
@@ -102,19 +123,60 @@ def dataset(tmp_path_factory):
 @pytest.mark.parametrize("n", [2, 4])
 def test_global_batches_equal_single_process_run(tmp_path, dataset, n):
     cfg, reference = dataset
-    got = _launch(n, {**cfg, "out": str(tmp_path / "out.json")})
+    got = _launch(n, {**cfg, "out": str(tmp_path / "out.json"), "slices": n})
     assert got["processes"] == n and got["devices"] == 2 * n
     assert got["batches"] == reference
+    _check_replicas(got, GLOBAL_BATCH)
     assert len(reference) == 2 * 400 // GLOBAL_BATCH
 
 
 def test_elastic_resume_2_to_4(tmp_path, dataset):
     cfg, reference = dataset
-    first = _launch(2, {**cfg, "out": str(tmp_path / "a.json"), "stop_after": 7})
+    first = _launch(2, {**cfg, "out": str(tmp_path / "a.json"), "stop_after": 7, "slices": 2})
     assert first["batches"] == reference[:7]
     assert first["state"]["process_count"] == 2
-    rest = _launch(4, {**cfg, "out": str(tmp_path / "b.json"), "state": first["state"]})
+    rest = _launch(4, {**cfg, "out": str(tmp_path / "b.json"), "state": first["state"],
+                       "slices": 4})
     assert rest["batches"] == reference[7:]
+
+
+# (processes, devices each, ('data', 'model') mesh, transposed grid, spec, data slices):
+# 'model' across processes (replicas on other hosts load the same rows), and not.
+LAYOUTS = {
+    "4x1-model-across": (4, 1, (2, 2), False, "data", 2),  # slices: processes {0,1} {2,3}
+    "4x1-interleaved": (4, 1, (2, 2), True, "tuple", 2),  # {0,2} {1,3}; P(('data',), None)
+    "2x2-model-within": (2, 2, (2, 2), False, "tuple", 2),  # each process one slice
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_model_axis_layouts_give_the_single_process_global_batches(tmp_path, dataset,
+                                                                    layout):
+    """Processes that share a slice of the batch axis load the same rows: every global batch
+    is the single-process one, and every device of a replica holds the same rows."""
+    cfg, reference = dataset
+    n, devices, mesh, transpose, spec, slices = LAYOUTS[layout]
+    got = _launch(n, {**cfg, "out": str(tmp_path / "out.json"), "mesh": mesh,
+                      "transpose": transpose, "spec": spec, "slices": slices,
+                      "keep_states": [7]}, devices)
+    shape = [GLOBAL_BATCH] if spec == "data" else [GLOBAL_BATCH, 1]
+    assert got["shapes"] == [shape]
+    assert got["batches"] == reference
+    _check_replicas(got, GLOBAL_BATCH)
+    assert got["states"]["7"]["process_count"] == slices
+
+
+def test_elastic_resume_from_shared_slices_to_model_across_hosts(tmp_path, dataset):
+    """A state of 4 processes in 2 data slices resumes exactly on 2 processes whose mesh
+    puts 'model' across them (one data slice: both load every row)."""
+    cfg, reference = dataset
+    first = _launch(4, {**cfg, "out": str(tmp_path / "a.json"), "mesh": (2, 2),
+                        "slices": 2, "stop_after": 7}, devices=1)
+    assert first["batches"] == reference[:7]
+    rest = _launch(2, {**cfg, "out": str(tmp_path / "b.json"), "mesh": (2, 2),
+                       "transpose": True, "slices": 1, "state": first["state"]}, devices=2)
+    assert rest["batches"] == reference[7:]
+    _check_replicas(rest, GLOBAL_BATCH)
 
 
 def _launch_stream(n: int, cfg: dict) -> list[int]:
