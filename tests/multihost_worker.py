@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import aioloader as al
+from aioloader.jax import data_slice
 from tests import jax_job
 from tests.pipeline_fns import decode, only_id_noise_det
 
@@ -52,10 +53,40 @@ def sharding(cfg: dict) -> NamedSharding:
     return NamedSharding(mesh, spec)
 
 
+def refusals(cfg: dict, per_process: int) -> dict[str, str]:
+    """What each layout that cannot be served says before the first batch (a ValueError)."""
+    odd = sorted(jax.devices(), key=lambda d: (d.id % 2, d.process_index))
+    given = (al.Dataset.from_arrayrecord(cfg["urls"], storage_options=cfg["storage_options"])
+             .shard_by_jax_process(sharding=sharding({**cfg, "transpose": True}))
+             .batch(per_process, drop_remainder=True))
+    cases = {
+        # several processes, and no sharding to tell which of them share rows
+        "unknown": (pipeline(cfg, per_process), None),
+        # each process's devices 1st and 3rd along the batch axis: not one range of rows
+        "interleaved": (pipeline(cfg, per_process),
+                        NamedSharding(Mesh(np.array(odd), ("data",)), PartitionSpec("data"))),
+        # shard_by_jax_process(sharding=) and to_jax() with other data slices
+        "mismatch": (given, sharding(cfg)),
+    }
+    said = {}
+    for name, (ds, place) in cases.items():
+        loader = ds.loader(workers=0)
+        try:
+            next(iter(loader if place is None else loader.to_jax(place)))
+        except ValueError as exc:
+            said[name] = str(exc)
+        finally:
+            loader.close()
+    return said
+
+
 def main() -> None:
     i, cfg = jax_job.join()
     place = sharding(cfg)
-    per_process = cfg["global_batch"] // cfg["slices"]
+    index, count = data_slice(place)
+    assert count == cfg["slices"], (index, count)
+    per_process = cfg["global_batch"] // count
+    said = refusals(cfg, per_process) if cfg.get("refusals") else {}
     loader = pipeline(cfg, per_process).loader(state=cfg.get("state"), workers=0)
     batches, shards, states, shapes = [], [], {}, set()
     it = loader.to_jax(place)
@@ -77,7 +108,7 @@ def main() -> None:
             json.dump({"batches": batches, "states": {k: states[k] for k in
                                                       cfg.get("keep_states", [])},
                        "state": states[len(batches)] if batches else None,
-                       "shapes": sorted(shapes),
+                       "shapes": sorted(shapes), "refusals": said,
                        "devices": jax.device_count(), "processes": jax.process_count()}, f)
     jax_job.leave()
 

@@ -120,7 +120,7 @@ def dataset(tmp_path_factory):
         yield cfg, reference
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [4])  # 2 processes: the layout tests below
 def test_global_batches_equal_single_process_run(tmp_path, dataset, n):
     cfg, reference = dataset
     got = _launch(n, {**cfg, "out": str(tmp_path / "out.json"), "slices": n})
@@ -149,34 +149,60 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_model_axis_layouts_give_the_single_process_global_batches(tmp_path, dataset,
-                                                                    layout):
-    """Processes that share a slice of the batch axis load the same rows: every global batch
-    is the single-process one, and every device of a replica holds the same rows."""
+def _layout_run(tmp_path, dataset, layout: str, **extra) -> dict:
+    """The layout's run over the whole dataset, checked against the single-process run:
+    the same global batches, every device of a replica holding the same rows."""
     cfg, reference = dataset
     n, devices, mesh, transpose, spec, slices = LAYOUTS[layout]
     got = _launch(n, {**cfg, "out": str(tmp_path / "out.json"), "mesh": mesh,
-                      "transpose": transpose, "spec": spec, "slices": slices,
-                      "keep_states": [7]}, devices)
-    shape = [GLOBAL_BATCH] if spec == "data" else [GLOBAL_BATCH, 1]
-    assert got["shapes"] == [shape]
+                      "transpose": transpose, "spec": spec, "slices": slices, **extra},
+                  devices)
+    assert got["shapes"] == [[GLOBAL_BATCH] if spec == "data" else [GLOBAL_BATCH, 1]]
     assert got["batches"] == reference
     _check_replicas(got, GLOBAL_BATCH)
-    assert got["states"]["7"]["process_count"] == slices
+    return got
 
 
-def test_elastic_resume_from_shared_slices_to_model_across_hosts(tmp_path, dataset):
+@pytest.fixture(scope="module")
+def model_across(tmp_path_factory, dataset):
+    return _layout_run(tmp_path_factory.mktemp("across"), dataset, "4x1-model-across",
+                       keep_states=[7])
+
+
+def test_model_axis_across_processes_gives_the_single_process_batches(model_across):
+    """Processes 0 and 1 (and 2 and 3) are one model replica: they load the same rows, and
+    the global batch is the per-process batch × 2 data slices (checked in the run)."""
+    assert model_across["processes"] == 4
+    assert model_across["states"]["7"]["process_count"] == 2  # the shard count
+
+
+def test_elastic_resume_from_shared_slices_to_model_across_hosts(tmp_path, dataset,
+                                                                 model_across):
     """A state of 4 processes in 2 data slices resumes exactly on 2 processes whose mesh
     puts 'model' across them (one data slice: both load every row)."""
     cfg, reference = dataset
-    first = _launch(4, {**cfg, "out": str(tmp_path / "a.json"), "mesh": (2, 2),
-                        "slices": 2, "stop_after": 7}, devices=1)
-    assert first["batches"] == reference[:7]
     rest = _launch(2, {**cfg, "out": str(tmp_path / "b.json"), "mesh": (2, 2),
-                       "transpose": True, "slices": 1, "state": first["state"]}, devices=2)
+                       "transpose": True, "slices": 1, "state": model_across["states"]["7"]},
+                   devices=2)
     assert rest["batches"] == reference[7:]
     _check_replicas(rest, GLOBAL_BATCH)
+
+
+def test_model_within_processes_and_layouts_that_cannot_be_served(tmp_path, dataset):
+    """2 processes x 2 devices, 'model' within each (a P(('data',), None) spec); and, in
+    the same processes, the layouts refused before the first batch, each saying why."""
+    got = _layout_run(tmp_path, dataset, "2x2-model-within", refusals=True)
+    said = got["refusals"]
+    assert "needs the batch's sharding" in said["unknown"]
+    assert "to_jax(sharding)" in said["unknown"]
+    assert "not one contiguous range" in said["interleaved"]
+    assert "give both the same sharding" in said["mismatch"]
+
+
+@pytest.mark.slow
+def test_interleaved_replicas_load_the_same_rows(tmp_path, dataset):
+    """Slices of processes {0, 2} and {1, 3}: shards by slice, not by process index."""
+    _layout_run(tmp_path, dataset, "4x1-interleaved")
 
 
 def _launch_stream(n: int, cfg: dict) -> list[int]:
