@@ -229,9 +229,10 @@ if ocp is not None:
         """Saves each process's loader state as `process_{i}-of-{n}.json`.
 
         Restoring on a different process count (elastic resume) reads every process's
-        file and merges them (`merge_states`): with batch() alone the states of all processes
-        describe the same global step, but with filter, flat_map or pack each process has
-        consumed its own share.
+        file and merges them (`merge_states`), one per data slice (`slice_{i}-of-{n}.json`
+        says each process's; replicas hold the same state): with batch() alone the states
+        of all processes describe the same global step, but with filter, flat_map or pack
+        each slice has consumed its own share.
         """
 
         def save(self, directory: epath.Path, args: LoaderSave) -> None:
@@ -240,6 +241,9 @@ if ocp is not None:
             i, n = process_index_and_count()
             directory.mkdir(parents=True, exist_ok=True)
             (directory / f"process_{i}-of-{n}.json").write_text(json.dumps(state))
+            shard = getattr(getattr(args.loader, "loader", args.loader), "data_slice", None)
+            if shard is not None:  # processes of one data slice saved one state between them
+                (directory / f"slice_{i}-of-{n}.json").write_text(json.dumps(list(shard)))
 
         def restore(self, directory: epath.Path, args: LoaderRestore | None = None) -> Any:
             i, n = process_index_and_count()
@@ -251,12 +255,23 @@ if ocp is not None:
                 if not found:
                     raise FileNotFoundError(f"no loader state in {directory}")
                 old = int(found[0].name.rsplit("-of-", 1)[1].split(".")[0])
-                state = merge_states([
-                    json.loads((directory / f"process_{k}-of-{old}.json").read_text())
-                    for k in range(old)])
+                state = merge_states(_one_per_slice(directory, old))
             if args is not None and args.loader is not None:
                 args.loader.set_state(state)
             return state
+
+    def _one_per_slice(directory: epath.Path, count: int) -> list[dict[str, Any]]:
+        """The states of a run of `count` processes, one per data slice in slice order
+        (processes of one slice hold the same state; without `slice_*` files, as saved
+        before data slices, each process is its own)."""
+        kept: dict[int, dict[str, Any]] = {}
+        for k in range(count):
+            marker = directory / f"slice_{k}-of-{count}.json"
+            index = json.loads(marker.read_text())[0] if marker.exists() else k
+            if index not in kept:
+                kept[index] = json.loads((directory / f"process_{k}-of-{count}.json")
+                                         .read_text())
+        return [kept[k] for k in sorted(kept)]
 
     @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
     @dataclasses.dataclass

@@ -140,3 +140,33 @@ def test_several_processes_without_a_sharding_refuse_before_the_first_batch(
     loader.use_data_slice((1, 2))  # what to_jax(sharding) does
     assert loader.process_count == 2 and loader.get_state() == state
     assert [fns.ids_of(b) for b in loader] == whole[1:]
+
+
+def test_orbax_merges_one_state_per_data_slice(data, tmp_path, monkeypatch):
+    """Processes of one data slice save the same state; restored on another process count
+    the handler merges one per slice, and every kept record comes out once."""
+    pytest.importorskip("orbax.checkpoint")
+    from etils import epath
+
+    from aioloader.jax import LoaderCheckpointHandler, LoaderRestore, LoaderSave
+
+    def evens(slices):
+        return (al.Dataset.from_arrayrecord(data).shuffle(2)
+                .shard_by_jax_process(drop_remainder=False).map(fns.decode)
+                .filter(fns.keep_even).map(fns.just_id).batch(4 // slices))
+
+    handler, where, seen = LoaderCheckpointHandler(), epath.Path(tmp_path), []
+    for i in range(4):  # replicas {0, 1} and {2, 3}: 2 data slices
+        monkeypatch.setattr(aj, "process_index_and_count", lambda i=i: (i, 4))
+        monkeypatch.setattr(aj, "process_shard", lambda ds, i=i: (i // 2, 2))
+        loader = evens(2).loader(workers=0)
+        got = [x for _, b in zip(range(2 + i // 2), loader) for x in b.tolist()]
+        seen += got if i % 2 == 0 else []  # a replica's rows count once
+        handler.save(where, LoaderSave(loader))
+        loader.close()
+    monkeypatch.undo()
+    monkeypatch.setattr(aj, "process_index_and_count", lambda: (0, 1))
+    loader = evens(1).loader(workers=0)
+    handler.restore(where, LoaderRestore(loader))
+    rest = [x for b in loader for x in b.tolist()]
+    assert seen and rest and sorted(seen + rest) == list(range(0, 40, 2))

@@ -68,6 +68,12 @@ class StateKeeping:
         """The shard count of shard_by_jax_process() (data slices; 1 without it)."""
         return self._shape.process_count
 
+    @property
+    def data_slice(self) -> tuple[int, int] | None:
+        """shard_by_jax_process()'s `(index, count)` for this process (None without it, or
+        while it waits for to_jax's sharding)."""
+        return None if self._slice_unknown else self._shape.procs
+
     def use_data_slice(self, procs: tuple[int, int]) -> None:
         """shard_by_jax_process()'s `(index, count)` from the sharding `to_jax` was given
         (`aioloader.jax.data_slice`), before the first batch."""
