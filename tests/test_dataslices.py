@@ -137,7 +137,9 @@ def test_several_processes_without_a_sharding_refuse_before_the_first_batch(
         al.Dataset.from_arrayrecord(data).shard_by_jax_process()[0]
     loader = _ids(data).loader(workers=0, state=state)
     assert loader.get_state() == state  # kept, not checked against an unknown shard
+    loader.start_prefetch()  # waits for the shard
     loader.use_data_slice((1, 2))  # what to_jax(sharding) does
+    assert not loader.closed
     assert loader.process_count == 2 and loader.get_state() == state
     assert [fns.ids_of(b) for b in loader] == whole[1:]
 

@@ -105,8 +105,11 @@ class Loader(StateKeeping):
         """Start opening files and fetching now, e.g. while the model restores.
 
         In async code it schedules the start on the running loop; otherwise on the
-        background loop of the sync API. Returns at once.
+        background loop of the sync API. Returns at once. (Before `to_jax(sharding)` has
+        said this process's data slice, it starts then.)
         """
+        if self._defer_prefetch():
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -48,6 +48,7 @@ class StateKeeping:
             procs = process_shard(self.dataset)  # None: until to_jax(sharding) says it
         self._slice_unknown = procs is None and needs_processes(self.dataset)
         self._given = state  # applied once the shard is known
+        self._prefetch_asked = False  # start_prefetch() before it was
         self._reshape(procs)
 
     def _reshape(self, procs: tuple[int, int] | None) -> None:
@@ -88,6 +89,16 @@ class StateKeeping:
         self._parts.shape = self._shape
         if self._given is not None:
             self._apply_state(self._given)
+        if self._prefetch_asked:
+            self.start_prefetch()
+
+    def start_prefetch(self) -> None:
+        raise NotImplementedError
+
+    def _defer_prefetch(self) -> bool:
+        """Whether start_prefetch() must wait for the data slice (it then starts)."""
+        self._prefetch_asked = self._slice_unknown
+        return self._slice_unknown
 
     def get_state(self) -> dict[str, Any]:
         """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
