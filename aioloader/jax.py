@@ -9,7 +9,10 @@ process and scatter — aioloader implements (3): each process runs one pipeline
 shard (`shard_by_jax_process()`), and `to_jax(sharding)` builds the global array with
 `jax.make_array_from_process_local_data`. For a ('data', 'model') mesh the sharding
 `NamedSharding(mesh, P('data'))` replicates rows over 'model', so devices of one model
-replica see the same rows and different replicas different rows.
+replica see the same rows and different replicas different rows; when 'model' spans
+processes, the processes of one replica must load the same rows, so shards are dealt by data
+slice (`aioloader.dataslices`), learned from the sharding given to `to_jax` (or to
+`shard_by_jax_process(sharding=)`) before the first batch.
 
 Lockstep. Collectives hang if one process stops early. With `batch(drop_remainder=True)`
 and `shard_by_jax_process()` (equal shards by default) every process yields the same number
