@@ -67,6 +67,8 @@ def slice_table(rows: Iterable[tuple[int, int, int]], process_count: int) -> tup
     `(process, start, stop)` rows of one global batch; slices are numbered by their first
     row, so the shards come in the order of the global batch's rows."""
     held: dict[int, set[tuple[int, int]]] = {}
+    rows = list(rows)
+    size = max((stop for _, _, stop in rows), default=0)
     for process, start, stop in rows:
         held.setdefault(process, set()).add((start, stop))
     missing = [p for p in range(process_count) if p not in held]
@@ -78,9 +80,9 @@ def slice_table(rows: Iterable[tuple[int, int, int]], process_count: int) -> tup
         ordered = sorted(blocks)
         if any(a[1] != b[0] for a, b in itertools.pairwise(ordered)):
             raise LayoutError(
-                f"the devices of process {process} hold rows {_rows(ordered)} of the batch "
-                "axis, not one contiguous range: lay the mesh out so that each process's "
-                "devices are neighbours along the batch axis (jax.make_mesh does)")
+                f"the devices of process {process} hold rows {_rows(ordered)} of a global "
+                f"batch of {size}, not one contiguous range: lay the mesh out so that each "
+                "process's devices are neighbours along the batch axis (jax.make_mesh does)")
         spans[process] = (ordered[0][0], ordered[-1][1])
     distinct = sorted(set(spans.values()))
     total = max(stop for _, stop in distinct)
@@ -88,7 +90,7 @@ def slice_table(rows: Iterable[tuple[int, int, int]], process_count: int) -> tup
     if any(b - a != width for a, b in distinct) or \
             [a for a, _ in distinct] != list(range(0, total, width)):
         raise LayoutError(
-            "processes hold unequal or overlapping ranges of the batch axis ("
+            f"processes hold unequal or overlapping ranges of a global batch of {size} ("
             + ", ".join(f"process {p}: {_rows([s])}" for p, s in sorted(spans.items()))
             + "): shard_by_jax_process() deals every process an equal shard")
     first = {span: k for k, span in enumerate(distinct)}
