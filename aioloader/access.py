@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .dataslices import unknown_layout_error
 from .mixed import opened
 from .objects import ObjectRecords, ObjectSource
 from .options import LoaderOptions
@@ -51,9 +52,11 @@ class Access:
             raise TypeError(f"this Dataset cannot be indexed: {why}")
         procs = None
         if needs_processes(dataset):
-            from .jax import process_index_and_count
+            from .jax import process_index_and_count, process_shard
 
-            procs = process_index_and_count()
+            procs = process_shard(dataset)
+            if procs is None:
+                raise unknown_layout_error(process_index_and_count()[1])
         spec = opened(dataset.source)  # a mix's inputs: one source, end to end
         self.source: ArrayRecordSource | ObjectRecords
         if isinstance(spec, ObjectSource):  # a from_source() object: read in place

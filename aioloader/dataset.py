@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
-from .description import JaxProcessShard, SourceSpec, check_picklable, stage_lines
+from .description import (
+    JaxProcessShard,
+    SourceSpec,
+    check_picklable,
+    jax_process_shard,
+    stage_lines,
+)
 from .mixed import MixSpec
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
@@ -204,9 +210,14 @@ class Dataset:
         """Keep shard `index` of `count` (strided by default)."""
         return self._index(Shard(index, count, contiguous, drop_remainder))
 
-    def shard_by_jax_process(self, *, drop_remainder: bool = True) -> Dataset:
-        """Shard by `jax.process_index()` of `jax.process_count()` (resolved at load time)."""
-        return self._index(JaxProcessShard(drop_remainder))
+    def shard_by_jax_process(self, *, drop_remainder: bool = True,
+                             sharding: Any = None) -> Dataset:
+        """This process's shard of every global batch: processes whose devices hold the same
+        rows of the batch's `sharding` (replicas over a 'model' axis) load the same rows, the
+        others different ones; `.batch(n)`'s n is the global batch ÷ the number of such data
+        slices (`aioloader.jax.data_slice`). The sharding is the one given to `to_jax`, or
+        here; on several processes, a loader with neither refuses to start."""
+        return self._index(jax_process_shard(drop_remainder, sharding))
 
     @overload
     def __getitem__(self, key: slice) -> Dataset: ...

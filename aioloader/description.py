@@ -9,10 +9,13 @@ Apart from `dataset.py` so that the verbs' module stays the facade users read, a
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .dataslices import table_of
+from .errors import MissingExtraError
 from .objects import ObjectSource
 from .transforms import dumps_op
 from .urls import redact
@@ -38,12 +41,23 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class JaxProcessShard:
-    """`shard_by_jax_process()`: resolved to a `Shard` when the loader starts."""
+    """`shard_by_jax_process()`: resolved to a `Shard` when the loader starts, by the data
+    slice of each process (`layout`, from the sharding it was given; None: from the one
+    given to `to_jax`, or on one process the whole batch; `aioloader.dataslices`)."""
 
     drop_remainder: bool = True
+    layout: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         return "shard_by_jax_process()"
+
+
+def jax_process_shard(drop_remainder: bool, sharding: Any) -> JaxProcessShard:
+    """`shard_by_jax_process()`'s op; it needs jax, so without it fails here, not at load."""
+    if importlib.util.find_spec("jax") is None:
+        raise MissingExtraError("jax", "shard_by_jax_process()", "jax")
+    layout = None if sharding is None else table_of(sharding)
+    return JaxProcessShard(bool(drop_remainder), layout)
 
 
 def stage_lines(ds: Dataset) -> list[str]:

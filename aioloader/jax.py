@@ -9,7 +9,10 @@ process and scatter — aioloader implements (3): each process runs one pipeline
 shard (`shard_by_jax_process()`), and `to_jax(sharding)` builds the global array with
 `jax.make_array_from_process_local_data`. For a ('data', 'model') mesh the sharding
 `NamedSharding(mesh, P('data'))` replicates rows over 'model', so devices of one model
-replica see the same rows and different replicas different rows.
+replica see the same rows and different replicas different rows; when 'model' spans
+processes, the processes of one replica must load the same rows, so shards are dealt by data
+slice (`aioloader.dataslices`), learned from the sharding given to `to_jax` (or to
+`shard_by_jax_process(sharding=)`) before the first batch.
 
 Lockstep. Collectives hang if one process stops early. With `batch(drop_remainder=True)`
 and `shard_by_jax_process()` (equal shards by default) every process yields the same number
@@ -27,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from .dataslices import shard_of, table_of
+from .description import JaxProcessShard
 from .errors import MissingExtraError
+from .plan import needs_processes
 from .state import merge_states
 
 try:
@@ -39,6 +45,24 @@ except ImportError as exc:
 def process_index_and_count() -> tuple[int, int]:
     """This process's index and the process count of the JAX runtime."""
     return jax.process_index(), jax.process_count()
+
+
+def data_slice(sharding: Any) -> tuple[int, int]:
+    """`(index, count)` of this process's data slice under `sharding`: the rows of every
+    global batch it loads with `shard_by_jax_process()` (`aioloader.dataslices`). The
+    per-process batch is the global batch ÷ `count`."""
+    return shard_of(table_of(sharding), *process_index_and_count())
+
+
+def process_shard(dataset: Any) -> tuple[int, int] | None:
+    """`(shard index, shard count)` of this process for `dataset`'s shard_by_jax_process():
+    by the sharding it was given, or (0, 1) on one process; None when several processes
+    wait for the one `to_jax` gives."""
+    op = next(op for op in dataset.index_ops if isinstance(op, JaxProcessShard))
+    index, count = process_index_and_count()
+    if op.layout is not None:
+        return shard_of(op.layout, index, count)
+    return (0, 1) if count == 1 else None
 
 
 def _is_array(x: Any) -> bool:
@@ -89,6 +113,8 @@ class _Placement:
 
     def __init__(self, loader: Any, sharding: Any, prefetch_to_device: int,
                  pad_final: bool) -> None:
+        if sharding is not None and needs_processes(loader.dataset):
+            loader.use_data_slice(data_slice(sharding))  # before the state is read
         self.loader = loader
         self.sharding = sharding
         self.depth = max(1, prefetch_to_device)
@@ -206,9 +232,10 @@ if ocp is not None:
         """Saves each process's loader state as `process_{i}-of-{n}.json`.
 
         Restoring on a different process count (elastic resume) reads every process's
-        file and merges them (`merge_states`): with batch() alone the states of all processes
-        describe the same global step, but with filter, flat_map or pack each process has
-        consumed its own share.
+        file and merges them (`merge_states`), one per data slice (`slice_{i}-of-{n}.json`
+        says each process's; replicas hold the same state): with batch() alone the states
+        of all processes describe the same global step, but with filter, flat_map or pack
+        each slice has consumed its own share.
         """
 
         def save(self, directory: epath.Path, args: LoaderSave) -> None:
@@ -217,6 +244,9 @@ if ocp is not None:
             i, n = process_index_and_count()
             directory.mkdir(parents=True, exist_ok=True)
             (directory / f"process_{i}-of-{n}.json").write_text(json.dumps(state))
+            shard = getattr(getattr(args.loader, "loader", args.loader), "data_slice", None)
+            if shard is not None:  # processes of one data slice saved one state between them
+                (directory / f"slice_{i}-of-{n}.json").write_text(json.dumps(list(shard)))
 
         def restore(self, directory: epath.Path, args: LoaderRestore | None = None) -> Any:
             i, n = process_index_and_count()
@@ -228,12 +258,23 @@ if ocp is not None:
                 if not found:
                     raise FileNotFoundError(f"no loader state in {directory}")
                 old = int(found[0].name.rsplit("-of-", 1)[1].split(".")[0])
-                state = merge_states([
-                    json.loads((directory / f"process_{k}-of-{old}.json").read_text())
-                    for k in range(old)])
+                state = merge_states(_one_per_slice(directory, old))
             if args is not None and args.loader is not None:
                 args.loader.set_state(state)
             return state
+
+    def _one_per_slice(directory: epath.Path, count: int) -> list[dict[str, Any]]:
+        """The states of a run of `count` processes, one per data slice in slice order
+        (processes of one slice hold the same state; without `slice_*` files, as saved
+        before data slices, each process is its own)."""
+        kept: dict[int, dict[str, Any]] = {}
+        for k in range(count):
+            marker = directory / f"slice_{k}-of-{count}.json"
+            index = json.loads(marker.read_text())[0] if marker.exists() else k
+            if index not in kept:
+                kept[index] = json.loads((directory / f"process_{k}-of-{count}.json")
+                                         .read_text())
+        return [kept[k] for k in sorted(kept)]
 
     @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
     @dataclasses.dataclass

@@ -28,6 +28,8 @@ def child(args: argparse.Namespace) -> None:
     from jax.sharding import PartitionSpec as P
     from train_from_bucket import init_params, make_step, pipeline
 
+    from aioloader.jax import data_slice
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                                num_processes=args.processes, process_id=args.process_id)
@@ -37,9 +39,11 @@ def child(args: argparse.Namespace) -> None:
         params = jax.device_put(init_params(jax.random.key(0)), NamedSharding(mesh, P()))
         opt = optax.adam(1e-2)
         opt_state, step = opt.init(params), make_step(opt)
+        rows = NamedSharding(mesh, P("data"))
+        # the per-process batch: the global batch over the data slices (here one a process)
         ds = pipeline(args.url, json.loads(args.storage_options),
-                      args.batch // jax.process_count())
-        it = ds.loader(workers=0).to_jax(NamedSharding(mesh, P("data")))
+                      args.batch // data_slice(rows)[1])
+        it = ds.loader(workers=0).to_jax(rows)
         for k in range(args.steps):
             batch = next(it)
             params, opt_state, loss = step(params, opt_state, batch)

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import aioloader as al
-from aioloader.jax import LoaderRestore, LoaderSave
+from aioloader.jax import LoaderRestore, LoaderSave, data_slice
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -197,7 +197,7 @@ def main() -> None:
     sharding = NamedSharding(mesh, P("data"))
     opt = optax.adam(1e-2)
     step_fn = make_step(opt)
-    per_process = args.batch // jax.process_count()
+    per_process = args.batch // data_slice(sharding)[1]  # the global batch over data slices
     first, second = args.steps // 2, args.steps - args.steps // 2
 
     with dataset_url(args.url, args.records) as (url, opts), \

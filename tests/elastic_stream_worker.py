@@ -19,6 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import aioloader as al
 from aioloader.jax import LoaderCheckpointHandler, LoaderRestore, LoaderSave
@@ -27,8 +28,10 @@ from tests import pipeline_fns as fns
 
 
 def pipeline(cfg: dict) -> al.Dataset:
+    rows = NamedSharding(Mesh(jax.devices(), ("data",)), PartitionSpec("data"))
     ds = (al.Dataset.from_arrayrecord(cfg["paths"]).shuffle(5)
-          .shard_by_jax_process(drop_remainder=False).map(fns.decode).filter(fns.keep_even))
+          .shard_by_jax_process(drop_remainder=False, sharding=rows)  # iterated on the host
+          .map(fns.decode).filter(fns.keep_even))
     if cfg["kind"] == "pack":
         return ds.map(fns.id_tokens).pack({"tokens": 8}, num_packing_bins=3).batch(2)
     return ds.map(fns.just_id).batch(cfg["global_batch"] // jax.process_count())

@@ -276,7 +276,7 @@ def test_loaders_of_simulated_processes_move_from_2_to_4_exactly(tmp_path, monke
               .batch(per, drop_remainder=True))
         outs, states = [], []
         for p in range(procs):
-            monkeypatch.setattr(aljax, "process_index_and_count", lambda p=p: (p, procs))
+            monkeypatch.setattr(aljax, "process_shard", lambda ds, p=p: (p, procs))
             loader = ds.loader(workers=0, state=state)
             got = []
             for k, b in enumerate(loader):

@@ -55,7 +55,7 @@ def ids(item, name):
 
 def run(paths, name, index, count, state=None, stop=None, window=None, monkeypatch=None):
     """(record ids of the items, the state after them) of process `index` of `count`."""
-    monkeypatch.setattr(aj, "process_index_and_count", lambda: (index, count))
+    monkeypatch.setattr(aj, "process_shard", lambda ds: (index, count))
     kw = {"window": window} if window else {}
     it = pipeline(paths, name, count).loader(workers=0, state=state, **kw)
     got = []
@@ -209,7 +209,7 @@ def test_set_state_moves_a_running_loader(paths, monkeypatch):
               for i in range(2)]
     merged = al.merge_states(states)
     want, _ = run(paths, name, 0, 3, state=merged, monkeypatch=monkeypatch)
-    monkeypatch.setattr(aj, "process_index_and_count", lambda: (0, 3))
+    monkeypatch.setattr(aj, "process_shard", lambda ds: (0, 3))
 
     async def rest():
         async with pipeline(paths, name, 3).loader(workers=0, window=4) as it:

@@ -75,6 +75,18 @@ def test_to_jax_without_jax_names_the_extra(tmp_path: Path) -> None:
     assert "pip install 'aioloader[jax]'" in line
 
 
+def test_shard_by_jax_process_without_jax_fails_at_the_call(tmp_path: Path) -> None:
+    r = _run("import aioloader as al\n"
+             "ds = al.Dataset.from_arrayrecord('x.array_record').shuffle(1)\n"
+             "ds.shard_by_jax_process()\n"
+             "print('not raised')",
+             ("jax",), tmp_path)
+    assert r.returncode == 1 and "not raised" not in r.stdout
+    line = _last_line(r.stderr)
+    assert "MissingExtraError: shard_by_jax_process() needs the 'jax' extra" in line, r.stderr
+    assert "pip install 'aioloader[jax]'" in line
+
+
 def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path) -> None:
     (tmp_path / "in.parquet").write_bytes(b"PAR1")
     r = _run("from aioloader.cli import main\n"

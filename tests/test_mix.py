@@ -161,7 +161,7 @@ def test_process_shards_and_elastic_resume_cover_the_mix_once(files, monkeypatch
             .batch(global_batch // procs, drop_remainder=True)
         outs, states = [], []
         for p in range(procs):
-            monkeypatch.setattr(aljax, "process_index_and_count", lambda p=p: (p, procs))
+            monkeypatch.setattr(aljax, "process_shard", lambda ds, p=p: (p, procs))
             it = ds.loader(workers=0, state=state)
             got = []
             for k, b in enumerate(it):

@@ -22,34 +22,28 @@ from typing import TYPE_CHECKING, Any
 
 from ..autotune import Setting, available_cores
 from ..autotune import start as tuning_start
-from ..lanes import to_json as lane_json
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from ..mixed import opened
 from ..options import LoaderOptions
-from ..plan import (
-    longest_shard,
-    needs_processes,
-    shape,
-    with_lane,
-    with_layout,
-)
-from ..state import LoaderState
+from ..plan import longest_shard, with_layout
 from ..sync import pump
 from ..urls import is_local
 from ..workers import Pool
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
+from .statekeeping import StateKeeping
 from .stats import PipelineStats
 from .tasks import gate_limit
 from .tuner import Tuner
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
+    from ..state import LoaderState
 
 log = logging.getLogger("aioloader")
 
 
-class Loader:
+class Loader(StateKeeping):
     """A running pipeline over a `Dataset`. Create it with `Dataset.loader()`."""
 
     def __init__(self, dataset: Dataset, options: LoaderOptions | None = None, *,
@@ -67,14 +61,7 @@ class Loader:
         self.prefetch = self._setting.prefetch
         if self.workers or "workers" in self._limits.tune:  # (auto: processes may come)
             dataset.check_picklable()
-        procs = None
-        if needs_processes(dataset):
-            from ..jax import process_index_and_count
-
-            procs = process_index_and_count()
-        self._shape = shape(dataset, options.worker.window, procs)
-        self._state = LoaderState(unit=self._shape.unit, pipeline=self._shape.fingerprint,
-                                  process_count=self._shape.process_count)
+        self._init_shard(state)
         self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
                                     graph=dataset.describe())
         trace = options.trace if options.trace is not None else \
@@ -97,43 +84,7 @@ class Loader:
         return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
                 f"prefetch={self.prefetch})")
 
-    # -- state ------------------------------------------------------------------------
-
-    @property
-    def process_count(self) -> int:
-        return self._shape.process_count
-
-    def get_state(self) -> dict[str, Any]:
-        """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
-        return self._state.to_json()
-
-    def _apply_state(self, state: Mapping[str, Any]) -> None:
-        sh = self._shape
-        new = LoaderState.from_json(state).resume_as(
-            sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
-            process_index=sh.procs[0] if sh.procs else 0)
-        plan = self._parts.plan
-        if plan is not None:
-            if new.moved or new.lane != plan_lane(plan):
-                self._parts.plan = plan = with_lane(plan, self.dataset, new)
-                new = self._moved(new)
-            new.check_position(plan.length, sh.batch_mode, plan.cuts)
-        self._state = new
-
-    def _moved(self, state: LoaderState) -> LoaderState:
-        """A state moved to this process count, once its plan made the lanes."""
-        if not state.moved:
-            return state
-        return dataclasses.replace(state, lane=plan_lane(self._parts.plan))
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from `state` (from `get_state()`); restarts work in progress."""
-        self._apply_state(state)
-        if self._run is not None and not self._closed:
-            old, self._run = self._run, None
-            for t in old.scheduler.cancel():
-                t.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._new_run()
+    # (state, and the process's shard: `StateKeeping`)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -154,8 +105,11 @@ class Loader:
         """Start opening files and fetching now, e.g. while the model restores.
 
         In async code it schedules the start on the running loop; otherwise on the
-        background loop of the sync API. Returns at once.
+        background loop of the sync API. Returns at once. (Before `to_jax(sharding)` has
+        said this process's data slice, it starts then.)
         """
+        if self._defer_prefetch():
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -166,6 +120,7 @@ class Loader:
             self._start_task = asyncio.ensure_future(self._start())
 
     async def _start(self) -> None:
+        self._check_shard()
         self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
         await self._guard.arm()
         plan = await self._parts.open(self._state.unit, self._state.layout, self._state)
@@ -378,11 +333,6 @@ class Loader:
 
 
 _longest = longest_shard
-
-
-def plan_lane(plan: Any) -> Any:
-    """The plan's lanes as a state holds them (None: the process's own shard)."""
-    return None if plan is None or plan.lane is None else lane_json(plan.lane)
 
 
 def _remote(dataset: Dataset) -> bool:
