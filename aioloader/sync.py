@@ -36,7 +36,8 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _users: weakref.WeakSet = weakref.WeakSet()
-_pending: set[object] = set()  # closings started on the loop's own thread (`close_sync`)
+# closings started on the loop's own thread (`close_sync`): token -> its task, once started
+_pending: dict[object, asyncio.Task | None] = {}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -108,14 +109,14 @@ def close_sync(coro: Coroutine[Any, Any, None]) -> None:
         run_sync(coro)
         return
     token = object()
-    _pending.add(token)
+    _pending[token] = None
     loop.call_soon_threadsafe(_start_closing, loop, coro, token)
 
 
 def _start_closing(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None],
                    token: object) -> None:
-    task = loop.create_task(coro)
-    task.add_done_callback(lambda t: _closed(t, token))  # (the callback keeps `task`)
+    task = _pending[token] = loop.create_task(coro)
+    task.add_done_callback(lambda t: _closed(t, token))
 
 
 def _closed(task: asyncio.Task, token: object) -> None:
@@ -124,7 +125,7 @@ def _closed(task: asyncio.Task, token: object) -> None:
             "closing on the background loop failed: %s: %s", type(task.exception()).__name__,
             task.exception())
     with _lock:
-        _pending.discard(token)
+        _pending.pop(token, None)
         idle = not _users and not _pending
     if idle:
         stop_background_loop()
@@ -160,6 +161,9 @@ def stop_background_loop() -> None:
         return
 
     async def drain() -> None:
+        # closings started on the loop end first (cancelled, they would leave files open)
+        closings = [t for t in list(_pending.values()) if t is not None]
+        await asyncio.gather(*closings, return_exceptions=True)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -256,7 +260,7 @@ def _forget_after_fork() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
     _loop = _thread = None
     _users = weakref.WeakSet()
-    _pending = set()
+    _pending = {}
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
