@@ -20,7 +20,7 @@ import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
-from .sync import acquire, release, run_sync
+from .sync import acquire, close_sync, release
 
 
 async def _guard(ref: list) -> AsyncGenerator[None, None]:
@@ -120,13 +120,14 @@ class Binding:
         """Run `aclose()` on the loader's loop from sync code, from any thread; when that
         loop cannot be reached (never started, gone at interpreter exit, or this is a forked
         child whose loop and workers are the parent's) call `unreachable()` to free what is
-        this process's."""
+        this process's. On the background loop's own thread the closing is started there,
+        not waited for (`sync.close_sync`)."""
         loop = self.loop
         if self.pid not in (None, os.getpid()) or loop is None or loop.is_closed():
             unreachable()
             return
         if self.used_sync:
-            run_sync(aclose())
+            close_sync(aclose())
         elif loop.is_running():
             try:
                 running = asyncio.get_running_loop()

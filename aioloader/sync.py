@@ -6,6 +6,10 @@ plain scripts and from notebooks that already run a loop. Running our coroutines
 daemon thread with its own loop (uvloop when installed) serves both, and keeps loop-bound
 resources (HTTP sessions, semaphores) on one loop for the life of the process.
 
+Closing (a source's or a loader's `close()`) works from any thread, the loop's own included:
+a finalizer or the garbage collector may run there, where waiting on the loop would wait on
+itself; the closing is then started on the loop and keeps it up until done (`close_sync`).
+
 `os.fork()` copies only the calling thread: in a forked child (a fork-based
 `multiprocessing.Pool`, say) the loop's thread is gone, and waiting on it would hang for
 ever. An at-fork handler forgets the parent's loop in the child, so the next sync use
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -31,6 +36,8 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _users: weakref.WeakSet = weakref.WeakSet()
+# closings started on the loop's own thread (`close_sync`): token -> its task, once started
+_pending: dict[object, asyncio.Task | None] = {}
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -54,6 +61,7 @@ def background_loop() -> asyncio.AbstractEventLoop:
                 asyncio.set_event_loop(loop)
                 loop.call_soon(ready.set)
                 loop.run_forever()
+                loop.close()  # (stopped: `stop_background_loop`)
 
             _thread = threading.Thread(target=run, name="aioloader-io", daemon=True)
             _thread.start()
@@ -86,6 +94,43 @@ def run_sync(
         raise
 
 
+def on_loop_thread() -> bool:
+    """Whether this is the background loop's own thread (where nothing may wait on it)."""
+    return _thread is not None and _thread is threading.current_thread()
+
+
+def close_sync(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a closing coroutine on the background loop, from any thread: waited for, except on
+    the loop's own thread (a finalizer or the garbage collector ran there), where it is
+    started on the loop instead and keeps the loop up until it is done. Nothing here waits
+    or takes a lock on that thread: the collector may have interrupted anything."""
+    loop = _loop
+    if loop is None or loop.is_closed() or not on_loop_thread():
+        run_sync(coro)
+        return
+    token = object()
+    _pending[token] = None
+    loop.call_soon_threadsafe(_start_closing, loop, coro, token)
+
+
+def _start_closing(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None],
+                   token: object) -> None:
+    task = _pending[token] = loop.create_task(coro)
+    task.add_done_callback(lambda t: _closed(t, token))
+
+
+def _closed(task: asyncio.Task, token: object) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("aioloader").warning(
+            "closing on the background loop failed: %s: %s", type(task.exception()).__name__,
+            task.exception())
+    with _lock:
+        _pending.pop(token, None)
+        idle = not _users and not _pending
+    if idle:
+        stop_background_loop()
+
+
 def acquire(user: object) -> asyncio.AbstractEventLoop:
     """Start (if needed) and return the background loop; `user` keeps it alive until
     `release(user)`."""
@@ -99,13 +144,15 @@ def release(user: object) -> None:
     """`user` no longer needs the loop; the last one out stops its thread."""
     with _lock:
         _users.discard(user)
-        idle = not _users
+        idle = not _users and not _pending
     if idle:
         stop_background_loop()
 
 
 def stop_background_loop() -> None:
-    """Stop the background loop and join its thread (tests; also at interpreter exit)."""
+    """Stop the background loop and join its thread (tests; also at interpreter exit). On
+    the loop's own thread (the last user released there) it is stopped after its tasks end,
+    without waiting, and its thread closes it."""
     global _loop, _thread
     with _lock:
         loop, thread = _loop, _thread
@@ -114,18 +161,31 @@ def stop_background_loop() -> None:
         return
 
     async def drain() -> None:
+        # closings started on the loop end first (cancelled, they would leave files open)
+        closings = [t for t in list(_pending.values()) if t is not None]
+        await asyncio.gather(*closings, return_exceptions=True)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await loop.shutdown_asyncgens()
 
+    if thread is threading.current_thread():
+        async def drain_and_stop() -> None:
+            try:
+                await drain()
+            finally:
+                loop.stop()
+
+        loop.create_task(drain_and_stop())
+        return
     with contextlib.suppress(Exception):
         asyncio.run_coroutine_threadsafe(drain(), loop).result(5)
     loop.call_soon_threadsafe(loop.stop)
     if thread is not None:
         thread.join(5)
-    loop.close()
+        if not thread.is_alive():
+            loop.close()
 
 
 def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[Any]], *,
@@ -196,10 +256,11 @@ def _taken(credit: asyncio.Semaphore, release: Callable[[], None] | None) -> Non
 def _forget_after_fork() -> None:
     """In a forked child: the parent's loop (and its thread, which did not come along) is
     left alone, never run or closed here; the next use starts a fresh one."""
-    global _lock, _loop, _thread, _users
+    global _lock, _loop, _thread, _users, _pending
     _lock = threading.Lock()  # another thread may have held it at the fork
     _loop = _thread = None
     _users = weakref.WeakSet()
+    _pending = {}
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -55,15 +55,15 @@ def test_a_transform_subclassing_the_packages_classes_loads_in_workers(path):
 SCRIPT = """
 import json, os, sys
 import aioloader as al
-from multiprocessing import forkserver
-early = forkserver._forkserver._forkserver_pid
+from aioloader.workers import server
+early = server.server_pid()
 out = {"early": early is not None, "marker": "_AIOLOADER_WORKER_PROCESS" in os.environ}
 if len(sys.argv) > 1:
     import tests.worker_start_fns as fns
     ds = al.Dataset.from_arrayrecord(sys.argv[1:]).map(fns.loaded).batch(64)
     with ds.loader(workers=1) as it:
         out["parent_side"] = bool(next(iter(it))["parent_side"].any())
-    out["same_server"] = forkserver._forkserver._forkserver_pid == early
+    out["same_server"] = server.server_pid() == early
 print(json.dumps(out))
 """
 

@@ -176,9 +176,9 @@ class Parts:
         """The fetch stage's cache of raw multi-record chunks, the workers' caches of
         decoded ones, and the memory copy of a remote dataset."""
         src, runner = self.source, self.runner
-        if src is None:
+        if not isinstance(src, ArrayRecordSource) or not src.opened:  # (never opens it)
             return {}
-        cache, kept = src.fetcher.raw_cache, src.resident  # type: ignore[union-attr]  # files only
+        cache, kept = src.fetcher.raw_cache, src.resident
         out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)

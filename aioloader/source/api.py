@@ -27,7 +27,7 @@ from ..index_cache import IndexCache
 from ..logs import logger
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..storage import Storage, StorageError, is_local, redact
-from ..sync import release, run_sync
+from ..sync import close_sync, release, run_sync
 from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
 from .opening import open_table
@@ -171,6 +171,11 @@ class ArrayRecordSource:
         return self._fetcher  # type: ignore[return-value]
 
     @property
+    def opened(self) -> bool:
+        """Whether the files are open (a failed open leaves it False)."""
+        return self._table is not None
+
+    @property
     def resident(self) -> SegmentStore | None:
         """The memory tier of a remote dataset, if kept (see aioloader.cache.segments)."""
         return self._fetcher.resident if self._fetcher is not None else None
@@ -309,7 +314,7 @@ class ArrayRecordSource:
             return
         self._used_sync = False
         try:
-            run_sync(self.aclose())
+            close_sync(self.aclose())
         finally:  # a failed close (or open) still lets the background loop go
             release(self)
 

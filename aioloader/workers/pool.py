@@ -10,8 +10,9 @@ instead; records of one chunk (group size > 1) ship its bytes once. Local files 
 the workers themselves. Each worker keeps decoded multi-record chunks across tasks
 (`aioloader.workers.decode`), in its share of `Pipeline.chunk_cache_bytes`.
 
-Workers are forks of a clean forkserver, started when `aioloader` is imported
-(`aioloader.workers.procs`; never of the parent, which runs an event loop and threads), and
+Workers are forks of a clean worker server, started when `aioloader` is imported
+(`aioloader.workers.procs`, `.server`; never of the parent, which runs an event loop and
+threads; never importing the user's `__main__`), and
 `workers=0` runs the same task code on one daemon thread of the parent, for debugging
 (`aioloader.workers.inline`).
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
@@ -99,6 +100,10 @@ class Pool:
         self._unstarted = workers  # workers that have not yet released `_started`
         try:
             ctx = context()
+            # spawned workers import `__main__` (`procs`): an unguarded script runs again
+            self._guard_hint = ("; workers are spawned here, and each imports your script: put "
+                                "its body under `if __name__ == \"__main__\":`"
+                                if ctx.get_start_method() == "spawn" else "")
             self._started = ctx.Semaphore(0)
             self._executor = ProcessPoolExecutor(
                 max_workers=workers,
@@ -241,6 +246,7 @@ class Pool:
                 f"a worker process died while processing {describe or f'task {task.task_id}'}"
                 f"{self._exit_codes()}; the loader cannot continue (restart it from the last "
                 "state; if a transform crashes the interpreter, run with workers=0 to debug)"
+                f"{self._guard_hint}"
             ) from None
         finally:
             if not lent:

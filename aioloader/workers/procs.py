@@ -1,21 +1,23 @@
-"""How the decode pool's processes start and stop: the start method, the forkserver started
-early, and stopping workers that do not exit.
+"""How the decode pool's processes start and stop: the start method, the worker server
+started early, and stopping workers that do not exit.
 
-Workers are forked by multiprocessing's forkserver (Linux): one clean server process that
-has loaded NumPy and `aioloader.workers.worker`, of which each worker is a fork (a few ms
-instead of a fresh interpreter's start). Never plain fork of the parent: it runs an event
-loop and threads (and, in training, JAX's). The server itself is a fresh interpreter whose
-start-up (~0.1-0.7 s: NumPy, the worker's modules) used to be the first batch's wait, so it is
-started when `aioloader` is imported (`start_early`: ~10 ms of the importing process, the
-server loads in parallel), and the first pool finds it ready. Its environment says it is a
-worker's (`aioloader._WORKER_ENV`), so it and its workers load only the modules a worker
-uses, not the parent's side of the package. The server's environment is the one at import:
-each worker is handed the parent's as it is when its pool is made (`worker._init_worker`).
-`AIOLOADER_EARLY_FORKSERVER=0` turns the early start off (the pool then starts the server on
-first use, as before).
+Workers are forks of a worker server (`aioloader.workers.server`: aioloader's own
+forkserver, where there is one): one clean process that has loaded NumPy and
+`aioloader.workers.worker`, of which each worker is a fork (a few ms instead of a fresh
+interpreter's start). Never plain fork of the parent: it runs an event loop and threads
+(and, in training, JAX's). Neither the server nor a worker imports the user's `__main__`, so
+a script without an `if __name__ == "__main__":` guard runs once. The server itself is a
+fresh interpreter whose start-up (~0.1-0.7 s: NumPy, the worker's modules) used to be the
+first batch's wait, so it is started when `aioloader` is imported (`start_early`: ~10 ms of
+the importing process, the server loads in parallel), and the first pool finds it ready. Its
+environment says it is a worker's (`aioloader._WORKER_ENV`), so it and its workers load only
+the modules a worker uses, not the parent's side of the package. The server's environment is
+the one at import: each worker is handed the parent's as it is when its pool is made
+(`worker._init_worker`). `AIOLOADER_EARLY_FORKSERVER=0` turns the early start off (the pool
+then starts the server on first use, as before).
 
-In a forked child multiprocessing's forkserver state is the parent's, and unusable: spawn
-there (`context`).
+Where there is no forkserver, workers are spawned: they then import `__main__` as
+multiprocessing's spawn does, and a script needs the guard (a dead worker's error says so).
 """
 
 from __future__ import annotations
@@ -33,12 +35,10 @@ from typing import Any
 
 log = logging.getLogger("aioloader")
 
-PRELOAD = ["aioloader.workers.worker"]  # what the forkserver loads once, for every worker
 WORKER_ENV = "_AIOLOADER_WORKER_PROCESS"  # (aioloader/__init__.py reads it: keep in step)
 EARLY_ENV = "AIOLOADER_EARLY_FORKSERVER"
 
 _forked = False  # this process is a fork of one that may have started the forkserver
-_env_lock = threading.Lock()
 _live_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -52,36 +52,18 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def context() -> multiprocessing.context.BaseContext:
-    """The forkserver context where there is one (Linux) and this process may use it, else
-    spawn."""
-    if "forkserver" in multiprocessing.get_all_start_methods() and not _forked:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        _ensure_forkserver()
-        return ctx
+    """The worker server's context where there is a forkserver (Linux, macOS), else spawn.
+    Starts the server if it is not running."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        from . import server
+
+        server.ensure_running()
+        return server.WorkerContext()
     return multiprocessing.get_context("spawn")
 
 
-def _ensure_forkserver() -> None:
-    """Start the forkserver (if not running) with `WORKER_ENV` in its environment only: set
-    around the start, under a lock (another thread starting a process meanwhile would see it
-    too, which only makes `import aioloader` there load lazily)."""
-    from multiprocessing import forkserver
-
-    with _env_lock:
-        had = os.environ.get(WORKER_ENV)
-        os.environ[WORKER_ENV] = "1"
-        try:
-            forkserver.ensure_running()
-        finally:
-            if had is None:
-                os.environ.pop(WORKER_ENV, None)
-            else:
-                os.environ[WORKER_ENV] = had
-
-
 def start_early() -> None:
-    """Start the forkserver now (at `import aioloader`), so that it has loaded by the time a
+    """Start the worker server now (at `import aioloader`), so that it has loaded by the time a
     pool wants its first worker. Only in a top process (not a worker, not a forked child, not
     any multiprocessing child), where there is a forkserver, and unless
     `AIOLOADER_EARLY_FORKSERVER=0`. Never raises: the pool starts it on first use anyway."""
@@ -92,7 +74,7 @@ def start_early() -> None:
     try:
         context()
     except Exception as exc:  # e.g. no /dev/shm, or a sandbox refusing processes
-        log.debug("could not start the forkserver early (%s: %s)", type(exc).__name__, exc)
+        log.debug("could not start the worker server early (%s: %s)", type(exc).__name__, exc)
 
 
 def track(pool: Any) -> None:
