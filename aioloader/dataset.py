@@ -80,7 +80,9 @@ class Dataset:
         verify: str = "headers",
         decode: Any = None,
     ) -> Dataset:
-        """Records of ArrayRecord files: a path, URL, glob, or a list of them.
+        """Records of ArrayRecord files: a path, URL, glob, or a list of them; a name
+        ending in `[start:end]` reads records start..end-1 of that file (as
+        `ArrayRecordSource` says).
 
         `decode="auto"` turns each record into the arrays (a dict of them for named fields)
         that the files' recorded element spec describes (`aioloader.typed`; written by
