@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .arguments import flag
 from .objects import ObjectSource
+from .sampling import Repeat, Slice
 from .transforms import dumps_op
 from .urls import redact
 
@@ -42,8 +44,34 @@ class JaxProcessShard:
 
     drop_remainder: bool = True
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop_remainder", flag(
+            self.drop_remainder, "shard_by_jax_process drop_remainder"))
+
     def describe(self) -> str:
         return "shard_by_jax_process()"
+
+
+def check_not_endless(ds: Dataset, verb: str) -> None:
+    """Refuse `verb` (a repeat) on a dataset that never ends, as Grain does: it follows a
+    `repeat()` with no count that no slice `[:n]` made finite, or is a mix of such inputs."""
+    from .mixed import MixSpec  # (mixed imports this module)
+
+    def endless(ds: Dataset) -> bool:
+        source = ds.source
+        out = isinstance(source, MixSpec) and source.props is not None and \
+            all(endless(d) for d in source.inputs)
+        for op in ds.index_ops:
+            if isinstance(op, Repeat):
+                out = out or op.num_epochs is None
+            elif isinstance(op, Slice) and op.stop is not None:
+                out = False
+        return out
+
+    if endless(ds):
+        raise ValueError(f"{verb} of an endless dataset (after a repeat() with no "
+                         "num_epochs) would change nothing: drop one of the repeats, or "
+                         "make the first finite (repeat(n), or a slice [:n] after it)")
 
 
 def stage_lines(ds: Dataset) -> list[str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .arguments import maybe_seed
 from .description import JaxProcessShard, SourceSpec
 from .objects import ObjectSource, read_records
 from .selection import MixedIndex, PositionIndex
@@ -99,6 +100,7 @@ class MixSpec:
 
     def __post_init__(self) -> None:
         verb = "concatenate" if self.props is None else "mix"
+        object.__setattr__(self, "seed", maybe_seed(self.seed, "mix seed"))
         from .dataset import Dataset
 
         if not self.inputs:
