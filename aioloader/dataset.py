@@ -97,10 +97,7 @@ class Dataset:
         it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
         JSON) uses that spec without opening anything.
         """
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        source = SourceSpec(tuple(os.fspath(p) for p in paths), dict(storage_options or {}),
-                            verify)
+        source = SourceSpec(paths, dict(storage_options or {}), verify)  # type: ignore[arg-type]
         if any(is_gcs(p) and has_glob(p) for p in source.paths):
             from .preimport import import_started
 

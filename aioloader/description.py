@@ -9,11 +9,13 @@ Apart from `dataset.py` so that the verbs' module stays the facade users read, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .arguments import flag
+from .arrayrecord.index import VERIFY_LEVELS
 from .objects import ObjectSource
 from .sampling import Repeat, Slice
 from .transforms import dumps_op
@@ -30,6 +32,20 @@ class SourceSpec:
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     verify: str = "headers"
+
+    def __post_init__(self) -> None:
+        """`paths` may be one path or any sequence of them; it is kept as a tuple of str."""
+        paths: Any = self.paths
+        if isinstance(paths, (str, os.PathLike)):
+            paths = (paths,)
+        if isinstance(paths, bytes) or not isinstance(paths, Sequence) or not paths or \
+                not all(isinstance(p, (str, os.PathLike)) for p in paths):
+            raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
+                            f"list of them (str or os.PathLike), got {redact(repr(paths))}")
+        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
+        if self.verify not in VERIFY_LEVELS:
+            raise ValueError(f"from_arrayrecord() verify must be one of {VERIFY_LEVELS}, got "
+                             f"{self.verify!r}")
 
     def __repr__(self) -> str:
         """Paths redacted, and the options' names only: their values hold credentials."""

@@ -56,6 +56,11 @@ AR = al.Dataset.from_arrayrecord("never-opened.array_record")  # describing open
     (lambda: DS.pack([("x", 4)], num_packing_bins=2), TypeError,
      r"length_struct must map feature names to lengths, got list"),
     (lambda: DS[True], TypeError, r"index a Dataset with an int"),
+    (lambda: al.Dataset.from_arrayrecord(5), TypeError, r"from_arrayrecord\(\) paths must be"),
+    (lambda: al.Dataset.from_arrayrecord([]), TypeError, r"a non-empty list of them"),
+    (lambda: al.Dataset.from_arrayrecord(["a.ar", None]), TypeError, r"paths must be"),
+    (lambda: al.Dataset.from_arrayrecord("a.ar", verify="full"), ValueError,
+     r"from_arrayrecord\(\) verify must be one of \('none', 'headers', 'all'\)"),
 ])
 def test_a_wrong_argument_is_refused_at_the_call_by_name(call, error, what):
     with pytest.raises(error, match=what):
