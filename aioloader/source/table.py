@@ -130,6 +130,14 @@ class RecordTable:
         return int(self.starts[-1])
 
     @property
+    def first_records(self) -> np.ndarray:
+        """Each file's first record that the table numbers, in the file's own numbering
+        (its read instruction's start; 0 for a file read whole)."""
+        if self._base is None:
+            return np.zeros(len(self.files), dtype=np.int64)
+        return self._base - self._whole[:-1]
+
+    @property
     def pattern_records(self) -> tuple[int, ...]:
         """Records of each pattern the table was opened with, in order (a mix's inputs are
         runs of patterns); the files' counts when the patterns are not known."""
