@@ -28,7 +28,7 @@ from .description import (
     check_picklable,
     stage_lines,
 )
-from .mixed import MixSpec
+from .mixed import MixSpec, mix_inputs
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
@@ -146,7 +146,7 @@ class Dataset:
         repeat the inputs for an endless mix. Inputs are index-level (source, shuffle,
         repeat, shard, slice): map, filter, batch and shard_by_jax_process() go after it.
         """
-        datasets = tuple(datasets)
+        datasets = mix_inputs(datasets, "mix")
         props = proportions(weights, len(datasets))
         return cls(MixSpec(datasets, props, seed))
 
@@ -154,7 +154,7 @@ class Dataset:
     def concatenate(cls, datasets: Sequence[Dataset]) -> Dataset:
         """The finite `datasets` one after another (index-level inputs, as for `mix`); a
         repeat after it re-keys every input's shuffle, as Grain's does."""
-        return cls(MixSpec(tuple(datasets)))
+        return cls(MixSpec(mix_inputs(datasets, "concatenate")))
 
     # -- index ops --------------------------------------------------------------------
 

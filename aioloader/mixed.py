@@ -70,6 +70,16 @@ class Concatenated:
         return out
 
 
+def mix_inputs(datasets: Any, verb: str) -> tuple[Dataset, ...]:
+    """`datasets` as a tuple; one Dataset is refused (iterating it would read it)."""
+    from .dataset import Dataset
+
+    if isinstance(datasets, Dataset):
+        raise TypeError(f"{verb}() takes a list of datasets, got one Dataset: "
+                        f"{verb}([ds1, ds2, ...])")
+    return tuple(datasets)
+
+
 def _why_not_an_input(ds: Dataset) -> str | None:
     from .sampling import Shuffle
 
