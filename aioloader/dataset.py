@@ -97,7 +97,7 @@ class Dataset:
         it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
         JSON) uses that spec without opening anything.
         """
-        source = SourceSpec(paths, dict(storage_options or {}), verify)  # type: ignore[arg-type]
+        source = SourceSpec(paths, storage_options or {}, verify)  # type: ignore[arg-type]
         if any(is_gcs(p) and has_glob(p) for p in source.paths):
             from .preimport import import_started
 

@@ -43,6 +43,10 @@ class SourceSpec:
             raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
                             f"list of them (str or os.PathLike), got {redact(repr(paths))}")
         object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
+        if not isinstance(self.storage_options, Mapping):
+            raise TypeError(f"from_arrayrecord() storage_options must be a dict, got "
+                            f"{type(self.storage_options).__name__}")
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
         if self.verify not in VERIFY_LEVELS:
             raise ValueError(f"from_arrayrecord() verify must be one of {VERIFY_LEVELS}, got "
                              f"{self.verify!r}")

@@ -63,6 +63,8 @@ AR = al.Dataset.from_arrayrecord("never-opened.array_record")  # describing open
     (lambda: al.Dataset.from_arrayrecord(5), TypeError, r"from_arrayrecord\(\) paths must be"),
     (lambda: al.Dataset.from_arrayrecord([]), TypeError, r"a non-empty list of them"),
     (lambda: al.Dataset.from_arrayrecord(["a.ar", None]), TypeError, r"paths must be"),
+    (lambda: al.Dataset.from_arrayrecord("a.ar", storage_options="token=x"), TypeError,
+     r"from_arrayrecord\(\) storage_options must be a dict, got str"),
     (lambda: al.Dataset.from_arrayrecord("a.ar", verify="full"), ValueError,
      r"from_arrayrecord\(\) verify must be one of \('none', 'headers', 'all'\)"),
 ])
