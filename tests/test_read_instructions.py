@@ -126,8 +126,13 @@ def test_bad_instructions_are_refused(files):
 
 
 def test_gcs_read_instructions(files):
-    with local_gcs() as bucket:
+    with local_gcs(proxy=True) as bucket:
         urls = {p: bucket.upload(p, p.rsplit("/", 1)[1]) for p in files}
+        named = [urls[files[0]] + "[1:4]", urls[files[1]] + "[0:2]"]
+        before = bucket.proxy_stats.requests
+        with ArrayRecordSource(named, storage_options=bucket.storage_options) as src:
+            len(src)  # each: one GET for a file of the literal name (404), one for the tail
+        assert bucket.proxy_stats.requests - before == 2 * len(named)
         for paths in _cases(files)[:3]:
             remote = [urls[p.rsplit("[", 1)[0]] + p[len(p.rsplit("[", 1)[0]):] if "[" in p
                       else urls[p] for p in paths]
