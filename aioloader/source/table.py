@@ -111,7 +111,9 @@ class RecordTable:
             lo = np.array([0 if r is None else r[0] for r in ranges], dtype=np.int64)
             hi = np.array([n if r is None else r[1] for r, n in zip(ranges, counts.tolist())],
                           dtype=np.int64)
-            for f in np.flatnonzero((lo < 0) | (lo > hi) | (hi > counts)).tolist()[:1]:
+            bad = np.flatnonzero((lo < 0) | (lo > hi) | (hi > counts))
+            if bad.size:
+                f = int(bad[0])
                 raise ValueError(
                     f"{redact(self.urls[f])}[{lo[f]}:{hi[f]}]: the read instruction asks "
                     f"for records {lo[f]}..{hi[f] - 1}, but the file holds {counts[f]} "
