@@ -85,6 +85,11 @@ class Access:
             pos = np.where(pos < 0, pos + len(self), pos)
         if len(pos) == 0:
             return []
+        if self.length is not None and ((pos < 0) | (pos >= self.length)).any():
+            bad = int(positions[int(np.flatnonzero((pos < 0) | (pos >= self.length))[0])])
+            raise IndexError(f"position {bad} is out of range: this Dataset has {self.length} "
+                             "elements (Grain's datasets wrap a position past the end into "
+                             "the next epoch; here ds.repeat()[i] does that)")
         records, epochs = self.index.lookup(pos)
         raw = self.source[records]
         return apply_record_ops(self.ops, raw, records.tolist(), epochs.tolist())

@@ -137,9 +137,10 @@ def _records(src: ArrayRecordSource, args: argparse.Namespace) -> Iterator[tuple
     else:
         wanted = _parse_range(args.range, n) if args.range else range(n)
     starts = src.table.starts.tolist()
+    skips = src.table.first_records.tolist()  # a read instruction's start in its file
     for f, index in enumerate(src.file_indices):
-        base = starts[f]
-        lo, hi = max(wanted.start, base), min(wanted.stop, starts[f + 1])
+        base = starts[f] - skips[f]  # where the file's record 0 would be numbered
+        lo, hi = max(wanted.start, starts[f]), min(wanted.stop, starts[f + 1])
         if lo >= hi:
             continue
         first, last = index.locate([lo - base, hi - 1 - base])[0].tolist()

@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
+from .arguments import maybe_whole
 from .description import (
     JaxProcessShard,
     SourceSpec,
+    check_not_endless,
     check_picklable,
     jax_process_shard,
     stage_lines,
 )
-from .mixed import MixSpec
+from .mixed import MixSpec, mix_inputs
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
 from .retry import RetryPolicy
@@ -86,7 +88,9 @@ class Dataset:
         verify: str = "headers",
         decode: Any = None,
     ) -> Dataset:
-        """Records of ArrayRecord files: a path, URL, glob, or a list of them.
+        """Records of ArrayRecord files: a path, URL, glob, or a list of them; a name
+        ending in `[start:end]` reads records start..end-1 of that file (as
+        `ArrayRecordSource` says).
 
         `decode="auto"` turns each record into the arrays (a dict of them for named fields)
         that the files' recorded element spec describes (`aioloader.typed`; written by
@@ -94,10 +98,7 @@ class Dataset:
         it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
         JSON) uses that spec without opening anything.
         """
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        source = SourceSpec(tuple(os.fspath(p) for p in paths), dict(storage_options or {}),
-                            verify)
+        source = SourceSpec(paths, storage_options or {}, verify)  # type: ignore[arg-type]
         if any(is_gcs(p) and has_glob(p) for p in source.paths):
             from .preimport import import_started
 
@@ -146,15 +147,15 @@ class Dataset:
         repeat the inputs for an endless mix. Inputs are index-level (source, shuffle,
         repeat, shard, slice): map, filter, batch and shard_by_jax_process() go after it.
         """
-        datasets = tuple(datasets)
+        datasets = mix_inputs(datasets, "mix")
         props = proportions(weights, len(datasets))
-        return cls(MixSpec(datasets, props, None if seed is None else int(seed)))
+        return cls(MixSpec(datasets, props, seed))
 
     @classmethod
     def concatenate(cls, datasets: Sequence[Dataset]) -> Dataset:
         """The finite `datasets` one after another (index-level inputs, as for `mix`); a
         repeat after it re-keys every input's shuffle, as Grain's does."""
-        return cls(MixSpec(tuple(datasets)))
+        return cls(MixSpec(mix_inputs(datasets, "concatenate")))
 
     # -- index ops --------------------------------------------------------------------
 
@@ -187,13 +188,9 @@ class Dataset:
         if strategy == "block" and isinstance(self.source, ObjectSource):
             raise ValueError("a block shuffle reads runs of ArrayRecord chunks, and a "
                              "from_source() dataset has none: use shuffle(seed) (exact)")
-        if strategy != "block" and (block_bytes is not None or window_bytes is not None):
-            raise ValueError("block_bytes/window_bytes apply only to strategy='block'")
-        for name, value in (("block_bytes", block_bytes), ("window_bytes", window_bytes)):
-            if value is not None and int(value) < 1:
-                raise ValueError(f"block shuffle needs {name} >= 1, got {value}")
-        return self._index(Shuffle(int(seed), strategy, int(block_bytes or 0),
-                                   int(window_bytes or 0)))
+        block = maybe_whole(block_bytes, "block_bytes", 1, floats=True)  # None: the default
+        window_b = maybe_whole(window_bytes, "window_bytes", 1, floats=True)
+        return self._index(Shuffle(seed, strategy, block or 0, window_b or 0))
 
     def block_shuffle(self, seed: int, *, block_bytes: int | None = None,
                       window_bytes: int | None = None) -> Dataset:
@@ -202,8 +199,11 @@ class Dataset:
                             window_bytes=window_bytes)
 
     def repeat(self, num_epochs: int | None = None) -> Dataset:
-        """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch."""
-        return self._index(Repeat(num_epochs))
+        """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch.
+        An empty dataset repeated is empty; an endless one cannot be repeated (as Grain)."""
+        op = Repeat(num_epochs)
+        check_not_endless(self, "repeat()")
+        return self._index(op)
 
     def shard(self, index: int, count: int, *, contiguous: bool = False,
               drop_remainder: bool = False) -> Dataset:
@@ -234,9 +234,9 @@ class Dataset:
             return self._index(Slice(key.start, key.stop, key.step))
         from .access import access_of
 
-        if isinstance(key, (int, np.integer)):
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             return access_of(self).get([int(key)])[0]
-        if isinstance(key, (str, bytes)) or not hasattr(key, "__iter__"):
+        if isinstance(key, (str, bytes, bool)) or not hasattr(key, "__iter__"):
             raise TypeError(f"index a Dataset with an int, a list of ints or a slice, not "
                             f"{type(key).__name__}")
         return access_of(self).get(list(key))
@@ -286,7 +286,7 @@ class Dataset:
         fn = transform_fn(fn, "random_map", "random_map")
         if seed is None:
             seed = next((op.seed for op in self.index_ops if isinstance(op, Shuffle)), 0)
-        return self._record(RandomMapOp(fn, int(seed)))
+        return self._record(RandomMapOp(fn, seed))
 
     def filter(self, predicate: Callable[[Any], bool]) -> Dataset:
         """Keep records for which `predicate` is true. `predicate`: a function, or an object
@@ -305,7 +305,7 @@ class Dataset:
 
     def batch(self, batch_size: int, *, drop_remainder: bool = False) -> Dataset:
         """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays)."""
-        op = BatchOp(int(batch_size), drop_remainder)
+        op = BatchOp(batch_size, drop_remainder)
         if isinstance(self.batching, PackOp) and self.pack_batch is None:
             return replace(self, pack_batch=op)
         if self.batching is not None:
@@ -319,7 +319,7 @@ class Dataset:
         """
         if self.batching is not None:
             raise ValueError("pack() must come before batch()")
-        return replace(self, batching=PackOp(dict(length_struct), int(num_packing_bins)))
+        return replace(self, batching=PackOp(length_struct, num_packing_bins))
 
     # -- running ----------------------------------------------------------------------
 

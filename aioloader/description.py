@@ -10,13 +10,17 @@ Apart from `dataset.py` so that the verbs' module stays the facade users read, a
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .arguments import flag
+from .arrayrecord.index import VERIFY_LEVELS
 from .dataslices import table_of
 from .errors import MissingExtraError
 from .objects import ObjectSource
+from .sampling import Repeat, Slice
 from .transforms import dumps_op
 from .urls import redact
 
@@ -31,6 +35,24 @@ class SourceSpec:
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     verify: str = "headers"
+
+    def __post_init__(self) -> None:
+        """`paths` may be one path or any sequence of them; it is kept as a tuple of str."""
+        paths: Any = self.paths
+        if isinstance(paths, (str, os.PathLike)):
+            paths = (paths,)
+        if isinstance(paths, bytes) or not isinstance(paths, Sequence) or not paths or \
+                not all(isinstance(p, (str, os.PathLike)) for p in paths):
+            raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
+                            f"list of them (str or os.PathLike), got {redact(repr(paths))}")
+        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
+        if not isinstance(self.storage_options, Mapping):
+            raise TypeError(f"from_arrayrecord() storage_options must be a dict, got "
+                            f"{type(self.storage_options).__name__}")
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        if self.verify not in VERIFY_LEVELS:
+            raise ValueError(f"from_arrayrecord() verify must be one of {VERIFY_LEVELS}, got "
+                             f"{self.verify!r}")
 
     def __repr__(self) -> str:
         """Paths redacted, and the options' names only: their values hold credentials."""
@@ -48,6 +70,10 @@ class JaxProcessShard:
     drop_remainder: bool = True
     layout: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop_remainder", flag(
+            self.drop_remainder, "shard_by_jax_process drop_remainder"))
+
     def describe(self) -> str:
         return "shard_by_jax_process()"
 
@@ -57,7 +83,29 @@ def jax_process_shard(drop_remainder: bool, sharding: Any) -> JaxProcessShard:
     if importlib.util.find_spec("jax") is None:
         raise MissingExtraError("jax", "shard_by_jax_process()", "jax")
     layout = None if sharding is None else table_of(sharding)
-    return JaxProcessShard(bool(drop_remainder), layout)
+    return JaxProcessShard(drop_remainder, layout)
+
+
+def check_not_endless(ds: Dataset, verb: str) -> None:
+    """Refuse `verb` (a repeat) on a dataset that never ends, as Grain does: it follows a
+    `repeat()` with no count that no slice `[:n]` made finite, or is a mix of such inputs."""
+    from .mixed import MixSpec  # (mixed imports this module)
+
+    def endless(ds: Dataset) -> bool:
+        source = ds.source
+        out = isinstance(source, MixSpec) and source.props is not None and \
+            all(endless(d) for d in source.inputs)
+        for op in ds.index_ops:
+            if isinstance(op, Repeat):
+                out = out or op.num_epochs is None
+            elif isinstance(op, Slice) and op.stop is not None:
+                out = False
+        return out
+
+    if endless(ds):
+        raise ValueError(f"{verb} of an endless dataset (after a repeat() with no "
+                         "num_epochs) would change nothing: drop one of the repeats, or "
+                         "make the first finite (repeat(n), or a slice [:n] after it)")
 
 
 def stage_lines(ds: Dataset) -> list[str]:

@@ -95,7 +95,8 @@ class IndexPlan:
         if r is None:
             return self.length
         period, phase = self.lengths[r], 0  # epoch(x) = (x + phase) // period + const
-        assert period is not None
+        if not period:  # an empty repeat: nothing to count
+            return self.length
         for i in range(r + 1, len(self.ops)):
             op = self.ops[i]
             if isinstance(op, (Shuffle, Windows)):  # windows may straddle epochs

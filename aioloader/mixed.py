@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .arguments import maybe_seed
 from .description import JaxProcessShard, SourceSpec
 from .objects import ObjectSource, read_records
 from .selection import MixedIndex, PositionIndex
@@ -69,6 +70,16 @@ class Concatenated:
         return out
 
 
+def mix_inputs(datasets: Any, verb: str) -> tuple[Dataset, ...]:
+    """`datasets` as a tuple; one Dataset is refused (iterating it would read it)."""
+    from .dataset import Dataset
+
+    if isinstance(datasets, Dataset):
+        raise TypeError(f"{verb}() takes a list of datasets, got one Dataset: "
+                        f"{verb}([ds1, ds2, ...])")
+    return tuple(datasets)
+
+
 def _why_not_an_input(ds: Dataset) -> str | None:
     from .sampling import Shuffle
 
@@ -99,6 +110,7 @@ class MixSpec:
 
     def __post_init__(self) -> None:
         verb = "concatenate" if self.props is None else "mix"
+        object.__setattr__(self, "seed", maybe_seed(self.seed, "mix seed"))
         from .dataset import Dataset
 
         if not self.inputs:

@@ -12,12 +12,12 @@ as that integer, since `memory_budget=1e9` is a natural way to write a size.
 from __future__ import annotations
 
 import difflib
-import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+from .arguments import whole
 from .autotune import AUTO
 from .retry import RetryPolicy
 
@@ -45,14 +45,8 @@ def _whole(obj: Any, name: str, lo: int, *, optional: bool = False,
         return
     if auto and isinstance(value, str):
         raise ValueError(f"{name} must be an integer or {AUTO!r}, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer{' or None' if optional else ''}, "
-                        f"got {value!r} ({type(value).__name__})")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}{' or None' if optional else ''}, got {value}")
-    object.__setattr__(obj, name, int(value))
+    object.__setattr__(obj, name, whole(value, name, lo, floats=True,
+                                        alt=" or None" if optional else ""))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -197,6 +197,9 @@ def check_pack_config(length_struct: Mapping[str, int], num_packing_bins: int) -
         raise TypeError(f"num_packing_bins must be an int, got {num_packing_bins!r}")
     if num_packing_bins < 1:
         raise ValueError(f"num_packing_bins must be >= 1, got {num_packing_bins}")
+    if not isinstance(length_struct, Mapping):
+        raise TypeError(f"length_struct must map feature names to lengths, got "
+                        f"{type(length_struct).__name__}")
     if not length_struct:
         raise ValueError("length_struct must name at least one feature")
     for name, length in length_struct.items():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arguments import flag, maybe_whole, seed, whole
 from .blocks import BlockShuffle, Windows
 from .permutation import (
     block_shuffle,
@@ -49,13 +50,14 @@ __all__ = [
 # --------------------------------------------------------------------------- index ops
 
 
-def _int_field(obj, name: str, *, optional: bool = False) -> None:
+def _int_field(obj, name: str, lo: int | None = None, *, hi: int | None = None,
+               optional: bool = False) -> None:
+    """Check field `name` of op `obj` is a whole number in [lo, hi) (or None if `optional`)
+    and store it as an int; the error names the op and the field (`Shard index`)."""
+    what = f"{type(obj).__name__} {name}"
     value = getattr(obj, name)
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{type(obj).__name__}.{name} must be an int, got {value!r}")
-    object.__setattr__(obj, name, int(value))
+    object.__setattr__(obj, name, maybe_whole(value, what, lo, hi=hi) if optional else
+                       whole(value, what, lo, hi=hi))
 
 
 def _require_finite(op, parent_len: int | None, why: str = "") -> int:
@@ -130,7 +132,8 @@ class Shuffle:
     window_bytes: int = 0  # block strategy; 0: DEFAULT_WINDOW_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("seed", "block_bytes", "window_bytes"):
+        object.__setattr__(self, "seed", seed(self.seed, "Shuffle seed"))
+        for name in ("block_bytes", "window_bytes"):
             _int_field(self, name)
         if self.strategy not in ("exact", "block"):
             raise ValueError(f"Shuffle strategy must be 'exact' or 'block', got {self.strategy!r}")
@@ -173,7 +176,8 @@ UNRESOLVED_BLOCK = ("a block Shuffle is resolved against the files' block sizes 
 
 @dataclass(frozen=True)
 class Repeat:
-    """Repeat a finite, non-empty parent `num_epochs` times (None: forever).
+    """Repeat a finite parent `num_epochs` times (None: forever); an empty parent repeated
+    is empty, as in Grain.
 
     Output position p is parent position `p % L` in epoch `incoming * num_epochs + p // L`.
     """
@@ -181,22 +185,14 @@ class Repeat:
     num_epochs: int | None = None
 
     def __post_init__(self) -> None:
-        _int_field(self, "num_epochs", optional=True)
-        if self.num_epochs is not None and self.num_epochs < 1:
-            raise ValueError(f"Repeat num_epochs must be >= 1 or None, got {self.num_epochs}")
-
-    def _parent_len(self, parent_len: int | None) -> int:
-        n = _require_finite(self, parent_len)
-        if n == 0:
-            raise ValueError(f"{self!r} of an empty sequence would never yield anything")
-        return n
+        _int_field(self, "num_epochs", 1, optional=True)
 
     def describe(self) -> str:
         return f"repeat({self.num_epochs if self.num_epochs is not None else 'forever'})"
 
     def length(self, parent_len: int | None) -> int | None:
-        n = self._parent_len(parent_len)
-        return None if self.num_epochs is None else n * self.num_epochs
+        n = _require_finite(self, parent_len)
+        return None if self.num_epochs is None and n else n * (self.num_epochs or 0)
 
     def parent(
         self,
@@ -205,7 +201,10 @@ class Repeat:
         parent_len: int | None,
         chunk_starts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        epoch, pos = np.divmod(positions, self._parent_len(parent_len))
+        n = _require_finite(self, parent_len)
+        if n == 0:  # an empty repeat has no positions to map
+            return positions, epochs
+        epoch, pos = np.divmod(positions, n)
         if self.num_epochs is not None:
             epoch = epoch + epochs * self.num_epochs
         return pos, epoch
@@ -233,15 +232,13 @@ class Shard:
     block: int = 1
 
     def __post_init__(self) -> None:
-        _int_field(self, "index")
-        _int_field(self, "count")
+        _int_field(self, "count", 1)
+        _int_field(self, "index", 0, hi=self.count)
         _int_field(self, "block")
+        for name in ("contiguous", "drop_remainder"):
+            object.__setattr__(self, name, flag(getattr(self, name), f"Shard {name}"))
         if self.block < 1 or (self.contiguous and self.block != 1):
             raise ValueError(f"Shard block must be >= 1 (and 1 when contiguous), got {self.block}")
-        if self.count < 1:
-            raise ValueError(f"Shard count must be >= 1, got {self.count}")
-        if not 0 <= self.index < self.count:
-            raise ValueError(f"Shard index must be in [0, {self.count}), got {self.index}")
 
     def _block(self, parent_len: int | None) -> tuple[int, int]:
         """(start, length) of this contiguous shard."""

@@ -27,6 +27,7 @@ on it (Grain's "the n-th epoch of a concatenation is the n-th epoch of its input
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,6 +56,9 @@ def proportions(weights: Sequence[float] | None, n: int) -> tuple[int, ...]:
         raise ValueError("mix() needs at least one dataset")
     if weights is None:
         return (1,) * n
+    if isinstance(weights, (str, bytes)) or not all(
+            isinstance(w, numbers.Real) and not isinstance(w, bool) for w in weights):
+        raise TypeError(f"mix() weights must be numbers, one per dataset, got {weights!r}")
     ws = [float(w) for w in weights]
     if len(ws) != n:
         raise ValueError(f"mix() got {len(ws)} weights for {n} datasets")

@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .arguments import flag, seed, whole
 from .errors import TransformError
 from .packing import check_pack_config
 
@@ -118,6 +119,9 @@ class RandomMapOp:
     fn: Callable[[Any, np.random.Generator], Any]
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", seed(self.seed, "random_map seed"))
+
     def describe(self) -> str:
         return f"random_map({_name(self.fn)})"
 
@@ -144,8 +148,9 @@ class BatchOp:
     drop_remainder: bool = False
 
     def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ValueError(f"batch size must be >= 1, got {self.size}")
+        object.__setattr__(self, "size", whole(self.size, "batch size", 1))
+        object.__setattr__(self, "drop_remainder",
+                           flag(self.drop_remainder, "batch drop_remainder"))
 
     def describe(self) -> str:
         return f"batch({self.size}{', drop_remainder' if self.drop_remainder else ''})"
@@ -158,6 +163,8 @@ class PackOp:
 
     def __post_init__(self) -> None:
         check_pack_config(self.length_struct, self.num_packing_bins)
+        object.__setattr__(self, "length_struct", dict(self.length_struct))
+        object.__setattr__(self, "num_packing_bins", int(self.num_packing_bins))
 
     def describe(self) -> str:
         return f"pack({dict(self.length_struct)}, bins={self.num_packing_bins})"

@@ -14,15 +14,18 @@ fields make a dict, the fields' bytes back to back in spec order; a field whose 
 dimension is -1 (variable) is preceded by a varint count of its rows. dtype "bytes" is a
 byte string (shape ()) or a list of them, each a varint length then its bytes.
 
-Everything declared is checked before it is used: dtypes (plain numbers only), shapes (the
-bytes one record would need), the JSON's size and field count, and each record's length
-against what its spec says it holds; failures are `ElementSpecError`s saying what and where.
+Everything declared is checked before it is used: dtypes (plain numbers of a size that
+means the same on every machine: `"<f4"`, `"int64"`; not `"int"`, not extended precision),
+shapes (the bytes one record would need), the JSON's size, depth and field count, and each
+record's length against what its spec says it holds; failures are `ElementSpecError`s saying
+what and where.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,12 +46,18 @@ MAX_NDIM = 32
 MAX_ELEMENT_BYTES = 1 << 40  # more than any record can hold: a shape past it is nonsense
 BYTES = "bytes"
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex
+# A dtype named with its size (what `np.dtype(x).str` writes, or numpy's sized names): the
+# same on every machine, where "int", "long" or "f16" (extended precision) are not.
+_SIZED = re.compile(r"[<>=|]?(?:[biufc]\d+|\?)|bool|(?:u?int|float|complex)\d+")
 
 
 def _dtype(text: Any, where: str) -> np.dtype | None:
     """The numpy dtype of `text`, or None for "bytes"; only plain numbers are allowed."""
     if text == BYTES:
         return None
+    if not isinstance(text, str):  # np.dtype(None) would be float64
+        raise ElementSpecError(f"{where}: dtype {text!r} is not a dtype name (a string such "
+                               "as '<f4' or 'int64', or 'bytes')")
     try:
         dt = np.dtype(text)
     except (TypeError, ValueError):
@@ -56,6 +65,10 @@ def _dtype(text: Any, where: str) -> np.dtype | None:
     if dt.kind not in _KINDS or dt.fields is not None or dt.subdtype is not None:
         raise ElementSpecError(f"{where}: dtype {text!r} is not a plain number type (one of "
                                "bool, int, uint, float, complex, or 'bytes')")
+    if not _SIZED.fullmatch(text) or dt.itemsize > (8 if dt.kind == "f" else 16):
+        raise ElementSpecError(f"{where}: dtype {text!r} ({dt}) means different things on "
+                               "different machines; name a size numpy has everywhere, such "
+                               "as '<f8', 'int64' or 'complex128'")
     return dt
 
 
@@ -141,9 +154,14 @@ class ElementSpec:
             doc = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ElementSpecError(f"{where}: not JSON ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("version") != VERSION or \
-                not isinstance(doc.get("fields"), list):
-            raise ElementSpecError(f"{where}: not a version {VERSION} element spec")
+        except RecursionError:
+            raise ElementSpecError(f"{where}: JSON nested too deeply to be an element "
+                                   "spec") from None
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if type(version) is not int or version != VERSION or \
+                not isinstance(doc.get("fields"), list):  # (True == 1: not a version)
+            raise ElementSpecError(f"{where}: not a version {VERSION} element spec (its "
+                                   f"version is {version!r}; fields must be a list)")
         items = doc["fields"]
         if not 1 <= len(items) <= MAX_FIELDS:
             raise ElementSpecError(f"{where}: {len(items)} fields, 1 to {MAX_FIELDS} allowed")

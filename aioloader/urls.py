@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["has_glob", "has_query", "is_local", "redact", "redact_logs"]
+__all__ = ["has_glob", "has_query", "is_local", "read_instruction", "redact", "redact_logs"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # A URL inside text: from its scheme to the first space or quote; trailing punctuation of the
@@ -101,6 +101,19 @@ def has_query(url: str) -> bool:
     """Whether `url` (or a URL of its fsspec chain) has a query or fragment, as `redact`
     finds them: what `redact` would mask."""
     return any(_split(part)[3] for part in _CHAIN.split(url))
+
+
+# array_record's and Grain's read instruction: `path[start:end]`, records start..end-1 of one
+# file (`ArrayRecordDataSource` matches the same expression, so the same strings mean the same).
+_INSTRUCTION = re.compile(r"(.*)\[(\d+):(\d+)\]")
+
+
+def read_instruction(path: str) -> tuple[str, int, int] | None:
+    """`"f.array_record[10:20]"` -> `("f.array_record", 10, 20)`; None if `path` has no
+    `[start:end]` suffix. Whether a file of that literal name exists is the opener's
+    question (it wins over the instruction)."""
+    m = _INSTRUCTION.fullmatch(path)
+    return None if m is None else (m.group(1), int(m.group(2)), int(m.group(3)))
 
 
 class _RedactFilter(logging.Filter):

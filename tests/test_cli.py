@@ -49,6 +49,14 @@ def test_cat_index_and_range(sample):
     run("cat", sample, "--index", "99", ok=False)
 
 
+def test_cat_a_read_instruction_prints_its_records(sample):
+    """`path[start:end]` (array_record's read instruction; chunks of 4 records are cut)."""
+    out = run("cat", sample + "[5:19]", "--format", "hex").stdout.decode().split()
+    assert [bytes.fromhex(x) for x in out] == RECORDS[5:19]
+    out = run("cat", sample + "[5:19]", "--range", "2:6", "--format", "hex").stdout.decode()
+    assert [bytes.fromhex(x) for x in out.split()] == RECORDS[7:11]
+
+
 def test_cat_json_is_lossless(sample):
     lines = run("cat", sample, "--format", "json").stdout.decode().splitlines()
     items = [json.loads(x) for x in lines]

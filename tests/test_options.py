@@ -130,7 +130,7 @@ def test_each_op_is_validated_in_one_place(path):
                        (lambda: ds.shard(0, 0), "Shard count must be >= 1"),
                        (lambda: ds[::0], "Slice step must not be zero"),
                        (lambda: ds.shuffle(1, strategy="x"), "Shuffle strategy"),
-                       (lambda: ds.block_shuffle(1, block_bytes=0), "block_bytes >= 1"),
+                       (lambda: ds.block_shuffle(1, block_bytes=0), "block_bytes must be >= 1"),
                        (lambda: ds.batch(0), "batch size must be >= 1"),
                        (lambda: ds.pack({"t": 0}, num_packing_bins=2), r"length_struct\['t'\]"),
                        (lambda: ds.pack({"t": 4}, num_packing_bins=0), "num_packing_bins")]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -148,3 +149,47 @@ def test_group_size_1_keeps_about_12_bytes_a_record():
     assert table._chunks.record_starts is None
     assert np.shares_memory(table.indices[0].chunk_offsets, table._chunks.bounds)
     assert np.shares_memory(table.indices[0].chunk_ends, table._chunks.bounds)
+
+
+@settings(max_examples=150, deadline=None)
+@given(indices=file_indices(), data=st.data())
+def test_read_instruction_ranges_number_exactly_their_records(indices, data):
+    """With `ranges` (read instructions), record i of the table is the i-th of the ranges'
+    records in order, and every record boundary the table hands out (chunks, runs) holds
+    exactly the numbered records of that chunk or run."""
+    ranges = []
+    for ix in indices:
+        n = ix.num_records
+        a = data.draw(st.integers(0, n))
+        ranges.append(data.draw(st.sampled_from([None, (a, data.draw(st.integers(a, n)))])))
+    table = RecordTable(_infos(indices), indices, ranges=ranges)
+    want = [(f, r) for f, (ix, rng) in enumerate(zip(indices, ranges))
+            for r in range(*(rng or (0, ix.num_records)))]
+    assert len(table) == len(want)
+    assert table.pattern_records == tuple(
+        (rng[1] - rng[0]) if rng else ix.num_records for ix, rng in zip(indices, ranges))
+    if not want:
+        return
+    idx = np.arange(len(want), dtype=np.int64)
+    files, chunks, within = table.locate(idx)
+    record = [int(table.indices[f].record_starts[c]) + w
+              for f, c, w in zip(files.tolist(), chunks.tolist(), within.tolist())]
+    assert list(zip(files.tolist(), record)) == want
+    first = np.concatenate([[0], np.cumsum([ix.num_chunks for ix in indices])])
+    g = first[files] + chunks  # each record's chunk among all chunks
+    cs = table.chunk_starts
+    assert cs[0] == 0 and cs[-1] == len(want) and np.all(np.diff(cs) >= 0)
+    assert np.all((cs[g] <= idx) & (idx < cs[g + 1]))
+    for target in (1, 5000):
+        rs, run_chunk = table.run_record_starts(target), table.runs(target).chunk
+        run = np.searchsorted(run_chunk, g, side="right") - 1
+        assert rs[-1] == len(want) and np.all((rs[run] <= idx) & (idx < rs[run + 1]))
+
+
+def test_a_range_past_the_end_of_its_file_is_refused():
+    ix = FileIndex(path="f", size=1 << 17, footer_offset=164, chunk_offsets=np.array([64, 114]),
+                   chunk_records=compact_counts(np.array([1, 1])),
+                   chunk_decoded_sizes=compact_sizes(np.array([8, 8])),
+                   writer_options="group_size:1")
+    with pytest.raises(ValueError, match=r"/data/f0\[1:3\].*holds 2"):
+        RecordTable(_infos([ix]), [ix], ranges=[(1, 3)])

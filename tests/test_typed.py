@@ -113,6 +113,18 @@ def test_a_damaged_record_is_a_clear_error_never_a_crash(case, junk, cut):
      "scalar or a list"),
     ('{"version": 1, "fields": [{"name": "a", "dtype": "<f4", "shape": [-1, 0]}]}',
      "rows of 0 bytes"),
+    ('{"version": 1, "fields": [{"name": "a", "dtype": null, "shape": [2]}]}',
+     r"field 'a'.*dtype None is not a dtype name"),  # np.dtype(None) is float64
+    ('{"version": 1, "fields": [{"name": "a", "dtype": "f16", "shape": [2]}]}',
+     r"field 'a'.*'f16'.*different machines"),  # extended precision: float128 here
+    ('{"version": 1, "fields": [{"name": "a", "dtype": "int", "shape": [2]}]}',
+     r"field 'a'.*'int'.*different machines"),
+    ('{"version": true, "fields": [{"name": null, "dtype": "<f4", "shape": []}]}',
+     "its version is True"),
+    ('{"version": 1.0, "fields": [{"name": null, "dtype": "<f4", "shape": []}]}',
+     "its version is 1.0"),
+    ('{"version": 1, "fields": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+     "nested too deeply"),
 ])
 def test_hostile_specs_in_a_file_are_refused_naming_the_file(tmp_path, text, what):
     path = tmp_path / "bad.array_record"

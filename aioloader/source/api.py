@@ -65,9 +65,12 @@ class ArrayRecordSource:
     """Random access to the records of one or more ArrayRecord files.
 
     `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
-    records are numbered across files in that order (globs sorted). With `resident_bytes`
-    (off by default here; the loader's default is 1 GiB) a remote dataset is fetched in
-    segments after the first read and kept in memory, whole when it fits (`aioloader.cache`).
+    records are numbered across files in that order (globs sorted). A name ending in
+    `[start:end]` (array_record's and Grain's read instruction) is that file's records
+    start..end-1, unless a file of that literal name exists (then it is read whole).
+    With `resident_bytes` (off by default here; the loader's default is 1 GiB) a remote
+    dataset is fetched in segments after the first read and kept in memory, whole when it
+    fits (`aioloader.cache`).
     `cache_bytes` bounds each chunk cache: the decoded chunks `read` keeps, and the raw
     chunks `fetch_refs` keeps (files with group size > 1 only).
     """
@@ -268,6 +271,7 @@ class ArrayRecordSource:
         return self._sync(self.read_chunks([file], [chunk]))[(file, chunk)]
 
     def __getitem__(self, key):
+        self._require_open()  # a failed open lets the background loop go
         if isinstance(key, slice):
             return self._sync(self.read(range(*key.indices(len(self)))))
         if isinstance(key, (list, tuple, np.ndarray, range)):

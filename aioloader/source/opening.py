@@ -9,6 +9,11 @@ more read). A gs:// file named without a glob takes one request (a suffix-range 
 gives its size and generation). With an index cache, the listing is followed by one mapped
 table instead (`index_cache`). Each file is pinned to the version first seen, so a rewrite
 shows up as an error, not as other records.
+
+A name ending in a read instruction, `path[start:end]` (array_record's and Grain's syntax,
+which TFDS's file instructions use too), opens `path` and takes its records start..end-1
+(`RecordTable`'s `ranges`), unless a file of that literal name exists: then that file is read
+whole, never taken as a glob. Telling the two apart costs one request per such name.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ..arrayrecord.index import POSTSCRIPT_PROBE
 from ..arrayrecord.layout import BLOCK_SIZE
 from ..index_cache import IndexCache
 from ..storage import ObjectInfo, Storage, has_glob, is_local, redact
+from ..urls import read_instruction
 from .table import RecordTable
 
 # A remote file's one speculative read: this much before its postscript (with the
@@ -54,24 +60,36 @@ async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
     """List and index the files `patterns` name, in order, all at once. With an index
     cache: list, then map the files' cached table, or index them and store it."""
     opener = _Opener(storage, verify)
+    names = await gather_all(opener.resolve(p) for p in patterns)
     if index_cache is not None:
-        listed = await gather_all(opener.list_pattern(p) for p in patterns)
+        listed = await gather_all(opener.list_pattern(p, glob) for p, glob, _ in names)
         infos = [i for group in listed for i in group]
+        ranges = _ranges(names, listed)
         cached = index_cache.load(infos)
         if cached is not None:
-            table = RecordTable(infos, cached.indices, cached.bounds)
+            table = RecordTable(infos, cached.indices, cached.bounds, ranges=ranges)
             table.pattern_files = [len(g) for g in listed]
             return table
-        table = RecordTable(infos, await opener.open_files(infos))
+        table = RecordTable(infos, await opener.open_files(infos), ranges=ranges)
         table.pattern_files = [len(g) for g in listed]
         index_cache.store(infos, table.indices)
         return await _trimmed(table)
-    groups = await gather_all(opener.open_pattern(p) for p in patterns)
+    groups = await gather_all(opener.open_pattern(p, glob) for p, glob, _ in names)
     table = RecordTable([info for group in groups for info, _ in group],
-                        [index for group in groups for _, index in group])
+                        [index for group in groups for _, index in group],
+                        ranges=_ranges(names, groups))
     table.pattern_files = [len(g) for g in groups]
     del groups  # the parsed columns, now copied into the table: free them before trimming
     return await _trimmed(table)
+
+
+def _ranges(names: list[tuple[str, bool, tuple[int, int] | None]],
+            groups: Sequence[Sequence[Any]]) -> list[tuple[int, int] | None] | None:
+    """The record range each opened file is read over (None: all of it), or None when no
+    name was a read instruction."""
+    if all(r is None for _, _, r in names):
+        return None
+    return [r for (_, _, r), group in zip(names, groups) for _ in group]
 
 
 async def _trimmed(table: RecordTable) -> RecordTable:
@@ -117,15 +135,36 @@ class _Opener:
         took = index.size - BLOCK_SIZE - index.footer_offset  # footer and padding
         self.span = max(self.span, min(CLOUD_SPAN, took + BLOCK_SIZE + PAD_SLACK))
 
-    async def list_pattern(self, pattern: str) -> list[ObjectInfo]:
+    async def resolve(self, pattern: str) -> tuple[str, bool, tuple[int, int] | None]:
+        """What `pattern` names: (the path to open, whether it is a glob, the records
+        `[start, end)` a read instruction takes of it or None for all of them)."""
+        parsed = read_instruction(pattern)
+        if parsed is None:
+            return pattern, has_glob(pattern), None
+        try:  # (a 1-byte tail: one GET on gs://, where a metadata lookup takes ~3)
+            await self.storage.read_tail(pattern, 1)
+            return pattern, False, None  # a file of that very name: it wins, read whole
+        except FileNotFoundError:
+            pass
+        path, start, end = parsed
+        if has_glob(path):
+            raise ValueError(f"{redact(pattern)}: a read instruction [start:end] takes "
+                             "records of one file, not of a glob; name the file")
+        if start > end:
+            raise ValueError(f"{redact(pattern)}: the read instruction [{start}:{end}] ends "
+                             "before it starts (records start..end-1 are read)")
+        return path, False, (start, end)
+
+    async def list_pattern(self, pattern: str, glob: bool) -> list[ObjectInfo]:
         """The files `pattern` names, pinned: a listing for a glob, a lookup for a name."""
-        if has_glob(pattern):
+        if glob:
             return await self._list(pattern)
         info = await self.storage.info(pattern)
         self.storage.pin(info)
         return [info]
 
-    async def open_pattern(self, pattern: str) -> list[tuple[ObjectInfo, FileIndex]]:
+    async def open_pattern(self, pattern: str,
+                           glob: bool) -> list[tuple[ObjectInfo, FileIndex]]:
         """Open the files `pattern` names, in order, each pinned to the version first seen.
 
         A glob is one listing (sizes and generations included), then one tail read per file.
@@ -133,7 +172,7 @@ class _Opener:
         tail together), and a size lookup then a tail read elsewhere; its tail is parsed as
         soon as it arrives, so thousands of named files never hold their tails all at once.
         """
-        if has_glob(pattern):
+        if glob:
             files = await self._list(pattern)
             return list(zip(files, await self.open_files(files)))
         span = self._span()  # the same for the suffix GET and the parse: one request

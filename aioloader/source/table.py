@@ -3,6 +3,12 @@
 A `RecordTable` (built by `opening.open_table`) is what the rest of the source asks "where
 is record i?": file numbers (a file's place in `urls`) are the ids every later stage uses;
 URLs are only for reading and for errors. It fetches nothing after opening.
+
+A file opened by a read instruction (`path[start:end]`) is indexed whole; the table then
+numbers only its records start..end-1 (`ranges`). Chunks, runs and `locate` stay in the
+files' own numbering, so nothing below the table knows of it; the record boundaries the
+table hands out (`chunk_starts`, `run_record_starts`) are mapped into the records it
+numbers, and a chunk or run outside every range becomes an empty one.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import numpy as np
 
 from ..arrayrecord import FileIndex
 from ..planning import ChunkRefs, Runs, cut_runs
-from ..storage import ObjectInfo, is_local
+from ..storage import ObjectInfo, is_local, redact
 
 
 class _Chunks:
@@ -85,14 +91,35 @@ class RecordTable:
     """The opened files (numbered in order) and where each global record lies in them."""
 
     def __init__(self, files: list[ObjectInfo], indices: list[FileIndex],
-                 bounds: np.ndarray | None = None) -> None:
+                 bounds: np.ndarray | None = None, *,
+                 ranges: Sequence[tuple[int, int] | None] | None = None) -> None:
         """`bounds`, when given, is the table of chunk boundaries the indices are already
-        views of (an index cache's mapped entry: see `_Chunks`)."""
+        views of (an index cache's mapped entry: see `_Chunks`). `ranges[f]`, when given and
+        not None, is the records `[start, end)` of file f the table numbers (a read
+        instruction); ValueError if it runs past the file's end."""
         self.files = files
         counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        whole = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.urls = [f.url for f in files]
-        self._chunks = _Chunks(indices, self.starts, bounds)
+        self._chunks = _Chunks(indices, whole, bounds)
+        # Files' records as the table numbers them (`starts`), and where each file's first
+        # numbered record lies among all the files' records (`_base`; None: all numbered).
+        self.starts = whole
+        self._whole = whole
+        self._base: np.ndarray | None = None
+        if ranges is not None and any(r is not None for r in ranges):
+            lo = np.array([0 if r is None else r[0] for r in ranges], dtype=np.int64)
+            hi = np.array([n if r is None else r[1] for r, n in zip(ranges, counts.tolist())],
+                          dtype=np.int64)
+            bad = np.flatnonzero((lo < 0) | (lo > hi) | (hi > counts))
+            if bad.size:
+                f = int(bad[0])
+                raise ValueError(
+                    f"{redact(self.urls[f])}[{lo[f]}:{hi[f]}]: the read instruction asks "
+                    f"for records {lo[f]}..{hi[f] - 1}, but the file holds {counts[f]} "
+                    f"(records 0..{counts[f] - 1}); fix the range or the file name")
+            self._base = whole[:-1] + lo
+            self.starts = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
         self.indices = self._chunks.rebind(indices)
         # Files with chunks of more than one record (counted, not the writer's group_size,
         # as `max_group_size` is): a chunk may be needed again for another of its records,
@@ -103,6 +130,14 @@ class RecordTable:
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    @property
+    def first_records(self) -> np.ndarray:
+        """Each file's first record that the table numbers, in the file's own numbering
+        (its read instruction's start; 0 for a file read whole)."""
+        if self._base is None:
+            return np.zeros(len(self.files), dtype=np.int64)
+        return self._base - self._whole[:-1]
 
     @property
     def pattern_records(self) -> tuple[int, ...]:
@@ -123,8 +158,24 @@ class RecordTable:
         (for group_size 1 files, built on each call: it is `arange`)."""
         t = self._chunks
         if t.record_starts is None:
-            return np.arange(t.num_chunks + 1, dtype=np.int64)
-        return t.record_starts
+            return self._numbered(np.arange(t.num_chunks + 1, dtype=np.int64))
+        return self._numbered(t.record_starts)
+
+    def _numbered(self, at: np.ndarray) -> np.ndarray:
+        """Record boundaries among all the files' records (non-decreasing) -> the same
+        boundaries among the records the table numbers (see `ranges`)."""
+        if self._base is None:
+            return at
+        f = np.clip(np.searchsorted(self._whole, at, side="right") - 1, 0, len(self.files) - 1)
+        return self.starts[f] + np.clip(at - self._base[f], 0, np.diff(self.starts)[f])
+
+    def _all_records(self, idx: np.ndarray) -> np.ndarray:
+        """Records as the table numbers them (in range) -> their places among all the
+        files' records."""
+        if self._base is None:
+            return idx
+        f = np.searchsorted(self.starts, idx, side="right") - 1
+        return self._base[f] + idx - self.starts[f]
 
     def runs(self, target: int) -> Runs:
         """Every file cut into runs of whole chunks of about `target` bytes (see
@@ -137,7 +188,7 @@ class RecordTable:
 
     def run_record_starts(self, target: int) -> np.ndarray:
         """Global index of the first record of each run, plus the total (prefix sums)."""
-        return self._chunks.record_start(self.runs(target).chunk)
+        return self._numbered(self._chunks.record_start(self.runs(target).chunk))
 
     def blocks(self, target: int) -> tuple[np.ndarray, np.ndarray]:
         """The block shuffle's blocks (runs of about `target` bytes on disk): their record
@@ -164,6 +215,7 @@ class RecordTable:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise IndexError(f"record {bad} out of range: the source has {n} records")
+        idx = self._all_records(idx)
         rs = self._chunks.record_starts
         if rs is None:  # group_size 1 everywhere: chunk g holds record g
             return idx, np.zeros_like(idx)
