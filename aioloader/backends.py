@@ -123,7 +123,7 @@ class LocalBackend:
         if stat.S_ISDIR(st.st_mode):  # else "4096 bytes is too small for an ArrayRecord file"
             raise IsADirectoryError(f"{path}: is a directory (name files, or a glob such as "
                                     f"'{os.path.join(path, '*.array_record')}')")
-        return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
+        return ObjectInfo(path, st.st_size, local_version(st))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _list_files,
@@ -143,6 +143,13 @@ class LocalBackend:
         self._files.close()
 
 
+def local_version(st: os.stat_result) -> str:
+    """A local file's version: what a rewrite changes. mtime alone is not enough (`cp -p`
+    and `rsync -a` restore it); ctime cannot be set back, and a file replaced by a rename
+    has another inode. (A chmod changes ctime too: a needless miss, not a wrong read.)"""
+    return f"{st.st_mtime_ns}.{st.st_ctime_ns}.{st.st_dev}.{st.st_ino}"
+
+
 def _list_files(pattern: str) -> list[ObjectInfo]:
     """The regular files (symlinks followed) `pattern` matches, sorted, with sizes and
     versions; one that vanishes between the listing and its `stat` is left out."""
@@ -153,7 +160,7 @@ def _list_files(pattern: str) -> list[ObjectInfo]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         if stat.S_ISREG(st.st_mode):
-            out.append(ObjectInfo(path, st.st_size, str(st.st_mtime_ns)))
+            out.append(ObjectInfo(path, st.st_size, local_version(st)))
     return out
 
 
