@@ -2,13 +2,15 @@
 
     python tests/descriptors_child.py LIMIT read ROOT WORKERS
     python tests/descriptors_child.py LIMIT exhaust PATH
+    python tests/descriptors_child.py LIMIT exhaust-loader ROOT FREE
 
 The soft `RLIMIT_NOFILE` is set to LIMIT before aioloader is imported (so its forkserver and
 workers inherit it). ``read`` reads every record of ROOT/*.array_record through a shuffled
 loader with WORKERS workers, then through random access, and prints one JSON line: the
 records read each way, sorted, and the most descriptors this process held. ``exhaust``
 takes every free descriptor, then reads PATH through the process's data-file descriptors,
-and prints the error it got.
+and prints the error it got; ``exhaust-loader`` leaves FREE descriptors free, then reads
+ROOT/*.array_record with two workers, and prints the error it got.
 """
 
 from __future__ import annotations
@@ -43,17 +45,39 @@ def read(root: str, workers: int) -> dict:
     return {"loader": sorted(got), "direct": sorted(direct), "most_open": most}
 
 
-def exhaust(path: str) -> dict:
-    from aioloader.descriptors import FileSet
-
+def _take_all(free: int = 0) -> list[int]:
     held = []
     try:
         while True:
             held.append(os.open(os.devnull, os.O_RDONLY))
     except OSError:
         pass
+    for fd in held[:free]:
+        os.close(fd)
+    return held[free:]
+
+
+def exhaust(path: str) -> dict:
+    from aioloader.descriptors import FileSet
+
+    held = _take_all()
     try:
         FileSet().pread(path, 8, 0)
+    except OSError as err:
+        return {"error": str(err)}
+    finally:
+        for fd in held:
+            os.close(fd)
+    return {"error": None}
+
+
+def exhaust_loader(root: str, free: int) -> dict:
+    import aioloader as al
+
+    ds = al.Dataset.from_arrayrecord(os.path.join(root, "*.array_record")).batch(4)
+    held = _take_all(free)
+    try:
+        list(ds.loader(workers=2))
     except OSError as err:
         return {"error": str(err)}
     finally:
@@ -66,7 +90,8 @@ def main() -> None:
     limit, mode, *args = sys.argv[1:]
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit), hard))
-    out = read(args[0], int(args[1])) if mode == "read" else exhaust(args[0])
+    out = (read(args[0], int(args[1])) if mode == "read" else exhaust(args[0])
+           if mode == "exhaust" else exhaust_loader(args[0], int(args[1])))
     print(json.dumps(out))
 
 

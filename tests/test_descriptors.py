@@ -70,6 +70,15 @@ def test_out_of_descriptors_names_the_limit_and_what_to_do(tmp_path):
     assert "48 descriptors" in out["error"] and "ulimit -n" in out["error"], out
 
 
+def test_a_loader_out_of_descriptors_names_the_limit(tmp_path):
+    """Out of descriptors while the loader starts (its memory files, its workers' pipes):
+    the error says the limit and what to do, not a bare EMFILE from a thread."""
+    _shards(tmp_path / "ds", 4)
+    out = _child("64", "exhaust-loader", str(tmp_path / "ds"), "12")
+    assert out["error"] is not None
+    assert "64 descriptors" in out["error"] and "ulimit -n" in out["error"], out
+
+
 def test_the_cap_leaves_room_for_sockets_and_pipes():
     assert cap_for(1024) == 896
     assert cap_for(64) == 32
