@@ -114,14 +114,14 @@ class Descriptors:
         try:
             st = os.fstat(fd)
             ident = (st.st_dev, st.st_ino)
-            if pinned is not None and ident != pinned:
+            pinned = pins.setdefault(path, ident)  # (another thread may have pinned it)
+            if ident != pinned:
                 raise ObjectChangedError(
                     f"{path} was replaced by another file while it was being read (its "
                     f"device and inode were {pinned}, now {ident}): re-open the dataset")
         except BaseException:
             os.close(fd)
             raise
-        pins[path] = ident
         with self._lock:
             kept = self._kept.get(path)
             if kept is not None and kept.ident == ident:  # opened meanwhile: use that one

@@ -57,7 +57,10 @@ class LocalFiles:
 
     def spans(self, refs: ChunkRefs) -> list[tuple[int, int]]:
         """Consecutive ranges of `refs`' records, each over at most `limit` files."""
-        return spans(refs.file.tolist(), len(refs.paths), self._files.limit)
+        limit = self._files.limit
+        if len(refs.paths) <= limit:
+            return [(0, len(refs))]
+        return spans(refs.file.tolist(), len(refs.paths), limit)
 
     def hold(self, urls: list[str]) -> list[int]:
         """Descriptors of the local files `urls` (at most `limit`), lent until `let_go`."""
