@@ -165,8 +165,15 @@ def _list_files(pattern: str) -> list[ObjectInfo]:
 
 
 def _pread_all(files: FileSet, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
-    pread = files.pread
-    return [pread(path, end - start, start) for path, start, end in items]
+    """The reads `items`, each file's descriptor held once for all (a few, at most
+    `files.limit`; else one at a time, each read)."""
+    paths = list(dict.fromkeys(path for path, _, _ in items))
+    if len(paths) > files.limit or len(paths) == len(items):
+        pread = files.pread
+        return [pread(path, end - start, start) for path, start, end in items]
+    with files.held(paths) as fds:
+        fd_of = dict(zip(paths, fds))
+        return [os.pread(fd_of[path], end - start, start) for path, start, end in items]
 
 
 def range_body(status: int, body: bytes, start: int, end: int,

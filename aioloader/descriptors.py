@@ -134,6 +134,7 @@ class Descriptors:
             else:
                 spare = kept.fd if kept is not None else -1
                 self._kept[path] = entry = _Kept(fd, ident)
+                self._kept.move_to_end(path)  # (a replaced entry keeps its place otherwise)
                 entry.lent = 1
                 self._trim()
         if spare >= 0:
