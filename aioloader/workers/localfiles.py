@@ -72,7 +72,7 @@ class LocalFiles:
     def _map(self, path: str) -> memoryview:
         view = self._maps.get(path)
         if view is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path.removeprefix("file://"), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 view = self._maps[path] = memoryview(mmap.mmap(fd, 0,
                                                                access=mmap.ACCESS_READ))
