@@ -21,11 +21,12 @@ from aioloader.errors import ObjectChangedError
 CHILD = Path(__file__).with_name("descriptors_child.py")
 
 
-def _shards(root: Path, shards: int, per: int = 2) -> list[str]:
+def _shards(root: Path, shards: int, per: int = 2, group_size: int = 1) -> list[str]:
     """`shards` files of `per` records each; record `s-j` is record j of shard s."""
     root.mkdir(parents=True, exist_ok=True)
     for s in range(shards):
-        with al.ArrayRecordWriter(root / f"s{s:05d}.array_record", group_size=1) as w:
+        with al.ArrayRecordWriter(root / f"s{s:05d}.array_record",
+                                  group_size=group_size) as w:
             for j in range(per):
                 w.write(f"{s}-{j}".encode())
     return sorted(f"{s}-{j}" for s in range(shards) for j in range(per))
@@ -38,11 +39,12 @@ def _child(*args: str, timeout: float = 120) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_many_more_shards_than_descriptors_read_whole(tmp_path, workers):
+@pytest.mark.parametrize(("workers", "group_size"), [(0, 1), (2, 1), (2, 3)])
+def test_many_more_shards_than_descriptors_read_whole(tmp_path, workers, group_size):
     """200 shards under a limit of 64 descriptors (the parent's open, the workers' reads,
     random access), every record read once and correctly, the limit never reached."""
-    want = _shards(tmp_path / "ds", 200)
+    want = _shards(tmp_path / "ds", 200, per=2 if group_size == 1 else 7,
+                   group_size=group_size)
     out = _child("64", "read", str(tmp_path / "ds"), str(workers))
     assert out["loader"] == want
     assert out["direct"] == want
