@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import aioloader as al
 from aioloader.descriptors import Descriptors, FileSet, cap_for, spans
@@ -182,10 +184,12 @@ def test_a_new_reader_of_a_rebuilt_file_reads_the_new_file(tmp_path):
     assert len(fds) == 1
 
 
-def test_spans_cover_every_read_with_few_files_each():
-    files = [0, 1, 0, 2, 3, 1, 4, 4, 5]
-    assert spans(files, 6, 10) == [(0, 9)]
-    cut = spans(files, 6, 2)
+@given(st.lists(st.integers(0, 30), max_size=200), st.integers(1, 12))
+def test_spans_cover_every_read_in_order_with_few_files_each(files, limit):
+    cut = spans(files, len(set(files)), limit)
     assert cut[0][0] == 0 and cut[-1][1] == len(files)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cut))
-    assert all(len(set(files[lo:hi])) <= 2 for lo, hi in cut)
+    assert all(len(set(files[lo:hi])) <= limit for lo, hi in cut)
+    assert len(cut) == 1 or all(hi > lo for lo, hi in cut)
+    # greedy: each span but the last stops only where one more file would pass the limit
+    assert all(len(set(files[lo : hi + 1])) > limit for lo, hi in cut[:-1])
