@@ -1,16 +1,17 @@
 """A process with a real, low descriptor limit, for tests/test_descriptors.py::
 
-    python tests/descriptors_child.py LIMIT read ROOT WORKERS
-    python tests/descriptors_child.py LIMIT exhaust PATH
-    python tests/descriptors_child.py LIMIT exhaust-loader ROOT FREE
+    python tests/descriptors_child.py OUT LIMIT read ROOT WORKERS
+    python tests/descriptors_child.py OUT LIMIT exhaust PATH
+    python tests/descriptors_child.py OUT LIMIT exhaust-loader ROOT FREE
 
 The soft `RLIMIT_NOFILE` is set to LIMIT before aioloader is imported (so its forkserver and
 workers inherit it). ``read`` reads every record of ROOT/*.array_record through a shuffled
-loader with WORKERS workers, then through random access, and prints one JSON line: the
-records read each way, sorted, and the most descriptors this process held. ``exhaust``
-takes every free descriptor, then reads PATH through the process's data-file descriptors,
-and prints the error it got; ``exhaust-loader`` leaves FREE descriptors free, then reads
-ROOT/*.array_record with two workers, and prints the error it got.
+loader with WORKERS workers, then through random access: the records read each way, sorted,
+and the most descriptors this process held. ``exhaust`` takes every free descriptor, then
+reads PATH through the process's data-file descriptors: the error it got.
+``exhaust-loader`` leaves FREE descriptors free, then reads ROOT/*.array_record with two
+workers: the error it got. The answer goes to the file OUT as JSON (not to stdout: a large
+write to a pipe that worker processes share was seen cut short).
 """
 
 from __future__ import annotations
@@ -87,12 +88,12 @@ def exhaust_loader(root: str, free: int) -> dict:
 
 
 def main() -> None:
-    limit, mode, *args = sys.argv[1:]
+    dest, limit, mode, *args = sys.argv[1:]
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit), hard))
     out = (read(args[0], int(args[1])) if mode == "read" else exhaust(args[0])
            if mode == "exhaust" else exhaust_loader(args[0], int(args[1])))
-    print(json.dumps(out))
+    Path(dest).write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

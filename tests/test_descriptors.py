@@ -34,11 +34,12 @@ def _shards(root: Path, shards: int, per: int = 2, group_size: int = 1) -> list[
     return sorted(f"{s}-{j}" for s in range(shards) for j in range(per))
 
 
-def _child(*args: str, timeout: float = 120) -> dict:
-    run = subprocess.run([sys.executable, str(CHILD), *args], capture_output=True, text=True,
-                         timeout=timeout)
+def _child(tmp_path: Path, *args: str, timeout: float = 120) -> dict:
+    out = tmp_path / "child.json"
+    run = subprocess.run([sys.executable, str(CHILD), str(out), *args], capture_output=True,
+                         text=True, timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(out.read_text())
 
 
 @pytest.mark.parametrize(("workers", "group_size"), [(0, 1), (2, 1), (2, 3)])
@@ -47,7 +48,7 @@ def test_many_more_shards_than_descriptors_read_whole(tmp_path, workers, group_s
     random access), every record read once and correctly, the limit never reached."""
     want = _shards(tmp_path / "ds", 200, per=2 if group_size == 1 else 7,
                    group_size=group_size)
-    out = _child("64", "read", str(tmp_path / "ds"), str(workers))
+    out = _child(tmp_path, "64", "read", str(tmp_path / "ds"), str(workers))
     assert out["loader"] == want
     assert out["direct"] == want
     assert out["most_open"] < 64
@@ -61,7 +62,7 @@ def test_ten_thousand_shards_under_the_usual_limit(tmp_path_factory, workers):
         _shards(root, 10_000, per=1)
         (root / "done").touch()
     want = sorted(f"{s}-0" for s in range(10_000))
-    out = _child("1024", "read", str(root), str(workers), timeout=600)
+    out = _child(root, "1024", "read", str(root), str(workers), timeout=600)
     assert out["loader"] == want
     assert out["direct"] == want
 
@@ -69,7 +70,7 @@ def test_ten_thousand_shards_under_the_usual_limit(tmp_path_factory, workers):
 def test_out_of_descriptors_names_the_limit_and_what_to_do(tmp_path):
     path = tmp_path / "a"
     path.write_bytes(b"x" * 64)
-    out = _child("48", "exhaust", str(path))
+    out = _child(tmp_path, "48", "exhaust", str(path))
     assert out["error"] is not None
     assert "48 descriptors" in out["error"] and "ulimit -n" in out["error"], out
 
@@ -78,7 +79,7 @@ def test_a_loader_out_of_descriptors_names_the_limit(tmp_path):
     """Out of descriptors while the loader starts (its memory files, its workers' pipes):
     the error says the limit and what to do, not a bare EMFILE from a thread."""
     _shards(tmp_path / "ds", 4)
-    out = _child("64", "exhaust-loader", str(tmp_path / "ds"), "12")
+    out = _child(tmp_path, "64", "exhaust-loader", str(tmp_path / "ds"), "12")
     assert out["error"] is not None
     assert "64 descriptors" in out["error"] and "ulimit -n" in out["error"], out
 
