@@ -1,6 +1,7 @@
 """Storage backends: how one range read, size lookup or listing is done on each kind of store.
 
-- local paths: `os.pread` on a cached descriptor, in a thread pool we size ourselves, with
+- local paths: `os.pread` on a descriptor kept open (at most as many as the process's limit
+  allows: `descriptors`), in a thread pool we size ourselves, with
   batched preads (one thread hop for many page-cache reads), and a listing in one job;
 - gs://: gcsfs for listing, metadata and credentials, but range GETs on our own aiohttp
   session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from .descriptors import FileSet
 from .errors import MissingExtraError, ObjectChangedError, StorageError, Transient
 from .reach import NO_CREDENTIALS, gcs_credentials_found
 from .urls import STORAGE_LOGGERS, redact, redact_logs
@@ -108,19 +110,20 @@ def parse_tail(url: str, n: int, status: int, body: bytes, content_range: str,
 class LocalBackend:
     """Local files: a listing is one thread-pool job (glob, then one `stat` per match, for
     both "is it a file" and its size and version); reads are `os.pread` on descriptors kept
-    open, opened inside the thread-pool job that first reads them (an `open` is ~20-40 µs,
-    which the event loop need not spend: a cold open of 2,000 shards opens 2,000 files)."""
+    open (`descriptors`: the process's capped set), opened inside the thread-pool job that
+    first reads them (an `open` is ~20-40 µs, which the event loop need not spend: a cold
+    open of 2,000 shards opens 2,000 files)."""
 
     def __init__(self, threads: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aioloader-pread")
-        self._fds: dict[str, int] = {}
+        self._files = FileSet()
 
     async def info(self, path: str) -> ObjectInfo:
         st = await asyncio.get_running_loop().run_in_executor(self._pool, os.stat, path)
         if stat.S_ISDIR(st.st_mode):  # else "4096 bytes is too small for an ArrayRecord file"
             raise IsADirectoryError(f"{path}: is a directory (name files, or a glob such as "
                                     f"'{os.path.join(path, '*.array_record')}')")
-        return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
+        return ObjectInfo(path, st.st_size, local_version(st))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _list_files,
@@ -128,18 +131,23 @@ class LocalBackend:
 
     async def read(self, path: str, start: int, end: int) -> bytes:
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, _pread_one, self._fds, path, start, end)
+            self._pool, self._files.pread, path, end - start, start)
 
     async def read_batch(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Several preads in one thread-pool job: one hop instead of one per range."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, _pread_all,
-                                                                self._fds, items)
+                                                                self._files, items)
 
     async def aclose(self) -> None:
-        self._pool.shutdown(wait=True)  # first: no job is opening a descriptor any more
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._pool.shutdown(wait=True)  # first: no job is reading any more
+        self._files.close()
+
+
+def local_version(st: os.stat_result) -> str:
+    """A local file's version: what a rewrite changes. mtime alone is not enough (`cp -p`
+    and `rsync -a` restore it); ctime cannot be set back, and a file replaced by a rename
+    has another inode. (A chmod changes ctime too: a needless miss, not a wrong read.)"""
+    return f"{st.st_mtime_ns}.{st.st_ctime_ns}.{st.st_dev}.{st.st_ino}"
 
 
 def _list_files(pattern: str) -> list[ObjectInfo]:
@@ -152,29 +160,20 @@ def _list_files(pattern: str) -> list[ObjectInfo]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         if stat.S_ISREG(st.st_mode):
-            out.append(ObjectInfo(path, st.st_size, str(st.st_mtime_ns)))
+            out.append(ObjectInfo(path, st.st_size, local_version(st)))
     return out
 
 
-def _fd(fds: dict[str, int], path: str) -> int:
-    """`path`'s kept descriptor, opened now if it has none (in a pool thread: two threads
-    opening one file at once keep the first descriptor stored and close the other)."""
-    fd = fds.get(path)
-    if fd is None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        kept = fds.setdefault(path, fd)
-        if kept != fd:
-            os.close(fd)
-            fd = kept
-    return fd
-
-
-def _pread_one(fds: dict[str, int], path: str, start: int, end: int) -> bytes:
-    return os.pread(_fd(fds, path), end - start, start)
-
-
-def _pread_all(fds: dict[str, int], items: Sequence[tuple[str, int, int]]) -> list[bytes]:
-    return [os.pread(_fd(fds, path), end - start, start) for path, start, end in items]
+def _pread_all(files: FileSet, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    """The reads `items`, each file's descriptor held once for all (a few, at most
+    `files.limit`; else one at a time, each read)."""
+    paths = list(dict.fromkeys(path for path, _, _ in items))
+    if len(paths) > files.limit or len(paths) == len(items):
+        pread = files.pread
+        return [pread(path, end - start, start) for path, start, end in items]
+    with files.held(paths) as fds:
+        fd_of = dict(zip(paths, fds))
+        return [os.pread(fd_of[path], end - start, start) for path, start, end in items]
 
 
 def range_body(status: int, body: bytes, start: int, end: int,

@@ -14,9 +14,15 @@ places), then the arrays, each 64-byte aligned. A wrong index silently drops or 
 records, so an entry is used only when it proves that it belongs to these versions of these
 files and is intact:
 
-- bound to the files: its name and a key stored inside are a hash of every file's (URL,
-  size, version: the generation on gs://, mtime_ns locally) in order, so a rewritten,
-  added or removed file misses (the whole table is rebuilt);
+- bound to the files: its name is a hash of the files' URLs, and a key stored inside a hash of
+  every file's (URL, size, version: the generation on gs://; locally mtime_ns, ctime_ns,
+  device and inode, `backends.local_version`) in order. A rewritten, added or removed file
+  misses: the stale entry is dropped and the table rebuilt under the same name;
+- bound to each file's footer, where a version alone does not prove the content (local
+  files: `rsync -a` or `cp -p` restores an mtime, and a rewrite within one clock tick keeps
+  it): the first `HEAD_BYTES` bytes at each such file's footer offset (the footer chunk's
+  header, with the hash of the footer that every chunk offset comes from) are stored, and
+  compared with the file's before the entry is used (`opening`); a mismatch drops it;
 - bound to its content: a BLAKE2b digest over the header's fields and every array's bytes.
   This catches damage and edits; it is not a signature (whoever can write the directory can
   recompute it), which is why the directory must be private;
@@ -26,6 +32,9 @@ files and is intact:
   its files.
 
 An entry that fails a check is ignored with a warning on the "aioloader" logger and rebuilt.
+A record read through a cached table that fails as corrupt drops the entry too, and the
+file's footer is read again before the error is reported (`source.api`): a rewrite no check
+caught is reported as such, and the next open rebuilds the table.
 
 The directory must belong to us and be writable by no one else (sticky or not: another user
 who can create names there can plant entries, and digests do not stop that). A directory that
@@ -56,13 +65,14 @@ import numpy as np
 
 from .arrayrecord import FileIndex
 from .privatedir import open_private_dir
-from .storage import ObjectInfo, redact
+from .storage import ObjectInfo, is_local, redact
 
 log = logging.getLogger("aioloader")
 
-_FORMAT = "aioloader-index-table-4"  # 4: the files' element specs (`aioloader.typed`)
-_MAGIC = b"AIOLIDX4"
-_SUFFIX = ".v4.idx"  # entries of earlier versions (`.npz`, `.v3.idx`) are never read
+_FORMAT = "aioloader-index-table-5"  # 5: footer heads; named by the files' URLs alone
+_MAGIC = b"AIOLIDX5"
+_SUFFIX = ".v5.idx"  # entries of earlier versions (`.npz`, `.v3.idx`, ...) are never read
+HEAD_BYTES = 64  # a footer chunk's header (40 bytes), with a block header inside it or not
 _SLACK = 1 << 20  # an entry is at most this much larger than its data files
 _ALIGN = 64
 _MAX_HEADER = 1 << 30
@@ -75,10 +85,21 @@ class CachedTable:
 
     indices: list[FileIndex]
     bounds: np.ndarray
+    heads: np.ndarray  # (files, HEAD_BYTES) uint8: each checked file's footer head, else 0
+
+
+def checked(info: ObjectInfo) -> bool:
+    """Whether a file's footer head is checked: its version does not prove its content
+    (a local file, or a store that gives no version)."""
+    return is_local(info.url) or not info.version
 
 
 class CacheEntryError(ValueError):
     """Why an entry was not used (internal: it becomes a warning and a rebuild)."""
+
+
+class StaleEntry(CacheEntryError):
+    """The entry of these files, for other versions of them (dropped, then rebuilt)."""
 
 
 class IndexCache:
@@ -91,8 +112,7 @@ class IndexCache:
 
     def load(self, infos: Sequence[ObjectInfo]) -> CachedTable | None:
         """The cached table of these files, or None (missing, or failed a check: warned)."""
-        key = _key(infos)
-        name = key[:32] + _SUFFIX
+        key, name = _key(infos), _name(infos)
         try:
             dir_fd = self._open_dir()
         except PermissionError as err:
@@ -110,6 +130,9 @@ class IndexCache:
             os.close(dir_fd)
         try:
             return _read(fd, key, infos)
+        except StaleEntry as err:
+            self.drop(infos, str(err))
+            return None
         except Exception as err:  # whatever is wrong with it, it is only a miss
             self._warn(name, str(err) if isinstance(err, CacheEntryError) else
                        f"it cannot be read ({type(err).__name__}: {err})")
@@ -117,10 +140,29 @@ class IndexCache:
         finally:
             os.close(fd)
 
-    def store(self, infos: Sequence[ObjectInfo], indices: Sequence[FileIndex]) -> None:
-        """Write the files' table: a private temporary, renamed over the entry."""
-        key = _key(infos)
-        name = key[:32] + _SUFFIX
+    def drop(self, infos: Sequence[ObjectInfo], why: str) -> None:
+        """Remove the entry of these files (stale: `why`); the next open rebuilds it."""
+        name = _name(infos)
+        try:
+            dir_fd = self._open_dir()
+        except PermissionError:
+            return
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            log.info("index cache entry %s dropped: %s", self._path(name), why)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("index cache entry %s not dropped (%s): %s", self._path(name), why, err)
+        finally:
+            os.close(dir_fd)
+
+    def store(self, infos: Sequence[ObjectInfo], indices: Sequence[FileIndex],
+              heads: np.ndarray) -> None:
+        """Write the files' table and footer heads (`heads[k]`: file k's first HEAD_BYTES
+        bytes at its footer offset, where `checked`): a private temporary, renamed over the
+        entry."""
+        key, name = _key(infos), _name(infos)
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         try:
             dir_fd = self._open_dir()
@@ -132,7 +174,7 @@ class IndexCache:
                          | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    _write(f, key, indices)
+                    _write(f, key, _name(infos), indices, heads)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -156,6 +198,14 @@ class IndexCache:
         return open_private_dir(self.directory, "index_cache_dir", "index entries")
 
 
+def _name(infos: Sequence[ObjectInfo]) -> str:
+    """An entry's name: a hash of the files' URLs, so a new version replaces the old."""
+    h = hashlib.sha256(_FORMAT.encode())
+    for info in infos:
+        h.update(f"\0{info.url}".encode())
+    return h.hexdigest()[:32] + _SUFFIX
+
+
 def _key(infos: Sequence[ObjectInfo]) -> str:
     h = hashlib.sha256(_FORMAT.encode())
     for info in infos:
@@ -173,7 +223,7 @@ def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _write(f, key: str, indices: Sequence[FileIndex]) -> None:
+def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np.ndarray) -> None:
     files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
               ix.writer_options, ix.element_spec] for ix in indices]
     bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
@@ -188,14 +238,15 @@ def _write(f, key: str, indices: Sequence[FileIndex]) -> None:
         "<u4" if narrow else "<i8")
     counts = [ix.chunk_records for ix in indices if not ix.one_record_chunks]
     arrays = {"bounds": bounds, "decoded": decoded,
-              "counts": (np.concatenate(counts) if counts else np.zeros(0)).astype("<i8")}
+              "counts": (np.concatenate(counts) if counts else np.zeros(0)).astype("<i8"),
+              "heads": np.ascontiguousarray(heads, dtype=np.uint8).reshape(-1)}
     digest = _digest(key, files, arrays)
     places, at = {}, 0
     for name, a in arrays.items():
         places[name] = [a.dtype.str, at, len(a)]
         at += -(-a.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"format": _FORMAT, "key": key, "digest": digest, "files": files,
-                         "arrays": places}).encode()
+    header = json.dumps({"format": _FORMAT, "name": entry_name, "key": key, "digest": digest,
+                         "files": files, "arrays": places}).encode()
     head = len(_MAGIC) + 8 + len(header)
     pad = -head % _ALIGN
     f.write(_MAGIC + (len(header) + pad).to_bytes(8, "little") + header + b" " * pad)
@@ -217,15 +268,18 @@ def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
     if n > min(_MAX_HEADER, st.st_size - 16):
         raise CacheEntryError("its header runs past its end")
     header = json.loads(os.pread(fd, n, 16))
+    if header.get("name") != _name(infos):
+        raise CacheEntryError("it belongs to other files")
     if header.get("key") != key:
-        raise CacheEntryError("it belongs to other files or versions")
+        raise StaleEntry("the files changed since it was written (size or version)")
     files, places = header["files"], header["arrays"]
     if len(files) != len(infos):
         raise CacheEntryError("it holds another number of files")
     body = 16 + n
     mm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) if st.st_size else b""
     arrays = {}
-    for name, dtypes in (("bounds", ("<i8",)), ("decoded", ("<u4", "<i8")), ("counts", ("<i8",))):
+    for name, dtypes in (("bounds", ("<i8",)), ("decoded", ("<u4", "<i8")), ("counts", ("<i8",)),
+                         ("heads", ("|u1",))):
         dtype, at, length = places[name]
         if dtype not in dtypes or not (isinstance(at, int) and isinstance(length, int)) \
                 or at < 0 or length < 0 or body + at + length * np.dtype(dtype).itemsize > \
@@ -242,6 +296,8 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
     """The files' indices as views of the entry's arrays, after the checks any real index
     passes (a digest alone would pass a buggy writer's entry)."""
     bounds, decoded, counts = arrays["bounds"], arrays["decoded"], arrays["counts"]
+    if len(arrays["heads"]) != len(files) * HEAD_BYTES:
+        raise CacheEntryError("its footer heads do not match its files")
     chunks = np.array([f[1] for f in files], dtype=np.int64)
     footers = np.array([f[0] for f in files], dtype=np.int64)
     sizes = np.array([i.size for i in infos], dtype=np.int64)
@@ -280,4 +336,4 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
         vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
         d_at += n
         out.append(ix)
-    return CachedTable(out, bounds)
+    return CachedTable(out, bounds, arrays["heads"].reshape(len(files), HEAD_BYTES))

@@ -21,6 +21,7 @@ from .arrayrecord_util import make_records, write_theirs
 
 SHARDS = 2
 PER_SHARD = 50
+NO_HEADS = np.zeros((1, index_cache.HEAD_BYTES), dtype=np.uint8)  # for one file
 
 
 @pytest.fixture
@@ -106,10 +107,11 @@ def test_an_edited_entry_is_ignored_with_a_warning_and_rebuilt(tmp_path, data, c
     assert any(entries[0] in r.getMessage() and "checksum" in r.getMessage()
                for r in caplog.records), caplog.text
     caplog.clear()
-    # Rebuilt: the next open is served from the cache again, silently.
+    # Rebuilt: the next open is served from the cache again, silently (one read of each
+    # file's footer head, the check of a local file's footer).
     with caplog.at_level(logging.WARNING, logger="aioloader"):
         n, got, requests = _open(paths, cache)
-    assert (n, got, requests) == (len(expected), expected, 0)
+    assert (n, got, requests) == (len(expected), expected, SHARDS)
     assert not caplog.records
 
 
@@ -195,13 +197,13 @@ def test_a_valid_checksum_does_not_excuse_an_impossible_index(tmp_path, data, ca
         good = src.file_indices[0]
     info = _info(paths[0])
     assert cache.load([info]) is None
-    cache.store([info], [good])
+    cache.store([info], [good], NO_HEADS)
     assert cache.load([info]).indices[0].num_records == PER_SHARD
     for bad in (dict(chunk_offsets=good.chunk_offsets[::-1].copy()),
                 dict(chunk_records=-good.chunk_records),
                 dict(chunk_records=np.full(good.num_chunks, 1 << 40)),
                 dict(footer_offset=good.size + 10)):
-        cache.store([info], [dataclasses.replace(good, **bad)])
+        cache.store([info], [dataclasses.replace(good, **bad)], NO_HEADS)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="aioloader"):
             assert cache.load([info]) is None
@@ -223,23 +225,23 @@ def test_a_symlink_at_the_temporary_name_is_never_written_through(tmp_path, data
     name = _key_name(info)
     os.symlink(victim, tmp_path / "idx" / f".{name}.guessed.tmp")
     with caplog.at_level(logging.WARNING, logger="aioloader"):
-        cache.store([info], [index])
+        cache.store([info], [index], NO_HEADS)
     assert victim.read_bytes() == b"precious"
     assert "not written" in caplog.text
     assert cache.load([info]) is None
 
 
 def _info(path):
+    from aioloader.backends import local_version
     from aioloader.storage import ObjectInfo
 
-    st = os.stat(path)
-    return ObjectInfo(path, st.st_size, str(st.st_mtime_ns))
+    return ObjectInfo(path, os.path.getsize(path), local_version(os.stat(path)))
 
 
 def _key_name(info):
     import aioloader.index_cache as ic
 
-    return ic._key([info])[:32] + ic._SUFFIX
+    return ic._name([info])
 
 
 def _mapped(a: np.ndarray) -> bool:
@@ -283,10 +285,94 @@ def test_a_truncated_entry_is_ignored_and_a_rewritten_file_misses(tmp_path, data
     with caplog.at_level(logging.WARNING, logger="aioloader"):
         assert _open(paths, cache)[:2] == (len(expected), expected)
     assert "outside it" in caplog.text
-    # A file rewritten (another version): its table is another entry, built from the files.
+    # A file rewritten (another version): its table is built from the files again, and
+    # replaces the stale entry.
     records = make_records(90, PER_SHARD + 5, seed=9)
     write_theirs(paths[1], records, "group_size:4,zstd:3")
     n, got, requests = _open(paths, cache)
-    assert (n, got) == (PER_SHARD * 2 + 5, expected[:PER_SHARD] + records) and requests > 0
-    assert len(_entries(cache)) == 2
-    assert _open(paths, cache)[1:] == (got, 0)
+    assert (n, got) == (PER_SHARD * 2 + 5, expected[:PER_SHARD] + records) and requests > 4
+    assert _entries(cache) == [name]
+    assert _open(paths, cache)[1:] == (got, SHARDS)
+
+
+def _same_size_rewrite(path: str) -> list[bytes]:
+    """Rewrite `path` in place with other records (another chunk layout) of the same file
+    size, and put its mtime back, as `rsync -a`, `cp -p` or a rewrite within one clock tick
+    leave it; the new records."""
+    st = os.stat(path)
+    records = make_records(333, 17, seed=77)
+    write_theirs(path, records, "group_size:1,uncompressed")
+    assert os.path.getsize(path) == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return records
+
+
+def test_a_same_size_rewrite_with_its_mtime_restored_is_read_anew(tmp_path, data):
+    """The entry of a file rewritten with its size and mtime kept is stale: it is dropped
+    (replaced by the rebuilt table), and the new records are read, not a corruption error
+    blamed on a good file."""
+    paths, expected = data
+    cache = tmp_path / "idx"
+    _open(paths, cache)
+    (name,) = _entries(cache)
+    old = (cache / name).read_bytes()
+    new = _same_size_rewrite(paths[0])
+    n, got, _ = _open(paths, cache)
+    assert (n, got) == (len(new) + PER_SHARD, new + expected[PER_SHARD:])
+    assert _entries(cache) == [name] and (cache / name).read_bytes() != old
+    assert _open(paths, cache)[:2] == (n, got)
+
+
+def _stale_entry(tmp_path, path: str, heads_from: str) -> tuple[list[bytes], object]:
+    """The entry a rewrite that no version shows leaves (as within one clock tick): bound
+    to the file as it is now, holding the index of the file before; its footer head taken
+    from the old file (`heads_from="old"`) or from the new one at the old footer offset
+    (`"new"`: the check passes, the index is still wrong). The new records, and the cache."""
+    from aioloader.index_cache import HEAD_BYTES, IndexCache
+
+    with al.ArrayRecordSource(path) as src:
+        old = src.file_indices[0]
+    at = old.footer_offset
+
+    def head() -> np.ndarray:
+        with open(path, "rb") as f:
+            f.seek(at)
+            return np.frombuffer(f.read(HEAD_BYTES), dtype=np.uint8)[None]
+
+    old_head = head()
+    new = _same_size_rewrite(path)
+    cache = IndexCache(tmp_path / "idx")
+    cache.store([_info(path)], [old], old_head if heads_from == "old" else head())
+    assert cache.load([_info(path)]) is not None
+    return new, cache
+
+
+def test_an_entry_whose_footer_head_differs_from_the_files_is_dropped(tmp_path, data,
+                                                                      caplog):
+    paths, _ = data
+    new, cache = _stale_entry(tmp_path, paths[0], heads_from="old")
+    with caplog.at_level(logging.INFO, logger="aioloader"):
+        assert _open(paths[0], cache.directory)[:2] == (len(new), new)
+    assert "dropped: a file's footer is not the one it holds" in caplog.text
+    assert _open(paths[0], cache.directory)[:2] == (len(new), new)
+
+
+@pytest.mark.parametrize("how", ["source", "loader"])
+def test_a_stale_index_no_check_caught_is_reported_as_a_rewrite_and_dropped(tmp_path, data,
+                                                                            how):
+    """A record read through a stale cached index fails as corrupt: the entry is dropped,
+    the footer read again, and the error says the file was rewritten (not damaged); the
+    next open reads the new records."""
+    from aioloader.errors import ObjectChangedError
+
+    paths, _ = data
+    new, cache = _stale_entry(tmp_path, paths[0], heads_from="new")
+    with pytest.raises(ObjectChangedError, match=r"d-0\.ar was rewritten after its index was "
+                                                 r"cached.*entry was dropped"):
+        if how == "source":
+            _open(paths[0], cache.directory)
+        else:
+            ds = al.Dataset.from_arrayrecord(paths[0]).batch(4)
+            list(ds.loader(workers=0, index_cache_dir=cache.directory))
+    assert _entries(cache.directory) == []
+    assert _open(paths[0], cache.directory)[:2] == (len(new), new)

@@ -238,7 +238,7 @@ def test_decoder_reads_of_a_shrunk_file_fail(tmp_path):
     dec = Decoder()
     try:
         refs = _refs(path, ix, np.arange(3))
-        dec.files.fd(str(path))  # opened before it shrinks
+        dec.files.let_go([str(path)], dec.files.hold([str(path)]))  # opened before it shrinks
         os.truncate(path, int(ix.chunk_offsets[2]) + 1000)
         with pytest.raises(Exception, match="shorter than when it was opened"):
             dec.records(refs, None)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from aioloader.arrayrecord import FileIndex
 from aioloader.arrayrecord.index import compact_counts, compact_sizes
-from aioloader.index_cache import IndexCache
+from aioloader.index_cache import HEAD_BYTES, IndexCache
 from aioloader.planning import cut_runs
 from aioloader.source.table import RecordTable
 from aioloader.storage import ObjectInfo
@@ -125,7 +125,7 @@ def test_a_table_mapped_from_the_index_cache_answers_alike(tmp_path, indices, da
 
     cache = IndexCache(tmp_path / f"c{os.urandom(4).hex()}")
     infos = _infos(indices)
-    cache.store(infos, indices)
+    cache.store(infos, indices, np.zeros((len(infos), HEAD_BYTES), dtype=np.uint8))
     cached = cache.load(infos)
     assert cached is not None
     table = RecordTable(infos, cached.indices, cached.bounds)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..autotune import Setting, available_cores
 from ..autotune import start as tuning_start
+from ..descriptors import too_many_open
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from ..mixed import opened
 from ..options import LoaderOptions
@@ -97,8 +99,11 @@ class Loader(StateKeeping):
             self._start_task = asyncio.ensure_future(self._start())
         try:
             await self._start_task
-        except BaseException:
+        except BaseException as exc:
             await self.aclose()  # a loader that failed to start holds nothing open
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE) \
+                    and "RLIMIT_NOFILE" not in str(exc):
+                raise too_many_open(exc, "starting the loader") from exc
             raise
 
     def start_prefetch(self) -> None:

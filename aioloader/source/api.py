@@ -22,7 +22,7 @@ import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
-from ..errors import ElementSpecError
+from ..errors import ElementSpecError, ObjectChangedError
 from ..index_cache import IndexCache
 from ..logs import logger
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
@@ -30,7 +30,7 @@ from ..storage import Storage, StorageError, is_local, redact
 from ..sync import close_sync, release, run_sync
 from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
-from .opening import open_table
+from .opening import footer_changed, open_table
 from .records import ChunkCache, read_chunks
 from .table import RecordTable
 
@@ -240,7 +240,23 @@ class ArrayRecordSource:
         return await self.fetcher.resident_refs(refs)
 
     async def explain(self, err: Exception, files) -> Exception:
-        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened."""
+        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened.
+
+        A corrupt record read through an index cache entry drops the entry (the next open
+        rebuilds it), once, and the files' footers are read again: one that no longer
+        matches its cached index was rewritten unseen, not damaged."""
+        table, cache = self._table, self._index_cache
+        if (isinstance(err, ArrayRecordFormatError) and cache is not None
+                and table is not None and table.from_index_cache):
+            table.from_index_cache = False
+            cache.drop(table.files, f"a record read through it failed ({err})")
+            for f in sorted(files):
+                info = table.files[f]
+                if await footer_changed(self.storage, info, table.indices[f], self.verify):
+                    return ObjectChangedError(
+                        f"{redact(info.url)} was rewritten after its index was cached in "
+                        f"{cache.directory} (its size and mtime kept), so the cached index "
+                        f"did not fit it ({err}); the entry was dropped: re-open the dataset")
         return await self.fetcher.explain(err, files)
 
     # -- reading ----------------------------------------------------------------------

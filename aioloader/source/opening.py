@@ -23,10 +23,12 @@ import sys
 from collections.abc import Generator, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..arrayrecord import FileIndex, open_index
 from ..arrayrecord.index import POSTSCRIPT_PROBE
 from ..arrayrecord.layout import BLOCK_SIZE
-from ..index_cache import IndexCache
+from ..index_cache import HEAD_BYTES, IndexCache, checked
 from ..storage import ObjectInfo, Storage, has_glob, is_local, redact
 from ..urls import read_instruction
 from .table import RecordTable
@@ -67,12 +69,18 @@ async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
         ranges = _ranges(names, listed)
         cached = index_cache.load(infos)
         if cached is not None:
-            table = RecordTable(infos, cached.indices, cached.bounds, ranges=ranges)
-            table.pattern_files = [len(g) for g in listed]
-            return table
-        table = RecordTable(infos, await opener.open_files(infos), ranges=ranges)
+            if np.array_equal(await footer_heads(storage, infos, cached.indices),
+                              cached.heads):
+                table = RecordTable(infos, cached.indices, cached.bounds, ranges=ranges)
+                table.pattern_files = [len(g) for g in listed]
+                table.from_index_cache = True
+                return table
+            index_cache.drop(infos, "a file's footer is not the one it holds (the file was "
+                                    "rewritten, its size and mtime kept)")
+        indices = await opener.open_files(infos)
+        index_cache.store(infos, indices, await footer_heads(storage, infos, indices))
+        table = RecordTable(infos, indices, ranges=ranges)
         table.pattern_files = [len(g) for g in listed]
-        index_cache.store(infos, table.indices)
         return await _trimmed(table)
     groups = await gather_all(opener.open_pattern(p, glob) for p, glob, _ in names)
     table = RecordTable([info for group in groups for info, _ in group],
@@ -90,6 +98,33 @@ def _ranges(names: list[tuple[str, bool, tuple[int, int] | None]],
     if all(r is None for _, _, r in names):
         return None
     return [r for (_, _, r), group in zip(names, groups) for _ in group]
+
+
+async def footer_changed(storage: Storage, info: ObjectInfo, index: FileIndex,
+                         verify: str) -> bool:
+    """Whether the file's footer, read again now, gives another index than `index` (False
+    when it cannot be read: nothing is known then)."""
+    try:
+        now = await _Opener(storage, verify)._open_file(info)
+    except Exception:
+        return False
+    return not (now.footer_offset == index.footer_offset
+                and np.array_equal(now.chunk_offsets, index.chunk_offsets)
+                and np.array_equal(now.chunk_records, index.chunk_records)
+                and np.array_equal(now.chunk_decoded_sizes, index.chunk_decoded_sizes))
+
+
+async def footer_heads(storage: Storage, infos: Sequence[ObjectInfo],
+                       indices: Sequence[FileIndex]) -> np.ndarray:
+    """Each file's first HEAD_BYTES bytes at its footer offset where the index cache checks
+    them (`index_cache.checked`: one small read per local file), else zeros."""
+    out = np.zeros((len(infos), HEAD_BYTES), dtype=np.uint8)
+    ks = [k for k, info in enumerate(infos) if checked(info)]
+    at = [indices[k].footer_offset for k in ks]
+    datas = await storage.read_many([(infos[k].url, a, a + HEAD_BYTES) for k, a in zip(ks, at)])
+    for k, data in zip(ks, datas):
+        out[k, : len(data)] = np.frombuffer(data, dtype=np.uint8)[:HEAD_BYTES]
+    return out
 
 
 async def _trimmed(table: RecordTable) -> RecordTable:

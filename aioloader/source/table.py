@@ -127,6 +127,7 @@ class RecordTable:
         self.grouped = np.array([ix.max_records > 1 for ix in self.indices], dtype=bool)
         self._runs: dict[int, Runs] = {}
         self.pattern_files: list[int] | None = None  # files each opened pattern named
+        self.from_index_cache = False  # the indices are an index cache entry's
 
     def __len__(self) -> int:
         return int(self.starts[-1])

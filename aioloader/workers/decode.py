@@ -178,7 +178,20 @@ class Decoder:
         cache. What the short path does not take (`onerecord.one_record`) is read again and
         decoded by `decode_records`, which decodes it or names the error."""
         files = self.files
-        fds = [files.fd(u) for u in refs.paths]
+        cuts = files.spans(refs)
+        if len(cuts) > 1:  # more files than one task may hold open at once
+            return [r for lo, hi in cuts for r in self._read_ones(
+                refs.take(lo, hi), verify, max_decoded, None if paths is None else paths[lo:hi])]
+        fds = files.hold(refs.paths)
+        try:
+            return self._read_held(refs, fds, verify, max_decoded, paths)
+        finally:
+            files.let_go(refs.paths, fds)
+
+    def _read_held(self, refs: ChunkRefs, fds: list[int], verify: str, max_decoded: int,
+                   paths: Sequence[str] | None) -> list[bytes]:
+        """`_read_ones` with the files' descriptors held (`fds[f]`)."""
+        files = self.files
         hashes, data_hashes = verify != "none", verify == "all"
         budget = max_decoded - RECORD_COST
         dctx = _zstd_decompressor()

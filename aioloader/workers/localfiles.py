@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cache.entry import PAYLOAD_AT, EntryError, check_named
+from ..descriptors import FileSet, spans
 from ..errors import ObjectChangedError
 from ..planning import ChunkRefs
 from ..shortread import short_read_error
@@ -28,7 +29,9 @@ class _Entry(NamedTuple):
 
 
 class LocalFiles:
-    """Descriptors of the local files a worker reads records from, each opened once.
+    """Descriptors of the local files a worker reads records from, lent by the process's
+    capped set (`aioloader.descriptors`): a task holds those of the files it reads, at most
+    `limit` at once (a task over more files is read in consecutive spans, `spans`).
 
     Reading in the worker, not the parent, keeps the parent's per-record work to a few
     vectorized lookups: the reads run in parallel across workers. The memory copy of a
@@ -45,34 +48,36 @@ class LocalFiles:
     """
 
     def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
+        self._files = FileSet()
         self._maps: dict[str, memoryview] = {}
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self.entries_opened = 0
         self.reads = 0
         self.bytes = 0
 
-    def fd(self, url: str) -> int:
-        """The descriptor of the local file `url` (opened on first use, kept)."""
-        return self._fd(url)
+    def spans(self, refs: ChunkRefs) -> list[tuple[int, int]]:
+        """Consecutive ranges of `refs`' records, each over at most `limit` files."""
+        limit = self._files.limit
+        if len(refs.paths) <= limit:
+            return [(0, len(refs))]
+        return spans(refs.file.tolist(), len(refs.paths), limit)
 
-    def _fd(self, url: str) -> int:
-        fd = self._fds.get(url)
-        if fd is None:
-            path = url.removeprefix("file://")
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                raise ObjectChangedError(f"{path} was deleted after it was opened: re-open "
-                                         "the dataset") from None
-            self._fds[url] = fd
-        return fd
+    def hold(self, urls: list[str]) -> list[int]:
+        """Descriptors of the local files `urls` (at most `limit`), lent until `let_go`."""
+        return self._files.hold([u.removeprefix("file://") for u in urls])
+
+    def let_go(self, urls: list[str], fds: list[int]) -> None:
+        self._files.let_go([u.removeprefix("file://") for u in urls], fds)
 
     def _map(self, path: str) -> memoryview:
         view = self._maps.get(path)
         if view is None:
-            view = self._maps[path] = memoryview(mmap.mmap(self._fd(path), 0,
-                                                           access=mmap.ACCESS_READ))
+            fd = os.open(path.removeprefix("file://"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                view = self._maps[path] = memoryview(mmap.mmap(fd, 0,
+                                                               access=mmap.ACCESS_READ))
+            finally:
+                os.close(fd)  # the map holds its own
         return view
 
     def _entry(self, path: str, proved: tuple[int, int], start: int, name: str) -> memoryview:
@@ -112,12 +117,20 @@ class LocalFiles:
             _unmap(entries.popitem(last=False)[1].view)
 
     def read(self, refs: ChunkRefs) -> list:
+        if refs.shift is None:
+            cuts = self.spans(refs)
+            if len(cuts) > 1:
+                return [r for lo, hi in cuts for r in self.read(refs.take(lo, hi))]
         want = refs.end - refs.start
         starts, lengths = refs.start.tolist(), want.tolist()
         if refs.shift is None:
-            pread, fds = os.pread, [self._fd(u) for u in refs.paths]
-            out: list = [pread(fds[f], n, s) for f, s, n in
-                         zip(refs.file.tolist(), starts, lengths)]
+            fds = self.hold(refs.paths)
+            try:
+                pread = os.pread
+                out: list = [pread(fds[f], n, s) for f, s, n in
+                             zip(refs.file.tolist(), starts, lengths)]
+            finally:
+                self.let_go(refs.paths, fds)
         else:  # the memory copy holds file f from shift[f] on
             at = refs.start + np.asarray(refs.shift, dtype=np.int64)[refs.file]
             if refs.idents is None:
@@ -146,9 +159,7 @@ class LocalFiles:
         for e in self._entries.values():
             _unmap(e.view)
         self._entries.clear()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._files.close()
 
 
 def _unmap(view: memoryview) -> None:

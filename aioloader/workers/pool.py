@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..descriptors import too_many_open
 from ..errors import WorkerError
 from .arena import Arena, Blob, Pickled, array_leaves
 from .decode import Decoder
@@ -81,6 +83,7 @@ class Pool:
         self.arena = Arena(slots, slot_size)
         self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
         self._warming: threading.Thread | None = None
+        self._spawn_error: OSError | None = None  # out of descriptors starting workers
         # With `first_in_parent`, until a worker is up (a new process's workers take a while:
         # the forkserver is a fresh interpreter), one task at a time runs on a thread of this
         # process instead, with the same code (`run_task`): the first batch need not wait.
@@ -142,6 +145,14 @@ class Pool:
         return self._up.is_set() and not self._unstarted
 
     def _spawn(self) -> None:
+        try:
+            self._start_workers()
+        except OSError as err:  # out of descriptors: said (with the limit) at the next task
+            if err.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            self._spawn_error = too_many_open(err, "starting worker processes")
+
+    def _start_workers(self) -> None:
         with contextlib.suppress(RuntimeError):  # closed meanwhile
             for _ in range(self.workers):
                 fut = self._executor.submit(os.getpid)
@@ -217,6 +228,8 @@ class Pool:
                 task.arena = arena.where(slot) if slot >= 0 else None
                 if task.raws is not None:
                     ship_inputs(task, arena, slot)
+                if self._spawn_error is not None:
+                    raise self._spawn_error
                 cf = self._executor.submit(run_task, task)
             # Shielded: cancelling a waiting task must not cancel `cf`, which races the
             # executor's own clean-up of a broken pool (CPython 3.11 then crashes its manager
