@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .description import JaxProcessShard, SourceSpec, check_picklable, stage_lines
 from .mixed import MixSpec
 from .objects import ObjectSource, check_source
@@ -77,7 +78,7 @@ class Dataset:
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
         storage_options: Mapping[str, Any] | None = None,
-        verify: str = "headers",
+        verify: str = DEFAULT_VERIFY,
         decode: Any = None,
     ) -> Dataset:
         """Records of ArrayRecord files: a path, URL, glob, or a list of them.

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .objects import ObjectSource
 from .transforms import dumps_op
 from .urls import redact
@@ -27,7 +28,7 @@ class SourceSpec:
 
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    verify: str = "headers"
+    verify: str = DEFAULT_VERIFY
 
     def __repr__(self) -> str:
         """Paths redacted, and the options' names only: their values hold credentials."""

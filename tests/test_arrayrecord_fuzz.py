@@ -203,3 +203,40 @@ def test_batched_decode_agrees_with_decode_chunk(codec, m, verify):
         want = _one(lambda raw=raw, start=start: decode_chunk(
             raw, start, verify=verify, path="fuzz.ar", chunk=7, whole_range=True)[1].record(0))
         assert got == want
+
+
+def _flipped_record_file(tmp_path) -> str:
+    """Ten uncompressed records, one bit of `record-5` flipped (it now reads `record-4`)."""
+    path = tmp_path / "flipped.array_record"
+    with aioloader.ArrayRecordWriter(path, compression="uncompressed") as w:
+        for i in range(10):
+            w.write(b"record-%d" % i)
+    data = bytearray(path.read_bytes())
+    data[data.index(b"record-5") + 7] ^= 1
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["getitem", "loader0", "loader1"])
+def test_default_verify_refuses_a_flipped_bit_in_a_record(tmp_path, how):
+    """With no options, a bit flipped inside a record's bytes is an error naming the file
+    and chunk (as Google's reader refuses it), never the wrong record."""
+    import asyncio
+
+    path = _flipped_record_file(tmp_path)
+
+    async def drain(workers: int) -> list:
+        out = []
+        async with aioloader.Dataset.from_arrayrecord(path).batch(10).loader(
+                workers=workers) as it:
+            async for batch in it:
+                out.extend(batch)
+        return out
+
+    with pytest.raises(ArrayRecordFormatError, match="data hash") as info:
+        if how == "getitem":
+            with aioloader.ArrayRecordSource(path) as src:
+                src[5]
+        else:
+            asyncio.run(drain(int(how[-1])))
+    assert "flipped.array_record" in str(info.value) and "chunk 5" in str(info.value)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
+from ..arrayrecord import DEFAULT_VERIFY, ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
 from ..errors import ElementSpecError
 from ..index_cache import IndexCache
@@ -77,7 +77,7 @@ class ArrayRecordSource:
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
         storage_options: Mapping[str, Any] | None = None,
-        verify: str = "headers",
+        verify: str = DEFAULT_VERIFY,
         storage: Storage | None = None,
         cache_bytes: int = 256 << 20,
         max_gap: int | None = None,
@@ -338,7 +338,7 @@ class ArrayRecordSource:
 
 
 def recorded_spec(paths: Sequence[str], storage_options: Any = None,
-                  verify: str = "headers") -> ElementSpec:
+                  verify: str = DEFAULT_VERIFY) -> ElementSpec:
     """The element spec that the files at `paths` record (one open of their footers);
     ElementSpecError if they record none or disagree (`decode="auto"`)."""
     with ArrayRecordSource(list(paths), storage_options=dict(storage_options or {}),

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords
-from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, RECORD_COST
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, RECORD_COST
 from ..arrayrecord.codecs import _zstd_decompressor
 from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
@@ -142,7 +142,7 @@ class Decoder:
         self._buf = bytearray(1 << 17)  # `_read_ones`' logical bytes of a chunk
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
 
-    def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = "headers",
+    def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = DEFAULT_VERIFY,
                 max_decoded: int = DEFAULT_MAX_DECODED,
                 paths: Sequence[str] | None = None,
                 stash: StashRef | None = None) -> list[bytes]:
@@ -326,7 +326,7 @@ class Decoder:
         return out
 
     def fill(self, refs: ChunkRefs, raws: Sequence | None, job: Fill, *,
-             verify: str = "headers", max_decoded: int = DEFAULT_MAX_DECODED) -> int:
+             verify: str = DEFAULT_VERIFY, max_decoded: int = DEFAULT_MAX_DECODED) -> int:
         """A fill job: records `job.wanted` of the chunk of `refs`' first record pulled out
         into the job's region of the stash file; how many went in (a prefix)."""
         self.cache.clear()
