@@ -87,7 +87,8 @@ class Dataset:
         that the files' recorded element spec describes (`aioloader.typed`; written by
         `convert --from npy`, `--decode-examples`, or `ArrayRecordWriter(element_spec=)`):
         it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
-        JSON) uses that spec without opening anything.
+        JSON) uses that spec without opening anything. `verify` is `ArrayRecordSource`'s:
+        "all" (every stored hash, chunk data included), "headers" or "none".
         """
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]

@@ -69,7 +69,10 @@ class ArrayRecordSource:
     (off by default here; the loader's default is 1 GiB) a remote dataset is fetched in
     segments after the first read and kept in memory, whole when it fits (`aioloader.cache`).
     `cache_bytes` bounds each chunk cache: the decoded chunks `read` keeps, and the raw
-    chunks `fetch_refs` keeps (files with group size > 1 only).
+    chunks `fetch_refs` keeps (files with group size > 1 only). `verify` ("all") says which
+    stored hashes each read checks: "all" of them, chunk data included, as Google's reader
+    does; "headers" skips the data hashes (a damaged record is then returned as it is);
+    "none" checks none.
     """
 
     def __init__(
