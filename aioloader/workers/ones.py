@@ -98,15 +98,21 @@ def read_ones(files: LocalFiles, bufs: list[bytearray], heads: memoryview, refs:
         total += n
         crossed = headers_in(s, n) if j == 0 and n <= _MAX_READ and \
             (counts is None or counts[k] == 1) else -1
-        if crossed < 0 or (crossed == 0 and n <= _SMALL):
-            flush()
-            if crossed < 0:
-                append(general(k))
-                continue
-            raw = _PREAD(fds[f], n, s)  # a read of its own costs less than the views
+        if crossed == 0 and n <= _SMALL:  # a read of its own costs less than the views
+            if pending is not None:
+                flush()
+            raw = _PREAD(fds[f], n, s)
             if len(raw) != n:
                 raise short_read_error(refs.name(f), s, e, len(raw))
-            append(decoded(k, memoryview(raw), False))
+            try:
+                record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
+            except Exception:  # anything odd: the general path decodes it or says why
+                record = None
+            append(record if record is not None else general(k))
+            continue
+        if crossed < 0:
+            flush()
+            append(general(k))
             continue
         if len(bufs[slot]) < n:
             bufs[slot] = bytearray(max(n, 2 * len(bufs[slot])))
