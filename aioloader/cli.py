@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .arrayrecord import ArrayRecordFormatError
+from .arrayrecord import DEFAULT_VERIFY, VERIFY_LEVELS, ArrayRecordFormatError
 from .cli_convert import cmd_convert
 from .convert import ConvertError
 from .errors import MissingExtraError
@@ -31,7 +31,7 @@ from .storage import StorageError
 from .urls import redact
 
 
-def _open(path: str, verify: str = "headers") -> ArrayRecordSource:
+def _open(path: str, verify: str = DEFAULT_VERIFY) -> ArrayRecordSource:
     """One file (local path or URL) as a source; errors name the file."""
     src = ArrayRecordSource(path, verify=verify)
     len(src)  # open now, so errors surface here
@@ -284,8 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("raw", "hex", "json"), default="raw",
                    help="raw: bytes + newline; hex: lowercase hex per line; json: "
                         '{"index", "record"} per line (base64 for non-UTF-8) (default: raw)')
-    c.add_argument("--verify", choices=("none", "headers", "all"), default="headers",
-                   help="hash checks: header hashes (default), all data too, or none")
+    c.add_argument("--verify", choices=VERIFY_LEVELS, default=DEFAULT_VERIFY,
+                   help="hash checks: all: every hash, chunk data included, as Google's reader "
+                        "(default); headers: headers only (a flipped bit in a record is "
+                        "not noticed); none")
     c.set_defaults(func=cmd_cat)
 
     v = sub.add_parser(

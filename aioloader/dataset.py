@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 import numpy as np
 
 from .arguments import maybe_whole
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .description import (
     JaxProcessShard,
     SourceSpec,
@@ -85,7 +86,7 @@ class Dataset:
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
         storage_options: Mapping[str, Any] | None = None,
-        verify: str = "headers",
+        verify: str = DEFAULT_VERIFY,
         decode: Any = None,
     ) -> Dataset:
         """Records of ArrayRecord files: a path, URL, glob, or a list of them; a name
@@ -96,7 +97,8 @@ class Dataset:
         that the files' recorded element spec describes (`aioloader.typed`; written by
         `convert --from npy`, `--decode-examples`, or `ArrayRecordWriter(element_spec=)`):
         it opens the files' footers now to read it. `decode=spec` (an `ElementSpec` or its
-        JSON) uses that spec without opening anything.
+        JSON) uses that spec without opening anything. `verify` is `ArrayRecordSource`'s:
+        "all" (every stored hash, chunk data included), "headers" or "none".
         """
         source = SourceSpec(paths, storage_options or {}, verify)  # type: ignore[arg-type]
         if any(is_gcs(p) and has_glob(p) for p in source.paths):

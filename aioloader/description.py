@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .arguments import flag
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .arrayrecord.index import VERIFY_LEVELS
 from .dataslices import table_of
 from .errors import MissingExtraError
@@ -34,7 +35,7 @@ class SourceSpec:
 
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    verify: str = "headers"
+    verify: str = DEFAULT_VERIFY
 
     def __post_init__(self) -> None:
         """`paths` may be one path or any sequence of them; it is kept as a tuple of str."""

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .errors import TransformError
 from .planning import ChunkRefs
 
@@ -37,7 +38,7 @@ class ObjectSource:
     obj: Any
     # SourceSpec's fields, for code that reads them
     storage_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    verify = "headers"
+    verify = DEFAULT_VERIFY
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectSource) and other.obj is self.obj

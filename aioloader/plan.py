@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import lanes
+from .arrayrecord.chunk import DEFAULT_VERIFY
 from .dataset import Dataset
 from .description import JaxProcessShard
 from .errors import StateError
@@ -95,7 +96,7 @@ class SourceMeta:
     chunk_starts: np.ndarray | None  # first record of each chunk (informational)
     local: bool  # every file is on a local disk
     resident: bool  # a remote dataset kept in memory (read like local files)
-    verify: str = "headers"
+    verify: str = DEFAULT_VERIFY
     # block_bytes → (first record of each block, plus the total; decoded bytes of each
     # block): the files cut into runs of whole chunks of about block_bytes on disk
     # (`RecordTable.runs`), for block shuffle; windows count decoded bytes (memory held)

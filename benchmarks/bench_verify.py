@@ -1,4 +1,5 @@
-"""What checking chunk data hashes costs a whole pipeline: verify="all" against "headers".
+"""What checking chunk data hashes costs a whole pipeline: verify="all" (the default) against
+"headers" (the default before it, header hashes only).
 
 The `pipeline` benchmark's text and image workloads (global shuffle → decode → batch 256 from
 local files, 20 shards, group_size 1), run by aioloader alone at both verify levels, side by

@@ -57,9 +57,11 @@ def observe(data: bytes, *, verify: str, max_decoded: int | None = None) -> list
     return out
 
 
-def decoder_reads(data: bytes, ix, chunks, within, verify: str, kw: dict) -> list[bytes]:
+def decoder_reads(data: bytes, ix, chunks, within, verify: str | None,
+                  kw: dict) -> list[bytes]:
     """The records as a worker reads them from a local file (`Decoder.records`: preads of
-    its own, block headers put aside, one-record chunks on the short path)."""
+    its own, block headers put aside, one-record chunks on the short path); `verify` None:
+    the default."""
     import tempfile
 
     import numpy as np
@@ -79,7 +81,9 @@ def decoder_reads(data: bytes, ix, chunks, within, verify: str, kw: dict) -> lis
                          count=ix.chunk_records[chunks], names=[NAME])
         dec = Decoder()
         try:
-            return dec.records(refs, None, verify=verify, paths=[NAME] * len(chunks), **kw)
+            if verify is not None:
+                kw = dict(kw, verify=verify)
+            return dec.records(refs, None, paths=[NAME] * len(chunks), **kw)
         finally:
             dec.close()
 

@@ -5,6 +5,10 @@ chunk hashes recomputed afterwards so the lie gets past the hash checks. For eve
 reader must raise only `ArrayRecordFormatError` (or return records), never hang, and never
 allocate far beyond the file's size. The short tier runs in `make test`; the 10,000-case
 tier is marked slow (`make test-slow`).
+
+Files damaged as storage damages them (tests/damage.py), read with default settings, must
+give no wrong record without an error, and be refused wherever array_record's own reader
+refuses them: a sample of every kind here, 960 files under `make test-slow`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from aioloader.arrayrecord import ArrayRecordFormatError, RangeReader
 from aioloader.arrayrecord.hashing import highwayhash64
 from aioloader.arrayrecord.index import decode_chunk, decode_records
 from aioloader.arrayrecord.layout import BLOCK_SIZE, ChunkHeader, chunk_end, strip_block_headers
+
+from . import damage
 
 CODECS = ["uncompressed", "zstd:3", "snappy", "brotli:4"]
 NONSENSE = [0, 1, 2**31, 2**40, 2**56 - 1, 2**63, 2**64 - 1]
@@ -203,3 +209,63 @@ def test_batched_decode_agrees_with_decode_chunk(codec, m, verify):
         want = _one(lambda raw=raw, start=start: decode_chunk(
             raw, start, verify=verify, path="fuzz.ar", chunk=7, whole_range=True)[1].record(0))
         assert got == want
+
+
+def _flipped_record_file(tmp_path) -> str:
+    """Ten uncompressed records, one bit of `record-5` flipped (it now reads `record-4`)."""
+    path = tmp_path / "flipped.array_record"
+    with aioloader.ArrayRecordWriter(path, compression="uncompressed") as w:
+        for i in range(10):
+            w.write(b"record-%d" % i)
+    data = bytearray(path.read_bytes())
+    data[data.index(b"record-5") + 7] ^= 1
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["getitem", "loader0", "loader1"])
+def test_default_verify_refuses_a_flipped_bit_in_a_record(tmp_path, how):
+    """With no options, a bit flipped inside a record's bytes is an error naming the file
+    and chunk (as Google's reader refuses it), never the wrong record."""
+    import asyncio
+
+    path = _flipped_record_file(tmp_path)
+
+    async def drain(workers: int) -> list:
+        out = []
+        async with aioloader.Dataset.from_arrayrecord(path).batch(10).loader(
+                workers=workers) as it:
+            async for batch in it:
+                out.extend(batch)
+        return out
+
+    with pytest.raises(ArrayRecordFormatError, match="data hash") as info:
+        if how == "getitem":
+            with aioloader.ArrayRecordSource(path) as src:
+                src[5]
+        else:
+            asyncio.run(drain(int(how[-1])))
+    assert "flipped.array_record" in str(info.value) and "chunk 5" in str(info.value)
+
+
+def _damage_fuzz(cases) -> dict[str, int]:
+    totals, problems = damage.run(cases)
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:20])
+    assert totals["silent"] == 0 and totals["we_refused"] == totals["they_refused"], totals
+    # The damage is real: array_record refuses most files, and never returns a wrong record.
+    assert totals["they_refused"] > totals["files"] // 2 and totals["they_silent"] == 0, totals
+    return totals
+
+
+def test_damaged_files_sample_no_silent_records():
+    """72 damaged files: every writer, codec, group size and kind of damage (a stride
+    coprime with the 24 configurations walks through all of them)."""
+    _damage_fuzz(range(0, 504, 7))
+
+
+@pytest.mark.slow
+def test_damaged_files_no_silent_records():
+    """960 damaged files, 40 per configuration (both writers, transposed, every codec, group
+    sizes 1 and 5), every kind of damage: 0 silent records with default settings."""
+    totals = _damage_fuzz(range(960))
+    assert totals["files"] >= 400

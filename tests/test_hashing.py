@@ -18,6 +18,7 @@ from aioloader.arrayrecord.hashing import (
     HAVE_NATIVE,
     RIEGELI_KEY,
     highwayhash64,
+    highwayhash64_pair,
     highwayhash64_py,
 )
 
@@ -122,6 +123,28 @@ def test_impls_agree_on_long_unaligned_inputs(n: int, offset: int, seed: int) ->
     results = {impl: _highwayhash.hash64_impl(impl, key, buf) for impl in NATIVE_IMPLS}
     assert len(set(results.values())) == 1, results
     assert _highwayhash.hash64_key(key, buf) == results["portable"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(na=st.integers(0, 70_000), nb=st.integers(0, 70_000), offset=st.integers(0, 31),
+       seed=st.integers(0, 2**32 - 1))
+def test_pair_is_two_hashes(na: int, nb: int, offset: int, seed: int) -> None:
+    """`highwayhash64_pair` (two inputs in lockstep, then each one's own tail) is exactly
+    two `highwayhash64` calls, whichever input is longer, at any alignment."""
+    rng = np.random.default_rng(seed)
+    a = memoryview(rng.integers(0, 256, na + offset, dtype=np.uint8).tobytes())[offset:]
+    b = rng.integers(0, 256, nb, dtype=np.uint8).tobytes()
+    assert highwayhash64_pair(a, b) == (highwayhash64(a), highwayhash64(b))
+    assert highwayhash64_pair(b, a) == (highwayhash64(b), highwayhash64(a))
+    if na < 200:
+        assert highwayhash64(a) == highwayhash64_py(a)
+
+
+def test_pair_rejects_what_hash64_rejects() -> None:
+    with pytest.raises(TypeError, match="exactly 2"):
+        highwayhash64_pair(b"x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="buffer protocol"):
+        highwayhash64_pair(b"x", "y")  # type: ignore[arg-type]
 
 
 def test_unknown_impl_rejected() -> None:

@@ -1,5 +1,5 @@
 """The short path for one-record chunks (`arrayrecord.onerecord`) and the workers' reads of
-them (`Decoder._read_ones`): the same records as the general path, or none at all (the
+them (`workers.ones.read_ones`): the same records as the general path, or none at all (the
 general path then decides), whatever the chunk's place across block boundaries."""
 
 from __future__ import annotations
@@ -228,6 +228,32 @@ def test_decoder_reads_of_a_damaged_chunk_name_the_file(tmp_path):
             dec.records(refs, None, verify="all", paths=[str(path)] * 3)
         got = dec.records(refs, None, verify="headers")  # data hashes not checked
         assert got[0] == records[0] and got[2] == records[2] and got[1] != records[1]
+    finally:
+        dec.close()
+
+
+def test_decoder_reads_in_pairs_refuse_each_damaged_chunk(tmp_path):
+    """Large chunks' data hashes are computed two at a time (`hash64_pair`); small ones,
+    read alone, break the pairs up. With the default verify, a flipped byte in any one chunk
+    (first or second of a pair, or the last, alone) is an error naming that chunk, and the
+    records before it are the right ones."""
+    rng = random.Random(5)
+    sizes = [70_000, 70_000, 30, 66_000, 20_000, 30, 30, 90_000, 70_000, 65_600, 40_000]
+    records = [rng.randbytes(n) for n in sizes]
+    path, data, ix = _chunks(tmp_path, records, "group_size:1,zstd:3")
+    order = np.arange(len(records))
+    dec = Decoder()
+    try:
+        assert dec.records(_refs(path, ix, order), None) == records
+        for c in range(len(records)):
+            s = int(ix.chunk_offsets[c])
+            damaged = bytearray(data)
+            damaged[s + CHUNK_HEADER_SIZE + 30] ^= 0x10  # inside the chunk's data
+            bad = tmp_path / f"bad{c}.ar"
+            bad.write_bytes(bytes(damaged))
+            with pytest.raises(ArrayRecordFormatError, match=rf"bad{c}\.ar, chunk {c},.*data hash"):
+                dec.records(_refs(bad, ix, order), None, paths=[str(bad)] * len(records))
+            assert dec.records(_refs(bad, ix, order[:c]), None) == records[:c]
     finally:
         dec.close()
 

@@ -6,7 +6,7 @@ headers), `codecs`, `chunk` (simple chunks), `proto` and `options` (footer messa
 byte ranges), `reader` and `writer`.
 """
 
-from .chunk import DEFAULT_MAX_DECODED, ChunkRecords
+from .chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, VERIFY_LEVELS, ChunkRecords
 from .errors import ArrayRecordFormatError
 from .index import DEFAULT_TAIL, FileIndex, decode_chunk, open_index, read_index
 from .options import WriterOptions, parse_options
@@ -16,6 +16,8 @@ from .writer import ArrayRecordWriter
 __all__ = [
     "DEFAULT_MAX_DECODED",
     "DEFAULT_TAIL",
+    "DEFAULT_VERIFY",
+    "VERIFY_LEVELS",
     "ArrayRecordFormatError",
     "ArrayRecordWriter",
     "ChunkRecords",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from .chunk import (
     DEFAULT_MAX_DECODED,
+    DEFAULT_VERIFY,
     RECORD_COST,
     ChunkRecords,
     decode_simple,
@@ -39,7 +40,7 @@ def decode_chunk(
     raw,
     start: int,
     *,
-    verify: str = "headers",
+    verify: str = DEFAULT_VERIFY,
     path: str | None = None,
     chunk: int | None = None,
     expected_records: int | None = None,
@@ -143,7 +144,7 @@ def decode_records(
     starts: Sequence[int],
     within: Sequence[int],
     *,
-    verify: str = "headers",
+    verify: str = DEFAULT_VERIFY,
     paths: Sequence[str | None] | None = None,
     chunks: Sequence[int | None] | None = None,
     counts: Sequence[int] | None = None,

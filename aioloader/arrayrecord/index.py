@@ -23,7 +23,7 @@ from typing import cast
 import numpy as np
 
 from . import postscript
-from .chunk import DEFAULT_MAX_DECODED
+from .chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, VERIFY_LEVELS
 from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
@@ -54,7 +54,6 @@ DEFAULT_TAIL = 1 << 18  # 256 KiB: postscript + footers of files up to ~50k chun
 # a first footer read of a few KiB holds the footers of files of up to ~500 chunks.
 POSTSCRIPT_PROBE = 512
 FOOTER_PROBE = 1 << 13
-VERIFY_LEVELS = ("none", "headers", "all")
 MIN_FILE_SIZE = 2 * BLOCK_SIZE
 
 ReadRequest = tuple[int, int]
@@ -69,7 +68,7 @@ def open_index(
     size: int,
     *,
     path: str | None = None,
-    verify: str = "headers",
+    verify: str = DEFAULT_VERIFY,
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
     small_reads: bool = False,
@@ -240,7 +239,7 @@ def read_index(
     fetch: Callable[[int, int], bytes],
     *,
     path: str | None = None,
-    verify: str = "headers",
+    verify: str = DEFAULT_VERIFY,
     tail: int = DEFAULT_TAIL,
     max_decoded: int = DEFAULT_MAX_DECODED,
     small_reads: bool = False,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .chunk import DEFAULT_MAX_DECODED, ChunkRecords
+from .chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, ChunkRecords
 from .decoding import decode_chunk
 from .fileindex import FileIndex
 from .index import DEFAULT_TAIL, _check_verify, read_index
@@ -31,7 +31,7 @@ class RangeReader:
         size: int,
         *,
         path: str | None = None,
-        verify: str = "headers",
+        verify: str = DEFAULT_VERIFY,
         index: FileIndex | None = None,
         tail: int = DEFAULT_TAIL,
         max_decoded: int = DEFAULT_MAX_DECODED,

@@ -18,7 +18,7 @@ from apache_beam.io import iobase
 from apache_beam.io.concat_source import ConcatSource
 from apache_beam.io.range_trackers import OffsetRangeTracker
 
-from ..arrayrecord import FileIndex, RangeReader
+from ..arrayrecord import DEFAULT_VERIFY, FileIndex, RangeReader
 from ..convert import glob_matches
 from ..urls import redact
 from .sink import url_fs
@@ -47,7 +47,7 @@ class _Window:
 class _FileSource(iobase.BoundedSource):
     """The records of one ArrayRecord file; positions are record indices."""
 
-    def __init__(self, url: str, size: int, verify: str = "headers",
+    def __init__(self, url: str, size: int, verify: str = DEFAULT_VERIFY,
                  storage_options: dict | None = None) -> None:
         self.url, self.size, self.verify = url, size, verify
         self.storage_options = storage_options
@@ -142,7 +142,7 @@ class ReadFromArrayRecord(beam.PTransform):
     """Read the records (`bytes`) of every ArrayRecord file matching `pattern` (a path, an
     fsspec URL or glob, or a list of them). Files are listed when the pipeline is built."""
 
-    def __init__(self, pattern: str | Sequence[str], verify: str = "headers",
+    def __init__(self, pattern: str | Sequence[str], verify: str = DEFAULT_VERIFY,
                  storage_options: dict | None = None) -> None:
         super().__init__()
         self.pattern, self.verify, self.storage_options = pattern, verify, storage_options

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrayrecord import ArrayRecordFormatError, ChunkRecords, FileIndex
+from ..arrayrecord import DEFAULT_VERIFY, ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
 from ..errors import ElementSpecError, ObjectChangedError
 from ..index_cache import IndexCache
@@ -72,7 +72,10 @@ class ArrayRecordSource:
     dataset is fetched in segments after the first read and kept in memory, whole when it
     fits (`aioloader.cache`).
     `cache_bytes` bounds each chunk cache: the decoded chunks `read` keeps, and the raw
-    chunks `fetch_refs` keeps (files with group size > 1 only).
+    chunks `fetch_refs` keeps (files with group size > 1 only). `verify` ("all") says which
+    stored hashes each read checks: "all" of them, chunk data included, as Google's reader
+    does; "headers" skips the data hashes (a damaged record is then returned as it is);
+    "none" checks none.
     """
 
     def __init__(
@@ -80,7 +83,7 @@ class ArrayRecordSource:
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
         storage_options: Mapping[str, Any] | None = None,
-        verify: str = "headers",
+        verify: str = DEFAULT_VERIFY,
         storage: Storage | None = None,
         cache_bytes: int = 256 << 20,
         max_gap: int | None = None,
@@ -363,7 +366,7 @@ class ArrayRecordSource:
 
 
 def recorded_spec(paths: Sequence[str], storage_options: Any = None,
-                  verify: str = "headers") -> ElementSpec:
+                  verify: str = DEFAULT_VERIFY) -> ElementSpec:
     """The element spec that the files at `paths` record (one open of their footers);
     ElementSpecError if they record none or disagree (`decode="auto"`)."""
     with ArrayRecordSource(list(paths), storage_options=dict(storage_options or {}),

@@ -3,7 +3,7 @@ the process that runs the task: a worker, or the inline pool of `workers=0`.
 
 Every group size goes this one way. With group size 1 (the layout of shuffled training data)
 every record is its own chunk: read from a local file, each is read into one reused buffer
-and decoded from there (`Decoder._read_ones`: no buffer per read, no copy to cut out block
+and decoded from there (`ones.read_ones`: no buffer per read, no copy to cut out block
 headers); fetched bytes go to `decode_records`, which decodes a task's records in one call. With
 larger groups many records of a task share a chunk: each distinct chunk is read (local files)
 or shipped (remote bytes, deduplicated by the pool) once and decoded once per task, and kept,
@@ -25,32 +25,19 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords
-from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, RECORD_COST
-from ..arrayrecord.codecs import _zstd_decompressor
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
 from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
-from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE
-from ..arrayrecord.onerecord import MAX_HEADERS, header_ok, headers_in, one_record, read_plan
+from ..arrayrecord.layout import BLOCK_HEADER_SIZE
+from ..arrayrecord.onerecord import MAX_HEADERS
 from ..planning import ChunkRefs
-from ..shortread import short_read_error
 from .extract import HEAD, extract, lookup, read_entry
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Fill, StashRef
+from .ones import PREADV, read_ones
 
 # The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
 # shares it out among its workers (`Pool`), so the loader holds no more than before.
-
-
-_PREADV = getattr(os, "preadv", None)  # Linux, macOS 11+: else reads take the general path
-_PREAD = os.pread
-_SMALL = 16 << 10  # smaller one-record chunks are read by a pread of their own
-_MAX_READ = 4 << 20  # bigger one-record chunks take the general path (not kept in `_buf`)
-
-
-def _pieces(heads: memoryview, count: int) -> list[memoryview]:
-    """The `count` block headers a `read_plan` put aside in `heads`."""
-    return [heads[i : i + BLOCK_HEADER_SIZE]
-            for i in range(0, count * BLOCK_HEADER_SIZE, BLOCK_HEADER_SIZE)]
 
 
 Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]
@@ -139,10 +126,10 @@ class Decoder:
         self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
         self.decoded = 0
         self.hits = 0
-        self._buf = bytearray(1 << 17)  # `_read_ones`' logical bytes of a chunk
+        self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
 
-    def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = "headers",
+    def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = DEFAULT_VERIFY,
                 max_decoded: int = DEFAULT_MAX_DECODED,
                 paths: Sequence[str] | None = None,
                 stash: StashRef | None = None) -> list[bytes]:
@@ -157,8 +144,9 @@ class Decoder:
         self.decoded = self.hits = 0
         keys = chunk_keys(refs)
         if keys is None:  # group size 1: one call decodes them all
-            if raws is None and refs.shift is None and _PREADV is not None:
-                return self._read_ones(refs, verify, max_decoded, paths)
+            if raws is None and refs.shift is None and PREADV is not None:
+                return read_ones(self.files, self._bufs, self._headers, refs, verify,
+                                 max_decoded, paths)
             if raws is None:
                 raws = self.files.read(refs)
             return decode_records(raws, refs.start.tolist(), refs.within.tolist(),
@@ -169,93 +157,6 @@ class Decoder:
             self.cache.clear()
             return self._stashed(refs, raws, keys, verify, max_decoded, stash)
         return self._shared(refs, raws, keys, verify, max_decoded)
-
-    def _read_ones(self, refs: ChunkRefs, verify: str, max_decoded: int,
-                   paths: Sequence[str] | None) -> list[bytes]:
-        """One-record chunks of local files, each read into one reused buffer (a `preadv`
-        that puts its block headers aside) and decoded from there: no buffer allocated per
-        read, no copy to cut block headers out, and the bytes decoded are still in the CPU's
-        cache. What the short path does not take (`onerecord.one_record`) is read again and
-        decoded by `decode_records`, which decodes it or names the error."""
-        files = self.files
-        cuts = files.spans(refs)
-        if len(cuts) > 1:  # more files than one task may hold open at once
-            return [r for lo, hi in cuts for r in self._read_ones(
-                refs.take(lo, hi), verify, max_decoded, None if paths is None else paths[lo:hi])]
-        fds = files.hold(refs.paths)
-        try:
-            return self._read_held(refs, fds, verify, max_decoded, paths)
-        finally:
-            files.let_go(refs.paths, fds)
-
-    def _read_held(self, refs: ChunkRefs, fds: list[int], verify: str, max_decoded: int,
-                   paths: Sequence[str] | None) -> list[bytes]:
-        """`_read_ones` with the files' descriptors held (`fds[f]`)."""
-        files = self.files
-        hashes, data_hashes = verify != "none", verify == "all"
-        budget = max_decoded - RECORD_COST
-        dctx = _zstd_decompressor()
-        counts = refs.count.tolist() if refs.count is not None else None
-        starts, ends, within = refs.start.tolist(), refs.end.tolist(), refs.within.tolist()
-        heads = self._headers
-        head = heads[:BLOCK_HEADER_SIZE]  # where the one block header of a crossing goes
-        buf = memoryview(self._buf)
-        out: list[bytes] = []
-        append = out.append
-        total = 0
-        for k, (f, s, e, j) in enumerate(zip(refs.file.tolist(), starts, ends, within)):
-            n = e - s
-            total += n
-            crossed = headers_in(s, n) if j == 0 and n <= _MAX_READ and \
-                (counts is None or counts[k] == 1) else -1
-            if crossed == 0 and n <= _SMALL:  # a read of its own costs less than the views
-                raw = _PREAD(fds[f], n, s)
-                if len(raw) != n:
-                    raise short_read_error(refs.name(f), s, e, len(raw))
-                try:
-                    record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
-                except Exception:
-                    record = None
-                if record is not None:
-                    append(record)
-                    continue
-            elif crossed >= 0:
-                raw = None
-                if len(buf) < n:
-                    self._buf = bytearray(max(n, 2 * len(buf)))
-                    buf = memoryview(self._buf)
-                if crossed == 1:  # a ~64 KiB record: the common crossing, without a loop
-                    cut = BLOCK_SIZE - s % BLOCK_SIZE
-                    plan: Any = (buf[:cut], head, buf[cut : n - BLOCK_HEADER_SIZE])
-                else:
-                    plan = read_plan(s, n, crossed, buf, heads) if crossed else (buf[:n],)
-                got = _PREADV(fds[f], plan, s)  # type: ignore[misc]  # set where used
-                if got != n:
-                    raise short_read_error(refs.name(f), s, e, got)
-                try:
-                    if not hashes or not crossed or (header_ok(head) if crossed == 1 else
-                                                     all(map(header_ok,
-                                                             _pieces(heads, crossed)))):
-                        record = one_record(buf[: n - crossed * BLOCK_HEADER_SIZE], budget,
-                                            hashes, data_hashes, dctx)
-                        if record is not None:
-                            append(record)
-                            continue
-                except Exception:  # anything odd: the general path decodes it or says why
-                    pass
-            else:
-                raw = None
-            if raw is None:
-                raw = _PREAD(fds[f], n, s)
-                if len(raw) != n:
-                    raise short_read_error(refs.name(f), s, e, len(raw))
-            append(decode_records(
-                [raw], [s], [j], verify=verify, paths=None if paths is None else [paths[k]],
-                chunks=[int(refs.chunk[k])], counts=None if counts is None else [counts[k]],
-                max_decoded=max_decoded)[0])
-        files.reads += len(out)
-        files.bytes += total
-        return out
 
     def _shared(self, refs: ChunkRefs, raws: Sequence | None, keys: list[tuple[int, int]],
                 verify: str, max_decoded: int) -> list[bytes]:
@@ -339,7 +240,7 @@ class Decoder:
         return out
 
     def fill(self, refs: ChunkRefs, raws: Sequence | None, job: Fill, *,
-             verify: str = "headers", max_decoded: int = DEFAULT_MAX_DECODED) -> int:
+             verify: str = DEFAULT_VERIFY, max_decoded: int = DEFAULT_MAX_DECODED) -> int:
         """A fill job: records `job.wanted` of the chunk of `refs`' first record pulled out
         into the job's region of the stash file; how many went in (a prefix)."""
         self.cache.clear()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError
-from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, simple_parts
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, simple_parts
 from ..arrayrecord.codecs import _MAX_RATIO, ZSTD, _zstd_decompressor, decompress_block
 from ..arrayrecord.index import decode_chunk
 from ..arrayrecord.layout import CHUNK_SIMPLE
@@ -38,7 +38,7 @@ Entry = tuple[np.ndarray, Any, Any]
 HEAD = 16  # an entry in the stash file: records n, data bytes; n numbers; n + 1 offsets; data
 
 
-def extract(raw: Any, start: int, wanted: np.ndarray, *, verify: str = "headers",
+def extract(raw: Any, start: int, wanted: np.ndarray, *, verify: str = DEFAULT_VERIFY,
             path: str | None = None, chunk: int | None = None,
             expected_records: int | None = None,
             max_decoded: int = DEFAULT_MAX_DECODED, into: Any = None) -> Entry:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrayrecord.chunk import DEFAULT_MAX_DECODED
+from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
 from ..planning import ChunkRefs
 from ..transforms import BatchOp, MapOp, PackOp, RecordOp
 
@@ -27,7 +27,7 @@ class Pipeline:
     record_ops: tuple[RecordOp, ...]
     batch: BatchOp | None  # collate in the worker; None: return elements (filter/pack mode)
     batch_ops: tuple[MapOp, ...]
-    verify: str = "headers"
+    verify: str = DEFAULT_VERIFY
     max_decoded: int = DEFAULT_MAX_DECODED  # the most one chunk may decode to (memory_budget)
     # Decoded multi-record chunks kept across tasks, by all workers together: the pool gives
     # each worker its share (`Pool`).
