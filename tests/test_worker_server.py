@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,11 +89,12 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_parent_killed_by_a_signal_leaves_no_multiprocessing_directory(data, tmp_path, sig):
+def test_a_parent_killed_by_a_signal_leaves_no_multiprocessing_directory(data, sig):
     """multiprocessing's `pymp-*` directory (which holds the worker server's socket) is the
     parent's to remove at exit: killed, it cannot, and the server removes it as it exits."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # A short TMPDIR of its own: the socket's path must fit AF_UNIX's 108 bytes, which
+    # pytest's tmp_path under xdist does not.
+    tmp = Path(tempfile.mkdtemp(prefix="al-", dir="/tmp"))
     child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(data)],
                              stdout=subprocess.PIPE, text=True, env=_env(TMPDIR=str(tmp)))
     try:
@@ -107,4 +110,6 @@ def test_a_parent_killed_by_a_signal_leaves_no_multiprocessing_directory(data, t
     deadline = time.monotonic() + 10
     while any(n.startswith("pymp-") for n in os.listdir(tmp)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [n for n in os.listdir(tmp) if n.startswith("pymp-")]
+    left = [n for n in os.listdir(tmp) if n.startswith("pymp-")]
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert not left
