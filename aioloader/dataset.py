@@ -31,7 +31,7 @@ from .description import (
     jax_process_shard,
     stage_lines,
 )
-from .mixed import why_not_an_input
+from .mixed import mix_inputs
 from .objects import ObjectSource, check_source
 from .options import LoaderOptions, ReadOptions, RetryPolicy, WorkerOptions, unknown_options_error
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
@@ -149,7 +149,7 @@ class Dataset:
         repeat the inputs for an endless mix. Inputs are index-level (source, shuffle,
         repeat, shard, slice): map, filter, batch and shard_by_jax_process() go after it.
         """
-        datasets = cls._mix_inputs(datasets, "mix")
+        datasets = mix_inputs(datasets, "mix", cls)
         props = proportions(weights, len(datasets))
         return cls(MixSpec(datasets, props, seed))
 
@@ -157,25 +157,7 @@ class Dataset:
     def concatenate(cls, datasets: Sequence[Dataset]) -> Dataset:
         """The finite `datasets` one after another (index-level inputs, as for `mix`); a
         repeat after it re-keys every input's shuffle, as Grain's does."""
-        return cls(MixSpec(cls._mix_inputs(datasets, "concatenate")))
-
-    @staticmethod
-    def _mix_inputs(datasets: Sequence[Dataset], verb: str) -> tuple[Dataset, ...]:
-        """`datasets` as a tuple of index-level Datasets (one Dataset is refused: iterating
-        it would read it)."""
-        if isinstance(datasets, Dataset):
-            raise TypeError(f"{verb}() takes a list of datasets, got one Dataset: "
-                            f"{verb}([ds1, ds2, ...])")
-        datasets = tuple(datasets)
-        for i, ds in enumerate(datasets):
-            if not isinstance(ds, Dataset):
-                raise TypeError(f"{verb}() input {i} is a {type(ds).__name__}, not an "
-                                "aioloader Dataset")
-            why = why_not_an_input(ds)
-            if why is not None:
-                raise ValueError(f"{verb}() input {i} ({' -> '.join(ds.describe())}) cannot "
-                                 f"be mixed: {why}")
-        return datasets
+        return cls(MixSpec(mix_inputs(datasets, "concatenate", cls)))
 
     # -- index ops --------------------------------------------------------------------
 

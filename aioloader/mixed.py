@@ -19,13 +19,35 @@ The position of each input is a function of the loader state's one output positi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from .description import Concatenated, Described, JaxProcessShard, MixSpec, opened
 from .indexplan import IndexPlan
 from .sampling import IndexOp, Shuffle
 from .selection import MixedIndex, PositionIndex
 
-__all__ = ["Concatenated", "MixSpec", "build_index", "opened", "why_not_an_input"]
+D = TypeVar("D", bound=Described)
+
+__all__ = ["Concatenated", "MixSpec", "build_index", "mix_inputs", "opened", "why_not_an_input"]
+
+
+def mix_inputs(datasets: Any, verb: str, dataset: type[D]) -> tuple[D, ...]:
+    """`datasets` as a tuple, each an index-level instance of `dataset` (`Dataset`, which
+    `Dataset.mix` passes: this module does not import it); one Dataset is refused
+    (iterating it would read it)."""
+    if isinstance(datasets, dataset):
+        raise TypeError(f"{verb}() takes a list of datasets, got one Dataset: "
+                        f"{verb}([ds1, ds2, ...])")
+    datasets = tuple(datasets)
+    for i, ds in enumerate(datasets):
+        if not isinstance(ds, dataset):
+            raise TypeError(f"{verb}() input {i} is a {type(ds).__name__}, not an "
+                            "aioloader Dataset")
+        why = why_not_an_input(ds)
+        if why is not None:
+            raise ValueError(f"{verb}() input {i} ({' -> '.join(ds.describe())}) cannot "
+                             f"be mixed: {why}")
+    return datasets
 
 
 def why_not_an_input(ds: Described) -> str | None:
