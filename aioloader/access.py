@@ -69,7 +69,7 @@ class Access:
         meta = source_meta(self.source, spec.verify, whole=False)
         plan = compile(dataset, meta, LoaderOptions(), procs=procs)
         self.index = plan.index
-        self.ops = plan.pipeline.record_ops
+        self.ops = plan.record_ops
         self.length = plan.index.length
 
     def __len__(self) -> int:

@@ -51,10 +51,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from .options import AUTO
+
 __all__ = ["AUTO", "GAIN", "GAIN_IO", "Limits", "Observation", "Setting", "available_cores",
            "better", "decide", "memory_free", "start"]
 
-AUTO = "auto"
 WAITING = 0.02  # the consumer waited more than this share of the interval: input-bound
 BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
 FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused

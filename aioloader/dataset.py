@@ -24,16 +24,16 @@ from .arguments import maybe_whole
 from .arrayrecord.chunk import DEFAULT_VERIFY
 from .description import (
     JaxProcessShard,
+    MixSpec,
     SourceSpec,
     check_not_endless,
     check_picklable,
     jax_process_shard,
     stage_lines,
 )
-from .mixed import MixSpec, mix_inputs
+from .mixed import mix_inputs
 from .objects import ObjectSource, check_source
-from .options import LoaderOptions, ReadOptions, WorkerOptions, unknown_options_error
-from .retry import RetryPolicy
+from .options import LoaderOptions, ReadOptions, RetryPolicy, WorkerOptions, unknown_options_error
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
 from .selection import proportions
 from .transforms import (
@@ -149,7 +149,7 @@ class Dataset:
         repeat the inputs for an endless mix. Inputs are index-level (source, shuffle,
         repeat, shard, slice): map, filter, batch and shard_by_jax_process() go after it.
         """
-        datasets = mix_inputs(datasets, "mix")
+        datasets = mix_inputs(datasets, "mix", cls)
         props = proportions(weights, len(datasets))
         return cls(MixSpec(datasets, props, seed))
 
@@ -157,7 +157,7 @@ class Dataset:
     def concatenate(cls, datasets: Sequence[Dataset]) -> Dataset:
         """The finite `datasets` one after another (index-level inputs, as for `mix`); a
         repeat after it re-keys every input's shuffle, as Grain's does."""
-        return cls(MixSpec(mix_inputs(datasets, "concatenate")))
+        return cls(MixSpec(mix_inputs(datasets, "concatenate", cls)))
 
     # -- index ops --------------------------------------------------------------------
 

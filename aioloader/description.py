@@ -1,32 +1,49 @@
-"""The parts of a `Dataset` that are not verbs: where its records come from (`SourceSpec`),
-the placeholder `shard_by_jax_process()` leaves until the loader starts, and what a
-description says of itself before anything runs (its stages, one a line; whether it can
-travel to worker processes).
+"""The parts of a `Dataset` that are not verbs: where its records come from (`SourceSpec`,
+or `MixSpec` for a mix or concatenation of datasets), the placeholder
+`shard_by_jax_process()` leaves until the loader starts, and what a description says of
+itself before anything runs (its stages, one a line; whether it can travel to worker
+processes).
 
-Apart from `dataset.py` so that the verbs' module stays the facade users read, and so that
-`mixed` can name a source without importing the facade (which imports `mixed`).
+Apart from `dataset.py` so that the verbs' module stays the facade users read. This module
+never names `Dataset` (which imports it): what it reads of one is `Described`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any, Protocol
 
-from .arguments import flag
+from .arguments import flag, maybe_seed
 from .arrayrecord.chunk import DEFAULT_VERIFY
 from .arrayrecord.index import VERIFY_LEVELS
 from .dataslices import table_of
 from .errors import MissingExtraError
-from .objects import ObjectSource
+from .objects import ObjectSource, read_records
 from .sampling import Repeat, Slice
 from .transforms import dumps_op
 from .urls import redact
 
-if TYPE_CHECKING:
-    from .dataset import Dataset
+
+class Described(Protocol):
+    """What the spec types and checks here read of a `Dataset` (`aioloader.dataset`)."""
+
+    @property
+    def source(self) -> SourceSpec | ObjectSource | MixSpec: ...
+    @property
+    def index_ops(self) -> tuple[Any, ...]: ...
+    @property
+    def record_ops(self) -> tuple[Any, ...]: ...
+    @property
+    def batching(self) -> Any: ...
+    @property
+    def pack_batch(self) -> Any: ...
+    @property
+    def batch_ops(self) -> tuple[Any, ...]: ...
+    def describe(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -87,12 +104,121 @@ def jax_process_shard(drop_remainder: bool, sharding: Any) -> JaxProcessShard:
     return JaxProcessShard(drop_remainder, layout)
 
 
-def check_not_endless(ds: Dataset, verb: str) -> None:
+class Concatenated:
+    """Several random-access objects read as one (the source of a mix of `from_source()`
+    datasets): picklable when they are."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.parts = tuple(parts)
+        self.part_lengths = tuple(len(p) for p in self.parts)
+        self._starts = [0]
+        for n in self.part_lengths:
+            self._starts.append(self._starts[-1] + n)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _where(self, i: int) -> tuple[int, int]:
+        import bisect
+
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range: the sources have {len(self)} records")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def __getitem__(self, i: int) -> Any:
+        k, j = self._where(int(i))
+        return self.parts[k][j]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for n, i in enumerate(indices):
+            k, j = self._where(int(i))
+            by_part.setdefault(k, []).append((n, j))
+        out: list[Any] = [None] * len(indices)
+        for k, pairs in by_part.items():
+            got = read_records(self.parts[k], [j for _, j in pairs])
+            for (n, _), x in zip(pairs, got, strict=True):
+                out[n] = x
+        return out
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """Inputs mixed by integer proportions `props` (Grain's), or laid end to end (`props`
+    None: concatenate); `Dataset.mix` checks each input is index-level (`aioloader.mixed`
+    says why)."""
+
+    inputs: tuple[Described, ...]
+    props: tuple[int, ...] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        verb = "concatenate" if self.props is None else "mix"
+        object.__setattr__(self, "seed", maybe_seed(self.seed, "mix seed"))
+        if not self.inputs:
+            raise ValueError(f"{verb}() needs at least one dataset")
+        leaves = list(self.leaves())
+        objects = [isinstance(s, ObjectSource) for s in leaves]
+        if any(objects) and not all(objects):
+            raise ValueError(f"{verb}() cannot combine from_source() datasets with ArrayRecord "
+                             "files: write the objects' records to ArrayRecord files, or mix "
+                             "only from_source() datasets")
+        if not any(objects):
+            kinds = {(tuple(sorted(s.storage_options.items(), key=lambda kv: kv[0])),
+                      s.verify) for s in leaves}
+            if len(kinds) > 1:
+                raise ValueError(f"{verb}() inputs read with different storage_options or "
+                                 "verify: the mix reads all of them through one storage; "
+                                 "give every input the same ones")
+
+    def leaves(self) -> Iterator[SourceSpec | ObjectSource]:
+        """The sources under the mix, in order (nested mixes flattened)."""
+        for ds in self.inputs:
+            if isinstance(ds.source, MixSpec):
+                yield from ds.source.leaves()
+            else:
+                yield ds.source
+
+    # What code that reads a source description finds (SourceSpec's fields).
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p for s in self.leaves() for p in s.paths)
+
+    @property
+    def storage_options(self) -> Mapping[str, Any]:
+        return next(self.leaves()).storage_options
+
+    @property
+    def verify(self) -> str:
+        return next(self.leaves()).verify
+
+    @cached_property
+    def combined(self) -> SourceSpec | ObjectSource:
+        """The one source the loader opens: every input's files (objects) end to end."""
+        leaves = list(self.leaves())
+        if isinstance(leaves[0], ObjectSource):
+            return ObjectSource(Concatenated([s.obj for s in leaves]))  # type: ignore[union-attr]
+        return SourceSpec(self.paths, dict(self.storage_options), self.verify)
+
+    def describe(self) -> str:
+        """One line (the pipeline's first step in fingerprints and graphs)."""
+        inner = " | ".join(" -> ".join(ds.describe()) for ds in self.inputs)
+        if self.props is None:
+            return f"concatenate({inner})"
+        seed = "" if self.seed is None else f", seed={self.seed}"
+        return f"mix({inner}; proportions={list(self.props)}{seed})"
+
+
+def opened(source: Any) -> Any:
+    """The source a loader opens for a dataset's `source` (a mix's `combined` one)."""
+    return source.combined if isinstance(source, MixSpec) else source
+
+
+def check_not_endless(ds: Described, verb: str) -> None:
     """Refuse `verb` (a repeat) on a dataset that never ends, as Grain does: it follows a
     `repeat()` with no count that no slice `[:n]` made finite, or is a mix of such inputs."""
-    from .mixed import MixSpec  # (mixed imports this module)
-
-    def endless(ds: Dataset) -> bool:
+    def endless(ds: Described) -> bool:
         source = ds.source
         out = isinstance(source, MixSpec) and source.props is not None and \
             all(endless(d) for d in source.inputs)
@@ -109,10 +235,8 @@ def check_not_endless(ds: Dataset, verb: str) -> None:
                          "make the first finite (repeat(n), or a slice [:n] after it)")
 
 
-def stage_lines(ds: Dataset) -> list[str]:
+def stage_lines(ds: Described) -> list[str]:
     """`ds`'s pipeline, one stage per line (file names redacted)."""
-    from .mixed import MixSpec  # (mixed imports this module)
-
     source = ds.source
     if isinstance(source, MixSpec):
         lines = [source.describe()]
@@ -130,7 +254,7 @@ def stage_lines(ds: Dataset) -> list[str]:
     return lines
 
 
-def check_picklable(ds: Dataset) -> None:
+def check_picklable(ds: Described) -> None:
     """Raise a clear error when `ds`'s transforms, or its `from_source()` object, cannot be
     pickled for worker processes (see `Dataset.check_picklable`)."""
     source = getattr(ds.source, "combined", ds.source)  # a mix: its inputs end to end

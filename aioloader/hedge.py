@@ -9,16 +9,14 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import Transient
 from .logs import logger
+from .options import RetryPolicy
 from .urls import redact
 
-if TYPE_CHECKING:
-    from .retry import Retrier
-
-__all__ = ["RETRIABLE", "Attempt", "Silent", "Watch", "where"]
+__all__ = ["RETRIABLE", "Attempt", "Budget", "Silent", "Watch", "where"]
 
 log = logger("retry")  # (one logger for retries and hedges: users filter on it)
 RETRIABLE = (Transient, ConnectionError, TimeoutError)
@@ -49,6 +47,22 @@ class Watch:
         self.last = self._clock()
 
 
+class Budget(Protocol):
+    """What an attempt asks of the `Retrier` that runs it (`aioloader.retry`): the policy and
+    the store's counters, when a hedge is due and whether one may go, and where the times
+    to an answer are told."""
+
+    @property
+    def policy(self) -> RetryPolicy: ...
+    @property
+    def stats(self) -> Any: ...
+    def hedge_at(self, start: float) -> float: ...
+    def may_hedge(self) -> bool: ...
+    def hedge_sent(self) -> None: ...
+    def hedge_ended(self) -> None: ...
+    def answered_in(self, seconds: float, url: str = "") -> None: ...
+
+
 class Attempt:
     """One attempt of a backend that reports its progress (`streams`).
 
@@ -64,7 +78,7 @@ class Attempt:
                  "hedge_task", "hedge_watch", "loop", "outcome", "span", "start", "task",
                  "timer", "url")
 
-    def __init__(self, retrier: Retrier, deadline_at: float,
+    def __init__(self, retrier: Budget, deadline_at: float,
                  hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None,
                  url: str = "", span: tuple[int, int] | None = None) -> None:
         self._r = retrier

@@ -104,7 +104,7 @@ class Lanes:
         return out
 
     def origins(self) -> list[int]:
-        """Where windows restart their count (`workers.pieces.origin`): at each leftover,
+        """Where windows restart their count (`origin`): at each leftover,
         at the origins inside a leftover that is itself lanes, and at the main lane."""
         out, lo = {self.head}, 0
         for s in self.segments:
@@ -113,6 +113,13 @@ class Lanes:
                 out |= {lo + x - s.start for x in s.lane.origins() if s.start < x < s.stop}
             lo += s.stop - s.start
         return sorted(out)
+
+
+def origin(position: int, cuts: Sequence[int]) -> int:
+    """Where the windows of the region holding `position` start: 0, or the last of `cuts`
+    (where a leftover lane begins after an elastic move) at or before it; a region's windows
+    are `window` positions from there on (a task stays in one)."""
+    return max((c for c in cuts if c <= position), default=0)
 
 
 def group(lane: Shard | Lanes) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,13 +31,10 @@ from .mixed import MixSpec, build_index
 from .objects import ObjectRecords
 from .options import DEFAULT_WINDOW
 from .sampling import BlockShuffle, Shard, Shuffle, Windows
-from .transforms import BatchOp, one_to_many
-from .workers.messages import Pipeline
-from .workers.pieces import origin
+from .transforms import BatchOp, MapOp, RecordOp, one_to_many
 
 if TYPE_CHECKING:
     from .options import LoaderOptions
-    from .source import ArrayRecordSource
     from .state import LoaderState
 
 TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
@@ -174,7 +171,8 @@ class Plan:
     shape: Shape
     index: IndexPlan
     unit: int  # the shape's, or a resumed stream-mode state's window
-    pipeline: Pipeline  # what every worker runs
+    record_ops: tuple[RecordOp, ...]  # what every worker runs on records...
+    batch_ops: tuple[MapOp, ...]  # ... and on batches (batch mode: they batch there)
     groups_batches: bool  # small batches may share a task (local or kept in memory)
     slot_size: int
     meta: SourceMeta | None = None  # the opened files, to re-resolve the index ops
@@ -199,16 +197,15 @@ class Plan:
 
     @property
     def cuts(self) -> list[int]:
-        """Where windows restart their count besides 0 (`workers.pieces.origin`): where
+        """Where windows restart their count besides 0 (`lanes.origin`): where
         leftovers and the process's own lane begin."""
         return [] if self.lane is None else self.lane.origins()
 
     @property
     def op_names(self) -> list[str]:
         """The workers' transforms as the stats table names them (`Result.op_seconds`)."""
-        p = self.pipeline
-        return ([op.describe() for op in p.record_ops]
-                + [op.describe() + " [per batch]" for op in p.batch_ops])
+        return ([op.describe() for op in self.record_ops]
+                + [op.describe() + " [per batch]" for op in self.batch_ops])
 
     def span(self, lo: int, batches_per_task: int = 1) -> tuple[int, int] | None:
         """Output positions `[lo, hi)` of the task starting at `lo`; None past the end.
@@ -220,7 +217,7 @@ class Plan:
         hi = lo + unit * batches_per_task
         cuts = self.cuts
         if cuts:  # windows of a region start at its origin; a task stays in one region
-            start = origin(lo, cuts)
+            start = lanes.origin(lo, cuts)
             hi = min([start + ((lo - start) // unit + batches_per_task) * unit,
                       *(c for c in cuts if c > lo)])
         length = self.length
@@ -260,7 +257,19 @@ class Plan:
                           self.slot_size // (batch_nbytes + 4096)))
 
 
-def source_meta(src: ArrayRecordSource | ObjectRecords, verify: str, *,
+class Opened(Protocol):
+    """What `source_meta` reads of opened ArrayRecord files (`source.ArrayRecordSource`)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def chunk_starts(self) -> np.ndarray: ...
+    @property
+    def all_local(self) -> bool: ...
+    @property
+    def table(self) -> Any: ...  # `source.RecordTable`: its blocks and pattern_records
+
+
+def source_meta(src: Opened | ObjectRecords, verify: str, *,
                 whole: bool) -> SourceMeta:
     """What the plan needs of opened files (`whole`: a remote dataset kept in memory); of a
     `from_source()` object, its length (read where it is decoded, like local files)."""
@@ -283,8 +292,8 @@ def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
     base = (build_index(dataset.source, meta.part_records)
             if isinstance(dataset.source, MixSpec) else None)
     index = IndexPlan(meta.num_records, resolved.ops, resolved.block_starts, base)
-    pipeline = worker_pipeline(dataset, sh, meta.verify, options.read.memory_budget)
-    return Plan(sh, index, unit or sh.unit, pipeline, meta.local or meta.resident,
+    return Plan(sh, index, unit or sh.unit, dataset.record_ops,
+                dataset.batch_ops if sh.batch_mode else (), meta.local or meta.resident,
                 options.worker.slot_size, meta, tuple(layout), resolved.window_bytes, lane)
 
 
@@ -363,22 +372,6 @@ def with_lane(plan: Plan, dataset: Dataset, state: LoaderState) -> Plan:
     resolved = _resolve(dataset, plan.meta, plan.shape.procs, plan.layout, lane)
     index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
     return replace(plan, index=index, lane=lane)
-
-
-def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) -> Pipeline:
-    """What every worker runs: the record ops, and in batch mode the batching and the maps
-    after it (in stream mode those run where the stream is assembled)."""
-    return Pipeline(
-        record_ops=dataset.record_ops,
-        batch=dataset.batching if sh.batch_mode else None,  # type: ignore[arg-type]
-        batch_ops=dataset.batch_ops if sh.batch_mode else (),
-        verify=verify,
-        max_decoded=max_decoded,
-        # Whole decoded chunks kept (or, under a horizon, records pulled out of them) by
-        # all workers: half the memory budget (256 MiB by default), not a fixed size.
-        chunk_cache_bytes=max_decoded // 2,
-        stream=None if sh.batch_mode else dataset.batching,
-    )
 
 
 def longest_shard(plan: Plan, dataset: Dataset) -> IndexPlan:

@@ -1,4 +1,5 @@
-"""How one read is retried, given up on and hedged: the policy, and the loop that applies it.
+"""How one read is retried, given up on and hedged: the loop that applies a `RetryPolicy`
+(a setting, kept with the others in `aioloader.options`; re-exported here).
 
 A read is a sequence of attempts with jittered backoff between them. A stall is told by
 silence, not by duration: an attempt ends when it has received nothing (no response head, no
@@ -34,7 +35,6 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import Transient, Unreachable
@@ -42,6 +42,7 @@ from .gate import Gate
 from .hedge import RETRIABLE as _RETRIABLE
 from .hedge import Attempt, Silent, Watch, where
 from .logs import RateLimited, logger
+from .options import RetryPolicy  # (a setting: it lives with the others)
 from .urls import redact
 
 __all__ = ["MANY_ATTEMPTS", "SLOW_S", "GaveUp", "Retrier", "RetryPolicy", "Watch"]
@@ -50,54 +51,6 @@ log = logger("retry")
 _INLINE_TIMEOUT = hasattr(asyncio, "timeout")  # Python 3.10: attempts bounded only
 MANY_ATTEMPTS = 4  # a read that needed this many attempts (or half the policy's) is told of
 SLOW_S = 1.0  # a median wait for an answer above this says the store is slow
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How reads are retried, when a silent store is given up on, when a slow one is hedged.
-
-    Retry delays grow as base * 2^k with full jitter. The defaults, and why:
-
-    - `timeout` 3 s: an attempt that receives nothing (no response head, no body bytes) for
-      3 s ends and is retried. A range GET's head normally comes well within a second; a
-      download that keeps receiving bytes is never cut, however long it takes.
-    - `deadline` 10 s: a read waits at most this long for answers (no attempt waits past it,
-      none starts after it), so a bucket that stops answering is reported within ~10 s, and
-      within 13 s (`deadline + timeout`, under 15 s) if it stalls mid-body just before the
-      deadline. Error answers (503, 429, resets) end sooner, after `attempts`.
-    - hedging: a request with no response head after max(`hedge_multiplier` x the median time
-      to a head over the last 64 requests, `hedge_after`) = max(4 x median, 0.5 s) gets one
-      duplicate; at most `max_hedges` (4) in flight, and `hedge_budget` (5%) of requests on
-      average. `hedge_after=None` turns hedging off.
-    """
-
-    attempts: int = 8
-    base_delay: float = 0.05
-    max_delay: float = 2.0
-    timeout: float = 3.0  # silence (no head, no body bytes) that ends an attempt
-    deadline: float = 10.0  # the longest a read waits for answers, all attempts together
-    hedge_after: float | None = 0.5  # the least wait for a head before a hedge; None: never
-    hedge_multiplier: float = 4.0  # or this many times the median wait for a head
-    hedge_budget: float = 0.05  # hedges per request, on average
-    max_hedges: int = 4  # hedges in flight at once
-
-    def __post_init__(self) -> None:
-        for name in ("timeout", "deadline", "hedge_multiplier"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"RetryPolicy.{name} must be > 0, got {getattr(self, name)}")
-        if self.attempts < 1 or self.max_hedges < 0:
-            raise ValueError("RetryPolicy.attempts must be >= 1 and max_hedges >= 0")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("RetryPolicy.base_delay and max_delay must be >= 0")
-        if self.hedge_after is not None and self.hedge_after < 0:
-            raise ValueError(f"RetryPolicy.hedge_after must be >= 0 or None, got "
-                             f"{self.hedge_after}")
-        if not 0 <= self.hedge_budget <= 1:
-            raise ValueError(f"RetryPolicy.hedge_budget must be in [0, 1], got "
-                             f"{self.hedge_budget}")
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
 
 
 class GaveUp(Exception):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import aioloader as al
 from aioloader.options import LoaderOptions, WorkerOptions
 from aioloader.plan import DEFAULT_WINDOW, MAX_BATCHES_PER_TASK, SourceMeta, compile, shape
+from aioloader.runtime.parts import worker_pipeline
 from aioloader.runtime.scheduler import Scheduler
 from aioloader.sampling import Shard
 from aioloader.state import LoaderState, StateError
@@ -53,11 +54,15 @@ def test_process_sharding_resolves_to_a_block_dealt_shard_and_a_global_fingerpri
 
 
 def test_the_worker_pipeline_batches_only_in_batch_mode():
-    plan = compile(DS.map(fns.decode).batch(4).map(fns.ids_of), _meta(10), LoaderOptions())
-    assert plan.pipeline.batch is not None and len(plan.pipeline.batch_ops) == 1
-    plan = compile(DS.map(fns.decode).filter(fns.keep_even).batch(4), _meta(10),
-                   LoaderOptions())
-    assert plan.pipeline.batch is None and len(plan.pipeline.record_ops) == 2
+    ds = DS.map(fns.decode).batch(4).map(fns.ids_of)
+    pipeline = worker_pipeline(ds, shape(ds), "none", 1 << 20)
+    assert pipeline.batch is not None and len(pipeline.batch_ops) == 1
+    assert len(compile(ds, _meta(10), LoaderOptions()).batch_ops) == 1
+    ds = DS.map(fns.decode).filter(fns.keep_even).batch(4)
+    pipeline = worker_pipeline(ds, shape(ds), "none", 1 << 20)
+    assert pipeline.batch is None and len(pipeline.record_ops) == 2
+    plan = compile(ds, _meta(10), LoaderOptions())
+    assert plan.batch_ops == () and len(plan.record_ops) == 2
 
 
 @settings(max_examples=200, deadline=None)

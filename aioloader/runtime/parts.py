@@ -22,11 +22,12 @@ from ..gate import Gate
 from ..mixed import opened
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
-from ..plan import Plan, Shape, compile, source_meta, worker_pipeline
+from ..plan import Plan, Shape, compile, source_meta
 from ..sampling import Shuffle
 from ..source import ArrayRecordSource
 from ..storage import Storage
 from ..workers import Pool
+from ..workers.messages import Pipeline
 from .tasks import TaskRunner, gate_limit
 
 log = logging.getLogger("aioloader")
@@ -41,6 +42,22 @@ if TYPE_CHECKING:
 # consumer holds, reused last-in first-out (`Arena.take`).
 SYNC_HANDOFF_DEPTH = 2  # batches the sync iterator's pump keeps ready (within the prefetch)
 HELD_SLOTS = 4
+
+
+def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) -> Pipeline:
+    """What every worker runs: the record ops, and in batch mode the batching and the maps
+    after it (in stream mode those run where the stream is assembled)."""
+    return Pipeline(
+        record_ops=dataset.record_ops,
+        batch=dataset.batching if sh.batch_mode else None,  # type: ignore[arg-type]
+        batch_ops=dataset.batch_ops if sh.batch_mode else (),
+        verify=verify,
+        max_decoded=max_decoded,
+        # Whole decoded chunks kept (or, under a horizon, records pulled out of them) by
+        # all workers: half the memory budget (256 MiB by default), not a fixed size.
+        chunk_cache_bytes=max_decoded // 2,
+        stream=None if sh.batch_mode else dataset.batching,
+    )
 
 
 class Parts:

@@ -363,4 +363,5 @@ class PipelineStats:
         return st.cores if st is not None else default
 
     def __str__(self) -> str:
-        return render(self, self.as_dict())
+        return render(self.as_dict(), self.graph,
+                      {name: st.unit for name, st in self.stages.items()})

@@ -4,44 +4,44 @@ cache lines (kept apart from `stats`, which owns the figures: this only formats 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .stats import PipelineStats
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
-def render(stats: PipelineStats, d: dict[str, Any]) -> str:
-    """The table `str(stats)` prints, from `d = stats.as_dict()`."""
+def render(d: dict[str, Any], graph: Sequence[str] = (),
+           units: Mapping[str, str] | None = None) -> str:
+    """The table `str(stats)` prints, from `d = stats.as_dict()`, the pipeline's `graph`
+    (its stages, one a line) and what each stage's cores are called (`units`; "workers")."""
     elapsed = d["elapsed_s"] or 1e-9
     ttfb = d["time_to_first_batch_s"]
-    lines = ["pipeline: " + " -> ".join(stats.graph)] if stats.graph else []
+    lines = ["pipeline: " + " -> ".join(graph)] if graph else []
     lines.append(
         f"{d['batches']:,} batches, {d['records']:,} records in {elapsed:.2f} s "
         f"({d['records_per_s']:,.0f} records/s); first batch after "
         + (f"{ttfb:.3f} s" if ttfb is not None else "-")
     )
     lines.append(f"consumer waited {d['wait_s']:.2f} s ({100 * d['wait_fraction']:.1f}% "
-                 f"of the time); {d['mean_ready_batches']:.1f} of {stats.prefetch} batches "
+                 f"of the time); {d['mean_ready_batches']:.1f} of {d['prefetch']} batches "
                  "ready on average")
-    lines += _table(stats, d)
+    lines += _table(d, units or {})
     lines += _io_lines(d["io"], d["cache"], elapsed)
     return "\n".join(lines)
 
 
-def _table(stats: PipelineStats, d: dict[str, Any]) -> list[str]:
+def _table(d: dict[str, Any], units: Mapping[str, str]) -> list[str]:
     rows = [("stage", "items", "total s", "per item", "max call", "busy", "peak in flight")]
     for name, s in d["stages"].items():
         if not s["items"]:
             continue
-        st = stats.stages[name]
+        cores, unit = s["cores"], units.get(name, "workers")
         rows.append((name, f"{s['items']:,}", f"{s['total_s']:.2f}", _dur(s["mean_s"]),
-                     _dur(s["max_s"]), _busy(s["busy_fraction"], st.cores, st.unit),
+                     _dur(s["max_s"]), _busy(s["busy_fraction"], cores, unit),
                      str(s["peak_in_flight"])))
         for op_name, op in d["transforms"].items():
             if op["stage"] == name:
                 rows.append(("  " + op_name, f"{op['items']:,}", f"{op['total_s']:.2f}",
                              _dur(op["mean_s"]), _dur(op["max_s"]),
-                             _busy(op["busy_fraction"], st.cores, st.unit), ""))
+                             _busy(op["busy_fraction"], cores, unit), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for k, r in enumerate(rows):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import Schema, stack, take
+from ..lanes import origin  # (re-exported: where windows of a region start)
 from ..packing import check_pack_config
 from ..transforms import BatchOp, PackOp
 from .arena import SlotAlloc
@@ -56,13 +57,6 @@ class Packed:
 
 
 Piece = Columns | Packed | list  # a list: the elements themselves
-
-
-def origin(position: int, cuts: Sequence[int]) -> int:
-    """Where the windows of the region holding `position` start: 0, or the last of `cuts`
-    (where a leftover lane begins after an elastic move, `aioloader.lanes`) at or before
-    it; a region's windows are `window` positions from there on (a task stays in one)."""
-    return max((c for c in cuts if c <= position), default=0)
 
 
 def windows_of(kept: Sequence[int], records: int, window: int, lo: int = 0,

@@ -10,7 +10,7 @@ a script without an `if __name__ == "__main__":` guard runs once. The server its
 fresh interpreter whose start-up (~0.1-0.7 s: NumPy, the worker's modules) used to be the
 first batch's wait, so it is started when `aioloader` is imported (`start_early`: ~10 ms of
 the importing process, the server loads in parallel), and the first pool finds it ready. Its
-environment says it is a worker's (`aioloader._WORKER_ENV`), so it and its workers load only
+environment says it is a worker's (`server.WORKER_ENV`), so it and its workers load only
 the modules a worker uses, not the parent's side of the package. The server's environment is
 the one at import: each worker is handed the parent's as it is when its pool is made
 (`worker._init_worker`). `AIOLOADER_EARLY_FORKSERVER=0` turns the early start off (the pool
@@ -35,7 +35,6 @@ from typing import Any
 
 log = logging.getLogger("aioloader")
 
-WORKER_ENV = "_AIOLOADER_WORKER_PROCESS"  # (aioloader/__init__.py reads it: keep in step)
 EARLY_ENV = "AIOLOADER_EARLY_FORKSERVER"
 
 _forked = False  # this process is a fork of one that may have started the forkserver
@@ -67,9 +66,13 @@ def start_early() -> None:
     pool wants its first worker. Only in a top process (not a worker, not a forked child, not
     any multiprocessing child), where there is a forkserver, and unless
     `AIOLOADER_EARLY_FORKSERVER=0`. Never raises: the pool starts it on first use anyway."""
-    if (os.environ.get(EARLY_ENV, "1") == "0" or os.environ.get(WORKER_ENV) == "1"
+    if (os.environ.get(EARLY_ENV, "1") == "0"
             or _forked or multiprocessing.parent_process() is not None
             or "forkserver" not in multiprocessing.get_all_start_methods()):
+        return
+    from .server import WORKER_ENV  # (the server's, which `context` imports anyway)
+
+    if os.environ.get(WORKER_ENV) == "1":
         return
     try:
         context()

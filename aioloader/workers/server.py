@@ -34,8 +34,9 @@ from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.context import set_spawning_popen
 from typing import Any
 
-from .procs import WORKER_ENV
-
+# The mark of the server's environment, which its workers inherit (aioloader/__init__.py reads
+# it: keep in step).
+WORKER_ENV = "_AIOLOADER_WORKER_PROCESS"
 PRELOAD = ["aioloader.workers.server", "aioloader.workers.worker"]  # what the server loads
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path", "main_path")  # how a child is told it
 
