@@ -200,7 +200,8 @@ async def test_bucket_that_stops_answering_raises_within_the_deadline_then_resum
         with pytest.raises(al.StorageError) as info:
             await asyncio.wait_for(consume(), 30)  # a hang fails here, not in CI's timeout
         took = time.monotonic() - stalled_at
-        assert stalled_at and took < retry.deadline + 1.0, took
+        # bounded by the deadline (2 s), not by 100 attempts of 0.5 s silence each (>= 50 s)
+        assert stalled_at and took < 5 * retry.deadline, took
         msg = str(info.value)
         assert "gs://" in msg and "stall/part-" in msg and "reading bytes [" in msg
         assert "attempts" in msg and "no answer within 0.5 s" in msg
@@ -383,7 +384,9 @@ def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, 
     finally:
         it.close()  # a failure here must not leave the pool (and its arena) to later tests
     took = raised - float(stamp.read_text())
-    assert took < 2.0, f"WorkerError {took:.2f} s after the crash"
+    # found by the pool seeing the exit (then up to ~2 s reading its exit status), not by a
+    # timer; the margin is for a loaded machine
+    assert took < 10.0, f"WorkerError {took:.2f} s after the crash"
     msg = str(info.value)
     assert "worker process died" in msg and "restart it from the last state" in msg
     # Small batches share tasks: the failed task is named by its output positions, it holds
