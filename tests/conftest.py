@@ -7,6 +7,13 @@ against the emulator probing a gRPC API). `aioloader.testing` leaves os.environ 
 The leak check fails a test that leaves behind a thread, a child process, a TCP socket, a
 /dev/shm segment or a memory file (memfd) that it did not have before — closing must release
 everything.
+
+Time in tests: the suite runs on shared, loaded 2-core machines, so no test asserts how fast
+something is on its own. Wall time appears only as a lower bound a deliberate delay
+guarantees, as finishing well before a deliberately long stall or timeout set in the same
+test (what a broken path would wait out), or as a hang guard; what happened is asserted by
+counts (requests, retries, hedges). Speed claims are ratios against a control in the same
+test, or belong to benchmarks/.
 """
 
 from __future__ import annotations
@@ -111,7 +118,7 @@ def no_leaks(request):
         return
     before = _snapshot()
     yield
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 10.0  # polled: only a leak waits it out
     while True:
         after = _snapshot()
         extra = {k: after[k] - before[k] for k in after}

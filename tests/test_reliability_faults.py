@@ -200,7 +200,8 @@ async def test_bucket_that_stops_answering_raises_within_the_deadline_then_resum
         with pytest.raises(al.StorageError) as info:
             await asyncio.wait_for(consume(), 30)  # a hang fails here, not in CI's timeout
         took = time.monotonic() - stalled_at
-        assert stalled_at and took < retry.deadline + 1.0, took
+        # bounded by the deadline (2 s), not by 100 attempts of 0.5 s silence each (>= 50 s)
+        assert stalled_at and took < 5 * retry.deadline, took
         msg = str(info.value)
         assert "gs://" in msg and "stall/part-" in msg and "reading bytes [" in msg
         assert "attempts" in msg and "no answer within 0.5 s" in msg
@@ -314,7 +315,7 @@ def test_workers_of_a_killed_training_process_exit_and_free_their_arena(tmp_path
         assert memory_files(proc.pid, "aioloader-arena")  # (a memfd: the kernel frees it)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 10
         while (_live(orphans) or _shm_of(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _live(orphans) == [], "worker processes outlived their killed parent"
@@ -329,7 +330,7 @@ def test_workers_of_a_killed_training_process_exit_and_free_their_arena(tmp_path
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(AssertionError):
-            _wait_for(lambda: not _live(orphans), 5, "the resource tracker to exit")
+            _wait_for(lambda: not _live(orphans), 10, "the resource tracker to exit")
         for pid in _live(orphans):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -383,7 +384,9 @@ def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, 
     finally:
         it.close()  # a failure here must not leave the pool (and its arena) to later tests
     took = raised - float(stamp.read_text())
-    assert took < 2.0, f"WorkerError {took:.2f} s after the crash"
+    # found by the pool seeing the exit (then up to ~2 s reading its exit status), not by a
+    # timer; the margin is for a loaded machine
+    assert took < 10.0, f"WorkerError {took:.2f} s after the crash"
     msg = str(info.value)
     assert "worker process died" in msg and "restart it from the last state" in msg
     # Small batches share tasks: the failed task is named by its output positions, it holds
@@ -396,7 +399,7 @@ def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, 
     # 6 runs (exitcode is then still None). Require it once the race is fixed in workers.py.
     if "signal" in msg:
         assert f"(signal {int(signum)})" in msg
-    _wait_for(lambda: not (_our_children() - before), 5, "the worker processes to be gone")
+    _wait_for(lambda: not (_our_children() - before), 10, "the worker processes to be gone")
     assert not psutil.pid_exists(next(iter(workers))) or \
         psutil.Process(next(iter(workers))).status() == psutil.STATUS_ZOMBIE
     print(f"\n{how}: WorkerError {took * 1e3:.0f} ms after the crash: {msg}")
@@ -413,7 +416,7 @@ def test_interpreter_exit_without_close_leaves_nothing(small, ending):
     assert len(info["ids"]) == 8 and info["arena"]  # it ran, with its arena
     workers = [c for c in info["children"] if not is_stdlib_helper(c["cmdline"], c["ppid"], pid)]
     assert len(workers) == 2
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
 
     def leftovers() -> tuple[list[str], list[int]]:
         alive = []

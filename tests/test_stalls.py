@@ -5,6 +5,12 @@ Every stall is real: the delay line in front of fake-gcs-server holds a range GE
 before its head or mid-body (``hold_*`` faults), and the reads go over real HTTP. Wall-time
 bounds are generous (a loaded 2-core machine) yet each sits well below what the code before
 stall detection took (a 30 s whole-request timeout that won over the deadline, no hedging).
+
+Time is asserted only as a behaviour bound: a lower bound a deliberate delay guarantees, or
+finishing well before a deliberately long stall or timeout configured in the same test
+(what a broken read would wait out), with many times the expected time as slack. Counts
+(requests, retries, hedges, held responses) say what happened; how fast it is on a quiet
+machine is the benchmarks' business.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def _ranges(k: int, size: int = 4096) -> list[tuple[int, int]]:
 def test_the_delay_line_holds_a_response_then_lets_it_go(gcs, where):
     host, port = urllib.parse.urlsplit(gcs.endpoint).netloc.split(":")
     path = f"/download/storage/v1/b/{gcs.bucket}/o/stalls%2Fblob?alt=media"
+    held = gcs.proxy_stats.held
     gcs.set_faults(hold_first=1, hold_s=0.5, hold_at=where)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
@@ -72,30 +79,33 @@ def test_the_delay_line_holds_a_response_then_lets_it_go(gcs, where):
         t_head = time.monotonic() - t0
         assert resp.read() == BLOB
         t_body = time.monotonic() - t0
-        assert (t_head >= 0.45) == (where == "head") and t_body >= 0.45
-        t0 = time.monotonic()
+        # Held where asked: before the head, or after it (the head came, the body waited).
+        assert (t_head if where == "head" else t_body - t_head) >= 0.45, (t_head, t_body)
+        assert gcs.proxy_stats.held == held + 1
         conn.request("GET", path)  # only the first download is held
         assert conn.getresponse().read() == BLOB
-        assert time.monotonic() - t0 < 0.4
     finally:
         conn.close()
-    assert gcs.proxy_stats.held >= 1
+    assert gcs.proxy_stats.held == held + 1
 
 
 # -- one read ----------------------------------------------------------------------------------
 
 
 async def test_one_stalled_request_is_hedged_and_does_not_stall_the_batch(gcs):
-    """Defaults: a range GET held 10 s among 16 costs about the hedge delay, not the stall."""
-    storage = Storage(storage_options=gcs.storage_options)
+    """Default hedging: a range GET held 30 s among 16 costs about the hedge delay (~0.5 s),
+    not the stall. The idle timeout is 30 s too, so only the hedge can end it sooner."""
+    stall_s = 30.0
+    storage = Storage(storage_options=gcs.storage_options,
+                      retry=RetryPolicy(timeout=stall_s, deadline=2 * stall_s))
     url = gcs.url("stalls/blob")
     try:
         await storage.read(url, 0, 100)  # the session is up, a latency is known
         held = gcs.proxy_stats.held
-        gcs.set_faults(hold_first=1, hold_s=10.0)
+        gcs.set_faults(hold_first=1, hold_s=stall_s)
         got, took = await _timed(storage.read_many([(url, s, e) for s, e in _ranges(16)]), 20)
         assert got == [BLOB[s:e] for s, e in _ranges(16)]
-        assert took < 2.5, f"one stalled request held the batch {took:.2f} s"
+        assert took < stall_s / 3, f"one stalled request held the batch {took:.2f} s"
         io = storage.stats.as_dict()
         assert io["hedges"] == io["hedge_wins"] == 1 and io["retries"] == 0
         assert io["requests"] == 1 + 16 + 1  # the warm-up, the batch, the hedge
@@ -111,7 +121,8 @@ async def test_a_silent_request_is_retried_after_the_idle_timeout(gcs):
         gcs.set_faults(hold_first=1, hold_s=math.inf)
         got, took = await _timed(storage.read(gcs.url("stalls/blob"), 10, 5000), 12)
         assert got == BLOB[10:5000]
-        assert NO_HEDGE.timeout * 0.9 < took < NO_HEDGE.timeout + 2.5, took
+        # retried after one idle timeout (not at once, not after two); the statuses say why
+        assert NO_HEDGE.timeout * 0.9 < took < 2 * NO_HEDGE.timeout, took
         io = storage.stats.as_dict()
         assert io["retries"] == 1 and io["hedges"] == 0
         assert io["statuses"] == {"no answer within 3 s": 1}
@@ -143,19 +154,22 @@ async def test_a_caller_cancelling_a_stalled_read_is_never_turned_into_a_retry(g
         await storage.aclose()
 
 
-@pytest.mark.parametrize(("policy", "bound"), [
-    (RetryPolicy(deadline=3), 5.0),  # the idle timeout (3 s) and the deadline agree
-    (RetryPolicy(timeout=30, deadline=1.5), 3.5),  # no attempt outlives the deadline
+@pytest.mark.parametrize("policy", [
+    RetryPolicy(deadline=3),  # the idle timeout (3 s) and the deadline agree: no retry
+    RetryPolicy(timeout=30, deadline=1.5),  # no attempt outlives the deadline
 ])
-async def test_the_deadline_bounds_every_attempt(gcs, policy, bound):
+async def test_the_deadline_bounds_every_attempt(gcs, policy):
     storage = Storage(storage_options=gcs.storage_options, retry=policy)
     try:
         gcs.set_faults(hold_rate=1.0, hold_s=math.inf)  # the bucket stops answering
         t0 = time.monotonic()
-        with pytest.raises(StoreUnavailableError) as info:
+        with pytest.raises(StoreUnavailableError) as info:  # not the guard's TimeoutError:
             await asyncio.wait_for(storage.read(gcs.url("stalls/blob"), 100, 300), 15)
-        took = time.monotonic() - t0
-        assert policy.deadline * 0.9 < took < bound, took
+        assert time.monotonic() - t0 > policy.deadline * 0.9  # the deadline, not sooner
+        # One attempt (and its hedge), ended by the deadline: none started after it, none
+        # left to a 30 s idle timeout (that would end in the guard's TimeoutError).
+        io = storage.stats
+        assert io.retries == 0 and io.requests == 1 + io.hedges and io.failures == 1
         msg = str(info.value)
         assert "stalls/blob" in msg and "bytes [100, 300)" in msg
         assert "no answer" in msg and "deadline" in msg
@@ -184,8 +198,9 @@ async def test_a_read_queued_behind_our_own_slots_is_not_timed_out():
 
 
 async def test_a_store_read_through_fsspec_is_bounded_by_the_deadline(gcs):
-    """fsspec stores answer whole (no progress to watch): the deadline bounds the attempt."""
-    policy = RetryPolicy(deadline=1.5)
+    """fsspec stores answer whole (no progress to watch): the deadline bounds the attempt.
+    The idle timeout is 30 s, so only the deadline can end the read before the guard."""
+    policy = RetryPolicy(deadline=1.5, timeout=30)
     url = f"{gcs.endpoint}/download/storage/v1/b/{gcs.bucket}/o/stalls%2Fblob?alt=media"
     storage = Storage(retry=policy)  # http:// goes through fsspec's HTTPFileSystem
     try:
@@ -193,8 +208,8 @@ async def test_a_store_read_through_fsspec_is_bounded_by_the_deadline(gcs):
         gcs.set_faults(hold_rate=1.0, hold_s=math.inf)
         t0 = time.monotonic()
         with pytest.raises(StoreUnavailableError, match=r"bytes \[100, 300\).*deadline"):
-            await asyncio.wait_for(storage.read(url, 100, 300), 10)
-        assert time.monotonic() - t0 < 3.5
+            await asyncio.wait_for(storage.read(url, 100, 300), 10)  # else a TimeoutError
+        assert time.monotonic() - t0 > policy.deadline * 0.9
     finally:
         await storage.aclose()
 
@@ -281,25 +296,30 @@ def shards(tmp_path_factory) -> list[str]:
 
 
 def test_stalled_requests_in_an_epoch_are_hedged_and_the_batches_unchanged(gcs, shards):
+    """Three downloads held 30 s each, with a 30 s idle timeout: only hedges end them
+    sooner. The stalled epoch is timed against the same epoch without stalls."""
+    stall_s = 30.0
+    retry = RetryPolicy(timeout=stall_s, deadline=2 * stall_s)
     urls = [gcs.upload(p, f"epoch/{p.rsplit('/', 1)[1]}") for p in shards]
     ds = rc.pipeline(urls, storage_options=gcs.storage_options)
 
     def epoch(stall: bool) -> tuple[list[list[int]], float, al.loader.Loader]:
-        it = ds.loader(workers=0, max_gap=0, resident_bytes=0)
+        it = ds.loader(workers=0, max_gap=0, resident_bytes=0, retry=retry)
         out, t0 = [], 0.0
         for batch in it:
             out.append(rc.ids_of(batch))
             if len(out) == 1:  # files are open: from here, time the epoch
                 t0 = time.monotonic()
                 if stall:
-                    gcs.set_faults(hold_first=3, hold_s=10.0)
+                    gcs.set_faults(hold_first=3, hold_s=stall_s)
         return out, time.monotonic() - t0, it
 
     ref, ref_took, _ = epoch(False)
     held = gcs.proxy_stats.held
     got, took, it = epoch(True)
     assert got == ref
-    assert took < ref_took + 3.0, f"three stalled requests cost {took - ref_took:.2f} s"
+    # none of the stalls was waited out (each costs about a hedge delay, ~0.5 s)
+    assert took < ref_took + stall_s / 3, f"three stalled requests cost {took - ref_took:.2f} s"
     assert gcs.proxy_stats.held == held + 3
     io = it.stats().io
     assert io["hedges"] >= 3 and io["retries"] == 0

