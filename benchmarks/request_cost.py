@@ -14,9 +14,10 @@ Clients (issue 15, "cheaper requests"), interleaved within each repeat, 64 and 2
                    pinned to a generation needs (get_range has no version option)
   obstore-stream   obstore.get_async with a range, then its body streamed: the shape a
                    hedged read needs (the head, then each chunk, seen from Python)
-  obstore-ranges   obstore.get_ranges_async: RANGES ranges of the object per call
+  obstore-ranges   obstore.get_ranges_async: OBSTORE_RANGES (8) ranges of the object per call
                    (coalesce=0: one GET each, up to 10 at once inside the call), in flight
-                   counted in GETs (64 in flight = 64 / RANGES calls)
+                   counted in GETs (64 in flight = 64 / RANGES calls; with over 10
+                   ranges a call, fewer GETs are in flight than the column says)
   httpx-h1         httpx.AsyncClient over HTTP/1.1
   httpx-h2         httpx.AsyncClient over HTTP/2 (TLS: fake-gcs-server speaks no h2c)
   pycurl           a CurlMulti loop on a thread (the client alone, no asyncio)
@@ -53,7 +54,7 @@ CLIENTS = sys.argv[3:] or ["storage-aiohttp", "storage-curl", "gcsbackend",
 if find_spec("obstore") is None and any(c.startswith("obstore") for c in CLIENTS):
     print("obstore is not installed: its contenders are skipped (pip install obstore)")
     CLIENTS = [c for c in CLIENTS if not c.startswith("obstore")]
-RANGES = 8  # ranges per get_ranges call (obstore-ranges)
+RANGES = int(os.environ.get("OBSTORE_RANGES", "8"))  # ranges per get_ranges call
 SIZE = 8 << 20
 NAME = "cpu.bin"
 
