@@ -10,12 +10,21 @@ Clients (issue 15, "cheaper requests"), interleaved within each repeat, 64 and 2
   aiohttp-min      a bare aiohttp session: prebuilt URL, one Range header, resp.read()
   curl-min         aioloader.curl.CurlSession.get (libcurl multi on the event loop), bare
   obstore          obstore.get_range_async on a GCSStore (no aioloader code at all)
+  obstore-get      obstore.get_async with a range, then bytes_async(): the shape a read
+                   pinned to a generation needs (get_range has no version option)
+  obstore-stream   obstore.get_async with a range, then its body streamed: the shape a
+                   hedged read needs (the head, then each chunk, seen from Python)
+  obstore-ranges   obstore.get_ranges_async: OBSTORE_RANGES (8) ranges of the object per call
+                   (coalesce=0: one GET each, up to 10 at once inside the call), in flight
+                   counted in GETs (64 in flight = 64 / RANGES calls; with over 10
+                   ranges a call, fewer GETs are in flight than the column says)
   httpx-h1         httpx.AsyncClient over HTTP/1.1
   httpx-h2         httpx.AsyncClient over HTTP/2 (TLS: fake-gcs-server speaks no h2c)
   pycurl           a CurlMulti loop on a thread (the client alone, no asyncio)
 
 The fake-gcs-server runs in its own process, so process_time() is the client alone (Rust
-and curl threads included).
+and curl threads included). The obstore contenders are skipped when obstore is not installed
+(a benchmark-only dependency: pip install obstore).
 """
 from __future__ import annotations
 
@@ -27,7 +36,9 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from aioloader.storage import Storage
 from aioloader.sync import new_event_loop
@@ -38,7 +49,12 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 CLIENTS = sys.argv[3:] or ["storage-aiohttp", "storage-curl", "gcsbackend",
                            "curlbackend", "aiohttp-min", "curl-min", "obstore",
+                           "obstore-get", "obstore-stream", "obstore-ranges",
                            "pycurl"]  # httpx-h1 and -h2: run them alone (see RESULTS.md)
+if find_spec("obstore") is None and any(c.startswith("obstore") for c in CLIENTS):
+    print("obstore is not installed: its contenders are skipped (pip install obstore)")
+    CLIENTS = [c for c in CLIENTS if not c.startswith("obstore")]
+RANGES = int(os.environ.get("OBSTORE_RANGES", "8"))  # ranges per get_ranges call
 SIZE = 8 << 20
 NAME = "cpu.bin"
 
@@ -54,6 +70,21 @@ async def drive(read, offsets: list[int], k: int) -> tuple[float, float]:
 
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(k)))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return cpu / len(offsets) * 1e6, len(offsets) / wall
+
+
+async def drive_many(read_many, offsets: list[int], k: int) -> tuple[float, float]:
+    """`drive` for a reader of RANGES offsets per call: k // RANGES calls in flight."""
+    groups = iter([offsets[i:i + RANGES] for i in range(0, len(offsets), RANGES)])
+
+    async def worker() -> None:
+        for group in groups:
+            got = await read_many(group)
+            assert [len(d) for d in got] == [1024] * len(group)
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, k // RANGES))))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return cpu / len(offsets) * 1e6, len(offsets) / wall
 
@@ -145,7 +176,7 @@ async def measure(gcs, tls_url: str | None, offsets: list[int], results: dict) -
         opened.append(s)
         return s
 
-    readers = {}
+    readers: dict[str, Any] = {}
     if "storage-aiohttp" in CLIENTS:
         s = storage("aiohttp")
         readers["storage-aiohttp"] = lambda off, s=s: s.read(url, off, off + 1024)
@@ -177,13 +208,33 @@ async def measure(gcs, tls_url: str | None, offsets: list[int], results: dict) -
             r = await cs.get(http_url, off, off + 1024, [])
             return r.body
         readers["curl-min"] = curl_min
-    if "obstore" in CLIENTS:
+    many: dict[str, Any] = {}
+    if any(c.startswith("obstore") for c in CLIENTS):
         import obstore
         from obstore.store import GCSStore
+
+        # the emulator's XML-API path (/bucket/object), anonymous, over http
         st = GCSStore(gcs.bucket, base_url=gcs.endpoint, skip_signature=True,
                       client_options={"allow_http": True, "pool_max_idle_per_host": "1024"})
+    if "obstore" in CLIENTS:
         readers["obstore"] = lambda off: obstore.get_range_async(st, NAME, start=off,
                                                                  end=off + 1024)
+    if "obstore-get" in CLIENTS:
+        async def obstore_get(off: int) -> Any:  # (obstore.Bytes)
+            r = await obstore.get_async(st, NAME, options={"range": (off, off + 1024)})
+            return await r.bytes_async()
+        readers["obstore-get"] = obstore_get
+    if "obstore-stream" in CLIENTS:
+        async def obstore_stream(off: int) -> bytes:
+            r = await obstore.get_async(st, NAME, options={"range": (off, off + 1024)})
+            chunks = [bytes(c) async for c in r.stream(min_chunk_size=0)]
+            return b"".join(chunks)
+        readers["obstore-stream"] = obstore_stream
+    if "obstore-ranges" in CLIENTS:
+        async def obstore_ranges(offs: list[int]) -> list:
+            return await obstore.get_ranges_async(st, NAME, starts=offs,
+                                                  lengths=[1024] * len(offs), coalesce=0)
+        many["obstore-ranges"] = obstore_ranges
     clients = []
     for name, h2, u in (("httpx-h1", False, http_url), ("httpx-h2", True, tls_url)):
         if name in CLIENTS and u:
@@ -200,13 +251,18 @@ async def measure(gcs, tls_url: str | None, offsets: list[int], results: dict) -
     try:
         for read in readers.values():  # warm: connections, imports
             await drive(read, offsets[:2000], 256)
+        for read_many in many.values():
+            await drive_many(read_many, offsets[:2000], 256)
         for rep in range(REPEATS):
             for k in (64, 256):
-                names = list(readers) + (["pycurl"] if "pycurl" in CLIENTS else [])
+                names = (list(readers) + list(many)
+                         + (["pycurl"] if "pycurl" in CLIENTS else []))
                 for name in (names if rep % 2 == 0 else names[::-1]):  # ABBA
                     try:
                         if name == "pycurl":
                             r = await asyncio.to_thread(curl_drive, http_url, offsets, k)
+                        elif name in many:
+                            r = await drive_many(many[name], offsets, k)
                         else:
                             r = await drive(readers[name], offsets, k)
                     except Exception as exc:  # a client that fails here is reported, not fatal
@@ -238,13 +294,22 @@ def main() -> None:
                 loop.close()
     print(f"{N} x 1 KiB range GETs per run, {REPEATS} runs, {type(loop).__module__} loop, "
           f"{threading.active_count()} threads")
+    ref = CLIENTS[0]
     print(f"{'client':18} {'in flight':>9} {'µs CPU/GET (median, range)':>30} "
-          f"{'GET/s (median, range)':>26}")
+          f"{'GET/s (median, range)':>26}   CPU, GET/s ÷ {ref}'s in the same repeat "
+          "(median, range)")
     for (name, k), runs in results.items():
         cpu = [c for c, _ in runs]
         rate = [r for _, r in runs]
+        base = results.get((ref, k), [])
+        rc = [c / b for (c, _), (b, _) in zip(runs, base)]
+        rr = [r / b for (_, r), (_, b) in zip(runs, base)]
+        ratios = (f"   {statistics.median(rc):.2f}× ({min(rc):.2f}-{max(rc):.2f}), "
+                  f"{statistics.median(rr):.2f}× ({min(rr):.2f}-{max(rr):.2f})"
+                  if rc and name != ref else "")
         print(f"{name:18} {k:>9} {statistics.median(cpu):>12.0f} ({min(cpu):.0f}-{max(cpu):.0f})"
-              f"{statistics.median(rate):>16,.0f} ({min(rate):,.0f}-{max(rate):,.0f})")
+              f"{statistics.median(rate):>16,.0f} ({min(rate):,.0f}-{max(rate):,.0f})"
+              + ratios)
     for (name, k), err in errors.items():
         print(f"{name:18} {k:>9} failed (some runs): {err}")
 
