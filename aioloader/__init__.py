@@ -95,19 +95,20 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """A public name, loaded from its home on first use; or a submodule (`aioloader.jax`),
-    imported on first use as `import aioloader.jax` would."""
-    home = _HOMES.get(name)
-    if home is not None:
-        value = getattr(importlib.import_module(home, __name__), name)
-    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # (a type checker sees the names above, and flags a misspelt one)
 
+    def __getattr__(name: str) -> object:
+        """A public name, loaded from its home on first use; or a submodule (`aioloader.jax`),
+        imported on first use as `import aioloader.jax` would."""
+        home = _HOMES.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home, __name__), name)
+        elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+            value = importlib.import_module(f"{__name__}.{name}")
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
