@@ -138,7 +138,8 @@ def run_first(trees: dict[str, Path], rounds: int, a: argparse.Namespace) -> Non
     from benchmarks.bench_big import text_shards
 
     paths = text_shards(a.data)
-    configs = [(t, w) for t in trees for w in ((False, True) if t == "after" else (False,))]
+    configs = [(t, w) for t in trees
+               for w in ((False, True) if t == "after" or a.warm_before else (False,))]
     res: dict[tuple[str, bool], list[dict[str, Any]]] = {}
     for r in range(rounds):
         for t, warm in (configs if r % 2 == 0 else configs[::-1]):
@@ -166,6 +167,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--gap", type=float, default=0.5,
                     help="first: seconds between import (and warm_up) and the pipeline")
+    ap.add_argument("--warm-before", action="store_true",
+                    help="first: the before tree has warm_up() too (runs with and without)")
     a = ap.parse_args()
     if a.mode == "child":
         print("RESULT " + json.dumps(child_first(json.loads(a.rest[0]))), flush=True)
