@@ -32,14 +32,19 @@ if TYPE_CHECKING:
         TransformError,
         WorkerError,
     )
-    from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
-    from .retry import RetryPolicy
+    from .options import (
+        LoaderOptions,
+        PrefetchOptions,
+        ReadOptions,
+        RetryPolicy,
+        WorkerOptions,
+    )
     from .runtime.loader import Loader
+    from .runtime.warmup import warm_up
     from .source import ArrayRecordSource
     from .state import merge_states
     from .transforms import Filter, FlatMap, Map, RandomMap
     from .typed import ElementSpec
-    from .workers.procs import warm_up
 
 # The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
 __version__ = "0.1.0"
@@ -50,17 +55,16 @@ _HOMES = {
                      "ElementSpecError", "MissingExtraError", "ObjectChangedError",
                      "StateError", "StorageError", "StoreUnavailableError", "TransformError",
                      "WorkerError"], ".errors"),
-    **dict.fromkeys(["LoaderOptions", "PrefetchOptions", "ReadOptions", "WorkerOptions"],
-                    ".options"),
+    **dict.fromkeys(["LoaderOptions", "PrefetchOptions", "ReadOptions", "RetryPolicy",
+                     "WorkerOptions"], ".options"),
     **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".transforms"),
     "ArrayRecordSource": ".source",
     "ArrayRecordWriter": ".arrayrecord",
     "Dataset": ".dataset",
     "ElementSpec": ".typed",
     "Loader": ".runtime.loader",
-    "RetryPolicy": ".retry",
     "merge_states": ".state",
-    "warm_up": ".workers.procs",
+    "warm_up": ".runtime.warmup",
 }
 
 __all__ = [

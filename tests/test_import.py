@@ -107,6 +107,8 @@ first = sys.modules["aioloader.workers.server"].server_pid()
 al.warm_up()
 again = sys.modules["aioloader.workers.server"].server_pid()
 children = psutil.Process().children()
+from aioloader.preimport import import_started
+import_started("aioloader.runtime.loader").result(timeout=60)  # (warm_up's: already started)
 from multiprocessing import resource_tracker
 tracker = resource_tracker._resource_tracker._pid
 ds = al.Dataset.from_arrayrecord(sys.argv[1]).batch(64)
@@ -120,6 +122,7 @@ report(first=first, again=again, took=took, records=n, tracker=tracker,
     assert sorted(got["at_warm_up"]) == sorted([got["first"], got["tracker"]])
     assert got["took"] < 2.0, f"warm_up() took {got['took']:.2f} s: it should not wait"
     assert got["records"] == 64
+    assert "aioloader.runtime.loader" in got["modules"]
 
 
 def test_a_loader_with_workers_starts_the_server_itself(path):

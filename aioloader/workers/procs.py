@@ -9,8 +9,8 @@ interpreter's start). Never plain fork of the parent: it runs an event loop and 
 a script without an `if __name__ == "__main__":` guard runs once. The server itself is a
 fresh interpreter whose start-up (~0.1-0.7 s: NumPy, the worker's modules) would be the
 first batch's wait, so it starts as early as it is known to be wanted: when a loader with
-workers is made (`runtime.loader`), or before that when the user calls `warm_up()`
-(`aioloader.warm_up`) — never at `import aioloader`, which starts no process. Its
+workers is made (`runtime.loader`), or before that when the user calls `aioloader.warm_up()`
+(`runtime.warmup`) — never at `import aioloader`, which starts no process. Its
 environment says it is a worker's (`server.WORKER_ENV`), so it and its workers load only the
 modules a worker uses, not the parent's side of the package. The server's environment is the
 one at its start: each worker is handed the parent's as it is when its pool is made
@@ -57,13 +57,13 @@ def context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def warm_up() -> None:
+def start_server() -> None:
     """Start the worker server now, so that it has loaded NumPy and the worker's code by the
-    time the first loader wants a worker: call it early in a script (before building the
-    model, say) for a sooner first batch. A loader with workers starts it anyway when it is
-    made. Returns at once (the server loads in its own process); does nothing when it is
-    already running, or where workers are spawned (no forkserver). Never raises: a server
-    that cannot start is the pool's error to report, when one is wanted."""
+    time the first pool wants a worker (a loader with workers calls it when it is made, and
+    `aioloader.warm_up()` earlier). Returns at once (the server loads in its own process);
+    does nothing when it is already running, or where workers are spawned (no forkserver).
+    Never raises: a server that cannot start is the pool's error to report, when one is
+    wanted."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return
     try:
