@@ -1,21 +1,22 @@
 """aioloader: an asyncio-native streaming data loader for JAX, over ArrayRecord files.
 
 Only the public names live here; see DESIGN.md for the layers behind them.
+
+Importing the package is quiet: it starts no process and loads none of its modules. Each
+public name loads its home module on first use (PEP 562: `__getattr__` below), so describing
+a pipeline loads only the description's modules; the runtime, storage and worker pool load
+when a loader starts, and the worker server (`aioloader.workers.server`) starts with the
+first loader that has workers, or earlier with `warm_up()`. A worker process, which imports
+this package through its transforms, so loads only what it uses too.
 """
 
-import os as _os
+from __future__ import annotations
+
+import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
-# A worker process (started from the pool's forkserver, which sets this) loads only what
-# it uses: its start-up is the first batch's wait. Everywhere else the package loads whole.
-_WORKER_ENV = "_AIOLOADER_WORKER_PROCESS"  # (aioloader.workers.procs.WORKER_ENV)
-
-if TYPE_CHECKING or _os.environ.get(_WORKER_ENV) != "1":
-    # First: the workers' forkserver loads while the rest of the package does (~10 ms here).
-    from .workers.procs import start_early
-
-    start_early()
-
+if TYPE_CHECKING:
     from .arrayrecord import ArrayRecordWriter
     from .dataset import Dataset
     from .errors import (
@@ -31,29 +32,40 @@ if TYPE_CHECKING or _os.environ.get(_WORKER_ENV) != "1":
         TransformError,
         WorkerError,
     )
-    from .options import LoaderOptions, PrefetchOptions, ReadOptions, WorkerOptions
-    from .retry import RetryPolicy
+    from .options import (
+        LoaderOptions,
+        PrefetchOptions,
+        ReadOptions,
+        RetryPolicy,
+        WorkerOptions,
+    )
     from .runtime.loader import Loader
+    from .runtime.warmup import warm_up
     from .source import ArrayRecordSource
     from .state import merge_states
     from .transforms import Filter, FlatMap, Map, RandomMap
     from .typed import ElementSpec
-else:
-    def __getattr__(name: str) -> object:
-        """A public name, loaded on first use (in a worker process)."""
-        import importlib
-
-        if name in __all__:
-            for home in (".errors", ".transforms", ".arrayrecord", ".options", ".retry",
-                         ".dataset", ".runtime.loader", ".source", ".state", ".typed"):
-                module = importlib.import_module(home, __name__)
-                if hasattr(module, name):
-                    globals()[name] = value = getattr(module, name)
-                    return value
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
 __version__ = "0.1.0"
+
+# Each public name and the module it lives in (relative to this package).
+_HOMES = {
+    **dict.fromkeys(["ArrayRecordFormatError", "CollateError", "ConvertError",
+                     "ElementSpecError", "MissingExtraError", "ObjectChangedError",
+                     "StateError", "StorageError", "StoreUnavailableError", "TransformError",
+                     "WorkerError"], ".errors"),
+    **dict.fromkeys(["LoaderOptions", "PrefetchOptions", "ReadOptions", "RetryPolicy",
+                     "WorkerOptions"], ".options"),
+    **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".transforms"),
+    "ArrayRecordSource": ".source",
+    "ArrayRecordWriter": ".arrayrecord",
+    "Dataset": ".dataset",
+    "ElementSpec": ".typed",
+    "Loader": ".runtime.loader",
+    "merge_states": ".state",
+    "warm_up": ".runtime.warmup",
+}
 
 __all__ = [
     "ArrayRecordFormatError",
@@ -83,4 +95,24 @@ __all__ = [
     "WorkerOptions",
     "__version__",
     "merge_states",
+    "warm_up",
 ]
+
+
+if not TYPE_CHECKING:  # (a type checker sees the names above, and flags a misspelt one)
+
+    def __getattr__(name: str) -> object:
+        """A public name, loaded from its home on first use; or a submodule (`aioloader.jax`),
+        imported on first use as `import aioloader.jax` would."""
+        home = _HOMES.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home, __name__), name)
+        elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+            value = importlib.import_module(f"{__name__}.{name}")
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

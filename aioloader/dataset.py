@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 import numpy as np
 
 from .arguments import maybe_whole
-from .arrayrecord.chunk import DEFAULT_VERIFY
+from .arrayrecord.levels import DEFAULT_VERIFY
 from .description import (
     JaxProcessShard,
     MixSpec,

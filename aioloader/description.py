@@ -18,8 +18,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from .arguments import flag, maybe_seed
-from .arrayrecord.chunk import DEFAULT_VERIFY
-from .arrayrecord.index import VERIFY_LEVELS
+from .arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
 from .dataslices import table_of
 from .errors import MissingExtraError
 from .objects import ObjectSource, read_records

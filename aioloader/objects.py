@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .arrayrecord.chunk import DEFAULT_VERIFY
+from .arrayrecord.levels import DEFAULT_VERIFY
 from .errors import TransformError
 from .planning import ChunkRefs
 

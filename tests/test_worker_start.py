@@ -1,6 +1,6 @@
-"""A worker process's start: the forkserver workers fork from starts at `import aioloader`
-(so the first batch does not wait for a fresh interpreter to load NumPy and the worker's
-code), and it and its workers load only the worker's side of the package."""
+"""A worker process's start: the forkserver workers fork from starts with the first loader
+that has workers (or at `aioloader.warm_up()`), and it and its workers load only the worker's
+side of the package."""
 
 from __future__ import annotations
 
@@ -55,16 +55,17 @@ def test_a_transform_subclassing_the_packages_classes_loads_in_workers(path):
 SCRIPT = """
 import json, os, sys
 import aioloader as al
+early = "aioloader.workers.server" in sys.modules
+import tests.worker_start_fns as fns
+ds = al.Dataset.from_arrayrecord(sys.argv[1:]).map(fns.loaded).batch(64)
+loader = ds.loader(workers=1)
 from aioloader.workers import server
-early = server.server_pid()
-out = {"early": early is not None, "marker": "_AIOLOADER_WORKER_PROCESS" in os.environ}
-if len(sys.argv) > 1:
-    import tests.worker_start_fns as fns
-    ds = al.Dataset.from_arrayrecord(sys.argv[1:]).map(fns.loaded).batch(64)
-    with ds.loader(workers=1) as it:
-        out["parent_side"] = bool(next(iter(it))["parent_side"].any())
-    out["same_server"] = server.server_pid() == early
-print(json.dumps(out))
+made = server.server_pid()
+with loader as it:
+    parent_side = bool(next(iter(it))["parent_side"].any())
+print(json.dumps({"early": early, "marker": "_AIOLOADER_WORKER_PROCESS" in os.environ,
+                  "parent_side": parent_side,
+                  "same_server": made is not None and server.server_pid() == made}))
 """
 
 
@@ -76,20 +77,16 @@ def _run(env: dict, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_the_forkserver_starts_at_import_and_the_first_pool_uses_it(path):
+def test_the_server_starts_with_the_first_loader_and_its_workers_load_only_their_side(path):
+    """Not at `import aioloader` (tests/test_import.py), but when a loader with workers is
+    made; the pool uses that server, the parent's environment keeps no worker marker, and
+    the workers load only their side of the package."""
     got = _run({}, *path)
-    assert got == {"early": True, "marker": False, "parent_side": False, "same_server": True}
-
-
-def test_the_early_start_can_be_turned_off(path):
-    """AIOLOADER_EARLY_FORKSERVER=0: nothing starts at import; the pool starts the server
-    on first use, and its workers still load only their side."""
-    got = _run({"AIOLOADER_EARLY_FORKSERVER": "0"}, *path)
-    assert got == {"early": False, "marker": False, "parent_side": False, "same_server": False}
+    assert got == {"early": False, "marker": False, "parent_side": False, "same_server": True}
 
 
 def test_workers_see_the_environment_of_when_the_loader_was_made(path, monkeypatch):
-    """The forkserver (and so a fork of it) has the environment of `import aioloader`; the
+    """The forkserver (and so a fork of it) has the environment of when it started; the
     pool hands each worker the parent's as it is when the loader is made."""
     monkeypatch.setenv("AIOLOADER_TEST_ENV", "7")
     ds = al.Dataset.from_arrayrecord(path).map(fns.env_value).batch(64)

@@ -15,6 +15,8 @@ from .codecs import NONE, Compression, _decompress, decompress_block
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .hashing import highwayhash64
 from .layout import CHUNK_SIMPLE, CHUNK_TRANSPOSED, ChunkHeader
+from .levels import DEFAULT_MAX_DECODED
+from .levels import DEFAULT_VERIFY as DEFAULT_VERIFY  # (re-exported for its importers)
 from .varint import (
     MAX_VARINT64_BYTES,
     decode_varints,
@@ -94,17 +96,6 @@ class ChunkRecords:
 
 _new = object.__new__
 
-VERIFY_LEVELS = ("none", "headers", "all")
-"""What a reader checks, the `verify=` option: "all" (the default) every stored hash, as
-Google's reader does: block headers, chunk headers and each chunk's data, so a record whose
-bytes changed is an error, never wrong data; "headers" only the headers, which keeps a damaged
-file's structure (sizes, counts, offsets) from being misread but returns records with flipped
-bits as they are; "none" no hash."""
-DEFAULT_VERIFY = "all"
-
-DEFAULT_MAX_DECODED = 1 << 30
-"""The most bytes one chunk may decode to unless the caller says otherwise (the loader passes
-its memory_budget): a declared size is checked against it before anything is allocated."""
 RECORD_COST = 48
 """Bytes per record of the index arrays built while decoding a chunk (sizes, bounds)."""
 

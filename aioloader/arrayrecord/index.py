@@ -23,7 +23,6 @@ from typing import cast
 import numpy as np
 
 from . import postscript
-from .chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, VERIFY_LEVELS
 from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
@@ -36,6 +35,7 @@ from .layout import (
     chunk_end,
     strip_block_headers,
 )
+from .levels import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, VERIFY_LEVELS
 from .proto import ELEMENT_SPEC_FIELD, parse_fields
 
 __all__ = [  # decode_*, FileIndex and compact_* live beside this module; importable here too

@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY, ChunkRecords
+from .chunk import ChunkRecords
 from .decoding import decode_chunk
 from .fileindex import FileIndex
 from .index import DEFAULT_TAIL, _check_verify, read_index
+from .levels import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
 
 Fetch = Callable[[int, int], bytes]
 

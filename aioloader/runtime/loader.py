@@ -31,6 +31,7 @@ from ..plan import longest_shard, with_layout
 from ..sync import pump
 from ..urls import is_local
 from ..workers import Pool
+from ..workers.procs import start_server
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .statekeeping import StateKeeping
@@ -63,6 +64,7 @@ class Loader(StateKeeping):
         self.prefetch = self._setting.prefetch
         if self.workers or "workers" in self._limits.tune:  # (auto: processes may come)
             dataset.check_picklable()
+            start_server()  # it loads while the files open (`workers.procs`)
         self._init_shard(state)
         self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
                                     graph=dataset.describe())

@@ -4,7 +4,8 @@ its output, and what they exchange.
 - `messages`: what the parent and a worker exchange (`Pipeline`, `Task`, `Result`);
 - `worker`: what a worker process runs; `decode`: its chunk decoder and cache;
 - `pool`: the parent's side, which sends tasks and hands results on; `procs`: how its
-  processes start (the worker server, `server`, started early) and stop;
+  processes start (the worker server, `server`, started with the first loader or by
+  `aioloader.warm_up()`) and stop;
 - `arena`: the shared-memory slots results (and remote inputs) travel through;
 - `localfiles`, `inline`, `semnames`: the worker's file reader, the workers=0 executor, and
   the named-semaphore clean-up the pool needs.

@@ -10,9 +10,9 @@ instead; records of one chunk (group size > 1) ship its bytes once. Local files 
 the workers themselves. Each worker keeps decoded multi-record chunks across tasks
 (`aioloader.workers.decode`), in its share of `Pipeline.chunk_cache_bytes`.
 
-Workers are forks of a clean worker server, started when `aioloader` is imported
-(`aioloader.workers.procs`, `.server`; never of the parent, which runs an event loop and
-threads; never importing the user's `__main__`), and
+Workers are forks of a clean worker server, started when the first loader with workers is
+made or by `aioloader.warm_up()` (`aioloader.workers.procs`, `.server`; never of the parent,
+which runs an event loop and threads; never importing the user's `__main__`), and
 `workers=0` runs the same task code on one daemon thread of the parent, for debugging
 (`aioloader.workers.inline`).
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
@@ -112,7 +112,7 @@ class Pool:
                 max_workers=workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                # (this process's environment now: the forkserver's is the one at import)
+                # (this process's environment now: the forkserver's is the one at its start)
                 initargs=(_pack_pipeline(pipeline), self._started, cache_bytes,
                           dict(os.environ)),
             )
@@ -124,7 +124,7 @@ class Pool:
     def warm_up(self) -> None:
         """Start the worker processes now instead of on first use, on a thread, while the
         files open: the first one waits for the forkserver until it has loaded NumPy and
-        the worker's code (started at `import aioloader`, it usually has:
+        the worker's code (started when the loader was made, or by `aioloader.warm_up()`:
         `aioloader.workers.procs`)."""
         if self.workers and self._warming is None:
             self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",

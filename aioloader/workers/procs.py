@@ -1,5 +1,5 @@
-"""How the decode pool's processes start and stop: the start method, the worker server
-started early, and stopping workers that do not exit.
+"""How the decode pool's processes start and stop: the start method, the worker server, and
+stopping workers that do not exit.
 
 Workers are forks of a worker server (`aioloader.workers.server`: aioloader's own
 forkserver, where there is one): one clean process that has loaded NumPy and
@@ -7,14 +7,14 @@ forkserver, where there is one): one clean process that has loaded NumPy and
 interpreter's start). Never plain fork of the parent: it runs an event loop and threads
 (and, in training, JAX's). Neither the server nor a worker imports the user's `__main__`, so
 a script without an `if __name__ == "__main__":` guard runs once. The server itself is a
-fresh interpreter whose start-up (~0.1-0.7 s: NumPy, the worker's modules) used to be the
-first batch's wait, so it is started when `aioloader` is imported (`start_early`: ~10 ms of
-the importing process, the server loads in parallel), and the first pool finds it ready. Its
-environment says it is a worker's (`server.WORKER_ENV`), so it and its workers load only
-the modules a worker uses, not the parent's side of the package. The server's environment is
-the one at import: each worker is handed the parent's as it is when its pool is made
-(`worker._init_worker`). `AIOLOADER_EARLY_FORKSERVER=0` turns the early start off (the pool
-then starts the server on first use, as before).
+fresh interpreter whose start-up (~0.1-0.7 s: NumPy, the worker's modules) would be the
+first batch's wait, so it starts as early as it is known to be wanted: when a loader with
+workers is made (`runtime.loader`), or before that when the user calls `aioloader.warm_up()`
+(`runtime.warmup`) — never at `import aioloader`, which starts no process. Its
+environment says it is a worker's (`server.WORKER_ENV`), so it and its workers load only the
+modules a worker uses, not the parent's side of the package. The server's environment is the
+one at its start: each worker is handed the parent's as it is when its pool is made
+(`worker._init_worker`).
 
 Where there is no forkserver, workers are spawned: they then import `__main__` as
 multiprocessing's spawn does, and a script needs the guard (a dead worker's error says so).
@@ -35,15 +35,11 @@ from typing import Any
 
 log = logging.getLogger("aioloader")
 
-EARLY_ENV = "AIOLOADER_EARLY_FORKSERVER"
-
-_forked = False  # this process is a fork of one that may have started the forkserver
 _live_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    global _forked, _live_pools
-    _forked = True
+    global _live_pools
     _live_pools = weakref.WeakSet()  # the parent's, not ours to close
 
 
@@ -61,23 +57,19 @@ def context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def start_early() -> None:
-    """Start the worker server now (at `import aioloader`), so that it has loaded by the time a
-    pool wants its first worker. Only in a top process (not a worker, not a forked child, not
-    any multiprocessing child), where there is a forkserver, and unless
-    `AIOLOADER_EARLY_FORKSERVER=0`. Never raises: the pool starts it on first use anyway."""
-    if (os.environ.get(EARLY_ENV, "1") == "0"
-            or _forked or multiprocessing.parent_process() is not None
-            or "forkserver" not in multiprocessing.get_all_start_methods()):
-        return
-    from .server import WORKER_ENV  # (the server's, which `context` imports anyway)
-
-    if os.environ.get(WORKER_ENV) == "1":
+def start_server() -> None:
+    """Start the worker server now, so that it has loaded NumPy and the worker's code by the
+    time the first pool wants a worker (a loader with workers calls it when it is made, and
+    `aioloader.warm_up()` earlier). Returns at once (the server loads in its own process);
+    does nothing when it is already running, or where workers are spawned (no forkserver).
+    Never raises: a server that cannot start is the pool's error to report, when one is
+    wanted."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
         return
     try:
         context()
     except Exception as exc:  # e.g. no /dev/shm, or a sandbox refusing processes
-        log.debug("could not start the worker server early (%s: %s)", type(exc).__name__, exc)
+        log.debug("could not start the worker server (%s: %s)", type(exc).__name__, exc)
 
 
 def track(pool: Any) -> None:

@@ -29,13 +29,13 @@ import io
 import os
 import threading
 import time
+import warnings
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.context import set_spawning_popen
 from typing import Any
 
-# The mark of the server's environment, which its workers inherit (aioloader/__init__.py reads
-# it: keep in step).
+# The mark of the server's environment, which its workers inherit.
 WORKER_ENV = "_AIOLOADER_WORKER_PROCESS"
 PRELOAD = ["aioloader.workers.server", "aioloader.workers.worker"]  # what the server loads
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path", "main_path")  # how a child is told it
@@ -148,3 +148,7 @@ def _remove_parent_tmp(parent: int, me: int) -> None:
 
 if os.environ.get(WORKER_ENV) == "1":  # loaded in the server (its workers are its forks)
     atexit.register(_remove_parent_tmp, os.getppid(), os.getpid())
+    # The slow-hashing warning (no C extension) is the parent's to give, once: the server and
+    # its workers write to the same stderr.
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            module=r"aioloader\.arrayrecord\.hashing")

@@ -75,7 +75,7 @@ def _init_worker(pipeline_parts: tuple, started: Any = None,
     worker has opened the pool's semaphores (`Pool._forget_names`). `cache_bytes`: this
     worker's share of the decoded-chunk cache. The arena is mapped when a task names it.
     `environ`: the parent's environment when it made the pool, which transforms see (a
-    fork of the forkserver has the forkserver's, from when `aioloader` was imported)."""
+    fork of the forkserver has the forkserver's, from when it started)."""
     global _pipeline, _init_error, _decoder
     if environ is not None and environ != os.environ:
         os.environ.clear()
