@@ -17,6 +17,7 @@ import argparse
 import base64
 import json
 import os
+import select
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -163,19 +164,42 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 
 def _write_records(src: ArrayRecordSource, args: argparse.Namespace) -> None:
-    out = sys.stdout.buffer
+    pending = bytearray()
     for i, record in _records(src, args):
         if args.format == "hex":
-            out.write(record.hex().encode() + b"\n")
+            pending += record.hex().encode() + b"\n"
         elif args.format == "raw":
-            out.write(record + b"\n")
+            pending += record + b"\n"
         else:
             try:
                 item = {"index": i, "record": record.decode("utf-8")}
             except UnicodeDecodeError:
                 item = {"index": i, "record_base64": base64.b64encode(record).decode()}
-            out.write(json.dumps(item, ensure_ascii=False).encode() + b"\n")
-    out.flush()
+            pending += json.dumps(item, ensure_ascii=False).encode() + b"\n"
+        if len(pending) >= 1 << 20:
+            _write_all(pending)
+            pending.clear()
+    _write_all(pending)
+
+
+def _write_all(data: bytes | bytearray) -> None:
+    """All of `data` to stdout's descriptor, however little each write takes (a full
+    non-blocking pipe, a write cut short): Python's stdout drops the rest of a short write
+    silently when unbuffered (`python -u`, PYTHONUNBUFFERED=1)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError):  # not a real file (replaced in a test)
+        sys.stdout.buffer.write(data)
+        return
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[n:]
 
 
 # -- bench ----------------------------------------------------------------------------

@@ -158,3 +158,42 @@ def test_a_reader_that_stops_early_gets_no_broken_pipe_message(shards, command):
 def test_version():
     out = run("--version").stdout.decode()
     assert out.startswith("aioloader ") and out.split()[1][0].isdigit()
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_cat_writes_every_byte_to_a_pipe_that_takes_only_part(tmp_path, unbuffered):
+    """A pipe write may take only part of what it is given (a non-blocking pipe that is full,
+    a write cut short in the kernel): cat writes the rest, with PYTHONUNBUFFERED=1 (where
+    stdout's binary layer is unbuffered and a short write was silently the end) and without
+    it (where it was a BlockingIOError)."""
+    import os
+    import threading
+    import time
+
+    path = tmp_path / "big.array_record"
+    records = [bytes([65 + i]) * 300_000 for i in range(4)]  # each far over a pipe's 64 KiB
+    with aioloader.ArrayRecordWriter(path) as w:
+        for r in records:
+            w.write(r)
+    r, w = os.pipe()
+    os.set_blocking(w, False)  # (the same open pipe as the child's stdout: it sees it too)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        time.sleep(0.3)  # let the pipe fill first
+        while data := os.read(r, 1 << 16):
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "aioloader.cli", "cat", str(path),
+                               "--format", "raw"], stdout=w, stderr=subprocess.PIPE,
+                              env=env, timeout=60)
+    finally:
+        os.close(w)
+        reader.join(60)
+        os.close(r)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"".join(chunks) == b"".join(rec + b"\n" for rec in records)
