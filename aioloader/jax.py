@@ -231,11 +231,12 @@ if ocp is not None:
     class LoaderCheckpointHandler(ocp.CheckpointHandler):
         """Saves each process's loader state as `process_{i}-of-{n}.json`.
 
-        Restoring on a different process count (elastic resume) reads every process's
-        file and merges them (`merge_states`), one per data slice (`slice_{i}-of-{n}.json`
-        says each process's; replicas hold the same state): with batch() alone the states
-        of all processes describe the same global step, but with filter, flat_map or pack
-        each slice has consumed its own share.
+        Restoring on a different process count (elastic resume), or wherever data slices
+        were saved (the mesh may lay them out anew on the same processes), reads every
+        process's file and merges them (`merge_states`), one per data slice
+        (`slice_{i}-of-{n}.json` says each process's; replicas hold the same state): with
+        batch() alone the states of all processes describe the same global step, but with
+        filter, flat_map or pack each slice has consumed its own share.
         """
 
         def save(self, directory: epath.Path, args: LoaderSave) -> None:
@@ -252,12 +253,15 @@ if ocp is not None:
             i, n = process_index_and_count()
             path = directory / f"process_{i}-of-{n}.json"
             if path.exists():
-                state = json.loads(path.read_text())
+                old = n
             else:
                 found = sorted(directory.glob("process_0-of-*.json"))
                 if not found:
                     raise FileNotFoundError(f"no loader state in {directory}")
                 old = int(found[0].name.rsplit("-of-", 1)[1].split(".")[0])
+            if old == n and not (directory / f"slice_0-of-{n}.json").exists():
+                state = json.loads(path.read_text())  # saved without data slices
+            else:  # this process's slice may be another than it was: from every slice's
                 state = merge_states(_one_per_slice(directory, old))
             if args is not None and args.loader is not None:
                 args.loader.set_state(state)

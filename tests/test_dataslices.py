@@ -172,3 +172,41 @@ def test_orbax_merges_one_state_per_data_slice(data, tmp_path, monkeypatch):
     handler.restore(where, LoaderRestore(loader))
     rest = [x for b in loader for x in b.tolist()]
     assert seen and rest and sorted(seen + rest) == list(range(0, 40, 2))
+
+
+def test_orbax_restore_follows_the_new_slice_layout_on_the_same_process_count(
+        data, tmp_path, monkeypatch):
+    """Saved with slices (0, 0, 1, 1), restored on the same 4 processes laid out (0, 1, 0, 1):
+    each process resumes its new slice's position, so replicas load the same rows (reading
+    its own old file, process 1 resumed old slice 0 as slice 1, and its replica 3 old
+    slice 1)."""
+    pytest.importorskip("orbax.checkpoint")
+    from etils import epath
+
+    from aioloader.jax import LoaderCheckpointHandler, LoaderRestore, LoaderSave
+
+    def evens():
+        return (al.Dataset.from_arrayrecord(data).shuffle(2)
+                .shard_by_jax_process(drop_remainder=False).map(fns.decode)
+                .filter(fns.keep_even).map(fns.just_id).batch(2))
+
+    handler, where = LoaderCheckpointHandler(), epath.Path(tmp_path)
+    old, new = (0, 0, 1, 1), (0, 1, 0, 1)
+    for i in range(4):  # slice 0 one batch in, slice 1 three
+        monkeypatch.setattr(aj, "process_index_and_count", lambda i=i: (i, 4))
+        monkeypatch.setattr(aj, "process_shard", lambda ds, i=i: (old[i], 2))
+        loader = evens().loader(workers=0)
+        for _ in zip(range(1 + 2 * old[i]), loader):
+            pass
+        handler.save(where, LoaderSave(loader))
+        loader.close()
+    firsts = {}
+    for i in range(4):
+        monkeypatch.setattr(aj, "process_index_and_count", lambda i=i: (i, 4))
+        monkeypatch.setattr(aj, "process_shard", lambda ds, i=i: (new[i], 2))
+        loader = evens().loader(workers=0)
+        handler.restore(where, LoaderRestore(loader))
+        firsts[i] = next(iter(loader)).tolist()
+        loader.close()
+    assert firsts[0] == firsts[2] and firsts[1] == firsts[3], firsts
+    assert firsts[0] != firsts[1], firsts
