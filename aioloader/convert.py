@@ -179,10 +179,13 @@ def read_records(path: str, fmt: str, specs: list | None = None) -> Iterator[byt
 
 def glob_matches(pattern: str, storage_options: dict | None = None) -> list[tuple[str, int]] | None:
     """`(url, size)` of each file a glob matches, sorted (FileNotFoundError: none), or None
-    when `pattern` is no glob. Inputs are expanded so on every runner, this machine's too."""
+    when `pattern` is no glob. Inputs are expanded so on every runner, this machine's too.
+    A file named by the pattern's literal text (`data[12].jsonl`) wins over the glob."""
     if not has_glob(pattern):
         return None
     fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
+    if fs.isfile(path):
+        return [(pattern, int(fs.size(path)))]
     found = fs.glob(path, detail=True)
     named = sorted((fs.unstrip_protocol(p) if "://" in pattern else p, int(info["size"]))
                    for p, info in found.items() if info.get("type") != "directory")

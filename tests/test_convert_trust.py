@@ -193,3 +193,16 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path):
     assert out.splitlines()[1:] == [], out  # the temporary is gone
     assert "No space left" in err and f"{mnt}/train-00000-of-00001.array_record" in err, err
     assert "Traceback" not in err, err
+
+
+def test_an_input_whose_literal_name_has_glob_characters_wins_over_the_glob(tmp_path):
+    """`data[12].jsonl` that exists is that file, not data1.jsonl and data2.jsonl (a file of
+    the literal name wins, as for read instructions)."""
+    from aioloader.convert import expand_inputs
+
+    for name in ("data[12].jsonl", "data1.jsonl", "data2.jsonl"):
+        (tmp_path / name).write_text('{"x": 1}\n')
+    literal = str(tmp_path / "data[12].jsonl")
+    assert expand_inputs([literal]) == [literal]
+    assert expand_inputs([str(tmp_path / "data?.jsonl")]) == \
+        [str(tmp_path / "data1.jsonl"), str(tmp_path / "data2.jsonl")]
