@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered by a finalizer that a collection runs inside it
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _users: weakref.WeakSet = weakref.WeakSet()
@@ -257,7 +257,7 @@ def _forget_after_fork() -> None:
     """In a forked child: the parent's loop (and its thread, which did not come along) is
     left alone, never run or closed here; the next use starts a fresh one."""
     global _lock, _loop, _thread, _users, _pending
-    _lock = threading.Lock()  # another thread may have held it at the fork
+    _lock = threading.RLock()  # another thread may have held it at the fork
     _loop = _thread = None
     _users = weakref.WeakSet()
     _pending = {}

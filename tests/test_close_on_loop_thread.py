@@ -130,3 +130,28 @@ def test_a_loader_failing_at_open_logs_its_stats_cleanly(tmp_path, workers):
     assert got == {"error": "ArrayRecordFormatError"}
     assert "Logging error" not in err, err[-3000:]
     assert "RuntimeError" not in err, err[-3000:]
+
+
+def test_a_finalizer_that_releases_inside_the_loops_lock_does_not_deadlock():
+    """A collection can run a finalizer (a source's close -> `release`) on a thread that is
+    inside `acquire`/`release` already, holding the bridge's lock: it must not wait on
+    itself."""
+    import threading
+
+    from aioloader import sync
+
+    class User:
+        pass
+
+    user = User()
+    sync.acquire(user)
+    done = threading.Event()
+
+    def nested() -> None:
+        with sync._lock:  # what a finalizer run during a locked weakref operation sees
+            sync.release(user)
+        done.set()
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    assert done.wait(10), "release() waited on the lock its own thread held"
