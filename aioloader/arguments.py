@@ -10,7 +10,7 @@ silently (-1 and 2**64 - 1 would be the same key).
 
 from __future__ import annotations
 
-import numbers
+import operator
 from typing import Any
 
 import numpy as np
@@ -28,10 +28,18 @@ def whole(value: Any, name: str, lo: int | None = None, *, hi: int | None = None
     what else is allowed (`alt`), then why the range is what it is (`extra`)."""
     if floats and isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    kind = getattr(value, "dtype", None)  # a 0-d array or a jax scalar: by its dtype
+    if isinstance(value, (bool, np.bool_)) or (kind is not None and kind == np.bool_):
+        index = None
+    else:
+        try:  # any integer, whatever its type (numpy, jax, a 0-d array): what has __index__
+            index = operator.index(value)
+        except TypeError:
+            index = None
+    if index is None:
         raise TypeError(f"{name} must be an integer{alt}, got {value!r} "
                         f"({type(value).__name__})")
-    value = int(value)
+    value = index
     if (lo is not None and value < lo) or (hi is not None and value >= hi):
         want = f">= {lo}" if hi is None else f"< {hi}" if lo is None else f"in [{lo}, {hi})"
         raise ValueError(f"{name} must be {want}{alt}, got {value}{extra}")

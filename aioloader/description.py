@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -54,15 +54,23 @@ class SourceSpec:
     verify: str = DEFAULT_VERIFY
 
     def __post_init__(self) -> None:
-        """`paths` may be one path or any sequence of them; it is kept as a tuple of str."""
+        """`paths` may be one path or any ordered iterable of them (a list, `Path.glob`, a
+        numpy array of names); it is kept as a tuple of str. A set is refused: its order,
+        so the records' numbering, would differ between processes."""
         paths: Any = self.paths
         if isinstance(paths, (str, os.PathLike)):
             paths = (paths,)
+        if isinstance(paths, (set, frozenset, Mapping)):
+            raise TypeError("from_arrayrecord() paths must be in an order the same in every "
+                            "process (a list, or sorted(...)), not a "
+                            f"{type(paths).__name__}")
+        if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Sequence)):
+            paths = tuple(paths)
         if isinstance(paths, bytes) or not isinstance(paths, Sequence) or not paths or \
                 not all(isinstance(p, (str, os.PathLike)) for p in paths):
             raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
                             f"list of them (str or os.PathLike), got {redact(repr(paths))}")
-        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
+        object.__setattr__(self, "paths", tuple(str(os.fspath(p)) for p in paths))
         if not isinstance(self.storage_options, Mapping):
             raise TypeError(f"from_arrayrecord() storage_options must be a dict, got "
                             f"{type(self.storage_options).__name__}")

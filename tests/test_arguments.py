@@ -110,3 +110,27 @@ def test_indexing_past_the_end_says_how_to_wrap():
     assert ds.repeat()[10] in range(10)
     del ds
     gc.collect()
+
+
+def test_integers_of_any_kind_and_iterables_of_paths_are_taken(tmp_path):
+    """What worked before the checks still works: 0-d integer arrays (and any type with
+    `__index__`, as jax's scalars have) as seeds and sizes, and any ordered iterable of
+    paths (`Path.glob`, a numpy array of names); a set of paths is refused (its order
+    differs between processes)."""
+    ds = al.Dataset.from_source(list(range(10)))
+    assert ds.shuffle(np.array(5)).batch(np.array(2)).index_ops == \
+        ds.shuffle(5).batch(2).index_ops
+    assert ds.batch(np.uint64(3)).batching == ds.batch(3).batching
+    with pytest.raises(TypeError, match="seed"):
+        ds.shuffle(np.array(True))
+    with pytest.raises(TypeError, match="seed"):
+        ds.shuffle(np.array(1.5))
+    for name in ("a.array_record", "b.array_record"):
+        (tmp_path / name).write_bytes(b"")
+    want = tuple(sorted(str(p) for p in tmp_path.glob("*.array_record")))
+    got = al.Dataset.from_arrayrecord(sorted(tmp_path.glob("*.array_record"))).source.paths
+    assert got == want
+    assert al.Dataset.from_arrayrecord(p for p in want).source.paths == want
+    assert al.Dataset.from_arrayrecord(np.array(want)).source.paths == want
+    with pytest.raises(TypeError, match="order"):
+        al.Dataset.from_arrayrecord(set(want))
