@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jax", ("jax",)),
     ("runtime", ("runtime", "access", "graph", "autotune", "lifecycle")),
     # tools and integrations on top, and the package's public names
-    ("tools", ("cli", "cli_convert", "convert", "staged", "beam", "testing", "")),
+    ("tools", ("cli", "cli_cat", "cli_convert", "convert", "staged", "beam", "testing", "")),
 )
 RANK = {("aioloader." + name).rstrip("."): rank
         for rank, (_, names) in enumerate(LAYERS) for name in names}
