@@ -58,33 +58,30 @@ def _take_all(free: int = 0) -> list[int]:
     return held[free:]
 
 
-def exhaust(path: str) -> dict:
-    from aioloader.descriptors import FileSet
-
-    held = _take_all()
+def _error_when_exhausted(free: int, run) -> dict:
+    """`run()` with every descriptor but `free` taken: the OSError it raises, if any."""
+    held = _take_all(free)
     try:
-        FileSet().pread(path, 8, 0)
+        run()
     except OSError as err:
         return {"error": str(err)}
     finally:
         for fd in held:
             os.close(fd)
     return {"error": None}
+
+
+def exhaust(path: str) -> dict:
+    from aioloader.descriptors import FileSet
+
+    return _error_when_exhausted(0, lambda: FileSet().pread(path, 8, 0))
 
 
 def exhaust_loader(root: str, free: int) -> dict:
     import aioloader as al
 
     ds = al.Dataset.from_arrayrecord(os.path.join(root, "*.array_record")).batch(4)
-    held = _take_all(free)
-    try:
-        list(ds.loader(workers=2))
-    except OSError as err:
-        return {"error": str(err)}
-    finally:
-        for fd in held:
-            os.close(fd)
-    return {"error": None}
+    return _error_when_exhausted(free, lambda: list(ds.loader(workers=2)))
 
 
 def main() -> None:
