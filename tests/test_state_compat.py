@@ -1,5 +1,6 @@
-"""States saved by older code resume bit-for-bit (tests/data/states_v1.json, written by
-`python -m tests.state_fixture` at commit 0e173c9, before the runtime core was split)."""
+"""States saved by older code resume bit-for-bit (tests/data/states_v*.json, written by
+`python -m tests.state_fixture ROOT VERSION`: v1 at commit 0e173c9, before the runtime core was
+split; v2 at 1bbe1a6, before the modules moved into one folder per layer)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 
 from tests import state_fixture as fx
 
-CASES = json.loads(fx.FIXTURE.read_text())
+FIXTURES = {v: json.loads(path.read_text()) for v, path in fx.FIXTURES.items()}
+CASES = FIXTURES["v1"]
+ALL = [(v, name) for v, cases in sorted(FIXTURES.items()) for name in sorted(cases)]
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +21,27 @@ def files(tmp_path_factory):
     return str(root), fx.write_files(root)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_state_saved_by_the_old_code_resumes_bit_for_bit(files, name):
+@pytest.mark.parametrize("version,name", ALL)
+def test_a_state_saved_by_the_old_code_resumes_bit_for_bit(files, version, name):
     root, paths = files
-    case = CASES[name]
+    case = FIXTURES[version][name]
     state = dict(case["state"])
     state["pipeline"] = [ln.replace("{root}", root) for ln in state["pipeline"]]
-    _, rest = fx.run(fx.pipelines(paths)[name], 0, state=json.loads(json.dumps(state)))
+    make = fx.CASES[version][0]
+    _, rest = fx.run(make(paths)[name], 0, state=json.loads(json.dumps(state)))
     assert rest == case["rest"]
     assert len(rest) > 5  # enough batches after the state to mean something
+
+
+@pytest.mark.parametrize("name", ["shard", "flat_map"])
+def test_an_old_state_resumes_the_same_on_worker_processes(files, name):
+    """The v2 states, resumed by two worker processes: the stream the old code wrote."""
+    root, paths = files
+    case = FIXTURES["v2"][name]
+    state = dict(case["state"], pipeline=[ln.replace("{root}", root)
+                                          for ln in case["state"]["pipeline"]])
+    _, rest = fx.run(fx.pipelines_v2(paths)[name], 0, state=state, workers=2)
+    assert rest == case["rest"]
 
 
 def test_the_fixture_states_cover_skip_and_rows():
