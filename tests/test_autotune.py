@@ -31,9 +31,9 @@ from aioloader.gate import Gate
 from aioloader.options import PrefetchOptions, ReadOptions, WorkerOptions
 from aioloader.runtime import tuner as tuner_module
 from aioloader.runtime.scheduler import Scheduler
-from aioloader.runtime.tasks import gate_limit
 from aioloader.runtime.tuner import Sample, Tuner
 from aioloader.testing import local_gcs
+from aioloader.workers.executor import gate_limit
 
 from . import pipeline_fns as fns
 

@@ -14,7 +14,7 @@ from aioloader.arrayrecord import ArrayRecordFormatError
 from aioloader.arrayrecord.codecs import ZSTD
 from aioloader.testing import local_gcs
 from aioloader.transforms import BatchOp, FilterOp, MapOp, RandomMapOp
-from aioloader.workers import Pipeline, Pool, Task
+from aioloader.workers import Pipeline, Task, open_executor
 from aioloader.workers.arena import Arena
 from aioloader.workers.decode import chunk_keys
 
@@ -109,8 +109,9 @@ async def test_the_arena_places_a_chunk_that_records_share_once(files):
 async def test_a_task_decodes_each_chunk_once_and_the_next_finds_it_decoded(
         files, workers, slot_size, remote):
     indices = np.random.default_rng(0).permutation(64)[:40]  # of the first 8 chunks of 8
-    pool = Pool(Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)), batch=None,
-                         batch_ops=()), workers, slots=2, slot_size=slot_size)
+    pool = open_executor(Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)),
+                                  batch=None, batch_ops=()),
+                         workers, slots=2, slot_size=slot_size)
     try:
         async with al.ArrayRecordSource(files[8][0]) as src:
             want = [fns.decode(r)["id"] for r in await src.read(indices)]
@@ -129,8 +130,8 @@ async def test_a_task_decodes_each_chunk_once_and_the_next_finds_it_decoded(
 
 async def test_the_chunk_cache_is_bounded(files):
     """A cache too small for one chunk keeps none: every task decodes again."""
-    pool = Pool(Pipeline(record_ops=(), batch=None, batch_ops=(), chunk_cache_bytes=64), 0,
-                slots=1)
+    pool = open_executor(Pipeline(record_ops=(), batch=None, batch_ops=(), chunk_cache_bytes=64),
+                         0, slots=1)
     try:
         async with al.ArrayRecordSource(files[64][0]) as src:
             results = [await pool.run(await _task(src, range(10))) for _ in range(2)]
@@ -176,7 +177,7 @@ async def test_each_op_reports_what_it_received_and_its_time(files, workers):
                   MapOp(fns.only_id_noise_det))
     pipeline = Pipeline(record_ops=record_ops, batch=BatchOp(5),
                         batch_ops=(MapOp(fns.slow_batch),))
-    pool = Pool(pipeline, workers, slots=2)
+    pool = open_executor(pipeline, workers, slots=2)
     try:
         async with al.ArrayRecordSource(files[8][0]) as src:
             kept = sum(1 for r in await src.read(range(40)) if fns.keep_even(fns.decode(r)))

@@ -30,13 +30,12 @@ from ..options import LoaderOptions
 from ..plan import longest_shard, with_layout
 from ..sync import pump
 from ..urls import is_local
-from ..workers import Pool
+from ..workers import Executor
 from ..workers.procs import start_server
 from .output import Run
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .statekeeping import StateKeeping
 from .stats import PipelineStats
-from .tasks import gate_limit
 from .tuner import Tuner
 
 if TYPE_CHECKING:
@@ -140,8 +139,7 @@ class Loader(StateKeeping):
             self._tuner = Tuner(self._setting, self._limits, self._stats, self._cores,
                                 self._tune, io_held=getattr(storage, "slots_held_seconds",
                                                             None),
-                                settled=lambda: pool is None or pool.in_parent
-                                or pool.all_started(),
+                                settled=lambda: pool is None or pool.settled(),
                                 reads=lambda: storage.stats.reads if storage else 0,
                                 base_rtt=getattr(storage, "base_rtt", lambda: None))
             self._stats.autotune_source = self._tuner.figures
@@ -151,11 +149,8 @@ class Loader(StateKeeping):
         """Apply the tuner's setting: the worker gate, the tasks in flight, the requests."""
         p, st = self._parts, self._stats
         tune = self._limits.tune
-        if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
-            # 0: one lane, in this process
-            p.runner.worker_gate.resize(gate_limit(s.workers, self._limits.workers))
-            if p.pool is not None:
-                p.pool.in_parent = s.workers == 0
+        if "workers" in tune and p.pool is not None:
+            p.pool.set_workers(s.workers)  # (0: tasks run in this process)
             self.workers = st.workers = s.workers
             st.process.cores = max(1, s.workers)
         if "prefetch" in tune:
@@ -329,8 +324,9 @@ class Loader(StateKeeping):
     # -- figures ----------------------------------------------------------------------
 
     @property
-    def pool(self) -> Pool | None:
-        """The decode pool (its `arena` shows the shared-memory slots), once started."""
+    def pool(self) -> Executor | None:
+        """Where tasks run (a process pool's `arena` shows the shared-memory slots), once
+        started."""
         return self._parts.pool
 
     def stats(self) -> PipelineStats:

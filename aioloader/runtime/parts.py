@@ -1,5 +1,6 @@
-"""What a started loader holds open: the decode pool, the source (and its storage), the plan
-and the task runner — opened in the right order, closed in the right order, by one owner.
+"""What a started loader holds open: the executor (where tasks run), the source (and its
+storage), the plan and the task runner — opened in the right order, closed in the right
+order, by one owner.
 
 The workers start first (their interpreters come up while the files open); the plan is
 compiled once the files are open (it needs their record count and chunk table). Closing
@@ -18,7 +19,6 @@ from ..autotune import Limits, Setting
 from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
-from ..gate import Gate
 from ..mixed import opened
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
@@ -26,9 +26,9 @@ from ..plan import Plan, Shape, compile, source_meta
 from ..sampling import Shuffle
 from ..source import ArrayRecordSource
 from ..storage import Storage
-from ..workers import Pool
+from ..workers import Executor, open_executor
 from ..workers.messages import Pipeline
-from .tasks import TaskRunner, gate_limit
+from .tasks import TaskRunner
 
 log = logging.getLogger("aioloader")
 
@@ -61,7 +61,7 @@ def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) 
 
 
 class Parts:
-    """The pool, source, plan and runner of one loader (`owner`), once `open` ran."""
+    """The executor, source, plan and runner of one loader (`owner`), once `open` ran."""
 
     def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions,
                  shape: Shape, stats: PipelineStats, setting: Setting, limits: Limits) -> None:
@@ -69,7 +69,7 @@ class Parts:
         self.dataset, self.options, self.shape, self.stats = dataset, options, shape, stats
         # the numbers to start with, and the most each may grow to ("auto": aioloader.autotune)
         self.setting, self.limits = setting, limits
-        self.pool: Pool | None = None
+        self.pool: Executor | None = None
         self.source: ArrayRecordSource | ObjectRecords | None = None
         self.plan: Plan | None = None
         self.runner: TaskRunner | None = None
@@ -86,9 +86,15 @@ class Parts:
         if isinstance(spec, ObjectSource):  # the workers read it (aioloader.objects)
             pipeline = dataclasses.replace(pipeline, records=spec.obj)
         first, most = self.setting, self.limits
-        self.pool = Pool(pipeline, most.workers if "workers" in most.tune else first.workers,
-                         slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
-                         slot_size=opts.worker.slot_size)
+        # With workers="auto", the pool starts `most.workers` processes (all at once: a
+        # worker started later could not open the pool's queues, whose names are unlinked
+        # once the first ones are up, `workers.semnames`); its gate lets only the tuner's
+        # count of tasks at them at once (`lanes`). Idle workers cost memory, not CPU.
+        tuned = "workers" in most.tune
+        self.pool = open_executor(
+            pipeline, most.workers if tuned else first.workers,
+            slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
+            slot_size=opts.worker.slot_size, lanes=first.workers if tuned else None)
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
@@ -127,18 +133,7 @@ class Parts:
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)
-        self._gate_workers()
         return self.plan
-
-    def _gate_workers(self) -> None:
-        """With workers="auto", the pool starts `limits.workers` processes (all at once: a
-        worker started later could not open the pool's queues, whose names are unlinked once
-        the first ones are up, `workers.semnames`); a gate lets only `setting.workers` tasks
-        at them at once, and the tuner resizes it. Idle workers cost memory, not CPU."""
-        if "workers" in self.limits.tune and self.runner is not None:
-            self.runner.worker_gate = Gate(gate_limit(self.setting.workers, self.limits.workers))
-            if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
-                self.pool.in_parent = self.setting.workers == 0
 
     def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object,
                      state: Any = None) -> Plan:
@@ -150,7 +145,6 @@ class Parts:
                             self.options, unit=unit, procs=self.shape.procs, layout=layout,
                             state=state)
         self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
-        self._gate_workers()
         return self.plan
 
     def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
