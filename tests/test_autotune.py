@@ -393,7 +393,7 @@ _same = fns.same_batches
 def _push(it, k):
     """Force the tuner's hand mid-run (what a waiting consumer with free cores would do):
     workers 0 -> 1 -> 2 (where there are 2 cores), then down under memory pressure."""
-    tuner = it._tuner
+    tuner = it._parts.tuner  # (the started loader's: `runtime.parts`)
     if k in (3, 8):
         tuner.step(Observation(0.9, 0.99, 0.99, cores_free=8.0))
     if k == 15:
