@@ -1,6 +1,7 @@
 """What a started loader holds open: the executor (where tasks run), the source (and its
 storage), the task runner, the run of the position's plan and the tuner — opened in the
-right order, closed in the right order, by one owner.
+right order, closed in the right order, by one owner — and what they start from: the
+`Position` (state and plan), the settings ("auto" ones tuned as it runs) and the stats.
 
 The workers start first (their interpreters come up while the files open); the plan is
 compiled once the files are open (it needs their record count and chunk table). Closing
@@ -68,8 +69,8 @@ def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) 
 
 
 class Parts:
-    """The executor, source, runner, run and tuner of one loader (`owner`), once `open` ran;
-    the plan is `position`'s."""
+    """The position, settings and stats of one loader (`owner`), and its executor, source,
+    runner, run and tuner once `open` ran."""
 
     def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions) -> None:
         self._owner = weakref.ref(owner)
