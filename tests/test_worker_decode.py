@@ -4,6 +4,7 @@ and decodes each of its chunks once; bad chunks are named; every op's time is re
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -138,6 +139,33 @@ async def test_the_chunk_cache_is_bounded(files):
     finally:
         pool.close()
     assert [(r.chunks_decoded, r.chunk_hits) for r in results] == [(1, 0), (1, 0)]
+
+
+async def test_where_a_task_runs_is_the_executors_choice_and_never_changes_its_result(files):
+    """A pool tuned to 0 workers (`set_workers(0)`) runs tasks in this process, and at 1 in
+    its worker again; with `first_in_parent` a task runs here while no worker is up. Every
+    result is the same."""
+    indices = np.random.default_rng(1).permutation(64)[:24]
+    pipeline = Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)), batch=None,
+                        batch_ops=())
+    pool = open_executor(pipeline, 1, slots=2, lanes=1, first_in_parent=True)
+    try:
+        async with al.ArrayRecordSource(files[8][0]) as src:
+            want = [fns.decode(r)["id"] for r in await src.read(indices)]
+            got = [(await pool.run(await _task(src, indices))).payload]  # no worker up yet
+            assert pool.figures()["in_parent"] == 1
+            pool.warm_up()
+            assert await asyncio.to_thread(pool.wait_started, 60)  # type: ignore[attr-defined]
+            got.append((await pool.run(await _task(src, indices))).payload)  # in the worker
+            pool.set_workers(0)
+            assert pool.settled()
+            got.append((await pool.run(await _task(src, indices))).payload)  # here
+            pool.set_workers(1)
+            got.append((await pool.run(await _task(src, indices))).payload)  # the worker
+    finally:
+        pool.close()
+    assert got == [want] * 4
+    assert pool.figures()["in_parent"] == 2
 
 
 # -- bad chunks are named --------------------------------------------------------------------
