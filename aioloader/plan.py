@@ -16,7 +16,7 @@ packed rows) are assembled in order from consecutive windows (`runtime.assembly`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -354,24 +354,6 @@ def stream_lane(dataset: Dataset, meta: SourceMeta, sh: Shape, state: LoaderStat
     made = resolve(state.lane, sh.process_count, sh.procs[0])
     assert isinstance(made, lanes.Lanes)
     return made
-
-
-def with_layout(plan: Plan, dataset: Dataset, layout: tuple[tuple[int, int], ...]) -> Plan:
-    """`plan` for a state with other earlier process counts (a state set on a running
-    loader): only a dealt block shuffle's windows depend on them."""
-    resolved = _resolve(dataset, plan.meta, plan.shape.procs, layout, plan.lane)
-    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts,
-                      plan.index.base)
-    return replace(plan, index=index, layout=tuple(layout))
-
-
-def with_lane(plan: Plan, dataset: Dataset, state: LoaderState) -> Plan:
-    """`plan` for a state set on a running loader whose lanes differ (elastic moves)."""
-    assert plan.meta is not None
-    lane = stream_lane(dataset, plan.meta, plan.shape, state)
-    resolved = _resolve(dataset, plan.meta, plan.shape.procs, plan.layout, lane)
-    index = IndexPlan(plan.index.num_records, resolved.ops, resolved.block_starts)
-    return replace(plan, index=index, lane=lane)
 
 
 def longest_shard(plan: Plan, dataset: Dataset) -> IndexPlan:

@@ -31,9 +31,9 @@ from aioloader.gate import Gate
 from aioloader.options import PrefetchOptions, ReadOptions, WorkerOptions
 from aioloader.runtime import tuner as tuner_module
 from aioloader.runtime.scheduler import Scheduler
-from aioloader.runtime.tasks import gate_limit
 from aioloader.runtime.tuner import Sample, Tuner
 from aioloader.testing import local_gcs
+from aioloader.workers.executor import gate_limit
 
 from . import pipeline_fns as fns
 
@@ -393,7 +393,7 @@ _same = fns.same_batches
 def _push(it, k):
     """Force the tuner's hand mid-run (what a waiting consumer with free cores would do):
     workers 0 -> 1 -> 2 (where there are 2 cores), then down under memory pressure."""
-    tuner = it._tuner
+    tuner = it._parts.tuner  # (the started loader's: `runtime.parts`)
     if k in (3, 8):
         tuner.step(Observation(0.9, 0.99, 0.99, cores_free=8.0))
     if k == 15:

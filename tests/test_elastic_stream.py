@@ -218,3 +218,34 @@ def test_set_state_moves_a_running_loader(paths, monkeypatch):
             return [i async for item in it for i in ids(item, name)]
 
     assert asyncio.run(rest()) == want
+
+
+def test_set_state_moves_a_running_loader_of_a_mix(paths, monkeypatch):
+    """As above, over a mix: the moved lanes index the mix's stream, as when started with
+    the state (the plan is compiled for the state, not patched)."""
+
+    def mixed(count):
+        parts = [al.Dataset.from_arrayrecord(p) for p in paths]
+        return (al.Dataset.mix(parts, [2, 1]).shard_by_jax_process(drop_remainder=False)
+                .map(fns.decode).filter(fns.keep_even).map(fns.just_id))
+
+    def ids_of(index, count, state=None, stop=None):
+        monkeypatch.setattr(aj, "process_shard", lambda ds: (index, count))
+        it = mixed(count).loader(workers=0, window=4, state=state)
+        try:
+            got = [int(x) for x in (it if stop is None else itertools.islice(it, stop))]
+            return got, json.loads(json.dumps(it.get_state()))
+        finally:
+            it.close()
+
+    merged = al.merge_states([ids_of(i, 2, stop=3 + i)[1] for i in range(2)])
+    want, _ = ids_of(0, 3, state=merged)
+    monkeypatch.setattr(aj, "process_shard", lambda ds: (0, 3))
+
+    async def rest():
+        async with mixed(3).loader(workers=0, window=4) as it:
+            await it.__anext__()
+            it.set_state(merged)
+            return [int(x) async for x in it]
+
+    assert want and asyncio.run(rest()) == want

@@ -56,24 +56,24 @@ def test_kept_positions_never_change_the_advice(n, per_segment, window, budget, 
     order = np.concatenate([rng.permutation(np.arange(a, min(n, a + window)))
                             for a in range(0, n, window)]).astype(np.int64)
     plan, source, _ = _fakes(order, per_segment, budget, min_count)
-    kept = Readahead(plan, source)  # type: ignore[arg-type]
+    kept = Readahead(source)
     lo = 0
     for step in [0, *steps]:
         lo = min(n - 1, lo + step)
         before = len(source.resident.advised)
-        kept.at(lo)
+        kept.at(lo, plan)  # type: ignore[arg-type]
         if len(source.resident.advised) == before:
             continue  # not due
         fresh_plan, fresh_source, _ = _fakes(order, per_segment, budget, min_count)
-        Readahead(fresh_plan, fresh_source).at(lo)  # type: ignore[arg-type]
+        Readahead(fresh_source).at(lo, fresh_plan)  # type: ignore[arg-type]
         assert source.resident.advised[-1] == fresh_source.resident.advised[-1]
 
 
 def test_a_sequential_read_looks_each_position_up_about_once():
     n = 400_000
     plan, source, calls = _fakes(np.arange(n, dtype=np.int64), 4096, 80, 16)
-    ahead = Readahead(plan, source)  # type: ignore[arg-type]
+    ahead = Readahead(source)
     for lo in range(0, n, 1024):
-        ahead.at(lo)
+        ahead.at(lo, plan)  # type: ignore[arg-type]
     assert ahead.looks > 10
     assert sum(calls) < 1.2 * n

@@ -4,6 +4,7 @@ and decodes each of its chunks once; bad chunks are named; every op's time is re
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from aioloader.arrayrecord import ArrayRecordFormatError
 from aioloader.arrayrecord.codecs import ZSTD
 from aioloader.testing import local_gcs
 from aioloader.transforms import BatchOp, FilterOp, MapOp, RandomMapOp
-from aioloader.workers import Pipeline, Pool, Task
+from aioloader.workers import Pipeline, Task, open_executor
 from aioloader.workers.arena import Arena
 from aioloader.workers.decode import chunk_keys
 
@@ -109,8 +110,9 @@ async def test_the_arena_places_a_chunk_that_records_share_once(files):
 async def test_a_task_decodes_each_chunk_once_and_the_next_finds_it_decoded(
         files, workers, slot_size, remote):
     indices = np.random.default_rng(0).permutation(64)[:40]  # of the first 8 chunks of 8
-    pool = Pool(Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)), batch=None,
-                         batch_ops=()), workers, slots=2, slot_size=slot_size)
+    pool = open_executor(Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)),
+                                  batch=None, batch_ops=()),
+                         workers, slots=2, slot_size=slot_size)
     try:
         async with al.ArrayRecordSource(files[8][0]) as src:
             want = [fns.decode(r)["id"] for r in await src.read(indices)]
@@ -129,14 +131,41 @@ async def test_a_task_decodes_each_chunk_once_and_the_next_finds_it_decoded(
 
 async def test_the_chunk_cache_is_bounded(files):
     """A cache too small for one chunk keeps none: every task decodes again."""
-    pool = Pool(Pipeline(record_ops=(), batch=None, batch_ops=(), chunk_cache_bytes=64), 0,
-                slots=1)
+    pool = open_executor(Pipeline(record_ops=(), batch=None, batch_ops=(), chunk_cache_bytes=64),
+                         0, slots=1)
     try:
         async with al.ArrayRecordSource(files[64][0]) as src:
             results = [await pool.run(await _task(src, range(10))) for _ in range(2)]
     finally:
         pool.close()
     assert [(r.chunks_decoded, r.chunk_hits) for r in results] == [(1, 0), (1, 0)]
+
+
+async def test_where_a_task_runs_is_the_executors_choice_and_never_changes_its_result(files):
+    """A pool tuned to 0 workers (`set_workers(0)`) runs tasks in this process, and at 1 in
+    its worker again; with `first_in_parent` a task runs here while no worker is up. Every
+    result is the same."""
+    indices = np.random.default_rng(1).permutation(64)[:24]
+    pipeline = Pipeline(record_ops=(MapOp(fns.decode), MapOp(fns.just_id)), batch=None,
+                        batch_ops=())
+    pool = open_executor(pipeline, 1, slots=2, lanes=1, first_in_parent=True)
+    try:
+        async with al.ArrayRecordSource(files[8][0]) as src:
+            want = [fns.decode(r)["id"] for r in await src.read(indices)]
+            got = [(await pool.run(await _task(src, indices))).payload]  # no worker up yet
+            assert pool.figures()["in_parent"] == 1
+            pool.warm_up()
+            assert await asyncio.to_thread(pool.wait_started, 60)  # type: ignore[attr-defined]
+            got.append((await pool.run(await _task(src, indices))).payload)  # in the worker
+            pool.set_workers(0)
+            assert pool.settled()
+            got.append((await pool.run(await _task(src, indices))).payload)  # here
+            pool.set_workers(1)
+            got.append((await pool.run(await _task(src, indices))).payload)  # the worker
+    finally:
+        pool.close()
+    assert got == [want] * 4
+    assert pool.figures()["in_parent"] == 2
 
 
 # -- bad chunks are named --------------------------------------------------------------------
@@ -176,7 +205,7 @@ async def test_each_op_reports_what_it_received_and_its_time(files, workers):
                   MapOp(fns.only_id_noise_det))
     pipeline = Pipeline(record_ops=record_ops, batch=BatchOp(5),
                         batch_ops=(MapOp(fns.slow_batch),))
-    pool = Pool(pipeline, workers, slots=2)
+    pool = open_executor(pipeline, workers, slots=2)
     try:
         async with al.ArrayRecordSource(files[8][0]) as src:
             kept = sum(1 for r in await src.read(range(40)) if fns.keep_even(fns.decode(r)))

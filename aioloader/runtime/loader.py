@@ -2,42 +2,31 @@
 
 It opens the files and the decode pool, compiles the plan (`aioloader.plan`) and runs it:
 the scheduler keeps up to `prefetch` tasks in flight and hands their results on in order
-(`scheduler`), a task is looked up, fetched and run by the pool (`tasks`), and results
+(`scheduler`), a task is looked up, fetched and run by the executor (`tasks`), and results
 become batches (`output`). The output is a pure function of the dataset, the seed and the
-shard. The consumer's place is one `LoaderState`, set when an item is handed out (by `async
-for`, the plain iterator's pump, or a device iterator) and nowhere else; it is a few
-integers, JSON-able, and resumes bit-for-bit.
+shard. The consumer's place is one `LoaderState`, owned by the `Position`
+(`statekeeping`, with the plan that runs from it), and set when an item is handed out (by
+`async for`, the plain iterator's pump, or a device iterator) or a state is set; it is a
+few integers, JSON-able, and resumes bit-for-bit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..autotune import Setting, available_cores
-from ..autotune import start as tuning_start
 from ..descriptors import too_many_open
 from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
-from ..mixed import opened
 from ..options import LoaderOptions
-from ..plan import longest_shard, with_layout
 from ..sync import pump
-from ..urls import is_local
-from ..workers import Pool
-from ..workers.procs import start_server
-from .output import Run
+from ..workers import Executor
 from .parts import SYNC_HANDOFF_DEPTH, Parts
-from .statekeeping import StateKeeping
 from .stats import PipelineStats
-from .tasks import gate_limit
-from .tuner import Tuner
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
@@ -46,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("aioloader")
 
 
-class Loader(StateKeeping):
+class Loader:
     """A running pipeline over a `Dataset`. Create it with `Dataset.loader()`."""
 
     def __init__(self, dataset: Dataset, options: LoaderOptions | None = None, *,
@@ -54,41 +43,59 @@ class Loader(StateKeeping):
         options = options or LoaderOptions()
         self.dataset = dataset
         self.options = options
-        # "auto" settings start here and are tuned while running (`runtime.tuner`)
-        self._cores = available_cores()
-        self._setting, self._limits = tuning_start(
-            options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
-            self._cores, remote=_remote(dataset))
-        self._tuner: Tuner | None = None
-        self.workers = self._setting.workers
-        self.prefetch = self._setting.prefetch
-        if self.workers or "workers" in self._limits.tune:  # (auto: processes may come)
-            dataset.check_picklable()
-            start_server()  # it loads while the files open (`workers.procs`)
-        self._init_shard(state)
-        self._stats = PipelineStats(workers=self.workers, prefetch=self.prefetch,
-                                    graph=dataset.describe())
-        trace = options.trace if options.trace is not None else \
-            os.environ.get("AIOLOADER_TRACE") or None
-        self._trace_path = trace if isinstance(trace, str) else None
-        if trace:
-            self._stats.start_trace()
-        self._parts = Parts(self, dataset, options, self._shape, self._stats,
-                            self._setting, self._limits)
+        self._parts = Parts(self, dataset, options)  # (the workers' server starts first)
+        self._position, self._stats = self._parts.position, self._parts.stats
+        self._prefetch_asked = False  # start_prefetch() before the data slice was known
         if state is not None:
-            self._apply_state(state)
-        self._run: Run | None = None
+            self._position.resume(state)
         self._binding = Binding(self)  # the loop and process it runs on
         self._start_task: asyncio.Future | None = None
         self._guard: LoopGuard | None = None  # closes it when its loop ends
         self._closed = False
         self._closing = threading.RLock()
 
+    @property
+    def workers(self) -> int:
+        """Worker processes tasks run in (0: this process); the tuner's, with "auto"."""
+        return self._stats.workers
+
+    @property
+    def prefetch(self) -> int:
+        """Tasks in flight at most; the tuner's, with "auto"."""
+        return self._stats.prefetch
+
     def __repr__(self) -> str:
         return (f"Loader({' -> '.join(self.dataset.describe())}; workers={self.workers}, "
                 f"prefetch={self.prefetch})")
 
-    # (state, and the process's shard: `StateKeeping`)
+    # -- state, and the process's shard (`Position`) -----------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
+        return self._position.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (from `get_state()`); restarts work in progress."""
+        replanned = self._position.resume(state)  # (another window, layout or lanes)
+        if not self._closed:
+            self._parts.restart(replanned)
+
+    @property
+    def process_count(self) -> int:
+        """The shard count of shard_by_jax_process() (data slices; 1 without it)."""
+        return self._position.shape.process_count
+
+    @property
+    def data_slice(self) -> tuple[int, int] | None:
+        """shard_by_jax_process()'s `(index, count)` for this process (None without it, or
+        while it waits for to_jax's sharding)."""
+        return self._position.data_slice
+
+    def use_data_slice(self, procs: tuple[int, int]) -> None:
+        """shard_by_jax_process()'s `(index, count)` from the sharding `to_jax` was given
+        (`aioloader.jax.data_slice`), before the first batch."""
+        if self._position.use_data_slice(procs) and self._prefetch_asked:
+            self.start_prefetch()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -115,7 +122,8 @@ class Loader(StateKeeping):
         background loop of the sync API. Returns at once. (Before `to_jax(sharding)` has
         said this process's data slice, it starts then.)
         """
-        if self._defer_prefetch():
+        self._prefetch_asked = self._position.slice_unknown
+        if self._prefetch_asked:  # it starts once the data slice is known
             return
         try:
             asyncio.get_running_loop()
@@ -127,57 +135,12 @@ class Loader(StateKeeping):
             self._start_task = asyncio.ensure_future(self._start())
 
     async def _start(self) -> None:
-        self._check_shard()
+        self._position.check_shard()
         self._guard = LoopGuard(self)  # `async for` without `async with`: closed with the loop
         await self._guard.arm()
-        plan = await self._parts.open(self._state.unit, self._state.layout, self._state)
-        self._state = self._moved(self._state)
-        self._state.check_position(plan.length, plan.batch_mode, plan.cuts)
-        self._new_run()
-        if self._limits.tune:
-            storage = getattr(self._parts.source, "storage", None)
-            pool = self._parts.pool
-            self._tuner = Tuner(self._setting, self._limits, self._stats, self._cores,
-                                self._tune, io_held=getattr(storage, "slots_held_seconds",
-                                                            None),
-                                settled=lambda: pool is None or pool.in_parent
-                                or pool.all_started(),
-                                reads=lambda: storage.stats.reads if storage else 0,
-                                base_rtt=getattr(storage, "base_rtt", lambda: None))
-            self._stats.autotune_source = self._tuner.figures
-            self._tuner.start()
-
-    def _tune(self, s: Setting) -> None:
-        """Apply the tuner's setting: the worker gate, the tasks in flight, the requests."""
-        p, st = self._parts, self._stats
-        tune = self._limits.tune
-        if "workers" in tune and p.runner is not None and p.runner.worker_gate is not None:
-            # 0: one lane, in this process
-            p.runner.worker_gate.resize(gate_limit(s.workers, self._limits.workers))
-            if p.pool is not None:
-                p.pool.in_parent = s.workers == 0
-            self.workers = st.workers = s.workers
-            st.process.cores = max(1, s.workers)
-        if "prefetch" in tune:
-            self.prefetch = st.prefetch = s.prefetch
-            if self._run is not None:
-                self._run.scheduler.set_depth(s.prefetch)
-        storage = getattr(p.source, "storage", None)
-        if "io_concurrency" in tune and storage is not None:
-            storage.set_concurrency(s.io_concurrency)
-
-    def _new_run(self) -> None:
-        p = self._parts
-        assert p.plan is not None and p.runner is not None
-        if p.plan.unit != self._state.unit:  # a stream-mode state set with another window
-            p.plan = dataclasses.replace(p.plan, unit=self._state.unit)
-            p.runner.use(p.plan)
-        if p.plan.layout != self._state.layout:  # a state moved from another process count
-            p.plan = with_layout(p.plan, self.dataset, self._state.layout)
-            p.runner.use(p.plan)
-        if p.runner.plan is not p.plan:  # another elastic stream-mode lane (set_state)
-            p.runner.use(p.plan)
-        self._run = Run(p.plan, p.runner, self._state, self.prefetch, self.dataset, self._stats)
+        await self._parts.open()  # (the position compiles the plan for its state)
+        self._parts.new_run()
+        self._parts.start_tuner()
 
     @property
     def closed(self) -> bool:
@@ -196,22 +159,12 @@ class Loader(StateKeeping):
         self._closed = True
         if self._guard is not None:
             self._guard.disarm()
-        if self._tuner is not None:
-            await self._tuner.aclose()
-        pending: list[Any] = self._run.scheduler.cancel() if self._run is not None else []
+        pending = await self._parts.stop()
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
             pending.append(self._start_task)
         await asyncio.gather(*pending, return_exceptions=True)
-        if self._run is not None:
-            await self._run.aclose()
         await self._parts.aclose()
-        if self._trace_path:
-            try:
-                self._stats.trace(self._trace_path)
-                log.info("wrote the trace to %s", self._trace_path)
-            except OSError as exc:
-                log.warning("the trace could not be written to %s: %s", self._trace_path, exc)
 
     def close(self) -> None:
         """Close from sync code (also called when a `for` loop over the loader ends), from
@@ -248,7 +201,8 @@ class Loader(StateKeeping):
         return self
 
     async def __anext__(self) -> Any:
-        batch, self._state, _ = await self._take()
+        batch, state, _ = await self._take()
+        self._position.hand_out(state)
         return batch
 
     async def _take(self, keep: bool = False
@@ -262,12 +216,9 @@ class Loader(StateKeeping):
             raise StopAsyncIteration
         try:
             await self.start()
-            run, st = self._run, self._stats
+            run = self._parts.run
             assert run is not None
-            ready, t0 = run.scheduler.ready, time.perf_counter()
-            item = await run.next(keep)
-            st.note_batch(time.perf_counter() - t0, ready)
-            return item
+            return await run.next(keep)
         except asyncio.CancelledError:
             if closed_while_waiting(self._closed):  # closed by another task or thread
                 raise StopAsyncIteration from None
@@ -289,7 +240,8 @@ class Loader(StateKeeping):
 
         items = pump(loop, lambda: self._take(keep=True), depth=SYNC_HANDOFF_DEPTH,
                      closing=lambda: self._closed, check=check, on_exit=self.close, held=True)
-        for batch, self._state in items:
+        for batch, state in items:
+            self._position.hand_out(state)
             yield batch
 
     # -- device placement -------------------------------------------------------------
@@ -317,20 +269,16 @@ class Loader(StateKeeping):
         steps every process must take to stay in lockstep.
         """
         await self.start()
-        plan, run = self._parts.plan, self._run
-        assert plan is not None and run is not None
-        index = _longest(plan, self.dataset) if longest_shard else plan.index
-        if index.length is None:
-            return None
-        if not plan.batch_mode:
-            raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
-        return plan.batches_from(run.start.position, index.length)
+        run = self._parts.run
+        assert run is not None
+        return self._position.batches_from(run.start.position, longest_shard)
 
     # -- figures ----------------------------------------------------------------------
 
     @property
-    def pool(self) -> Pool | None:
-        """The decode pool (its `arena` shows the shared-memory slots), once started."""
+    def pool(self) -> Executor | None:
+        """Where tasks run (a process pool's `arena` shows the shared-memory slots), once
+        started."""
         return self._parts.pool
 
     def stats(self) -> PipelineStats:
@@ -338,11 +286,3 @@ class Loader(StateKeeping):
         `.trace("trace.json")` for a Chrome/Perfetto trace, when opened with `trace=`)."""
         return self._stats
 
-
-_longest = longest_shard
-
-
-def _remote(dataset: Dataset) -> bool:
-    """Whether any of the dataset's files lies in a bucket (or behind any non-local URL)."""
-    spec = opened(dataset.source)
-    return any(not is_local(p) for p in getattr(spec, "paths", ()))

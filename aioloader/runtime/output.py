@@ -10,10 +10,10 @@ out (`Loader._deliver`), and nowhere else.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ..plan import Plan
 from ..state import LoaderState
 from .assembly import Assembler
 from .scheduler import Scheduler
@@ -21,13 +21,14 @@ from .tasks import TaskRunner
 
 
 class Run:
-    """One run of a plan from a start state: a scheduler and what turns its results into
-    items. Restarting (set_state) makes a new run."""
+    """One run of the runner's plan from a start state: a scheduler and what turns its results
+    into items. Restarting (set_state) makes a new run."""
 
-    def __init__(self, plan: Plan, runner: TaskRunner, start: LoaderState, depth: int,
-                 dataset: Any, stats: Any) -> None:
-        self.plan = plan
+    def __init__(self, runner: TaskRunner, start: LoaderState, depth: int, dataset: Any,
+                 stats: Any) -> None:
+        plan = runner.plan
         self.runner = runner
+        self._stats = stats
         self.start = start
         # From a bucket the first task runs alone: the others' reads (hundreds of GETs
         # each, record by record) would share this process's CPU and the connections with
@@ -53,7 +54,14 @@ class Run:
         """The next item, the state after it, and (with `keep`, batch mode) what to call once
         a consumer took it from a hand-off: till then its task keeps its place among the
         `prefetch` ahead (`Scheduler.next`), so what waits in the sync iterator's hand-off
-        counts as ahead of the consumer, not on top. StopAsyncIteration after the last."""
+        counts as ahead of the consumer, not on top. StopAsyncIteration after the last. The
+        consumer's wait is timed (`PipelineStats.note_batch`)."""
+        ready, t0 = self.scheduler.ready, time.perf_counter()
+        item = await self._next(keep)
+        self._stats.note_batch(time.perf_counter() - t0, ready)
+        return item
+
+    async def _next(self, keep: bool) -> tuple[Any, LoaderState, Callable[[], None] | None]:
         if self._assembler is not None:
             out, at = await self._assembler.next()
             return out, self.start.at(at["position"], at["skip"], at["rows"],
@@ -65,7 +73,7 @@ class Run:
                 raise StopAsyncIteration
             lo, _, result = item
             self.runner.observe(result.payload)
-            unit = self.plan.unit
+            unit = self.runner.plan.unit
             batches = result.payload or ()
             if keep and not batches:
                 self.scheduler.give_back()

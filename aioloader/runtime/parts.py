@@ -1,5 +1,7 @@
-"""What a started loader holds open: the decode pool, the source (and its storage), the plan
-and the task runner — opened in the right order, closed in the right order, by one owner.
+"""What a started loader holds open: the executor (where tasks run), the source (and its
+storage), the task runner, the run of the position's plan and the tuner — opened in the
+right order, closed in the right order, by one owner — and what they start from: the
+`Position` (state and plan), the settings ("auto" ones tuned as it runs) and the stats.
 
 The workers start first (their interpreters come up while the files open); the plan is
 compiled once the files are open (it needs their record count and chunk table). Closing
@@ -11,30 +13,36 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..autotune import Limits, Setting
+from ..autotune import Setting, available_cores
+from ..autotune import start as tuning_start
 from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
-from ..gate import Gate
 from ..mixed import opened
 from ..objects import ObjectRecords, ObjectSource
 from ..options import LoaderOptions
-from ..plan import Plan, Shape, compile, source_meta
+from ..plan import Plan, Shape, source_meta
 from ..sampling import Shuffle
 from ..source import ArrayRecordSource
 from ..storage import Storage
-from ..workers import Pool
+from ..urls import is_local
+from ..workers import Executor, open_executor
 from ..workers.messages import Pipeline
-from .tasks import TaskRunner, gate_limit
+from ..workers.procs import start_server
+from .output import Run
+from .statekeeping import Position
+from .stats import PipelineStats
+from .tasks import TaskRunner
+from .tuner import Tuner
 
 log = logging.getLogger("aioloader")
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
-    from .stats import PipelineStats
 
 # Slots: tasks in flight or done (prefetch: the sync iterator's hand-off counts among them,
 # `Run.next`), a few the consumer holds (its step, device prefetch), and spares; beyond
@@ -61,40 +69,64 @@ def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) 
 
 
 class Parts:
-    """The pool, source, plan and runner of one loader (`owner`), once `open` ran."""
+    """The position, settings and stats of one loader (`owner`), and its executor, source,
+    runner, run and tuner once `open` ran."""
 
-    def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions,
-                 shape: Shape, stats: PipelineStats, setting: Setting, limits: Limits) -> None:
+    def __init__(self, owner: object, dataset: Dataset, options: LoaderOptions) -> None:
         self._owner = weakref.ref(owner)
-        self.dataset, self.options, self.shape, self.stats = dataset, options, shape, stats
-        # the numbers to start with, and the most each may grow to ("auto": aioloader.autotune)
-        self.setting, self.limits = setting, limits
-        self.pool: Pool | None = None
+        self.dataset, self.options = dataset, options
+        # "auto" settings start here and are tuned while running (`runtime.tuner`): the
+        # numbers to start with, and the most each may grow to (`aioloader.autotune`)
+        self._cores = available_cores()
+        self.setting, self.limits = tuning_start(
+            options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
+            self._cores, remote=_remote(dataset))
+        if self.setting.workers or "workers" in self.limits.tune:  # (auto: processes may come)
+            dataset.check_picklable()
+            start_server()  # it loads while the files open (`workers.procs`)
+        self.position = Position(dataset, options)
+        self.stats = PipelineStats(workers=self.setting.workers,
+                                   prefetch=self.setting.prefetch, graph=dataset.describe())
+        trace = options.trace if options.trace is not None else \
+            os.environ.get("AIOLOADER_TRACE") or None
+        self._trace_path = trace if isinstance(trace, str) else None  # written at aclose
+        if trace:
+            self.stats.start_trace()
+        self.pool: Executor | None = None
         self.source: ArrayRecordSource | ObjectRecords | None = None
-        self.plan: Plan | None = None
         self.runner: TaskRunner | None = None
         self.disk: DiskTier | None = None
+        self.run: Run | None = None  # from the position's state (a new one at set_state)
+        self.tuner: Tuner | None = None  # "auto" settings (`runtime.tuner`)
         self._finalizer: weakref.finalize | None = None
 
-    async def open(self, unit: int, layout: tuple[tuple[int, int], ...] = (),
-                   state: Any = None) -> Plan:
-        """Start the workers, open the files, compile the plan (`unit`, `layout`, `state`:
-        the state's)."""
+    @property
+    def shape(self) -> Shape:
+        return self.position.shape
+
+    async def open(self) -> Plan:
+        """Start the workers, open the files, have the position compile the plan."""
         ds, opts = self.dataset, self.options
         spec = opened(ds.source)  # a mix's inputs: one source, end to end
         pipeline = worker_pipeline(ds, self.shape, spec.verify, opts.read.memory_budget)
         if isinstance(spec, ObjectSource):  # the workers read it (aioloader.objects)
             pipeline = dataclasses.replace(pipeline, records=spec.obj)
         first, most = self.setting, self.limits
-        self.pool = Pool(pipeline, most.workers if "workers" in most.tune else first.workers,
-                         slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
-                         slot_size=opts.worker.slot_size)
+        # With workers="auto", the pool starts `most.workers` processes (all at once: a
+        # worker started later could not open the pool's queues, whose names are unlinked
+        # once the first ones are up, `workers.semnames`); its gate lets only the tuner's
+        # count of tasks at them at once (`lanes`). Idle workers cost memory, not CPU.
+        tuned = "workers" in most.tune
+        self.pool = open_executor(
+            pipeline, most.workers if tuned else first.workers,
+            slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
+            slot_size=opts.worker.slot_size, lanes=first.workers if tuned else None)
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)
         self.pool.warm_up()  # (auto at 0 too: a step up is then measured, not spawned)
         if isinstance(spec, ObjectSource):
-            return self._open_object(spec, unit, layout, owner, state)
+            return self._open_object(spec, owner)
         read = opts.read
         storage = Storage(concurrency=most.io_concurrency, max_inflight_bytes=read.memory_budget,
                           retry=read.retry, storage_options=dict(spec.storage_options),
@@ -116,42 +148,79 @@ class Parts:
                       if isinstance(op, Shuffle) and op.strategy == "block"), 0)
         if block:  # a bounded tier's segments no larger than the blocks (each fetched once)
             await src.fetcher.fit_segments(block)
-        meta = source_meta(src, spec.verify, whole=whole)
-        self.plan = compile(ds, meta, opts, unit=unit, procs=self.shape.procs, layout=layout,
-                            state=state)
-        if self.plan.window_bytes and not src.all_local and src.resident is None:
+        plan = self.position.open(source_meta(src, spec.verify, whole=whole))
+        if plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
                 "block shuffle of a remote dataset with resident_bytes=%d: too small for the "
                 "memory tier (it needs at least %d, %d segments), so every record is its own "
                 "request; raise resident_bytes", read.resident_bytes,
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
-        self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
+        self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner)
         self.runner.disk = self.disk = self._disk_tier(src)
-        self._gate_workers()
-        return self.plan
+        return plan
 
-    def _gate_workers(self) -> None:
-        """With workers="auto", the pool starts `limits.workers` processes (all at once: a
-        worker started later could not open the pool's queues, whose names are unlinked once
-        the first ones are up, `workers.semnames`); a gate lets only `setting.workers` tasks
-        at them at once, and the tuner resizes it. Idle workers cost memory, not CPU."""
-        if "workers" in self.limits.tune and self.runner is not None:
-            self.runner.worker_gate = Gate(gate_limit(self.setting.workers, self.limits.workers))
-            if self.pool is not None:  # 0: on a thread of this process (`Pool.in_parent`)
-                self.pool.in_parent = self.setting.workers == 0
+    def new_run(self) -> None:
+        """A run from the position's state (the scheduler's depth: the prefetch now)."""
+        assert self.runner is not None
+        self.run = Run(self.runner, self.position.state, self.stats.prefetch, self.dataset,
+                       self.stats)
 
-    def _open_object(self, spec: ObjectSource, unit: int, layout: tuple, owner: object,
-                     state: Any = None) -> Plan:
+    def restart(self, replanned: bool) -> None:
+        """A state was set (`replanned`: with another plan): the runner forgets what it looked
+        up of the old plan, and a run in progress starts again from the state."""
+        if replanned and self.runner is not None:
+            self.runner.use()
+        if self.run is not None:
+            old, self.run = self.run, None
+            for t in old.scheduler.cancel():
+                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.new_run()
+
+    def start_tuner(self) -> None:
+        """With "auto" settings, the tuner: what it measures, and `_tune` to apply."""
+        if not self.limits.tune:
+            return
+        storage = getattr(self.source, "storage", None)
+        pool = self.pool
+        self.tuner = Tuner(self.setting, self.limits, self.stats, self._cores, self._tune,
+                           io_held=getattr(storage, "slots_held_seconds", None),
+                           settled=lambda: pool is None or pool.settled(),
+                           reads=lambda: storage.stats.reads if storage else 0,
+                           base_rtt=getattr(storage, "base_rtt", lambda: None))
+        self.stats.autotune_source = self.tuner.figures
+        self.tuner.start()
+
+    def _tune(self, s: Setting) -> None:
+        """Apply the tuner's setting: the executor's workers, the tasks in flight, the
+        requests."""
+        st, tune = self.stats, self.limits.tune
+        if "workers" in tune and self.pool is not None:
+            self.pool.set_workers(s.workers)  # (0: tasks run in this process)
+            st.workers = s.workers
+            st.process.cores = max(1, s.workers)
+        if "prefetch" in tune:
+            st.prefetch = s.prefetch
+            if self.run is not None:
+                self.run.scheduler.set_depth(s.prefetch)
+        storage = getattr(self.source, "storage", None)
+        if "io_concurrency" in tune and storage is not None:
+            storage.set_concurrency(s.io_concurrency)
+
+    async def stop(self) -> list[Any]:
+        """Stop the tuner and cancel the run's tasks; returns those to await before
+        `aclose`."""
+        if self.tuner is not None:
+            await self.tuner.aclose()
+        return self.run.scheduler.cancel() if self.run is not None else []
+
+    def _open_object(self, spec: ObjectSource, owner: object) -> Plan:
         """`open` for a `from_source()` object: no files, storage or tiers to open."""
         assert self.pool is not None
         src = self.source = ObjectRecords(spec)
         self.stats.transfer_source = self.pool.figures
-        self.plan = compile(self.dataset, source_meta(src, spec.verify, whole=False),
-                            self.options, unit=unit, procs=self.shape.procs, layout=layout,
-                            state=state)
-        self.runner = TaskRunner(self.plan, src, self.pool, self.stats, owner=owner)
-        self._gate_workers()
-        return self.plan
+        plan = self.position.open(source_meta(src, spec.verify, whole=False))
+        self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner)
+        return plan
 
     def _disk_tier(self, src: ArrayRecordSource) -> DiskTier | None:
         """The disk tier of a remote dataset, when `cache_dir` is set: under the memory tier,
@@ -178,6 +247,8 @@ class Parts:
             self._finalizer()
 
     async def aclose(self) -> None:
+        if self.run is not None:
+            await self.run.aclose()
         if self.runner is not None:
             self.runner.horizons.close()
         self.free()
@@ -188,6 +259,12 @@ class Parts:
             await self.source.aclose()
             if self.source.storage is not None:  # (an object source has none)
                 await self.source.storage.aclose()
+        if self._trace_path:
+            try:
+                self.stats.trace(self._trace_path)
+                log.info("wrote the trace to %s", self._trace_path)
+            except OSError as exc:
+                log.warning("the trace could not be written to %s: %s", self._trace_path, exc)
 
     def _cache_figures(self) -> dict[str, Any]:
         """The fetch stage's cache of raw multi-record chunks, the workers' caches of
@@ -209,3 +286,9 @@ class Parts:
         if self.disk is not None:
             out.update(self.disk.figures())
         return out
+
+
+def _remote(dataset: Dataset) -> bool:
+    """Whether any of the dataset's files lies in a bucket (or behind any non-local URL)."""
+    spec = opened(dataset.source)
+    return any(not is_local(p) for p in getattr(spec, "paths", ()))

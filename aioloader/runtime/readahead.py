@@ -24,15 +24,15 @@ MOST_LOOK = 1 << 19  # positions looked at, at most
 
 
 class Readahead:
-    """Advises the memory tier of `source` (if bounded) from the plan's upcoming records.
+    """Advises the memory tier of `source` (if bounded) from the plan's upcoming records (the
+    plan is the caller's, given at each look; `use` when it changed).
 
     The segments and chunks of the positions looked at are kept (`_segs`, `_chunks`, from
     position `_from`): a later look drops those behind it and looks up only the positions
     past the last one, so that each position is looked up about once, however often the
     tier is advised."""
 
-    def __init__(self, plan: Plan, source: Any) -> None:
-        self.plan = plan
+    def __init__(self, source: Any) -> None:
         self.source = source
         self._next = 0  # the position from which to look again
         self.looks = 0
@@ -43,22 +43,24 @@ class Readahead:
         self._segs = np.zeros(0, dtype=np.int64)
         self._chunks = np.zeros(0, dtype=np.int64)
 
-    def use(self, plan: Plan) -> None:
-        self.plan, self._next = plan, 0
+    def use(self) -> None:
+        """Another plan from now on: what was looked up goes."""
+        self._next = 0
         self._clear()
 
-    def at(self, lo: int) -> None:
-        """A task starts at output position `lo`: look ahead from there, when due."""
+    def at(self, lo: int, plan: Plan) -> None:
+        """A task of `plan` starts at output position `lo`: look ahead from there, when
+        due."""
         store = getattr(self.source, "resident", None)
         if store is None or store.whole or (self._next and lo < self._next):
             return
         self._keep_from(lo)
-        plan, n = self.plan, FIRST_LOOK
+        n = FIRST_LOOK
         while True:
             stop = lo + n if plan.length is None else min(lo + n, plan.length)
             if stop <= lo:
                 return
-            self._extend(lo + len(self._segs), stop)
+            self._extend(plan, lo + len(self._segs), stop)
             wanted, cut = dense_segments(self._segs, store.room, store.ahead_budget,
                                          store.min_count, self._chunks)
             if cut < len(self._segs) or stop - lo < n or n >= MOST_LOOK:
@@ -77,11 +79,11 @@ class Readahead:
         self._from = lo
         self._segs, self._chunks = self._segs[skip:], self._chunks[skip:]
 
-    def _extend(self, start: int, stop: int) -> None:
+    def _extend(self, plan: Plan, start: int, stop: int) -> None:
         """Look up positions `start..stop-1` (past those kept) and keep theirs too."""
         if stop <= start:
             return
-        records, _ = self.plan.index.lookup(np.arange(start, stop, dtype=np.int64))
+        records, _ = plan.index.lookup(np.arange(start, stop, dtype=np.int64))
         segs, chunks = self.source.fetcher.segments_of_records(records)
         self._segs = np.concatenate([self._segs, segs])
         self._chunks = np.concatenate([self._chunks, chunks])

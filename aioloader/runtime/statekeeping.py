@@ -1,11 +1,16 @@
-"""The loader's place in the stream, as `Loader` keeps it: `get_state`/`set_state`, a state
-resumed on this process's shard, and that shard itself (`shard_by_jax_process()`).
+"""`Position`: the loader's place in the stream — the one owner of its `LoaderState` and of the
+plan that runs from it — and this process's shard (`shard_by_jax_process()`).
 
-Apart from `loader` because the shard may be learned late: on several JAX processes without
-a sharding given to `shard_by_jax_process()`, which rows this process loads is known only
-when `to_jax(sharding)` says which processes share a data slice (`aioloader.dataslices`), so
-the shape, the fresh state and a state to resume from wait until then (`use_data_slice`),
-and the loader refuses to start without it.
+The state is assigned in one place (`_become`): a fresh one, one resumed (`resume`), and
+the state after each item handed out (`hand_out`). The plan depends on the state's window,
+layout and lanes, so it is compiled when the files are open (`open`) and again only when a
+state set later asks for others; the runtime reads `plan` here rather than keeping copies.
+
+The shard may be learned late: on several JAX processes without a sharding given to
+`shard_by_jax_process()`, which rows this process loads is known only when
+`to_jax(sharding)` says which processes share a data slice (`aioloader.dataslices`), so the
+shape, the fresh state and a state to resume from wait until then (`use_data_slice`), and
+the loader refuses to start without it.
 """
 
 from __future__ import annotations
@@ -15,48 +20,53 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..lanes import to_json as lane_json
-from ..plan import Shape, needs_processes, shape, with_lane
+from ..plan import Plan, SourceMeta, compile, longest_shard, needs_processes, shape
 from ..state import LoaderState
 
 if TYPE_CHECKING:
     from ..dataset import Dataset
     from ..options import LoaderOptions
-    from .output import Run
-    from .parts import Parts
 
 
-class StateKeeping:
-    """`Loader`'s state and shard (a mixin: `Loader` owns the parts it names)."""
+class Position:
+    """The state, shape and plan of one loader over `dataset`."""
 
-    dataset: Dataset
-    options: LoaderOptions
-    _parts: Parts
-    _run: Run | None
-    _closed: bool
-    _shape: Shape
-    _state: LoaderState
-
-    def _new_run(self) -> None:
-        raise NotImplementedError
-
-    def _init_shard(self, state: Mapping[str, Any] | None) -> None:
-        """The shape and fresh state, with this process's shard when it is known already."""
+    def __init__(self, dataset: Dataset, options: LoaderOptions,
+                 state: Mapping[str, Any] | None = None) -> None:
+        self.dataset, self.options = dataset, options
+        self.plan: Plan | None = None  # once the files are open
+        self._meta: SourceMeta | None = None
         procs = None
-        if needs_processes(self.dataset):
+        if needs_processes(dataset):
             from ..jax import process_shard
 
-            procs = process_shard(self.dataset)  # None: until to_jax(sharding) says it
-        self._slice_unknown = procs is None and needs_processes(self.dataset)
+            procs = process_shard(dataset)  # None: until to_jax(sharding) says it
+        self._slice_unknown = procs is None and needs_processes(dataset)
         self._given = state  # applied once the shard is known
-        self._prefetch_asked = False  # start_prefetch() before it was
         self._reshape(procs)
+        if state is not None:
+            self.resume(state)
+
+    @property
+    def state(self) -> LoaderState:
+        """The consumer's place: the state after the last item handed out."""
+        return self._state
+
+    def _become(self, state: LoaderState) -> None:
+        self._state = state
+
+    def hand_out(self, state: LoaderState) -> None:
+        """An item was handed out: `state` is the one after it."""
+        self._become(state)
 
     def _reshape(self, procs: tuple[int, int] | None) -> None:
-        self._shape = shape(self.dataset, self.options.worker.window, procs)
-        self._state = LoaderState(unit=self._shape.unit, pipeline=self._shape.fingerprint,
-                                  process_count=self._shape.process_count)
+        self.shape = shape(self.dataset, self.options.worker.window, procs)
+        self._become(LoaderState(unit=self.shape.unit, pipeline=self.shape.fingerprint,
+                                 process_count=self.shape.process_count))
 
-    def _check_shard(self) -> None:
+    # -- the shard ----------------------------------------------------------------------
+
+    def check_shard(self) -> None:
         """Refuse to start while the shard is unknown (several processes, no sharding)."""
         if self._slice_unknown:
             from ..dataslices import unknown_layout_error
@@ -65,79 +75,95 @@ class StateKeeping:
             raise unknown_layout_error(process_index_and_count()[1])
 
     @property
-    def process_count(self) -> int:
-        """The shard count of shard_by_jax_process() (data slices; 1 without it)."""
-        return self._shape.process_count
+    def slice_unknown(self) -> bool:
+        return self._slice_unknown
 
     @property
     def data_slice(self) -> tuple[int, int] | None:
-        """shard_by_jax_process()'s `(index, count)` for this process (None without it, or
-        while it waits for to_jax's sharding)."""
-        return None if self._slice_unknown else self._shape.procs
+        return None if self._slice_unknown else self.shape.procs
 
-    def use_data_slice(self, procs: tuple[int, int]) -> None:
-        """shard_by_jax_process()'s `(index, count)` from the sharding `to_jax` was given
-        (`aioloader.jax.data_slice`), before the first batch."""
-        if procs == self._shape.procs:
-            return
+    def use_data_slice(self, procs: tuple[int, int]) -> bool:
+        """The data slice from `to_jax`'s sharding; whether it was learned now."""
+        if procs == self.shape.procs:
+            return False
         if not self._slice_unknown:
             raise ValueError(f"to_jax()'s sharding puts this process in data slice "
                              f"{procs[0]} of {procs[1]}, and shard_by_jax_process()'s in "
-                             f"{self._shape.procs}: give both the same sharding")
+                             f"{self.shape.procs}: give both the same sharding")
         self._slice_unknown = False
         self._reshape(procs)
-        self._parts.shape = self._shape
         if self._given is not None:
-            self._apply_state(self._given)
-        if self._prefetch_asked:
-            self.start_prefetch()
+            self.resume(self._given)
+        return True
 
-    def start_prefetch(self) -> None:
-        raise NotImplementedError
-
-    def _defer_prefetch(self) -> bool:
-        """Whether start_prefetch() must wait for the data slice (it then starts)."""
-        self._prefetch_asked = self._slice_unknown
-        return self._slice_unknown
+    # -- the state and its plan ---------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """Where the consumer is: JSON-able; pass to `loader(state=...)` to resume exactly."""
         if self._slice_unknown and self._given is not None:
             return dict(self._given)
         return self._state.to_json()
 
-    def _apply_state(self, state: Mapping[str, Any]) -> None:
+    def resume(self, state: Mapping[str, Any]) -> bool:
+        """Continue from `state` (`get_state()`'s); whether the plan changed with it."""
         if self._slice_unknown:  # applied by use_data_slice
             self._given = state
-            return
-        sh = self._shape
+            return False
+        sh = self.shape
         new = LoaderState.from_json(state).resume_as(
             sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
             process_index=sh.procs[0] if sh.procs else 0)
-        plan = self._parts.plan
-        if plan is not None:
-            if new.moved or new.lane != plan_lane(plan):
-                self._parts.plan = plan = with_lane(plan, self.dataset, new)
-                new = self._moved(new)
-            new.check_position(plan.length, sh.batch_mode, plan.cuts)
-        self._state = new
+        if self._meta is None:  # compiled for it once the files are open (`open`)
+            self._become(new)
+            return False
+        old = self.plan
+        same = old is not None and _key(new) == _plan_key(old)
+        self._settle(new, old if same and old is not None else self._compile(new))
+        return self.plan is not old
 
-    def _moved(self, state: LoaderState) -> LoaderState:
-        """A state moved to this process count, once its plan made the lanes."""
-        if not state.moved:
-            return state
-        return dataclasses.replace(state, lane=plan_lane(self._parts.plan))
+    def open(self, meta: SourceMeta) -> Plan:
+        """The files are open (`meta`): the plan for the state."""
+        self._meta = meta
+        self._settle(self._state, self._compile(self._state))
+        assert self.plan is not None
+        return self.plan
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from `state` (from `get_state()`); restarts work in progress."""
-        self._apply_state(state)
-        if self._run is not None and not self._closed:
-            old, self._run = self._run, None
-            for t in old.scheduler.cancel():
-                t.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._new_run()
+    def batches_from(self, position: int, longest: bool = False) -> int | None:
+        """Batches from `position` to the end of the plan (None if endless); `longest`: of
+        the longest process shard (the steps every process takes to stay in lockstep)."""
+        plan = self.plan
+        assert plan is not None
+        index = longest_shard(plan, self.dataset) if longest else plan.index
+        if index.length is None:
+            return None
+        if not plan.batch_mode:
+            raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
+        return plan.batches_from(position, index.length)
+
+    def _compile(self, state: LoaderState) -> Plan:
+        assert self._meta is not None
+        return compile(self.dataset, self._meta, self.options, unit=state.unit,
+                       procs=self.shape.procs, layout=state.layout, state=state)
+
+    def _settle(self, state: LoaderState, plan: Plan) -> None:
+        """Take `state` (moved to this process count by `plan`, which made its lanes) and
+        `plan`, once the state is checked to lie in its stream."""
+        if state.moved:
+            state = dataclasses.replace(state, lane=plan_lane(plan))
+        state.check_position(plan.length, self.shape.batch_mode, plan.cuts)
+        self.plan = plan
+        self._become(state)
 
 
-def plan_lane(plan: Any) -> Any:
+def plan_lane(plan: Plan | None) -> Any:
     """The plan's lanes as a state holds them (None: the process's own shard)."""
     return None if plan is None or plan.lane is None else lane_json(plan.lane)
+
+
+def _key(state: LoaderState) -> tuple:
+    """What of a state its plan depends on (a moved state's lanes, yet to be made, match no
+    plan's)."""
+    return (state.unit, tuple(state.layout), state.lane)
+
+
+def _plan_key(plan: Plan) -> tuple:
+    return (plan.unit, tuple(plan.layout), plan_lane(plan))

@@ -12,45 +12,35 @@ its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError
-from ..gate import Gate
 from ..plan import Plan
 from ..planning import ChunkRefs
 from ..storage import StorageError
-from ..workers import Pool, Result, Task
+from ..workers import Executor, Result, Task
 from ..workers.arena import array_leaves
 from .horizons import Horizons
 from .readahead import Readahead
 
+if TYPE_CHECKING:
+    from .statekeeping import Position
+
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
-_OPEN = contextlib.nullcontext()  # no worker gate (an async context manager too)
-
-
-def gate_limit(lanes: int, workers: int) -> int:
-    """Tasks let at the pool for `lanes` busy workers of the `workers` started: `lanes` while
-    some are to stay idle; with all of them in use, one more each, queued behind the task
-    it runs, as without a gate (a worker that waits for its next task from this process
-    idles for the round trip: ~10% of an epoch of 1 KiB JSON records at 2 workers)."""
-    if lanes < 1:  # one lane, a thread of this process
-        return 1
-    return lanes if lanes < workers else lanes + workers
 
 
 class TaskRunner:
-    """Runs tasks of one plan over one opened source and pool."""
+    """Runs tasks of the position's plan over one opened source, on an executor (`pool`)."""
 
-    def __init__(self, plan: Plan, source: Any, pool: Pool, stats: Any,
+    def __init__(self, position: Position, source: Any, pool: Executor, stats: Any,
                  owner: object = None) -> None:
         # The loader: its running tasks keep it alive, so that when a loop ends under an
         # `async for` left without `async with`, its LoopGuard still finds it to close.
         self.owner = owner
-        self.plan = plan
+        self.position = position
         self.source = source
         self.pool = pool
         self.stats = stats
@@ -64,17 +54,23 @@ class TaskRunner:
         self.disk: Any = None  # the disk tier of a remote dataset (aioloader.cache), if any
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
-        self.readahead = Readahead(plan, source)
+        self.readahead = Readahead(source)
         # exact shuffles over large chunks: records pulled out per horizon, shared
         self.horizons = Horizons(self)
-        # workers="auto": tasks at the workers at once (resized by the tuner); None: no gate
-        self.worker_gate: Gate | None = None
 
-    def use(self, plan: Plan) -> None:
-        """Run tasks of `plan` from now on (the same pipeline with another window)."""
-        self.plan, self._ahead = plan, None
+    @property
+    def plan(self) -> Plan:
+        """The plan tasks run (the position's: one holder)."""
+        plan = self.position.plan
+        assert plan is not None
+        return plan
+
+    def use(self) -> None:
+        """The position's plan changed (a state set with another window, layout or lanes):
+        what was looked up of the old one goes."""
+        self._ahead = None
         self.horizons.use()
-        self.readahead.use(plan)
+        self.readahead.use()
 
     def span(self, lo: int) -> tuple[int, int] | None:
         return self.plan.span(lo, self.batches_per_task)
@@ -83,7 +79,7 @@ class TaskRunner:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
         if not self.local and not (self.disk is not None and self.disk.complete()):
-            self.readahead.at(lo)  # (the memory tier's: needless once all is on disk)
+            self.readahead.at(lo, self.plan)  # (the memory tier's: needless once all is on disk)
         lease = None
         # by its last position (the horizon takes the positions of a task before it), held
         # before anything is awaited: tasks hold horizons in the order they start
@@ -93,7 +89,7 @@ class TaskRunner:
                 task, lease = await self._build(k, records, epochs, refs)
                 if horizon is not None:
                     task.stash = await asyncio.shield(horizon.ready)
-            async with self.worker_gate or _OPEN:
+            async with self.pool.admit():
                 with st.process.timed(items=hi - lo):
                     result = await self.pool.run(task, describe=f"task {k} (output positions "
                                                                 f"{lo}..{hi - 1})")

@@ -1,14 +1,17 @@
-"""The decode pool: processes (or, with workers=0, one thread) that turn a task's chunks into
+"""Where tasks run: processes (or, with workers=0, one thread) that turn a task's chunks into
 its output, and what they exchange.
 
 - `messages`: what the parent and a worker exchange (`Pipeline`, `Task`, `Result`);
 - `worker`: what a worker process runs; `decode`: its chunk decoder and cache;
-- `pool`: the parent's side, which sends tasks and hands results on; `procs`: how its
+- `executor`: the one interface the runtime knows (`Executor`: run a task, close, figures)
+  and what its implementations share; `open_executor` picks one;
+- `pool`: the process pool, the parent's side, which sends tasks and hands results on;
+  `inline`: workers=0, tasks on one thread of this process; `procs`: how the pool's
   processes start (the worker server, `server`, started with the first loader or by
   `aioloader.warm_up()`) and stop;
 - `arena`: the shared-memory slots results (and remote inputs) travel through;
-- `localfiles`, `inline`, `semnames`: the worker's file reader, the workers=0 executor, and
-  the named-semaphore clean-up the pool needs.
+- `localfiles`, `semnames`: the worker's file reader, and the named-semaphore clean-up the
+  pool needs.
 
 The names below are loaded on first use, so that a worker process, which imports
 `aioloader.workers.worker` through this package, does not load the parent's side (the pool,
@@ -22,13 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..errors import WorkerError
+    from .executor import CLOSE_GRACE_S, Executor
     from .localfiles import LocalFiles
     from .messages import Pipeline, Result, Task
-    from .pool import CLOSE_GRACE_S, Pool
+    from .pool import Pool, open_executor
 
-__all__ = ["CLOSE_GRACE_S", "LocalFiles", "Pipeline", "Pool", "Result", "Task", "WorkerError"]
+__all__ = ["CLOSE_GRACE_S", "Executor", "LocalFiles", "Pipeline", "Pool", "Result", "Task",
+           "WorkerError", "open_executor"]
 
-_HOMES = {"CLOSE_GRACE_S": ".pool", "Pool": ".pool", "LocalFiles": ".localfiles",
+_HOMES = {"CLOSE_GRACE_S": ".executor", "Executor": ".executor", "Pool": ".pool",
+          "open_executor": ".pool", "LocalFiles": ".localfiles",
           "Pipeline": ".messages", "Result": ".messages", "Task": ".messages",
           "WorkerError": "..errors"}
 

@@ -1,4 +1,5 @@
-"""The inline worker (`workers=0`): tasks run one at a time on a daemon thread of this process.
+"""The inline worker (`workers=0`): tasks run one at a time on a daemon thread of this process
+(`Inline`, an `Executor`; the pool runs tasks in this process on the same kind of thread).
 
 Not a `ThreadPoolExecutor`: concurrent.futures joins its threads at interpreter exit, so a
 transform that never returns would keep the process from ever exiting, whatever Ctrl-C does.
@@ -9,11 +10,18 @@ task it was (the caller logs it).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+from .executor import SlotExecutor
+from .messages import Pipeline, Task
+from .worker import _raise_malloc_thresholds, run_task
+
+log = logging.getLogger("aioloader")
 
 
 class InlineExecutor:
@@ -74,3 +82,35 @@ class InlineExecutor:
         self._queue.put(None)
         thread.join(grace)
         return (self.running or "a task") if thread.is_alive() else None
+
+
+class Inline(SlotExecutor):
+    """workers=0: every task runs on one daemon thread of this process, with the code a worker
+    runs (`run_task`), its output stacked in an arena slot as a worker's would be. `close`
+    leaves a task that never returns behind on its thread, with a warning naming it."""
+
+    def __init__(self, pipeline: Pipeline, *, slots: int, slot_size: int = 32 << 20,
+                 lanes: int | None = None) -> None:
+        super().__init__(pipeline, 0, slots=slots, slot_size=slot_size, lanes=lanes)
+        self._thread = InlineExecutor()
+        _raise_malloc_thresholds()
+
+    def _submit(self, task: Task, slot: int, describe: str, route: Any
+                ) -> tuple[Future, bool]:
+        where = self.arena.map_of(slot) if slot >= 0 else None
+        return self._thread.submit(run_task, task, self.pipeline, self._decoder, where, False,
+                                   label=describe), True
+
+    def _stop(self, grace: float) -> None:
+        stuck = self._thread.close(grace)
+        # The arena is closed under a stuck thread all the same: a view it holds keeps
+        # the map alive (close is then a no-op), and a closed map refuses access with
+        # ValueError in that thread, never a crash.
+        if stuck is not None:
+            ops = [op.describe() for op in (*self.pipeline.record_ops,
+                                            *self.pipeline.batch_ops)]
+            log.warning(
+                "the inline worker (workers=0) is still running %s %.0f s after close: "
+                "a transform (%s) does not return; its thread is left behind (a daemon "
+                "thread: it does not keep the process from exiting)", stuck, grace,
+                " -> ".join(ops) or "none")

@@ -14,10 +14,13 @@ Workers are forks of a clean worker server, started when the first loader with w
 made or by `aioloader.warm_up()` (`aioloader.workers.procs`, `.server`; never of the parent,
 which runs an event loop and threads; never importing the user's `__main__`), and
 `workers=0` runs the same task code on one daemon thread of the parent, for debugging
-(`aioloader.workers.inline`).
+(`aioloader.workers.inline`); both are an `Executor` (`aioloader.workers.executor`), and
+`open_executor` picks one. The pool also runs tasks on such a thread itself: all of them
+while the tuner has set 0 workers, and, with `first_in_parent`, the first ones while the
+workers start.
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
-cannot hold up a shutdown (with workers=0 the stuck thread is left behind, with a warning).
+cannot hold up a shutdown.
 """
 
 from __future__ import annotations
@@ -29,59 +32,45 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..descriptors import too_many_open
 from ..errors import WorkerError
-from .arena import Arena, Blob, Pickled, array_leaves
-from .decode import Decoder
-from .extract import StashFile
-from .inline import InlineExecutor
+from .executor import CLOSE_GRACE_S, Executor, SlotExecutor
+from .inline import Inline, InlineExecutor
 from .inputs import input_bytes, ship_inputs
-from .messages import Pipeline, Result, Task
+from .messages import Pipeline, Task
 from .procs import context, stop, track
 from .semnames import forget_names, pool_semaphores
-from .worker import (
-    _init_worker,
-    _pack_pipeline,
-    _raise_malloc_thresholds,
-    run_task,
-)
+from .worker import _init_worker, _pack_pipeline, run_task
 
-__all__ = ["CLOSE_GRACE_S", "Pool"]
+__all__ = ["CLOSE_GRACE_S", "Pool", "open_executor"]
 
 log = logging.getLogger("aioloader")
-CLOSE_GRACE_S = 2.0  # how long close() lets a busy worker finish before terminating it
 
 
-def _retrieve(fut: asyncio.Future) -> None:
-    """Mark a future's exception as seen (its waiter may have been cancelled)."""
-    if not fut.cancelled():
-        fut.exception()
+def open_executor(pipeline: Pipeline, workers: int, *, slots: int, slot_size: int = 32 << 20,
+                  lanes: int | None = None, first_in_parent: bool = False) -> Executor:
+    """The executor for `workers` processes (`Pool`), or this process with 0 (`Inline`);
+    `lanes`: with workers="auto", the tuner's first worker count (`workers`: the most)."""
+    if workers == 0:
+        return Inline(pipeline, slots=slots, slot_size=slot_size, lanes=lanes)
+    return Pool(pipeline, workers, slots=slots, slot_size=slot_size, lanes=lanes,
+                first_in_parent=first_in_parent)
 
 
-class Pool:
-    """Runs tasks in `workers` processes (or inline on one thread when workers == 0)."""
+class Pool(SlotExecutor):
+    """Runs tasks in `workers` processes (and in this process while the tuner says 0)."""
 
     def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
-                 slot_size: int = 32 << 20, first_in_parent: bool = False) -> None:
-        self.pipeline = pipeline
-        self.workers = workers
-        self._pid = os.getpid()
-        self._closing = threading.Lock()
-        self._closed = False
+                 slot_size: int = 32 << 20, lanes: int | None = None,
+                 first_in_parent: bool = False) -> None:
+        if workers < 1:
+            raise ValueError("a pool has at least one worker process (0: `Inline`)")
+        super().__init__(pipeline, workers, slots=slots, slot_size=slot_size, lanes=lanes)
         self._procs: list = []
-        # Each decoding process keeps its share of the decoded-chunk cache, so the pool holds
-        # what the parent used to (the chunks a task wants are decoded where it runs).
-        cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
-        self._decoder = Decoder(cache_bytes)  # the inline worker's (workers == 0)
-        # Records pulled out of large chunks for a horizon, for all workers at once (made
-        # when first used: `runtime.horizons`), in place of their caches' shares.
-        self.stash = StashFile(pipeline.chunk_cache_bytes)
-        self.arena = Arena(slots, slot_size)
-        self.transfers = {"in_slot": 0, "by_value": 0, "reruns": 0, "in_parent": 0}
         self._warming: threading.Thread | None = None
         self._spawn_error: OSError | None = None  # out of descriptors starting workers
         # With `first_in_parent`, until a worker is up (a new process's workers take a while:
@@ -94,11 +83,7 @@ class Pool:
         # os._exit) would take this one down instead of a worker (a clear WorkerError).
         self._first_in_parent = first_in_parent
         # workers="auto" tuned down to 0: every task runs on that thread of this process
-        self.in_parent = False
-        if workers == 0:
-            self._executor: Any = InlineExecutor()
-            _raise_malloc_thresholds()
-            return
+        self._in_parent = lanes == 0
         self._names_lock = threading.Lock()
         self._unstarted = workers  # workers that have not yet released `_started`
         try:
@@ -113,7 +98,7 @@ class Pool:
                 mp_context=ctx,
                 initializer=_init_worker,
                 # (this process's environment now: the forkserver's is the one at its start)
-                initargs=(_pack_pipeline(pipeline), self._started, cache_bytes,
+                initargs=(_pack_pipeline(pipeline), self._started, self._cache_bytes,
                           dict(os.environ)),
             )
         except BaseException:
@@ -121,25 +106,27 @@ class Pool:
             raise
         track(self)
 
+    def set_workers(self, workers: int) -> None:
+        super().set_workers(workers)
+        self._in_parent = workers == 0  # 0: one lane, a thread of this process
+
+    def settled(self) -> bool:
+        return self._in_parent or self.all_started()
+
     def warm_up(self) -> None:
         """Start the worker processes now instead of on first use, on a thread, while the
         files open: the first one waits for the forkserver until it has loaded NumPy and
         the worker's code (started when the loader was made, or by `aioloader.warm_up()`:
         `aioloader.workers.procs`)."""
-        if self.workers and self._warming is None:
+        if self._warming is None:
             self._warming = threading.Thread(target=self._spawn, name="aioloader-spawn",
                                              daemon=True)
             self._warming.start()
 
     def wait_started(self, timeout: float | None = None) -> bool:
-        """Whether a worker process is up (and tasks go to the workers), waiting up to
-        `timeout` s for one; True at once with workers=0."""
-        return self.workers == 0 or self._up.wait(timeout)
+        return self._up.wait(timeout)
 
     def all_started(self) -> bool:
-        """Whether every worker process is up (at once with workers=0)."""
-        if not self.workers:
-            return True
         if self._up.is_set() and self._unstarted:
             self._forget_names()  # counts those up since
         return self._up.is_set() and not self._unstarted
@@ -177,100 +164,55 @@ class Pool:
         """Make slots hold `nbytes` before the first task (a guess from the plan: a batch of
         records of the files' mean size), so big batches take shared memory at once rather
         than after a task that found its slot too small."""
-        if self.workers:
-            self.arena.grow(nbytes)
+        self.arena.grow(nbytes)
 
-    async def run(self, task: Task, describe: str = "") -> Result:
-        """Run one task; a batch comes back as views of its arena slot (see `Arena.lend`).
-        A worker whose output did not fit its slot says how much it needs: the arena grows
-        and the task runs again (its output is a pure function of the task)."""
-        raws = task.raws
-        room = True
-        while True:
-            result, here = await self._run_once(task, describe, room)
-            if not result.needed:
-                self.transfers["in_parent" if here else "by_value"
-                               if result.slot < 0 and _has_arrays(result) else "in_slot"] += 1
-                return result
-            self.transfers["reruns"] += 1
-            task.raws, task.raw_spans = raws, None
-            try:
-                self.arena.grow(result.needed)
-            except OSError as exc:  # no memory file that large: this one goes by value
-                log.warning("a task's output (%d bytes) cannot have a shared-memory slot "
-                            "(%s); it comes through the pipe", result.needed, exc)
-                room = False
-
-    async def _run_once(self, task: Task, describe: str, room: bool
-                        ) -> tuple[Result, bool]:
-        """The result of one run of `task`, and whether it ran in this process."""
-        here = self._inline_now()
+    async def _route(self, task: Task, room: bool) -> InlineExecutor | None:
+        """The thread to run `task` on in this process (see `_here`), or None: a worker."""
+        here = self._here()
         warming = self._warming
         if here is None and warming is not None and warming.is_alive():
             # Submitting now would wait, on the loop, for the spawning thread (it holds the
             # executor's lock until the forkserver is up): wait off the loop instead.
             await asyncio.get_running_loop().run_in_executor(None, warming.join)
-        arena = self.arena
-        if self.workers and task.raws is not None and room:
+        if task.raws is not None and room:
             with contextlib.suppress(OSError):  # (else they go through the pipe)
-                arena.grow(input_bytes(task))
-        slot = task.slot = arena.take() if room else -1
-        lent = False
-        cf = None
-        try:
-            if here is not None:
-                where = arena.map_of(slot) if slot >= 0 else None
-                cf = here.submit(run_task, task, self.pipeline, self._decoder, where,
-                                 here is self._first, label=describe or f"task {task.task_id}")
-                if here is self._first:
-                    cf.add_done_callback(self._first_done)
-            else:
-                task.arena = arena.where(slot) if slot >= 0 else None
-                if task.raws is not None:
-                    ship_inputs(task, arena, slot)
-                if self._spawn_error is not None:
-                    raise self._spawn_error
-                cf = self._executor.submit(run_task, task)
-            # Shielded: cancelling a waiting task must not cancel `cf`, which races the
-            # executor's own clean-up of a broken pool (CPython 3.11 then crashes its manager
-            # thread and leaks the queue feeder); close() cancels what never started.
-            wrapped = asyncio.wrap_future(cf)
-            wrapped.add_done_callback(_retrieve)
-            result = await asyncio.shield(wrapped)
-            if here is None:
-                self._up.set()
-            if self.workers and self._unstarted:
-                self._forget_names()
-            if isinstance(result.payload, (Pickled, Blob)):
-                result.payload = arena.unpickle(result.payload, slot)
-            if result.slot >= 0 and result.payload is not None:
-                result.payload = arena.lend(result.payload, result.slot)
-                lent = True
-            return result, here is not None
-        except asyncio.CancelledError:
-            if cf is not None and not cf.done():  # the worker still writes into the slot
-                cf.add_done_callback(lambda _: arena.give(slot))
-                slot = -1
-            raise
-        except WorkerError as exc:  # raised in the worker: say which task it was
-            raise WorkerError(f"{describe or f'task {task.task_id}'}: {exc}") from None
-        except BrokenProcessPool:
-            raise WorkerError(
-                f"a worker process died while processing {describe or f'task {task.task_id}'}"
-                f"{self._exit_codes()}; the loader cannot continue (restart it from the last "
-                "state; if a transform crashes the interpreter, run with workers=0 to debug)"
-                f"{self._guard_hint}"
-            ) from None
-        finally:
-            if not lent:
-                arena.give(slot)
+                self.arena.grow(input_bytes(task))
+        return here
 
-    def _inline_now(self) -> InlineExecutor | None:
-        """The executor to run the next task in this process: always with workers=0, else
-        while no worker is up yet and no other task runs here (see `_up`)."""
-        if self.workers == 0:
-            return self._executor
-        if self.in_parent and not self._closed:
+    def _submit(self, task: Task, slot: int, describe: str, route: InlineExecutor | None
+                ) -> tuple[Future, bool]:
+        arena = self.arena
+        if route is not None:
+            where = arena.map_of(slot) if slot >= 0 else None
+            cf = route.submit(run_task, task, self.pipeline, self._decoder, where, True,
+                              label=describe)
+            cf.add_done_callback(self._first_done)
+            return cf, True
+        task.arena = arena.where(slot) if slot >= 0 else None
+        if task.raws is not None:
+            ship_inputs(task, arena, slot)
+        if self._spawn_error is not None:
+            raise self._spawn_error
+        return self._executor.submit(run_task, task), False
+
+    def _came_back(self, here: bool) -> None:
+        if not here:
+            self._up.set()
+        if self._unstarted:
+            self._forget_names()
+
+    def _failed(self, exc: BaseException, describe: str) -> BaseException:
+        if not isinstance(exc, BrokenProcessPool):
+            return exc
+        return WorkerError(
+            f"a worker process died while processing {describe}{self._exit_codes()}; the "
+            "loader cannot continue (restart it from the last state; if a transform crashes "
+            "the interpreter, run with workers=0 to debug)" f"{self._guard_hint}")
+
+    def _here(self) -> InlineExecutor | None:
+        """The thread to run the next task on in this process: while the tuner says 0
+        workers, or while no worker is up yet and no other task runs here (see `_up`)."""
+        if self._in_parent and not self._closed:
             self._first = self._first or InlineExecutor("aioloader-first-tasks")
             return self._first
         if not self._first_in_parent or self._up.is_set() or self._first_busy or self._closed:
@@ -282,16 +224,6 @@ class Pool:
 
     def _first_done(self, _: Any) -> None:
         self._first_busy = False
-
-    def figures(self) -> dict[str, int]:
-        """How workers' results came back: `in_slot` (shared memory, or small enough for the
-        pipe), `by_value` (arrays through the pipe: no free slot),
-        `reruns` (tasks run again after their output outgrew the slot), `in_parent` (tasks
-        run in this process: while the workers started, or all with workers=0), `grown`
-        (times the
-        slots grew) and `slot_bytes` (a slot's size now)."""
-        return {**self.transfers, "grown": self.arena.grown,
-                "slot_bytes": self.arena.slot_size if self.arena.map is not None else 0}
 
     def _exit_codes(self) -> str:
         """How the dead worker died, e.g. ' (signal 9)'; waits briefly for its exit status."""
@@ -316,44 +248,14 @@ class Pool:
         signals = [f"signal {-c}" for c in codes if c < 0]
         return f" ({', '.join(signals) if signals else f'exit code {codes[0]}'})"
 
-    def close(self, grace: float = CLOSE_GRACE_S) -> None:
-        """Stop the workers and free the arena. Tasks not started are dropped; a worker
-        still busy after `grace` seconds (a transform that never returns) is terminated,
-        then killed; with workers=0 its thread, which cannot be killed, is left running (a
-        warning on the "aioloader" logger names the task). In a forked child only this
-        process's copies are let go: the workers, queues and threads are the parent's."""
-        with self._closing:  # at exit the main thread may close it while the loop's does
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                if self._pid == os.getpid():
-                    self._stop_workers(grace)
-            finally:
-                self._decoder.close()
-                self.arena.close()
-                self.stash.close()
-
-    def _stop_workers(self, grace: float) -> None:
+    def _stop(self, grace: float) -> None:
+        """A worker still busy after `grace` seconds (a transform that never returns) is
+        terminated, then killed."""
         ex = self._executor
         if self._warming is not None:  # (it ends once the forkserver is up)
             self._warming.join()
-        if not self.workers:
-            stuck = ex.close(grace)
-            # The arena is closed under a stuck thread all the same: a view it holds keeps
-            # the map alive (close is then a no-op), and a closed map refuses access with
-            # ValueError in that thread, never a crash.
-            if stuck is not None:
-                ops = [op.describe() for op in (*self.pipeline.record_ops,
-                                                *self.pipeline.batch_ops)]
-                log.warning(
-                    "the inline worker (workers=0) is still running %s %.0f s after close: "
-                    "a transform (%s) does not return; its thread is left behind (a daemon "
-                    "thread: it does not keep the process from exiting)", stuck, grace,
-                    " -> ".join(ops) or "none")
-            return
         t0 = time.monotonic()
-        procs = list((getattr(ex, "_processes", None) or {}).values()) if self.workers else []
+        procs = list((getattr(ex, "_processes", None) or {}).values())
         ex.shutdown(wait=not procs, cancel_futures=True)
         # one grace for all: the task running here (while the workers started) and theirs
         if self._first is not None and self._first.close(grace) is not None:
@@ -370,6 +272,3 @@ class Pool:
                 raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
 
-
-def _has_arrays(result: Result) -> bool:
-    return bool(array_leaves(result.payload))
