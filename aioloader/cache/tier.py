@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from ..planning import ChunkRefs
-from .disk import GRACE_S, PAYLOAD_AT, DiskCache, SegmentKey, entry_size
+from .budget import GRACE_S
+from .disk import PAYLOAD_AT, DiskCache, SegmentKey, entry_size
 from .segments import SEGMENT_BYTES
 
 log = logging.getLogger("aioloader")
