@@ -82,9 +82,8 @@ class DiskTier:
     def runs_of(self, refs: ChunkRefs) -> np.ndarray:
         """The segment of each record in `refs`."""
         files = refs.ids[refs.file]  # type: ignore[index]  # set for files
-        out = self.runs.find(files, refs.start)
-        first = self.runs.first
-        if len(out) and ((out < first[files]) | (out >= first[files + 1])).any():
+        out = self.runs.of(files, refs.start, refs.end)
+        if out is None:
             raise AssertionError("a record outside its file's segments")
         return out
 
@@ -238,11 +237,10 @@ class DiskTier:
         f = self._file_of.get(url)
         if f is None:
             return None
-        runs = self.runs
-        r = int(runs.find(np.array([f]), np.array([start]))[0])
-        if r < 0 or runs.file[r] != f or runs.start[r] != start or runs.end[r] != end:
+        got = self.runs.of(np.array([f]), np.array([start]), np.array([end]))
+        if got is None or self.runs.start[got[0]] != start or self.runs.end[got[0]] != end:
             return None
-        return r
+        return int(got[0])
 
     def _read_into(self, r: int, dest: memoryview) -> bool:
         """(A thread.) Segment `r` from its entry into `dest`; False (and forgotten) when the
