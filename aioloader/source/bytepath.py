@@ -166,6 +166,6 @@ class BytePath:
         on disk, the memory tier while it serves the tasks, else the store."""
         if self.disk is not None and self.disk.tier.complete():
             return self.disk
-        if self.last is not None and self.last is self.memory:
+        if self.memory is not None and self.last is self.memory:
             return self.memory
         return self.store
