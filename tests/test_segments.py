@@ -131,7 +131,7 @@ def test_a_bounded_store_keeps_its_bounds_and_its_bytes(ops):
         for s in np.flatnonzero(store._state == 2).tolist():
             at, f = int(store.loc[s]), int(store.seg_file[s])
             a, b = int(store.seg_start[s]), int(store.seg_end[s])
-            assert store._mem[at : at + b - a] == blobs[f][a:b]
+            assert store.layout.mem[at : at + b - a] == blobs[f][a:b]
 
     async def main():
         assert store.claim()

@@ -1,6 +1,8 @@
 """The tiers between the bucket and the workers: the memory tier (`segments`: segments of a
 remote dataset in one memory file, bounded in bytes, fetched ahead where upcoming records
-lie densely, `readahead`), and the disk tier under it (`disk`: entries, `tier`: segments).
+lie densely, `readahead`, `keeping`), and the disk tier under it (`disk`: entries, `budget`:
+their bytes, `tier`: segments, `download`: getting them there). Which tier serves a task is
+the byte path's decision (`aioloader.source.bytepath`).
 
 The names below load on first use: worker processes import `cache.entry` (to read disk tier
 entries) and must not load the parent's side (asyncio, storage) with it."""

@@ -19,11 +19,9 @@ on one host share a directory; everything here holds whatever they do at the sam
   `.<name>.lock`. The kernel drops a dead holder's lock, so nobody waits on a crashed
   process; the holder unlinks the lock file before releasing it, and a taker checks that
   the name still leads to the file it locked (the usual unlink-vs-flock race).
-- **LRU within `max_bytes`, across processes**: a use stamps the entry's mtime; a writer
-  over the budget rescans the directory and evicts the oldest entries first — but never one
-  used in the last `GRACE_S` seconds (a worker may be about to open it by name). If that
-  leaves no room, the new segment is simply not stored: the budget holds, the read still
-  succeeds. The disk also keeps `FREE_MARGIN` free. Entries vanishing mid-scan are fine.
+- **LRU within `max_bytes`, across processes** (`budget`): a use stamps the entry's mtime;
+  a writer over the budget evicts the oldest entries not used in the last `GRACE_S` seconds;
+  if that leaves no room, the new segment is simply not stored. The disk keeps a margin free.
 - **The directory** is checked like the index cache's (aioloader.index_cache): ours, not
   writable by group or others, else `PermissionError`; a path that is a file is refused with
   `NotADirectoryError`. Only names of our own patterns are ever removed: other files in a
@@ -38,16 +36,14 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import secrets
 import stat
-import threading
-import time
 from typing import Any, NamedTuple
 
 from ..arrayrecord.hashing import highwayhash64
 from ..privatedir import open_private_dir
 from ..urls import redact
+from .budget import DiskBudget
 from .entry import (
     END,
     HEADER,
@@ -60,12 +56,6 @@ from .entry import (
 )
 
 log = logging.getLogger("aioloader")
-
-GRACE_S = 60.0  # an entry used this recently is never evicted
-TEMP_STALE_S = 3600.0  # a temporary this old was left by a dead writer
-FREE_MARGIN = 1 << 30  # keep at least this much (or 5% of the disk) free
-_ENTRY = re.compile(r"[0-9a-f]{40}\.seg")
-_TEMP = re.compile(r"\.[0-9a-f]{40}\.seg\.[0-9a-f]{16}\.tmp")
 
 
 class SegmentKey(NamedTuple):
@@ -113,12 +103,19 @@ class DiskCache:
                 "(it is created if missing) for the disk cache")
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self.dir_fd = open_private_dir(self.directory, "cache_dir", "segments")
-        self.hits = self.writes = self.dropped = self.evicted = self.refused = 0
-        self._usage: int | None = None  # bytes of entries, as last scanned plus our writes
-        # Room is checked and taken at once: the disk threads write concurrently, and two
-        # that both saw room for one entry would both write it (cache_bytes exceeded).
-        self._room = threading.RLock()
-        self._pending = 0  # bytes of entries being written (room taken, not yet on disk)
+        self.hits = self.writes = self.dropped = 0
+        self.budget = DiskBudget(self.directory, self.dir_fd, self.max_bytes)
+
+    evicted = property(lambda self: self.budget.evicted, doc="Entries evicted for room.")
+    refused = property(lambda self: self.budget.refused, doc="Entries not stored: no room.")
+
+    def usage(self) -> int:
+        """Bytes of entries (and temporaries) in the directory now: one scan."""
+        return self.budget.usage()
+
+    def make_room(self, n: int) -> bool:
+        """Whether `n` more bytes fit, after evicting entries not used for GRACE_S."""
+        return self.budget.make_room(n)
 
     # -- entries ------------------------------------------------------------------------
 
@@ -225,11 +222,8 @@ class DiskCache:
         to read it back. None when not stored."""
         name = self.name(key)
         n = entry_size(len(data))
-        with self._room:
-            if not self.make_room(n):
-                self.refused += 1
-                return None
-            self._pending += n  # taken now: on disk after the rename, or given back
+        if not self.budget.take(n):  # taken now: on disk after the rename, or given back
+            return None
         header = HEADER.pack(MAGIC, key.digest(), key.start, len(data))
         digest = highwayhash64(header + bytes(data))
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
@@ -248,17 +242,13 @@ class DiskCache:
                     os.unlink(tmp, dir_fd=self.dir_fd)
                 raise
         except BaseException as err:
-            with self._room:
-                self._pending -= n
+            self.budget.written(n, False)
             if not isinstance(err, OSError):
                 raise
             log.warning("disk cache: %s not stored in %s: %s", key.describe(), self.directory,
                         err.strerror or err)
             return None
-        with self._room:
-            self._pending -= n
-            if self._usage is not None:
-                self._usage += n
+        self.budget.written(n, True)
         self.writes += 1
         return st.st_dev, st.st_ino
 
@@ -287,64 +277,6 @@ class DiskCache:
                 return Lock(self, name, fd)
             os.close(fd)
 
-    # -- the budget ---------------------------------------------------------------------
-
-    def usage(self) -> int:
-        """Bytes of entries (and temporaries) in the directory now: one scan."""
-        return sum(st.st_size for _, st in self._scan())
-
-    def _scan(self) -> list[tuple[str, os.stat_result]]:
-        """Our files in the directory (entries and temporaries), stale temporaries removed;
-        files vanishing meanwhile are skipped."""
-        out = []
-        now = time.time()
-        with os.scandir(self.dir_fd) as it:
-            for e in it:
-                temp = _TEMP.fullmatch(e.name) is not None
-                if not (temp or _ENTRY.fullmatch(e.name)):
-                    continue  # not ours: never counted, never removed
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if temp and now - st.st_mtime > TEMP_STALE_S:
-                    with contextlib.suppress(OSError):
-                        os.unlink(e.name, dir_fd=self.dir_fd)
-                    continue
-                out.append((e.name, st))
-        return out
-
-    def make_room(self, n: int) -> bool:
-        """Whether `n` more bytes fit, after evicting entries not used for GRACE_S."""
-        with self._room:
-            return self._make_room(n + self._pending)
-
-    def _make_room(self, n: int) -> bool:
-        if n > self.max_bytes:
-            return False
-        if self._usage is not None and self._usage + n <= self.max_bytes and self._disk_ok(n):
-            return True
-        files = self._scan()  # others write and evict too: look again
-        used = sum(st.st_size for _, st in files)
-        old = time.time() - GRACE_S
-        victims = sorted((st.st_mtime, name, st.st_size) for name, st in files
-                         if name.endswith(".seg") and st.st_mtime < old)
-        for _, name, size in victims:
-            if used + n <= self.max_bytes:
-                break
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=self.dir_fd)
-                self.evicted += 1
-            used -= size
-        self._usage = used
-        return used + n <= self.max_bytes and self._disk_ok(n)
-
-    def _disk_ok(self, n: int) -> bool:
-        s = os.statvfs(self.directory)
-        margin = max(FREE_MARGIN if s.f_blocks * s.f_frsize > 20 * FREE_MARGIN else 0,
-                     s.f_blocks * s.f_frsize // 20)
-        return s.f_bavail * s.f_frsize - n >= margin
-
     def _drop(self, name: str, key: SegmentKey, why: str, st: os.stat_result | None) -> None:
         """Warn, and remove the bad entry, unless the name already leads to another file (a
         fresh entry renamed over it meanwhile)."""
@@ -361,7 +293,7 @@ class DiskCache:
     def close(self) -> None:
         if self.dir_fd >= 0:
             os.close(self.dir_fd)
-            self.dir_fd = -1
+            self.dir_fd = self.budget.dir_fd = -1
 
 
 def _check(fd: int, st: os.stat_result, key: SegmentKey) -> bytes:

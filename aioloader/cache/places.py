@@ -1,4 +1,5 @@
-"""Where a bounded memory tier's segments lie in its memory file: page-aligned places.
+"""Where the memory tier's segments lie in its memory file (`Layout`): a whole dataset's
+files each at their own place; a bounded tier's segments at page-aligned places (`Places`).
 
 Each fetch lands at a fresh place of a large sparse memory file (`VIRTUAL_BYTES` of virtual
 space, not memory): a place is never reused while the space lasts (16 TiB), so the
@@ -14,7 +15,9 @@ import mmap
 
 import numpy as np
 
+from ..memfile import MemoryFile
 from ..storage import StorageError
+from .runindex import RunIndex
 
 VIRTUAL_BYTES = 1 << 44  # the bounded memory file's size: places, not memory
 PAGE = mmap.PAGESIZE
@@ -65,3 +68,63 @@ class Places:
         self.live -= room
         if mem is not None and room:
             mem.madvise(mmap.MADV_REMOVE, at, room)
+
+
+class Layout:
+    """The memory tier's memory file and where each of the segments `index` names lies in
+    it (`loc`): a tier that keeps the dataset `whole` puts every file at its own page-aligned
+    place, as long as the file (each segment at its offset there); a bounded one gives each
+    fetch a fresh place (`Places`; -1: none)."""
+
+    def __init__(self, sizes: np.ndarray, index: RunIndex, whole: bool) -> None:
+        self.index = index
+        self.room = pages(index.end - index.start)
+        self.places: Places | None = None
+        if whole:
+            room = pages(sizes)
+            base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
+            self.loc = base[index.file] + index.start
+            size = int(base[-1])
+        else:
+            self.places = Places(self.room)
+            self.loc = self.places.loc  # the same array
+            size = VIRTUAL_BYTES
+        self._file = MemoryFile("aioloader-segments", size)
+        self.worker_path = self._file.worker_path
+        self.mem: mmap.mmap | None = self._file.map
+
+    @property
+    def live(self) -> int:
+        """Bytes of a bounded tier's places taken (a whole tier's are not counted)."""
+        return self.places.live if self.places is not None else 0
+
+    @property
+    def peak(self) -> int:
+        return self.places.peak if self.places is not None else 0
+
+    def take(self, s: int) -> memoryview:
+        """Where segment `s`'s bytes land (a bounded tier: a fresh place, taken)."""
+        if self.places is not None:
+            self.places.take(s)
+        at, n = int(self.loc[s]), int(self.index.end[s] - self.index.start[s])
+        assert self.mem is not None
+        return memoryview(self.mem)[at : at + n]
+
+    def free(self, s: int) -> None:
+        """A bounded tier's segment `s` is gone: its place is free, its pages go back."""
+        assert self.places is not None
+        self.places.free(s, self.mem)
+
+    def views(self, segments: np.ndarray, starts: np.ndarray,
+              ends: np.ndarray) -> list[memoryview]:
+        """Bytes `[starts[i], ends[i])` of segment `segments[i]`'s file, where they lie."""
+        mem = memoryview(self.mem) if self.mem is not None else memoryview(b"")  # empty
+        lo = (self.loc[segments] + starts - self.index.start[segments]).tolist()
+        return [mem[a : a + n] for a, n in zip(lo, (ends - starts).tolist())]
+
+    def close(self) -> None:
+        """Let go of the memory file (views still held: unmapped with them)."""
+        if self.places is not None:
+            self.places.live = 0
+        self.mem = None
+        self._file.close()

@@ -22,28 +22,30 @@ Two regimes, one store:
 The very first read still goes record by record, alone (`firstread`). A failed segment is
 forgotten, so a later read fetches it again. Every fetch goes through
 `fetch_segment(url, start, end, dest)` — the hook a disk tier wraps (look on disk, else the
-bucket, and keep a copy). This module owns the segments' states, pins and the LRU; where
-they lie is `places`'.
+bucket, and keep a copy). This module owns the segments' states and serving reads; where
+they lie is `places`', which to keep and fetch ahead `keeping`', the fetches under way
+`inflight`'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import mmap
-from collections import OrderedDict
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from ..memfile import MemoryFile, shareable
+from ..memfile import shareable
 from ..planning import CLOUD_MAX_GAP, Runs
 from ..storage import StorageError
 from .firstread import FirstRead
-from .places import VIRTUAL_BYTES, Places, pages
+from .inflight import InFlight
+from .keeping import Keeping
+from .places import Layout
+from .runindex import RunIndex
 
 SEGMENT_BYTES = 4 << 20
 AHEAD_FRACTION = 1.0  # of the capacity, for the segments of upcoming records
-AHEAD_FETCHES = 16  # segment fetches in flight for readahead (tasks' own are not counted)
 MIN_SEGMENTS = 4  # a bounded tier holds at least this many segments, or is not used
 TASK_FRACTION = 8  # a task it serves reads at most this fraction of a bounded tier
 
@@ -63,34 +65,16 @@ class SegmentStore:
         self.capacity = int(capacity)
         self.fetch_segment = fetch_segment
         sizes_ = np.asarray(sizes, dtype=np.int64)
-        self.seg_file = np.asarray(runs.file, dtype=np.int64)
-        self.seg_start = np.asarray(runs.start, dtype=np.int64)
-        self.seg_end = np.asarray(runs.end, dtype=np.int64)
+        idx = self.index = RunIndex(sizes_, runs)  # where each segment lies in its file
+        self.seg_file, self.seg_start, self.seg_end = idx.file, idx.start, idx.end
         n = len(self.seg_file)
-        self._fbase = np.concatenate([[0], np.cumsum(sizes_)]).astype(np.int64)
-        self._key = self._fbase[self.seg_file] + self.seg_start  # ascending: runs in order
-        self.room = pages(self.seg_end - self.seg_start)
         self.whole = int(sizes_.sum()) <= self.capacity
-        self._places: Places | None = None
-        if self.whole:  # every file at its own page-aligned place, as long as the source
-            room = pages(sizes_)
-            base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
-            self.loc = base[self.seg_file] + self.seg_start
-            size = int(base[-1])
-        else:
-            self._places = Places(self.room)
-            self.loc = self._places.loc  # the same array: where each segment lies, or -1
-            size = VIRTUAL_BYTES
+        self.layout = Layout(sizes_, self.index, self.whole)
+        self.room, self.loc = self.layout.room, self.layout.loc
+        self.worker_path = self.layout.worker_path
         self._state = np.zeros(n, dtype=np.int8)
-        self._pins = np.zeros(n, dtype=np.int32)
-        self._wanted = np.zeros(n, dtype=bool)
-        self._ahead: list[int] = []  # wanted segments in first-use order, not yet started
-        self._lru: OrderedDict[int, None] = OrderedDict()  # resident, oldest use first
-        self._file = MemoryFile("aioloader-segments", size)
-        self.worker_path = self._file.worker_path
-        self._mem: mmap.mmap | None = self._file.map
-        self._fetching: dict[int, asyncio.Task] = {}
-        self._ahead_running = 0
+        self._keep = Keeping(n)  # pins, readahead's wants, the LRU
+        self._fetching = InFlight()
         self.bytes = 0  # bytes resident now
         self.fetched = 0  # segments fetched, and their bytes
         self.fetched_bytes = 0
@@ -120,12 +104,12 @@ class SegmentStore:
     @property
     def live(self) -> int:
         """Bytes of places taken, fetching and resident (bounded: within `capacity`)."""
-        return self._places.live if self._places is not None else 0
+        return self.layout.live
 
     @property
     def peak(self) -> int:
         """The most bytes of places taken at once (bounded: at most `capacity`)."""
-        return self._places.peak if self._places is not None else self.bytes
+        return self.layout.peak if not self.whole else self.bytes
 
     @property
     def resident(self) -> int:
@@ -155,15 +139,8 @@ class SegmentStore:
     def segments_of(self, files, starts, ends) -> np.ndarray | None:
         """The segment each range `[starts[i], ends[i])` of file `files[i]` lies in; None
         if one lies in none (not a chunk's range)."""
-        files = np.asarray(files, dtype=np.int64)
-        starts = np.asarray(starts, dtype=np.int64)
-        ends = np.asarray(ends, dtype=np.int64)
-        if not len(self._key):
-            return None if files.size else np.zeros(0, dtype=np.int64)
-        seg = np.searchsorted(self._key, self._fbase[files] + starts, side="right") - 1
-        s = np.maximum(seg, 0)
-        ok = (seg >= 0) & (self.seg_file[s] == files) & (ends <= self.seg_end[s])
-        return seg if bool(ok.all()) else None
+        return self.index.of(np.asarray(files, dtype=np.int64),
+                             np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64))
 
     # -- the first read ---------------------------------------------------------------
 
@@ -209,20 +186,18 @@ class SegmentStore:
         await self._wait(need)
         if self._closed:  # while we waited
             raise _closed()
-        mem = memoryview(self._mem) if self._mem is not None else memoryview(b"")  # empty
-        lo = (self.loc[segments] + starts - self.seg_start[segments]).tolist()
-        return [mem[a : a + n] for a, n in zip(lo, (ends - starts).tolist())]
+        return self.layout.views(segments, starts, ends)
 
     async def acquire(self, segments: np.ndarray) -> bool:
         """Pin `segments` (distinct) and wait until they are resident; False (nothing
         pinned): not served from memory, read the records directly. A bounded tier fetches
         only segments readahead wants (dense), and only while there is room."""
         missing = segments[self._state[segments] == _MISSING]
-        if not self.whole and missing.size and not self._wanted[missing].all():
+        if not self.whole and missing.size and not self._keep.wanted[missing].all():
             return False
         if (self._state[segments] != _RESIDENT).any():
             self.waits += 1  # readahead was late (or not asked): the task waits
-        self._pins[segments] += 1
+        self._keep.pins[segments] += 1
         try:
             for s in missing.tolist():
                 if self._state[s] != _MISSING:
@@ -235,15 +210,14 @@ class SegmentStore:
         except BaseException:
             self.release(segments)
             raise
-        for s in segments.tolist():
-            self._lru.move_to_end(s)
+        self._keep.used(segments)
         return True
 
     def release(self, segments: np.ndarray) -> None:
         """Unpin what `acquire` pinned (the task's workers are done reading)."""
         if self._closed:
             return
-        self._pins[segments] -= 1
+        self._keep.pins[segments] -= 1
         self._readahead()
 
     # -- readahead --------------------------------------------------------------------
@@ -253,23 +227,17 @@ class SegmentStore:
         them as room allows; those no longer wanted go first when room is needed."""
         if self.whole or self._closed:
             return
-        self._wanted[:] = False
-        self._wanted[wanted] = True
-        self._ahead = [s for s in wanted.tolist()[::-1]]  # a stack: next at the end
+        self._keep.advise(wanted)
         self._readahead()
 
     def _readahead(self) -> None:
         if self.whole or not self.started or self._closed:
             return
-        while self._ahead and self._ahead_running < AHEAD_FETCHES:
-            s = self._ahead[-1]
-            if self._state[s] != _MISSING or not self._wanted[s]:
-                self._ahead.pop()
-                continue
+        keep = self._keep
+        while (s := keep.next_ahead(lambda s: self._state[s] == _MISSING)) is not None:
             if not self._make_room(int(self.room[s]), demand=False):
                 return
-            self._ahead.pop()
-            self._ahead_running += 1
+            keep.take_ahead()
             self._start_one(s, ahead=True)
 
     # -- places, fetches, evictions ---------------------------------------------------
@@ -280,64 +248,40 @@ class SegmentStore:
         if need > self.capacity:
             return False
         while self.live + need > self.capacity:
-            victim = self._victim(demand)
+            victim = self._keep.victim(demand)
             if victim is None:
                 return False
             self._evict(victim)
         return True
 
-    def _victim(self, demand: bool) -> int | None:
-        """The least recently used unpinned segment not wanted ahead (on demand: or
-        wanted, if that is all there is)."""
-        pins, wanted = self._pins, self._wanted
-        fallback = None
-        for s in self._lru:
-            if pins[s] == 0:
-                if not wanted[s]:
-                    return s
-                if fallback is None:
-                    fallback = s
-        return fallback if demand else None
-
     def _evict(self, s: int) -> None:
-        self._lru.pop(s, None)
+        self._keep.dropped(s)
         self._state[s] = _MISSING
         self.bytes -= int(self.seg_end[s] - self.seg_start[s])
         self.evictions += 1
-        self._free(s)
-
-    def _free(self, s: int) -> None:
-        assert self._places is not None
-        self._places.free(s, self._mem)
+        self.layout.free(s)
 
     def _start_one(self, s: int, ahead: bool = False) -> None:
         self._state[s] = _FETCHING
-        if self._places is not None:
-            self._places.take(s)
+        dest = self.layout.take(s)  # the bytes land in place
         f, start, end = int(self.seg_file[s]), int(self.seg_start[s]), int(self.seg_end[s])
-        at = int(self.loc[s])
-        assert self._mem is not None
-        dest = memoryview(self._mem)[at : at + end - start]  # the bytes land in place
-        task = asyncio.ensure_future(self.fetch_segment(self.urls[f], start, end, dest))
-        self._fetching[s] = task
-        task.add_done_callback(lambda t, s=s, dest=dest, ahead=ahead:  # type: ignore[misc]
-                               self._landed(s, t, dest, ahead))
+        self._fetching.start(s, self.fetch_segment(self.urls[f], start, end, dest),
+                             functools.partial(self._landed, s, dest=dest, ahead=ahead))
 
     def _landed(self, s: int, task: asyncio.Task, dest: memoryview, ahead: bool) -> None:
-        self._fetching.pop(s, None)
         n = len(dest)
         dest.release()  # the map closes only once no view of it is left
         if ahead:
-            self._ahead_running -= 1
-        if self._mem is None:  # released (closing) while this read was finishing
+            self._keep.running -= 1
+        if self.layout.mem is None:  # released (closing) while this read was finishing
             return
         if task.cancelled() or task.exception() is not None:
             self._state[s] = _MISSING  # a later read asks again (half written: rewritten)
             if not self.whole:
-                self._free(s)
+                self.layout.free(s)
         else:
             self._state[s] = _RESIDENT
-            self._lru[s] = None
+            self._keep.resident(s)
             self.bytes += n
             self.fetched += 1
             self.fetched_bytes += n
@@ -346,14 +290,7 @@ class SegmentStore:
     async def _wait(self, segments: np.ndarray) -> None:
         """Until these segments are resident; the first failure is raised. Waiting is not
         owning: a cancelled reader leaves the shared fetches running for the others."""
-        tasks = [self._fetching[s] for s in segments.tolist() if s in self._fetching]
-        if tasks:
-            await asyncio.wait(tasks)
-        for t in tasks:
-            if t.cancelled():
-                raise StorageError("a segment read was cancelled: the source is closing")
-            if t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        await self._fetching.wait(segments)
         if self._closed:
             raise _closed()
 
@@ -362,20 +299,11 @@ class SegmentStore:
         (and so start no fetch while this one waits for the cancelled ones)."""
         self._closed = True
         self._first.wake()  # those waiting for the first read see the close
-        while self._fetching:
-            tasks = list(self._fetching.items())
-            for _, t in tasks:
-                t.cancel()
-            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
-            for s, _ in tasks:
-                self._fetching.pop(s, None)
+        await self._fetching.cancel()
         self._state[:] = _MISSING
-        self._lru.clear()
+        self._keep.clear()
         self.bytes = 0
-        if self._places is not None:
-            self._places.live = 0
-        self._mem = None
-        self._file.close()  # views still held: unmapped with them
+        self.layout.close()
 
 
 def _closed() -> StorageError:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..planning import ChunkRefs, ChunkWants, chunk_wants
 from ..workers.extract import HEAD
-from ..workers.messages import Fill, StashRef
+from ..workers.messages import Fill, StashRef, Task
 
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
@@ -56,7 +56,7 @@ class Horizon:
 
 class Horizons:
     """The horizons of one task runner (`runtime.tasks.TaskRunner`): its plan, source and
-    pool, and `build` to make a task (the fill jobs read chunks as its tasks do)."""
+    pool, and its byte path (the fill jobs read chunks as its tasks do)."""
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
@@ -158,9 +158,10 @@ class Horizons:
         """Chunk c's wanted records pulled into its region by a worker; how many fit."""
         runner = self.runner
         i = int(wants.first[c])
-        task, lease = await runner._build(-1, records[i : i + 1], np.zeros(1, np.int64),
-                                          refs.take(i, i + 1))
+        carry = await runner.bytes.serve(refs.take(i, i + 1))
         try:
+            task = Task(-1, records[i : i + 1], np.zeros(1, np.int64), refs=carry.refs,
+                        raws=carry.raws)
             task.fill = Fill(runner.pool.stash.path, offset, size,
                              wants.within[wants.offsets[c] : wants.offsets[c + 1]])
             name = wants.names[int(wants.file[c])]
@@ -168,8 +169,7 @@ class Horizons:
                 f"pulling records of the chunk at {int(wants.start[c])} of {name} out for "
                 f"horizon {wants.horizon}"))
         finally:
-            if lease is not None:
-                lease.release()
+            carry.done()
         runner.chunks_decoded += result.chunks_decoded
         return result.count
 

@@ -155,8 +155,9 @@ class Parts:
                 "memory tier (it needs at least %d, %d segments), so every record is its own "
                 "request; raise resident_bytes", read.resident_bytes,
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
-        self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner)
-        self.runner.disk = self.disk = self._disk_tier(src)
+        self.disk = self._disk_tier(src)
+        self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner,
+                                 disk=self.disk)
         return plan
 
     def new_run(self) -> None:

@@ -1,18 +1,17 @@
 """One task, from output positions to the workers' result: look up, fetch, run.
 
 A task covers output positions `lo..hi-1`. Its record indices and epochs come from the plan's
-index ops (`sampling`), where their chunks lie from the source's chunk table; remote bytes
-come through the source's fetch stage (merged range reads), local files and the memory tier
-of a remote dataset the worker reads itself (the task's segments pinned until it is done;
-`readahead` tells the tier what comes next); the decode pool then decodes,
-transforms and batches it (`workers`). This module owns that sequence and the figures of
-its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
+index ops (`sampling`), where their chunks lie from the source's chunk table; what the task
+carries for them (refs the worker reads, or bytes) from the byte path (`source.bytepath`,
+which decides the tier; `readahead` tells the memory tier what comes next); the decode pool
+then decodes, transforms and batches it (`workers`). This module owns that sequence and the
+figures of its two stages (fetch, decode+transform); the order of tasks is the scheduler's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +19,7 @@ import numpy as np
 from ..arrayrecord import ArrayRecordFormatError
 from ..plan import Plan
 from ..planning import ChunkRefs
+from ..source.bytepath import BytePath, Link
 from ..storage import StorageError
 from ..workers import Executor, Result, Task
 from ..workers.arena import array_leaves
@@ -27,6 +27,7 @@ from .horizons import Horizons
 from .readahead import Readahead
 
 if TYPE_CHECKING:
+    from ..cache.tier import DiskTier
     from .statekeeping import Position
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
@@ -36,7 +37,7 @@ class TaskRunner:
     """Runs tasks of the position's plan over one opened source, on an executor (`pool`)."""
 
     def __init__(self, position: Position, source: Any, pool: Executor, stats: Any,
-                 owner: object = None) -> None:
+                 owner: object = None, disk: DiskTier | None = None) -> None:
         # The loader: its running tasks keep it alive, so that when a loop ends under an
         # `async for` left without `async with`, its LoopGuard still finds it to close.
         self.owner = owner
@@ -45,13 +46,11 @@ class TaskRunner:
         self.pool = pool
         self.stats = stats
         self.local = source.all_local
+        # where each task's bytes come from: memory tier, disk tier (`disk`), store
+        self.bytes = BytePath(source, disk)
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
-        self._goal: int | None = None
-        self._disk_goal = 1  # the goal once every segment is in the disk tier
-        self._tier_goal = 1  # the goal while the memory tier serves tasks (see `observe`)
-        self._from_tier = False  # the last task built was served by the memory tier
+        self._goals: dict[Link, int] | None = None  # per serving link, from the first batch
         self._ahead: tuple | None = None  # see _lookup
-        self.disk: Any = None  # the disk tier of a remote dataset (aioloader.cache), if any
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
         self.readahead = Readahead(source)
@@ -78,15 +77,15 @@ class TaskRunner:
     async def run(self, k: int, lo: int, hi: int) -> Result:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
-        if not self.local and not (self.disk is not None and self.disk.complete()):
-            self.readahead.at(lo, self.plan)  # (the memory tier's: needless once all is on disk)
-        lease = None
+        carry = None
         # by its last position (the horizon takes the positions of a task before it), held
         # before anything is awaited: tasks hold horizons in the order they start
         horizon = self.horizons.hold(hi - 1)
         try:
             with st.fetch.timed(items=hi - lo):
-                task, lease = await self._build(k, records, epochs, refs)
+                carry = await self.bytes.serve(refs, functools.partial(self.readahead.at, lo,
+                                                                  self.plan))
+                task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws)
                 if horizon is not None:
                     task.stash = await asyncio.shield(horizon.ready)
             async with self.pool.admit():
@@ -98,10 +97,10 @@ class TaskRunner:
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
         finally:
             self.horizons.release(horizon)
-            if lease is not None:  # the workers are done with the task's segments
-                lease.release()
-        if result.reads and self.local:  # the worker's reads of local files (not of a
-            st.add_worker_reads(result.reads, result.bytes_read)  # remote dataset's copy)
+            if carry is not None:  # the workers are done with the task's segments
+                carry.done()
+        if result.reads and carry.link.own_files:  # the worker's reads of local files (not
+            st.add_worker_reads(result.reads, result.bytes_read)  # of a remote one's copy)
         st.records += hi - lo
         st.elements += result.count
         st.task_seconds += max(0, result.ended_ns - result.began_ns) / 1e9
@@ -130,37 +129,6 @@ class TaskRunner:
         a, b = lo - w[0], hi - w[0]
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
-    async def _build(self, k: int, records: np.ndarray, epochs: np.ndarray,
-                     refs: ChunkRefs) -> tuple[Task, Any]:
-        """What task `k` needs: where its records' chunks are (the worker reads local files,
-        and the memory tier of a remote dataset, itself), plus the fetched bytes of remote
-        files; and the lease on the memory tier's segments to release once it is done."""
-        if self.local:
-            return Task(k, records, epochs, refs=refs), None
-        lease = await self.source.resident_refs(refs)  # in the memory tier
-        self._from_tier = lease is not None
-        if lease is not None:
-            return Task(k, records, epochs, refs=lease.refs), lease
-        if self.disk is not None:  # workers read segments on disk; the rest as bytes
-            on_disk = await self.disk.local_refs(refs)
-            if on_disk is not None:
-                return Task(k, records, epochs, refs=on_disk), None
-            raws = await self.disk.fetch_refs(refs, self.source.fetch_refs)
-            return Task(k, records, epochs, refs=refs, raws=raws), None
-        raws = await self.source.fetch_refs(refs)
-        return Task(k, records, epochs, refs=refs, raws=raws), None
-
-    def _goal_in_tier(self, nbytes: int) -> int:
-        """Batches per task while the bounded memory tier serves them: as for local files,
-        within the stored bytes a task may pin there (`SegmentStore.task_bytes`)."""
-        store = getattr(self.source, "resident", None)
-        if store is None or store.whole or not len(self.source):
-            return 1
-        stored = sum(f.size for f in self.source.table.files) / len(self.source)
-        fits = int(store.task_bytes // max(1.0, stored * self.plan.unit))
-        grouped = dataclasses.replace(self.plan, groups_batches=True)
-        return max(1, min(fits, grouped.task_size_goal(nbytes)))
-
     def observe(self, batches: list | None) -> None:
         """After a result: tasks double in size per result up to the plan's goal, rather
         than jump to it (a consumer that has had one batch would otherwise wait for a whole
@@ -171,14 +139,10 @@ class TaskRunner:
         pins and hops; once a task is not served (sparse reads), they shrink back."""
         if not batches:
             return
-        if self._goal is None:
+        if self._goals is None:  # the goal of each link that may serve, once
             nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
-            self._goal = self.plan.task_size_goal(nbytes)
-            self._disk_goal = self.plan.task_size_goal(nbytes, grouped=True)
-            self._tier_goal = self._goal_in_tier(nbytes)
-        goal = self._tier_goal if self._from_tier else self._goal
-        if self.disk is not None and self.disk.complete():
-            goal = self._disk_goal  # records all on disk are read by workers, like local
+            self._goals = {link: link.goal(self.plan, nbytes) for link in self.bytes.links}
+        goal = self._goals[self.bytes.serving()]
         self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task
 

@@ -5,8 +5,8 @@ record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range
 memory copy, the raw chunk cache). What it adds is the user's view: records by global index,
 decoded (`records`: each needed chunk decoded once, multi-record chunks kept decoded).
 
-The sync API (`len`, `src[i]`) runs the same coroutines on the shared background loop, so
-it works in scripts and in notebooks that run their own loop.
+The sync API (`len`, `src[i]`, `with`) runs the same coroutines on the shared background
+loop (`syncreads`), so it works in scripts and in notebooks that run their own loop.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from ..index_cache import IndexCache
 from ..logs import logger
 from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..storage import Storage, StorageError, is_local, redact
-from ..sync import close_sync, release, run_sync
 from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
 from .opening import footer_changed, open_table
 from .records import ChunkCache, read_chunks
+from .syncreads import SyncReads
 from .table import RecordTable
 
 log = logger("source")
@@ -61,7 +61,7 @@ def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
             _kinds(codecs), _kinds(groups))
 
 
-class ArrayRecordSource:
+class ArrayRecordSource(SyncReads):
     """Random access to the records of one or more ArrayRecord files.
 
     `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
@@ -282,42 +282,6 @@ class ArrayRecordSource:
         except (ArrayRecordFormatError, StorageError) as err:
             raise await self.explain(err, set(np.asarray(files).tolist())) from None
 
-    # -- sync API ---------------------------------------------------------------------
-
-    def read_chunk(self, file: int, chunk: int) -> ChunkRecords:
-        """All records of one chunk of one file (sync)."""
-        self._require_open()
-        return self._sync(self.read_chunks([file], [chunk]))[(file, chunk)]
-
-    def __getitem__(self, key):
-        self._require_open()  # a failed open lets the background loop go
-        if isinstance(key, slice):
-            return self._sync(self.read(range(*key.indices(len(self)))))
-        if isinstance(key, (list, tuple, np.ndarray, range)):
-            return self._sync(self.read(key))
-        i = int(key)
-        if i < 0:
-            i += len(self)
-        return self._sync(self.read([i]))[0]
-
-    def __getitems__(self, keys: Sequence[int]) -> list[bytes]:
-        """The records at `keys` in one call (Grain's and PyTorch's batched fetch)."""
-        return self[list(keys)]
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled as its configuration: a copy (a Grain or PyTorch worker process) opens
-        the files again, lazily, on first use."""
-        return dict(self._config)
-
-    def __setstate__(self, config: dict[str, Any]) -> None:
-        self.__init__(**config)  # type: ignore[misc]
-
-    def __iter__(self):
-        n = len(self)
-        step = 4096
-        for lo in range(0, n, step):
-            yield from self[lo : min(n, lo + step)]
-
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -326,26 +290,6 @@ class ArrayRecordSource:
             await self._fetcher.aclose()
         if self._owns_storage:
             await self.storage.aclose()
-
-    def _sync(self, coro):
-        self._used_sync = True
-        return run_sync(coro, user=self)
-
-    def close(self) -> None:
-        """Release the I/O resources the sync API used (and the background loop, if last)."""
-        if not self._used_sync:
-            return
-        self._used_sync = False
-        try:
-            close_sync(self.aclose())
-        finally:  # a failed close (or open) still lets the background loop go
-            release(self)
-
-    def __enter__(self) -> ArrayRecordSource:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     async def __aenter__(self) -> ArrayRecordSource:
         try:
