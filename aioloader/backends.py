@@ -77,8 +77,8 @@ class LocalBackend:
     """Local files: a listing is one thread-pool job (glob, then one `stat` per match, for
     both "is it a file" and its size and version); reads are `os.pread` on descriptors kept
     open (`descriptors`: the process's capped set), opened inside the thread-pool job that
-    first reads them (an `open` is ~20-40 µs, which the event loop need not spend: a cold
-    open of 2,000 shards opens 2,000 files)."""
+    first reads them (an `open` is time the event loop need not spend: a cold open of
+    many shards opens each file)."""
 
     streams = False
 

@@ -8,7 +8,7 @@ is never cut, while a connection that goes silent is retried within seconds. The
 deadline bounds every wait for an answer: no attempt waits for one past it, none starts after
 it, and after a silent attempt another is made only if a whole `timeout` still fits. It starts
 when the read first holds a request slot: time queued behind our own `io_concurrency` is not
-the store's (2,000 tails opened at 64 in flight from a slow bucket timed out in the queue).
+the store's.
 
 Hedging (as in "The Tail at Scale"): a request with no answer after a few times the recent
 median time to a response head gets one duplicate; whichever finishes first is taken and the
@@ -16,10 +16,10 @@ other cancelled, so one slow server does not stall a batch. The bytes are the sa
 wins (reads are pinned to the object's generation, and a hedge writes only its own buffer).
 Hedges are bounded: a few in flight, and on average a small fraction of requests.
 
-Only a backend that reports what it receives (`streams = True`: gs://) is watched for silence
-and hedged; for the others (local files; fsspec stores, whose clients keep their own socket
-timeouts) an attempt is bounded by the rest of the deadline, as gs:// reads are on Python
-3.10 (no `asyncio.timeout` to cancel a request inline).
+Only a backend that reports what it receives (`streams = True`: gs:// on libcurl) is watched
+for silence and hedged; for the others (local files; fsspec stores, whose clients keep their
+own socket timeouts) an attempt is bounded by the rest of the deadline, as all are on
+Python 3.10 (no `asyncio.timeout` to cancel a request inline).
 
 What it logs ("aioloader.retry"): each failed attempt and each hedge at DEBUG (the URL
 redacted, the cause a status line or an exception's name and text: never a header); at most
