@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import random
+import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
@@ -38,13 +39,26 @@ GCS_CLIENTS = ("auto", "curl", "fsspec")
 GcsClient = Literal["auto", "curl", "fsspec"]
 
 
+def _outside_level() -> int:
+    """The `stacklevel` that names the caller's first frame outside aioloader (and the
+    dataclass machinery), so that a `DeprecationWarning` is shown: by default, only one
+    attributed to `__main__` is."""
+    level, frame = 1, sys._getframe(2)  # (level 1: the function that warns)
+    while frame.f_back is not None and (
+            frame.f_globals.get("__name__", "").startswith(("aioloader.", "dataclasses"))
+            or frame.f_code.co_filename.startswith("<")):
+        frame, level = frame.f_back, level + 1
+    return level + 1
+
+
 def gcs_client_named(client: str, source: str = "gcs_client") -> str:
     """`client` checked against `GCS_CLIENTS` (`source`: where it was given, for the error).
     "aiohttp", whose client was removed, still reads the same data: through "fsspec"."""
     if client == "aiohttp":
         warnings.warn(f"{source}='aiohttp' is deprecated: its reads go through gcsfs's own "
                       "(gcs_client='fsspec'); use 'fsspec', or 'auto' for the fastest client "
-                      "the storage_options allow", DeprecationWarning, stacklevel=3)
+                      "the storage_options allow", DeprecationWarning,
+                      stacklevel=_outside_level())
         return "fsspec"
     if client not in GCS_CLIENTS:
         raise ValueError(f"{source} must be one of {', '.join(map(repr, GCS_CLIENTS))} or "

@@ -12,6 +12,7 @@ import aioloader as al
 from aioloader.gcs_client import GcsfsBackend
 from aioloader.options import GCS_CLIENTS
 from aioloader.source import opening as source_table
+from aioloader.storage import Storage
 from aioloader.testing import local_gcs
 
 
@@ -82,12 +83,16 @@ def test_gcs_client_is_checked_and_kept(files):
     assert al.ReadOptions().gcs_client is None  # AIOLOADER_GCS_CLIENT, else "auto"
 
 
-def test_the_removed_aiohttp_client_is_read_through_fsspec_with_a_warning(files):
-    with pytest.warns(DeprecationWarning, match="gcs_client='fsspec'"):
+def test_the_removed_aiohttp_client_is_read_through_fsspec_with_a_warning(files, monkeypatch):
+    with pytest.warns(DeprecationWarning, match="gcs_client='fsspec'") as seen:
         loader = al.Dataset.from_arrayrecord(files).loader(gcs_client="aiohttp")
     assert loader.options.read.gcs_client == "fsspec"
+    assert [w.filename for w in seen] == [__file__]  # the caller's line: shown by default
     with pytest.warns(DeprecationWarning, match="gcs_client='fsspec'"):
         assert al.ReadOptions(gcs_client="aiohttp").gcs_client == "fsspec"
+    monkeypatch.setenv("AIOLOADER_GCS_CLIENT", "aiohttp")
+    with pytest.warns(DeprecationWarning, match="AIOLOADER_GCS_CLIENT='aiohttp'"):
+        assert Storage().stores.gcs_client == "fsspec"
 
 
 @pytest.mark.parametrize("client", ["fsspec", "aiohttp"])
