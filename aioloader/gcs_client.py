@@ -1,7 +1,14 @@
 """Which client serves a store's gs:// range reads, and making it: libcurl (`gcs_curl`, about
 half the CPU per GET; needs pycurl) where the storage_options are ones it serves, else gcsfs's
-own reads (`GcsfsBackend`: fsspec's `_cat_file`, as every other scheme reads). Chosen per
-`Storage` by `gcs_client` or AIOLOADER_GCS_CLIENT ("auto", "curl" or "fsspec")."""
+own requests (`GcsfsBackend`). Chosen per `Storage` by `gcs_client` or AIOLOADER_GCS_CLIENT
+("auto", "curl" or "fsspec").
+
+Why gs:// is not simply `backends.FsspecBackend` over gcsfs: its `_cat_file` runs gcsfs's
+retry loop unseen by the `RetryPolicy`, its listings version files by mtime where pins and
+cache keys need generations, and a refusal comes back as a plain `OSError`. So both gs://
+stores share `gcs_store.GcsStore` (metadata by generation, refusals as `PermissionError`),
+and this one sends gcsfs's own request once per attempt.
+"""
 
 from __future__ import annotations
 
