@@ -27,6 +27,7 @@ from .gcs_store import (
     gcsfs_status,
     range_body,
 )
+from .hedge import Silent
 from .options import gcs_client_named
 from .urls import redact
 
@@ -46,12 +47,13 @@ def gcs_client_for(client: str | None = None,
 
 
 def gcs_backend(client: str, options: dict[str, Any], connections: int,
-                pins: dict[str, str]) -> Backend:
+                pins: dict[str, str], *, silence: float | None = None) -> Backend:
     """The gs:// backend `client` names: "curl" (libcurl; needs pycurl, in the `gcs` extra),
     "fsspec" (gcsfs's reads), or "auto": curl when pycurl is installed and the
-    storage_options are ones it serves, else fsspec."""
+    storage_options are ones it serves, else fsspec. `silence`: the `RetryPolicy`'s timeout,
+    which gcsfs's requests need as their own (libcurl's reads tell their progress instead)."""
     if client == "fsspec":
-        return GcsfsBackend(options, pins)
+        return GcsfsBackend(options, pins, silence)
     try:
         from .gcs_curl import CurlGCSBackend
     except ImportError as exc:
@@ -59,7 +61,7 @@ def gcs_backend(client: str, options: dict[str, Any], connections: int,
             raise StorageError(
                 f"gcs_client='curl' needs pycurl ({exc}): pip install 'aioloader[gcs]' "
                 "(or pip install pycurl), or use gcs_client='fsspec'") from None
-        return GcsfsBackend(options, pins)
+        return GcsfsBackend(options, pins, silence)
     if curl_serves(options):
         return CurlGCSBackend(options, connections, pins)
     if client == "curl":
@@ -67,7 +69,7 @@ def gcs_backend(client: str, options: dict[str, Any], connections: int,
             f"gcs_client='curl' reads only with storage_options {sorted(SERVED_OPTIONS)}; "
             f"these need gcsfs's own reads: {sorted(set(options) - SERVED_OPTIONS)} (use "
             "gcs_client='fsspec')")
-    return GcsfsBackend(options, pins)
+    return GcsfsBackend(options, pins, silence)
 
 
 class GcsfsBackend(GcsStore):
@@ -77,14 +79,25 @@ class GcsfsBackend(GcsStore):
     One attempt per call, as every backend's: the request gcsfs's retry loop wraps (six
     tries, 1-32 s sleeps, unseen by the `RetryPolicy`) is sent once, where this gcsfs has it
     (else its `_cat_file`, loop and all). An attempt answers only when done (`streams` is
-    false): it is bounded by the rest of the read's deadline (`retry`). Its errors are the
-    ones libcurl's reads raise for the same answer (`gcs_failure`).
+    false), so silence is timed by aiohttp's socket timeouts, `silence` seconds (unless the
+    storage_options set `requests_timeout`), and ends the attempt as `Silent`; the rest of
+    the read's deadline bounds it too (`retry`). Its errors are the ones libcurl's reads
+    raise for the same answer (`gcs_failure`).
     """
 
     streams = False
 
-    def __init__(self, options: dict[str, Any], pins: dict[str, str]) -> None:
-        super().__init__(options, pins)
+    def __init__(self, options: dict[str, Any], pins: dict[str, str],
+                 silence: float | None = None) -> None:
+        super().__init__(options, pins, lazy=True)
+        # Made now (gcsfs imported if need be), so that no read's deadline times the import.
+        fs = self._filesystem()
+        self._silence = silence if "requests_timeout" not in options else None
+        if self._silence is not None:
+            import aiohttp
+
+            fs.requests_timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self._silence, sock_read=self._silence)
 
     async def read(self, path: str, start: int, end: int) -> bytes:
         generation = self._generation(path)
@@ -111,6 +124,8 @@ class GcsfsBackend(GcsStore):
         import aiohttp  # (gcsfs's own client: imported with it)
 
         text = f"{type(exc).__name__}: {redact(str(exc))}"
+        if isinstance(exc, aiohttp.ServerTimeoutError) and self._silence is not None:
+            return Silent(f"no answer within {self._silence:g} s")  # (as libcurl's reads say)
         if (isinstance(exc, aiohttp.ClientConnectorError)
                 and not isinstance(exc, aiohttp.ClientSSLError)):
             return Unreachable(text)

@@ -194,8 +194,13 @@ class GcsStore:
             with contextlib.suppress(ImportError):  # gcsfs_filesystem says which extra
                 await asyncio.wrap_future(self._import)
             if self._fs is None:
-                redact_logs(*STORAGE_LOGGERS)
-                self._fs = gcsfs_filesystem(self._options)
+                self._filesystem()
+        return self._fs
+
+    def _filesystem(self) -> Any:
+        """Make gcsfs's filesystem now, on this loop (importing gcsfs if need be)."""
+        redact_logs(*STORAGE_LOGGERS)
+        self._fs = gcsfs_filesystem(self._options)
         return self._fs
 
     async def prepare(self) -> None:

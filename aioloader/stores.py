@@ -90,7 +90,8 @@ class Stores:
             return LocalBackend(min(32, self.concurrency))
         if key in GCS_SCHEMES:
             return gcs_backend(self.gcs_client, self.storage_options,
-                               self.concurrency + self.retry.max_hedges, self.pins)
+                               self.concurrency + self.retry.max_hedges, self.pins,
+                               silence=self.retry.timeout)
         return FsspecBackend(key, self.storage_options)
 
     def pin(self, info: ObjectInfo) -> None:

@@ -104,5 +104,5 @@ def install() -> None:
     import aioloader.stores as stores
 
     stores.gcs_backend = (  # type: ignore[assignment]
-        lambda client, options, connections, pins: ObstoreGCSBackend(options, connections,
-                                                                     pins))
+        lambda client, options, connections, pins, **kw: ObstoreGCSBackend(
+            options, connections, pins))

@@ -135,9 +135,10 @@ async def test_a_rewritten_object_is_refused_not_mixed(gcs, client):
         await storage.aclose()
 
 
-async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gcs):
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gcs, client):
     policy = RetryPolicy(timeout=0.3, deadline=1.5, hedge_after=None)
-    storage = _storage(gcs, "curl", retry=policy)
+    storage = _storage(gcs, client, retry=policy)
     try:
         gcs.set_faults(hold_first=1, hold_s=math.inf)
         assert await storage.read(gcs.url("curl/blob"), 5, 500) == BLOB[5:500]
