@@ -1,19 +1,9 @@
-"""Storage backends: how one range read, size lookup or listing is done on each kind of store.
+"""Stores: the `Backend` protocol `storage.Storage` reads through, and the stores that are not
+gs://: local files and any other fsspec filesystem (gs:// is `gcs_client`'s).
 
 - local paths: `os.pread` on a descriptor kept open (at most as many as the process's limit
-  allows: `descriptors`), in a thread pool we size ourselves, with
-  batched preads (one thread hop for many page-cache reads), and a listing in one job;
-- gs://: gcsfs for listing, metadata and credentials, but range GETs on our own aiohttp
-  session. gcsfs wraps every request in its own retry loop (six tries, 1-32 s sleeps) that
-  cannot be turned off per instance; reading through it would hide retries from our stats
-  and stretch a 503 into seconds. Our session also lifts the 100-connection cap, and reads
-  are pinned to the object generation seen at open. Opening an object by name is one
-  suffix-range GET: its response carries the tail bytes, the size (`Content-Range`) and the
-  generation (`x-goog-generation`), where gcsfs's `info()` costs ~3 metadata requests
-  (`gcs_aiohttp.GCSBackend`; the gs:// helpers both clients share live here);
-- gs:// with pycurl installed (the default then): the same reads on libcurl instead of
-  aiohttp, at about half the CPU per GET (`gcs_curl.CurlGCSBackend`; `gcs_client.gcs_backend`
-  chooses);
+  allows: `descriptors`), in a thread pool we size ourselves, with batched preads (one
+  thread hop for many page-cache reads), and a listing in one job;
 - any other fsspec filesystem: its async `_cat_file` when it has one, else threads.
 
 A backend makes one attempt and classifies failure: `Transient` (worth retrying) or a final
@@ -27,20 +17,20 @@ from __future__ import annotations
 import asyncio
 import glob as globlib
 import os
-import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .descriptors import FileSet
-from .errors import MissingExtraError, ObjectChangedError, StorageError, Transient
-from .reach import NO_CREDENTIALS, gcs_credentials_found
+from .errors import MissingExtraError, StorageError, Transient
 from .urls import STORAGE_LOGGERS, redact, redact_logs
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-# "bytes 0-99/100"; an empty object on fake-gcs-server: "bytes 0--1/0".
-_CONTENT_RANGE = re.compile(r"bytes (?P<first>-?\d+)-(?P<last>-?\d+)/(?P<size>\d+)")
+if TYPE_CHECKING:
+    from .hedge import Watch
+
+__all__ = ["Backend", "FsspecBackend", "LocalBackend", "ObjectInfo", "StreamingBackend",
+           "Tail", "close_session", "file_info", "listed_files", "local_version"]
 
 
 class ObjectInfo(NamedTuple):
@@ -58,61 +48,39 @@ class Tail(NamedTuple):
     data: bytes
 
 
+class Backend(Protocol):
+    """One kind of store, as `storage.Storage` calls it: one attempt per call, `Transient`
+    for a failure worth retrying, any other error final. `streams`: reads take a `watch`
+    (`StreamingBackend`)."""
 
-def gcs_key(path: str) -> str:
-    """An object's canonical URL (gcsfs lists `bucket/name`; `gcs://` is an alias)."""
-    return path if path.startswith("gs://") else "gs://" + path.removeprefix("gcs://")
+    streams: bool
 
-
-def gcs_failure(url: str, status: int, text: str, generation: str | None,
-                hint: str = "") -> Exception:
-    """The error for a non-2xx answer from GCS (`Transient` when worth retrying); `hint`
-    says why a refusal may have come (`gcs_auth_hint`)."""
-    if status == 404:
-        if generation:
-            return ObjectChangedError(
-                f"{url} was replaced or deleted after it was opened (generation "
-                f"{generation} is gone); re-open the dataset to read the new object"
-            )
-        return FileNotFoundError(f"no such object: {url}")
-    if status in (401, 403):
-        return PermissionError(f"HTTP {status} reading {url}: {text} ("
-                               + (hint or "check credentials or storage_options['token']")
-                               + ")")
-    if status in RETRY_STATUSES:
-        return Transient(f"HTTP {status}")
-    return StorageError(f"HTTP {status} from {url}: {text}")
+    async def info(self, path: str) -> ObjectInfo: ...
+    async def glob(self, pattern: str) -> list[ObjectInfo]: ...
+    async def read(self, path: str, start: int, end: int) -> bytes: ...
+    async def aclose(self) -> None: ...
 
 
-def parse_tail(url: str, n: int, status: int, body: bytes, content_range: str,
-               generation: str) -> Tail | None:
-    """A suffix-range GET's answer (200, 206 or 416) as a `Tail`; None when it cannot give
-    size and generation (416: an empty object on real GCS; no generation header)."""
-    if status == 416:
-        return None
-    if status == 200:  # the whole object: smaller than n, or the range was ignored
-        size, body = len(body), body[-n:] if len(body) > n else body
-    else:
-        m = _CONTENT_RANGE.fullmatch(content_range.strip())
-        size = int(m["size"]) if m else -1
-        if m is None or (int(m["first"]), int(m["last"])) != (size - min(n, size), size - 1):
-            raise StorageError(f"{url}: asked for the last {n} bytes, the answer was 206 with "
-                               f"Content-Range {content_range!r} (not the tail: is the "
-                               "endpoint a GCS-compatible server?)")
-        if len(body) != min(n, size):
-            raise Transient(f"short body ({len(body)} of {min(n, size)} bytes)")
-    if not generation:
-        return None
-    return Tail(ObjectInfo(url, size, generation), body)
+class StreamingBackend(Backend, Protocol):
+    """A store whose reads tell a `hedge.Watch` what they receive (gs:// on libcurl), write
+    straight into a buffer, and open an object by its tail in one request."""
 
+    async def read(self, path: str, start: int, end: int,
+                   watch: Watch | None = None) -> bytes: ...
+    async def read_into(self, path: str, start: int, end: int, dest: memoryview,
+                        watch: Watch | None = None) -> None: ...
+    async def read_tail(self, path: str, n: int, watch: Watch | None = None) -> Tail | None: ...
+    async def prepare(self) -> None: ...
 
 
 class LocalBackend:
     """Local files: a listing is one thread-pool job (glob, then one `stat` per match, for
     both "is it a file" and its size and version); reads are `os.pread` on descriptors kept
     open (`descriptors`: the process's capped set), opened inside the thread-pool job that
-    first reads them (an `open` is ~20-40 µs, which the event loop need not spend: a cold
-    open of 2,000 shards opens 2,000 files)."""
+    first reads them (an `open` is time the event loop need not spend: a cold open of
+    many shards opens each file)."""
+
+    streams = False
 
     def __init__(self, threads: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aioloader-pread")
@@ -176,69 +144,6 @@ def _pread_all(files: FileSet, items: Sequence[tuple[str, int, int]]) -> list[by
         return [os.pread(fd_of[path], end - start, start) for path, start, end in items]
 
 
-def range_body(status: int, body: bytes, start: int, end: int,
-               dest: memoryview | None) -> bytes | None:
-    """Bytes [start, end) of a range GET's 200/206 answer (a server that ignored the range
-    sent the whole object), checked for length; into `dest` when given (then None)."""
-    n = end - start
-    if status == 200 and len(body) > n:
-        body = body[start:end]
-    if len(body) != n:
-        raise Transient(f"short body ({len(body)} of {n} bytes)")
-    if dest is None:
-        return body
-    dest[:n] = body
-    return None
-
-
-DEFAULT_GCS_ENDPOINT = "https://storage.googleapis.com"
-
-
-def gcs_endpoint(options: dict[str, Any]) -> str:
-    """gcsfs's choice of endpoint: `endpoint_url`, else `STORAGE_EMULATOR_HOST`, else GCS."""
-    url = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
-    if url in ("", "default"):
-        return DEFAULT_GCS_ENDPOINT
-    return (url if url.startswith(("http://", "https://")) else f"http://{url}").rstrip("/")
-
-
-def gcs_auth_hint(options: dict[str, Any]) -> str:
-    """Why GCS may refuse us: no credentials anywhere (then reads go anonymous at once,
-    see `gcs_options`), else nothing to add."""
-    if "token" in options or os.environ.get("STORAGE_EMULATOR_HOST"):
-        return ""
-    return "" if gcs_credentials_found(options) else NO_CREDENTIALS
-
-
-def gcs_options(options: dict[str, Any]) -> dict[str, Any]:
-    """A copy of gs:// storage options; anonymous against an emulator (it takes no
-    credentials), and where no credentials can be found (gcsfs would end there too, after
-    ~16 s asking for a metadata server that is not there: `aioloader.reach`)."""
-    opts = dict(options)
-    if "token" not in opts and (os.environ.get("STORAGE_EMULATOR_HOST")
-                                or gcs_auth_hint(opts)):
-        opts["token"] = "anon"
-    return opts
-
-
-def gcsfs_filesystem(options: dict[str, Any]) -> Any:
-    """gcsfs's async filesystem for gs:// (listing, metadata, credentials) on this loop.
-
-    Against an emulator (``STORAGE_EMULATOR_HOST``) always gcsfs's plain class: the one
-    ``gcsfs.GCSFileSystem`` names when gcsfs was imported with its experimental HNS support
-    on (its default) probes a gRPC API that emulators lack, stalling each call for 30-50 s.
-    """
-    try:
-        import gcsfs
-        import gcsfs.core
-    except ImportError as exc:
-        raise MissingExtraError("gcs", "gs://", exc.name) from None
-    cls = gcsfs.core.GCSFileSystem if os.environ.get("STORAGE_EMULATOR_HOST") else (
-        gcsfs.GCSFileSystem)
-    return cls(asynchronous=True, skip_instance_cache=True, loop=asyncio.get_running_loop(),
-               **options)
-
-
 def _credential_safe(exc: Exception) -> Exception:
     """`exc` as our error types, its message free of credentials (fsspec's HTTP errors quote
     signed URLs whole). An HTTP 401/403 is a `PermissionError`, a 404 a `FileNotFoundError`,
@@ -265,11 +170,38 @@ def _credential_safe(exc: Exception) -> Exception:
         return StorageError(f"{type(exc).__name__}: {safe}")
 
 
+def file_info(url: str, meta: dict[str, Any], versions: tuple[str, ...]) -> ObjectInfo:
+    """An fsspec `info()` answer as an `ObjectInfo`: the version is the first of the
+    metadata fields `versions` that is set."""
+    version = next((meta[k] for k in versions if meta.get(k)), "")
+    return ObjectInfo(url, int(meta["size"]), str(version))
+
+
+def listed_files(found: dict[str, dict[str, Any]], url: Callable[[str], str],
+                 version: Callable[[dict[str, Any]], str]) -> list[ObjectInfo]:
+    """The files of an fsspec `glob(..., detail=True)` answer, sorted by URL."""
+    return sorted(ObjectInfo(url(name), int(m["size"]), version(m))
+                  for name, m in found.items() if m.get("type", "file") == "file")
+
+
+async def close_session(fs: Any) -> None:
+    """Close an async fsspec filesystem's aiohttp session (gcsfs's, HTTP's) on this loop,
+    else aiohttp reports it unclosed at exit."""
+    session: Any = getattr(fs, "_session", None)
+    if getattr(fs, "close_session", None) is not None and hasattr(session, "close"):
+        await session.close()
+
+
 # fsspec protocols whose filesystem one of our extras installs.
 _FSSPEC_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
 class FsspecBackend:
+    """Any fsspec filesystem but gs:// (s3://, https://, ...): its own reads, listing and
+    lookups; errors as ours, free of credentials (`_credential_safe`)."""
+
+    streams = False
+
     def __init__(self, protocol: str, options: dict[str, Any]) -> None:
         import fsspec
 
@@ -304,13 +236,11 @@ class FsspecBackend:
 
     async def info(self, path: str) -> ObjectInfo:
         meta = await self._call("info", path)
-        version = meta.get("generation") or meta.get("ETag") or meta.get("mtime") or ""
-        return ObjectInfo(self._url(path), int(meta["size"]), str(version))
+        return file_info(self._url(path), meta, ("generation", "ETag", "mtime"))
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         found = await self._call("glob", pattern, detail=True)
-        return sorted(ObjectInfo(self._url(n), int(m["size"]), str(m.get("mtime", "")))
-                      for n, m in found.items() if m.get("type", "file") == "file")
+        return listed_files(found, self._url, lambda m: str(m.get("mtime", "")))
 
     async def read(self, path: str, start: int, end: int) -> bytes:
         try:
@@ -326,9 +256,7 @@ class FsspecBackend:
         entered from `_s3creator`."""
         if not self.is_async:
             return
-        session: Any = getattr(self.fs, "_session", None)
-        if getattr(self.fs, "close_session", None) is not None and hasattr(session, "close"):
-            await session.close()
+        await close_session(self.fs)
         creator = getattr(self.fs, "_s3creator", None)
         if creator is not None and hasattr(creator, "__aexit__"):
             self.fs._s3creator = self.fs._s3 = None  # (its finalizer then has nothing to do)

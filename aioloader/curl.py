@@ -1,18 +1,18 @@
 """HTTP GETs on libcurl's multi interface, driven by the asyncio event loop.
 
-Why: a 1 KiB range GET through aiohttp costs ~200-300 µs of client CPU (request and
-response objects, header parsing, stream readers, all in Python), which caps record-by-record
-reads from a bucket at a few thousand per second per process. libcurl does the HTTP work in C;
-what is left in Python per GET is a handful of `setopt` calls, one body callback and one
-completion (measured in benchmarks/request_cost.py, RESULTS.md "Issue 15: cost per request").
+Why: a Python HTTP client spends its CPU per request on request and response objects,
+header parsing and stream readers, which caps record-by-record reads from a bucket per
+process. libcurl does the HTTP work in C; what is left in Python per GET is a handful of
+`setopt` calls, one body callback and one completion (figures: benchmarks/RESULTS.md, "cost
+per request").
 
 How: one `CurlMulti` per event loop. libcurl tells us which sockets to watch and when its
 timer is due (`M_SOCKETFUNCTION`, `M_TIMERFUNCTION`); the sockets are watched by one epoll
 of our own that the loop watches (`curlwatch`), the timer by `call_at`, both calling back
 into `socket_action`, and finished transfers complete their futures.
-No thread, no timeouts of its own: like the aiohttp backend, a request reports what it
-receives to a `retry.Watch` and the caller's retry policy times silence and cancels; a
-cancelled transfer is removed from the multi handle (libcurl closes its connection).
+No thread, no timeouts of its own: a request reports what it receives to a `retry.Watch`
+and the caller's retry policy times silence and cancels; a cancelled transfer is removed
+from the multi handle (libcurl closes its connection).
 
 Requests carry no `Accept-Encoding` (bytes are returned as stored), follow no redirects and
 are not retried by libcurl. Over https libcurl negotiates HTTP/2 by ALPN and multiplexes

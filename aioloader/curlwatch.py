@@ -3,7 +3,7 @@
 libcurl asks to watch a connection's socket when a transfer starts on it and to stop
 (POLL_REMOVE) when the transfer ends, so a kept-alive connection is watched and unwatched
 once per request. On the event loop that costs a reader handle made and dropped each time
-(~30 µs of a ~125 µs GET with uvloop, benchmarks/request_cost.py). `EpollWatch` keeps one
+(a good part of a GET's CPU: benchmarks/request_cost.py). `EpollWatch` keeps one
 epoll of its own, registered with the loop once, and leaves an idle connection's socket in
 it: the next request on that connection costs one `epoll_ctl`.
 

@@ -33,7 +33,14 @@ from .description import (
 )
 from .mixed import mix_inputs
 from .objects import ObjectSource, check_source
-from .options import LoaderOptions, ReadOptions, RetryPolicy, WorkerOptions, unknown_options_error
+from .options import (
+    GcsClient,
+    LoaderOptions,
+    ReadOptions,
+    RetryPolicy,
+    WorkerOptions,
+    unknown_options_error,
+)
 from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
 from .selection import proportions
 from .transforms import (
@@ -338,7 +345,7 @@ class Dataset:
         cache_dir: str | os.PathLike | None = None,
         cache_bytes: int | None = None,
         index_cache_dir: str | os.PathLike | None = None,
-        gcs_client: Literal["auto", "curl", "aiohttp"] | None = None,
+        gcs_client: GcsClient | None = None,
         slot_size: int | None = None,
         window: int | None = None,
         read: ReadOptions | None = None,

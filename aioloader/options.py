@@ -14,6 +14,8 @@ from __future__ import annotations
 import difflib
 import os
 import random
+import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -32,9 +34,36 @@ __all__ = [
 
 AUTO = "auto"  # a setting tuned while the loader runs (`aioloader.autotune`)
 DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
-GCS_CLIENTS = ("auto", "curl", "aiohttp")
-"""The gs:// clients `gcs_client` names (`gcs_client.GCS_CLIENTS`; not imported from there,
-which would import aiohttp with the options)."""
+GCS_CLIENTS = ("auto", "curl", "fsspec")
+"""The gs:// clients `gcs_client` names (`aioloader.gcs_client` makes them)."""
+GcsClient = Literal["auto", "curl", "fsspec"]
+
+
+def _outside_level() -> int:
+    """The `stacklevel` that names the caller's first frame outside aioloader (and the
+    dataclass machinery), so that a `DeprecationWarning` is shown: by default, only one
+    attributed to `__main__` is."""
+    level, frame = 1, sys._getframe(2)  # (level 1: the function that warns)
+    while frame.f_back is not None and (
+            frame.f_globals.get("__name__", "").startswith(("aioloader.", "dataclasses"))
+            or frame.f_code.co_filename.startswith("<")):
+        frame, level = frame.f_back, level + 1
+    return level + 1
+
+
+def gcs_client_named(client: str, source: str = "gcs_client") -> str:
+    """`client` checked against `GCS_CLIENTS` (`source`: where it was given, for the error).
+    "aiohttp", whose client was removed, still reads the same data: through "fsspec"."""
+    if client == "aiohttp":
+        warnings.warn(f"{source}='aiohttp' is deprecated: its reads go through gcsfs's own "
+                      "(gcs_client='fsspec'); use 'fsspec', or 'auto' for the fastest client "
+                      "the storage_options allow", DeprecationWarning,
+                      stacklevel=_outside_level())
+        return "fsspec"
+    if client not in GCS_CLIENTS:
+        raise ValueError(f"{source} must be one of {', '.join(map(repr, GCS_CLIENTS))} or "
+                         f"None (AIOLOADER_GCS_CLIENT, else 'auto'), got {client!r}")
+    return client
 
 
 def _whole(obj: Any, name: str, lo: int, *, optional: bool = False,
@@ -124,8 +153,9 @@ class ReadOptions:
       It must belong to this user and be writable by no one else (else `PermissionError`).
     - `gcs_client` (None: the AIOLOADER_GCS_CLIENT environment variable, else "auto"): what
       serves gs:// range reads: "curl" (libcurl, about half the CPU per request; needs
-      pycurl, in the `gcs` extra), "aiohttp", or "auto" (curl when pycurl is installed and
-      the storage_options are ones it serves). Listing and credentials use gcsfs either way.
+      pycurl, in the `gcs` extra), "fsspec" (gcsfs's own reads), or "auto" (curl when pycurl
+      is installed and the storage_options are ones it serves, else fsspec). Listing and
+      credentials use gcsfs either way. "aiohttp" (deprecated) means "fsspec".
     """
 
     io_concurrency: int | Literal["auto"] = 64
@@ -136,7 +166,7 @@ class ReadOptions:
     cache_dir: str | None = None
     cache_bytes: int = 64 << 30
     index_cache_dir: str | None = None
-    gcs_client: Literal["auto", "curl", "aiohttp"] | None = None
+    gcs_client: GcsClient | None = None
 
     def __post_init__(self) -> None:
         _whole(self, "io_concurrency", 1, auto=True)
@@ -157,10 +187,8 @@ class ReadOptions:
             if not self.index_cache_dir:
                 raise ValueError("index_cache_dir must name a directory, or be None (no "
                                  "index cache); got ''")
-        if self.gcs_client is not None and self.gcs_client not in GCS_CLIENTS:
-            raise ValueError(f"gcs_client must be one of {', '.join(map(repr, GCS_CLIENTS))} "
-                             f"or None (AIOLOADER_GCS_CLIENT, else 'auto'), got "
-                             f"{self.gcs_client!r}")
+        if self.gcs_client is not None:
+            object.__setattr__(self, "gcs_client", gcs_client_named(self.gcs_client))
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be an aioloader.RetryPolicy or None, got "
                             f"{type(self.retry).__name__}")

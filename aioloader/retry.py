@@ -8,7 +8,7 @@ is never cut, while a connection that goes silent is retried within seconds. The
 deadline bounds every wait for an answer: no attempt waits for one past it, none starts after
 it, and after a silent attempt another is made only if a whole `timeout` still fits. It starts
 when the read first holds a request slot: time queued behind our own `io_concurrency` is not
-the store's (2,000 tails opened at 64 in flight from a slow bucket timed out in the queue).
+the store's.
 
 Hedging (as in "The Tail at Scale"): a request with no answer after a few times the recent
 median time to a response head gets one duplicate; whichever finishes first is taken and the
@@ -16,10 +16,10 @@ other cancelled, so one slow server does not stall a batch. The bytes are the sa
 wins (reads are pinned to the object's generation, and a hedge writes only its own buffer).
 Hedges are bounded: a few in flight, and on average a small fraction of requests.
 
-Only a backend that reports what it receives (`streams = True`: gs://) is watched for silence
-and hedged; for the others (local files; fsspec stores, whose clients keep their own socket
-timeouts) an attempt is bounded by the rest of the deadline, as gs:// reads are on Python
-3.10 (no `asyncio.timeout` to cancel a request inline).
+Only a backend that reports what it receives (`streams = True`: gs:// on libcurl) is watched
+for silence and hedged; for the others (local files; fsspec stores, whose clients keep their
+own socket timeouts) an attempt is bounded by the rest of the deadline, as all are on
+Python 3.10 (no `asyncio.timeout` to cancel a request inline).
 
 What it logs ("aioloader.retry"): each failed attempt and each hedge at DEBUG (the URL
 redacted, the cause a status line or an exception's name and text: never a header); at most
@@ -130,7 +130,6 @@ class Retrier:
         """`await call(*args)` until it succeeds or the policy gives up (`GaveUp`), each
         attempt holding a slot. `url` and `span` (the byte range; None: the tail) name the
         read in logs, formatted only when a line is written."""
-        policy, stats = self.policy, self.stats
         clock = asyncio.get_running_loop().time
         watched = streams and _INLINE_TIMEOUT
         began = deadline_at = 0.0  # set when the read first holds a slot
@@ -143,58 +142,73 @@ class Retrier:
             try:
                 if attempt == 1:  # the deadline times the store, not our own queue
                     began = clock()
-                    deadline_at = began + policy.deadline
-                stats.requests += 1
-                stats.in_flight += 1
-                stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
-                self._tokens = min(self._cap, self._tokens + policy.hedge_budget)
-                t0 = time.monotonic()
-                silent = False
-                try:
-                    if watched:
-                        result = await Attempt(self, deadline_at, hedge, url, span).run(
-                            call, args)
-                    else:
-                        result = await self._bounded(call, args, deadline_at)
-                        self._took(time.monotonic() - t0, url)
-                    cause = None
-                except _RETRIABLE as exc:
-                    cause = _cause(exc)
-                    silent = isinstance(exc, Silent)
-                    unreachable = isinstance(exc, Unreachable)
-                except (FileNotFoundError, PermissionError, IsADirectoryError):
-                    stats.failures += 1
-                    raise
-                finally:
-                    stats.in_flight -= 1
-                    stats.busy_seconds += time.monotonic() - t0
+                    deadline_at = began + self.policy.deadline
+                result = await self._attempt(call, args, watched, deadline_at, hedge, url,
+                                             span)
+            except _RETRIABLE as exc:
+                failed: BaseException | None = exc
+            else:
+                failed = None
             finally:
                 slots.release()
-            if cause is None:
-                if attempt >= min(MANY_ATTEMPTS, max(2, policy.attempts // 2)):
+            if failed is None:
+                if attempt >= min(MANY_ATTEMPTS, max(2, self.policy.attempts // 2)):
                     self.warn_many("%s needed %d attempts (%.1f s); the last failure: %s. The "
                                    "store is failing often (%d retries so far)",
                                    where(url, span), attempt, clock() - began, cause_was,
-                                   stats.retries)
+                                   self.stats.retries)
                 return result
-            kind = cause.split(":")[0]
-            stats.statuses[kind] = stats.statuses.get(kind, 0) + 1
-            delay = policy.delay(attempt, self._rng)
-            spent = clock() - began
-            # After a silent attempt, the next needs a whole `timeout` before the deadline.
-            need = delay + (policy.timeout if silent else 0.0)
-            limit = min(policy.attempts, UNREACHABLE_ATTEMPTS) if unreachable else policy.attempts
-            if attempt >= limit or spent + need >= policy.deadline:
-                stats.failures += 1
-                log.debug("%s: attempt %d failed (%s); giving up after %.1f s",
-                          where(url, span), attempt, redact(cause), spent)
-                raise GaveUp(attempt, spent, cause, unreachable)
-            stats.retries += 1
-            cause_was = redact(cause)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s: attempt %d failed (%s); retrying in %.3f s",
-                          where(url, span), attempt, cause_was, delay)
+            delay, cause_was = self._backoff(failed, attempt, clock() - began, url, span)
             await asyncio.sleep(delay)
+
+    async def _attempt(self, call: Any, args: tuple, watched: bool, deadline_at: float,
+                       hedge: tuple[Any, tuple, Callable[[Any], Any] | None] | None,
+                       url: str, span: tuple[int, int] | None) -> Any:
+        """One attempt, counted: a request in flight, its time busy, a hedge token earned;
+        a final error (missing, forbidden) a failure."""
+        stats = self.stats
+        stats.requests += 1
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        self._tokens = min(self._cap, self._tokens + self.policy.hedge_budget)
+        t0 = time.monotonic()
+        try:
+            if watched:
+                return await Attempt(self, deadline_at, hedge, url, span).run(call, args)
+            result = await self._bounded(call, args, deadline_at)
+            self._took(time.monotonic() - t0, url)
+            return result
+        except (FileNotFoundError, PermissionError, IsADirectoryError):
+            stats.failures += 1
+            raise
+        finally:
+            stats.in_flight -= 1
+            stats.busy_seconds += time.monotonic() - t0
+
+    def _backoff(self, exc: BaseException, attempt: int, spent: float, url: str,
+                 span: tuple[int, int] | None) -> tuple[float, str]:
+        """After failed attempt `attempt`, `spent` seconds into the read: the delay before the
+        next and the cause (redacted), or `GaveUp` when the policy allows no other."""
+        policy, stats = self.policy, self.stats
+        cause = _cause(exc)
+        kind = cause.split(":")[0]
+        stats.statuses[kind] = stats.statuses.get(kind, 0) + 1
+        delay = policy.delay(attempt, self._rng)
+        # After a silent attempt, the next needs a whole `timeout` before the deadline.
+        need = delay + (policy.timeout if isinstance(exc, Silent) else 0.0)
+        unreachable = isinstance(exc, Unreachable)
+        limit = min(policy.attempts, UNREACHABLE_ATTEMPTS) if unreachable else policy.attempts
+        if attempt >= limit or spent + need >= policy.deadline:
+            stats.failures += 1
+            log.debug("%s: attempt %d failed (%s); giving up after %.1f s",
+                      where(url, span), attempt, redact(cause), spent)
+            raise GaveUp(attempt, spent, cause, unreachable)
+        stats.retries += 1
+        cause_was = redact(cause)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: attempt %d failed (%s); retrying in %.3f s",
+                      where(url, span), attempt, cause_was, delay)
+        return delay, cause_was
 
     async def _bounded(self, call: Any, args: tuple, deadline_at: float) -> Any:
         """One call of a backend that reports nothing until it is done: the rest of the

@@ -7,39 +7,33 @@ silence) are retried with jittered exponential backoff under a per-read deadline
 request is hedged, and a read that cannot succeed raises `StorageError` naming the URL, range,
 attempts and last cause.
 
-How each kind of store performs one attempt is in `backends`; how a read is retried, given up
-on and hedged is in `retry`; this module is what sits on top: limits and the I/O stats.
-
-Loop-bound resources (sessions, semaphores) are kept per event loop (`loopstate`), so the
-same `Storage` works from the caller's loop and from the background loop of the sync API,
-and sessions left open are closed on their loop.
+How each kind of store performs one attempt is in `backends` (gs://: `gcs_client`); which
+store serves a URL, per event loop, is `stores`'s (so the same `Storage` works from the
+caller's loop and from the sync API's background loop); how a read is retried, given up on and
+hedged is in `retry`. This module is what sits on top: the read paths, limits and I/O stats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import FsspecBackend, LocalBackend, ObjectInfo
+from .backends import Backend, LocalBackend, ObjectInfo
 from .errors import ObjectChangedError, StorageError, StoreUnavailableError
-from .gcs_client import GCS_CLIENTS, gcs_backend, gcs_client_for
-from .logs import logger
-from .loopstate import ROUTES_KEPT, LoopState, close_left_open
+from .gcs_client import gcs_backend, gcs_client_for
+from .options import GCS_CLIENTS
 from .retry import GaveUp, Retrier, RetryPolicy
 from .shortread import short_read_error
-from .urls import GCS_SCHEMES, has_glob, is_local, redact
+from .stores import Stores
+from .urls import has_glob, is_local, redact
 
 __all__ = ["GCS_CLIENTS", "IOStats", "ObjectChangedError", "ObjectInfo", "RetryPolicy", "Storage",
            "StorageError", "StoreUnavailableError", "gcs_backend", "gcs_client_for", "has_glob",
            "is_local", "redact"]
-
-log = logger("storage")
 
 
 @dataclass
@@ -62,7 +56,7 @@ class IOStats:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
 
 
-async def _prepared(backend: Any) -> None:
+async def _prepared(backend: Backend) -> None:
     """Let `backend` load its client first (gs:// on libcurl imports gcsfs for metadata
     calls: 1-8 s on a loaded machine), so that the deadline times the store, not imports."""
     prepare = getattr(backend, "prepare", None)
@@ -85,28 +79,25 @@ class Storage:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        client = gcs_client or os.environ.get("AIOLOADER_GCS_CLIENT") or "auto"
-        if client not in GCS_CLIENTS:
-            raise ValueError(f"gcs_client must be one of {', '.join(GCS_CLIENTS)}, got "
-                             f"{client!r} (from AIOLOADER_GCS_CLIENT?)")
-        self.gcs_client = client
         self.concurrency = concurrency
         self.max_inflight_bytes = max_inflight_bytes
         self.retry = retry or RetryPolicy()
         self.storage_options = dict(storage_options or {})
         self.stats = IOStats()
+        self.stores = Stores(concurrency=concurrency, max_inflight_bytes=max_inflight_bytes,
+                             retry=self.retry, storage_options=self.storage_options,
+                             gcs_client=gcs_client)
         self._retrier = Retrier(self.retry, self.stats, random.Random(seed))
-        self._pins: dict[str, str] = {}
-        self._states: dict[asyncio.AbstractEventLoop, LoopState] = {}
-        self._finalizers: dict[asyncio.AbstractEventLoop, weakref.finalize] = {}
-        self.limit = concurrency  # requests in flight now (<= concurrency: see set_concurrency)
+
+    @property
+    def limit(self) -> int:
+        """Requests in flight now (at most `concurrency`: see `set_concurrency`)."""
+        return self.stores.limit
 
     def set_concurrency(self, n: int) -> None:
         """Allow `n` requests in flight from now on, up to the `concurrency` the storage was
         made with (its clients' connection pools are sized for that); the autotuner's knob."""
-        self.limit = max(1, min(self.concurrency, int(n)))
-        for state in self._states.values():
-            state.slots.resize(self.limit)
+        self.stores.set_limit(n)
 
     def base_rtt(self) -> float | None:
         """The least median time to an answer so far (None: too few requests): the autotuner's
@@ -115,53 +106,14 @@ class Storage:
 
     def slots_held_seconds(self) -> float:
         """Request-seconds spent in flight so far, over all loops (see `Gate`)."""
-        return sum(state.slots.held_seconds() for state in self._states.values())
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    def _state(self) -> LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._states.get(loop)
-        if state is None:
-            state = self._states[loop] = LoopState(self.limit, self.max_inflight_bytes)
-            self._finalizers[loop] = weakref.finalize(self, close_left_open, loop, state,
-                                                       os.getpid())
-        return state
-
-    def _backend(self, url: str) -> tuple[Any, str]:
-        state = self._state()
-        route = state.routes.get(url)  # (every range read asks: worked out once per URL)
-        if route is not None:
-            return route
-        if is_local(url):
-            key, path = "file", url.removeprefix("file://")
-        else:
-            key, _, _ = url.partition("://")
-            path = url
-        backend = state.backends.get(key)
-        if backend is None:
-            if key == "file":
-                backend = LocalBackend(min(32, self.concurrency))
-            elif key in GCS_SCHEMES:
-                backend = gcs_backend(self.gcs_client, self.storage_options,
-                                      self.concurrency + self.retry.max_hedges, self._pins)
-            else:
-                backend = FsspecBackend(key, self.storage_options)
-            state.backends[key] = backend
-            log.debug("%s reads through %s, %d in flight at most, retries: %s", key,
-                      type(backend).__name__, self.concurrency, self.retry)
-        route = (backend, path)
-        if len(state.routes) < ROUTES_KEPT:
-            state.routes[url] = route
-        return route
+        return self.stores.held_seconds()
 
     # -- public -----------------------------------------------------------------------
 
     def pin(self, info: ObjectInfo) -> None:
         """Read this object at the version it had when listed (gs:// generations); a later
         rewrite then fails loudly with `ObjectChangedError` instead of mixing versions."""
-        if not is_local(info.url) and info.version:
-            self._pins[info.url] = info.version
+        self.stores.pin(info)
 
     async def _bounded(self, what: str, url: str, coro: Any) -> Any:
         """Metadata calls go through the client's own retries; bound them by our deadline."""
@@ -176,7 +128,7 @@ class Storage:
                 "RetryPolicy's deadline)") from None
 
     async def info(self, url: str) -> ObjectInfo:
-        backend, path = self._backend(url)
+        backend, path = self.stores.route(url)
         await _prepared(backend)
         try:
             return await self._bounded("looking up its size", url, backend.info(path))
@@ -185,7 +137,7 @@ class Storage:
 
     async def glob(self, pattern: str) -> list[ObjectInfo]:
         """Files matching `pattern`, sorted by URL, with their sizes (one listing)."""
-        backend, path = self._backend(pattern)
+        backend, path = self.stores.route(pattern)
         await _prepared(backend)
         return await self._bounded("listing", pattern, backend.glob(path))
 
@@ -195,7 +147,7 @@ class Storage:
         if n <= 0:
             return b""
         self.check_budget(url, start, end)
-        backend, path = self._backend(url)
+        backend, path = self.stores.route(url)
         args = (path, start, end)
         data = await self._attempts(url, n, (start, end), backend, backend.read, args,
                                     (backend.read, args, None))
@@ -209,7 +161,7 @@ class Storage:
     async def read_into(self, url: str, start: int, end: int, dest: memoryview) -> None:
         """`read`, written into `dest` (`end - start` bytes long): by stores that can, as the
         bytes arrive (gs://); by the others, as one copy of what `read` returns."""
-        backend, path = self._backend(url)
+        backend, path = self.stores.route(url)
         into = getattr(backend, "read_into", None)
         if into is None or end <= start:
             dest[: end - start] = await self.read(url, start, end)
@@ -233,7 +185,7 @@ class Storage:
         metadata lookup (~3 requests on gcsfs) then a tail read. The GET is retried, counted
         and budgeted like any read; 404 is the same `FileNotFoundError` as `info()`'s.
         """
-        backend, path = self._backend(url)
+        backend, path = self.stores.route(url)
         read_tail = getattr(backend, "read_tail", None)
         if read_tail is None:
             return await self.info(url), None
@@ -251,41 +203,26 @@ class Storage:
         self.stats.bytes += len(tail.data)
         return tail.info, tail.data
 
-    async def _attempts(self, url: str, n: int, span: tuple[int, int] | None, backend: Any,
-                        call: Any, args: tuple, hedge: tuple | None) -> Any:
+    async def _attempts(self, url: str, n: int, span: tuple[int, int] | None,
+                        backend: Backend, call: Callable[..., Awaitable[Any]], args: tuple,
+                        hedge: tuple | None) -> Any:
         """`await call(*args)` (one backend request) under the retry policy (`retry`), holding
         `n` bytes of budget, and a concurrency slot per attempt; `hedge` is the duplicate to
         send when a request is slow to answer. `span` is the byte range for error messages
         (None: the last `n` bytes)."""
-        state = self._state()
+        state = self.stores.state()
         if not state.budget.take(n):
             await state.budget.acquire(n)
         try:
             return await self._retrier.run(state.slots, call, args, hedge=hedge,
-                                           streams=getattr(backend, "streams", False),
-                                           url=url, span=span)
+                                           streams=backend.streams, url=url, span=span)
         except ObjectChangedError:
             raise
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             where = f" [{span[0]}, {span[1]})" if span else ""
             raise type(exc)(redact(f"{url}{where}: {exc}")) from None
         except GaveUp as exc:
-            what = (f"reading bytes [{span[0]}, {span[1]})" if span else
-                    f"reading its last {n} bytes")
-            policy = self.retry
-            if exc.unreachable:
-                raise StoreUnavailableError(redact(
-                    f"{url}: {what} failed: could not connect ({exc.cause}; {exc.attempts} "
-                    f"attempt{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s): no "
-                    "network, a DNS failure, or nothing listening at the endpoint (check "
-                    "endpoint_url or STORAGE_EMULATOR_HOST if set)")) from None
-            raise StoreUnavailableError(redact(
-                f"{url}: {what} failed after {exc.attempts} attempt"
-                f"{'s' if exc.attempts > 1 else ''} in {exc.seconds:.1f} s; last: {exc.cause} "
-                "(the store is unavailable or overloaded: retry later, or if it is only slow, "
-                f"raise RetryPolicy's deadline ({policy.deadline:g} s), timeout "
-                f"({policy.timeout:g} s) or attempts ({policy.attempts}))"
-            )) from None
+            raise _unavailable(url, n, span, exc, self.retry) from None
         finally:
             state.budget.release(n)
 
@@ -323,12 +260,13 @@ class Storage:
         return out
 
     async def _read_local(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        backend, _ = self._backend("file://")
+        backend, _ = self.stores.route("file://")
+        assert isinstance(backend, LocalBackend)
         for u, s, e in items:
             self.check_budget(u, s, e)
         paths = [(u.removeprefix("file://"), s, e) for u, s, e in items]
         total = sum(e - s for _, s, e in paths)
-        state, stats = self._state(), self.stats
+        state, stats = self.stores.state(), self.stats
         await state.budget.acquire(total)
         try:
             async with state.slots:
@@ -353,11 +291,22 @@ class Storage:
 
     async def aclose(self) -> None:
         """Release this loop's sessions, descriptors and threads."""
-        loop = asyncio.get_running_loop()
-        state = self._states.pop(loop, None)
-        finalizer = self._finalizers.pop(loop, None)
-        if finalizer is not None:
-            finalizer.detach()
-        if state is not None:
-            for backend in state.backends.values():
-                await backend.aclose()
+        await self.stores.aclose()
+
+
+def _unavailable(url: str, n: int, span: tuple[int, int] | None, exc: GaveUp,
+                 policy: RetryPolicy) -> StoreUnavailableError:
+    """The error for a read the retry policy gave up on: what was read, how often and how
+    long it was tried, the last cause, and what to change."""
+    what = f"reading bytes [{span[0]}, {span[1]})" if span else f"reading its last {n} bytes"
+    tries = f"{exc.attempts} attempt{'s' if exc.attempts > 1 else ''}"
+    if exc.unreachable:
+        return StoreUnavailableError(redact(
+            f"{url}: {what} failed: could not connect ({exc.cause}; {tries} in "
+            f"{exc.seconds:.1f} s): no network, a DNS failure, or nothing listening at the "
+            "endpoint (check endpoint_url or STORAGE_EMULATOR_HOST if set)"))
+    return StoreUnavailableError(redact(
+        f"{url}: {what} failed after {tries} in {exc.seconds:.1f} s; last: {exc.cause} (the "
+        "store is unavailable or overloaded: retry later, or if it is only slow, raise "
+        f"RetryPolicy's deadline ({policy.deadline:g} s), timeout ({policy.timeout:g} s) or "
+        f"attempts ({policy.attempts}))"))

@@ -1,6 +1,6 @@
 """Time to first batch from a bucket in a fresh process, in round trips (issue 15).
 
-Usage: PYTHONPATH=. [AIOLOADER_GCS_CLIENT=curl|aiohttp] [LAT=30] [REPS=3] [PREIMPORT=1] \
+Usage: PYTHONPATH=. [AIOLOADER_GCS_CLIENT=curl|fsspec] [LAT=30] [REPS=3] [PREIMPORT=1] \
     [TREES=before=/work/wt-x,after=.] python benchmarks/first_batch_rtt.py
 
 20 shards of 1,000 ~1 KiB JSON records (group_size 1) in the emulator behind the delay line

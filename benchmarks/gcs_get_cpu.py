@@ -3,7 +3,7 @@
 Usage: PYTHONPATH=. python benchmarks/gcs_get_cpu.py [reads] [repeats]
 
 Runs the backend AIOLOADER_GCS_CLIENT picks (auto: libcurl when pycurl is installed); run it
-with AIOLOADER_GCS_CLIENT=aiohttp for the aiohttp one (benchmarks/request_cost.py compares
+with AIOLOADER_GCS_CLIENT=fsspec for gcsfs's own reads (benchmarks/request_cost.py compares
 them, and other clients, side by side).
 
 The fake-gcs-server runs in its own process, so process_time() is the client alone.
@@ -34,7 +34,7 @@ BACKEND: list = []
 
 async def run(url: str, opts: dict) -> tuple[list[float], list[float]]:
     storage = Storage(concurrency=IN_FLIGHT, storage_options=opts)
-    backend, path = storage._backend(url)
+    backend, path = storage.stores.route(url)
     BACKEND[:] = [backend]
     rng = random.Random(0)
     offsets = [rng.randrange(0, SIZE - 1024) for _ in range(N)]

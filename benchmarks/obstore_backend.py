@@ -20,9 +20,10 @@ import obstore
 from obstore.exceptions import NotFoundError
 from obstore.store import GCSStore
 
-from aioloader.backends import ObjectInfo, Tail, gcs_auth_hint, gcs_endpoint, gcs_options
+from aioloader.backends import ObjectInfo, Tail
 from aioloader.errors import ObjectChangedError, Transient
 from aioloader.gcs_curl import CurlGCSBackend
+from aioloader.gcs_store import GcsStore
 
 MADE = 0  # backends made in this process (benchmarks check which client served them)
 
@@ -35,16 +36,8 @@ class ObstoreGCSBackend(CurlGCSBackend):
         # (CurlGCSBackend's metadata paths, without its libcurl session)
         global MADE
         MADE += 1
-        self.pins = pins
-        opts = gcs_options(options)
-        self._options = opts
-        self._anon = opts.get("token") == "anon"
-        self._base = gcs_endpoint(opts)
-        self._hint = gcs_auth_hint(options)
-        self._reached = False
+        GcsStore.__init__(self, options, pins, lazy=True)
         self._urls: dict = {}
-        self._fs = None
-        self._import = None
         self._stores: dict[str, GCSStore] = {}
         if not self._anon:
             raise NotImplementedError("benchmark backend: anonymous emulator access only")
@@ -103,14 +96,13 @@ class ObstoreGCSBackend(CurlGCSBackend):
         return Tail(ObjectInfo(self._key(path), int(meta["size"]), str(version)), bytes(body))
 
     async def aclose(self) -> None:
-        if self._fs is not None and getattr(self._fs, "_session", None) is not None:
-            await self._fs.session.close()
+        await GcsStore.aclose(self)
 
 
 def install() -> None:
     """Make new `Storage` objects in this process read gs:// through obstore."""
-    import aioloader.storage as storage
+    import aioloader.stores as stores
 
-    storage.gcs_backend = (  # type: ignore[assignment]
-        lambda client, options, connections, pins: ObstoreGCSBackend(options, connections,
-                                                                     pins))
+    stores.gcs_backend = (  # type: ignore[assignment]
+        lambda client, options, connections, pins, **kw: ObstoreGCSBackend(
+            options, connections, pins))

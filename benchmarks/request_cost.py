@@ -3,9 +3,9 @@
 Usage: PYTHONPATH=. python benchmarks/request_cost.py [reads] [repeats] [clients...]
 
 Clients (issue 15, "cheaper requests"), interleaved within each repeat, 64 and 256 in flight:
-  storage-aiohttp  Storage.read with the aiohttp backend (what a record read costs)
+  storage-fsspec   Storage.read with gcsfs's own reads (what a record read costs there)
   storage-curl     Storage.read with the libcurl backend (aioloader.gcs_curl)
-  gcsbackend       GCSBackend.read (aiohttp, one attempt, no retry layer)
+  gcsfsbackend     GcsfsBackend.read (gcsfs's reads, one call, no retry layer)
   curlbackend      CurlGCSBackend.read (one attempt, no retry layer)
   aiohttp-min      a bare aiohttp session: prebuilt URL, one Range header, resp.read()
   curl-min         aioloader.curl.CurlSession.get (libcurl multi on the event loop), bare
@@ -47,7 +47,7 @@ from aioloader.testing.server import _executable, _free_port, find_fake_gcs_serv
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-CLIENTS = sys.argv[3:] or ["storage-aiohttp", "storage-curl", "gcsbackend",
+CLIENTS = sys.argv[3:] or ["storage-fsspec", "storage-curl", "gcsfsbackend",
                            "curlbackend", "aiohttp-min", "curl-min", "obstore",
                            "obstore-get", "obstore-stream", "obstore-ranges",
                            "pycurl"]  # httpx-h1 and -h2: run them alone (see RESULTS.md)
@@ -177,17 +177,17 @@ async def measure(gcs, tls_url: str | None, offsets: list[int], results: dict) -
         return s
 
     readers: dict[str, Any] = {}
-    if "storage-aiohttp" in CLIENTS:
-        s = storage("aiohttp")
-        readers["storage-aiohttp"] = lambda off, s=s: s.read(url, off, off + 1024)
+    if "storage-fsspec" in CLIENTS:
+        s = storage("fsspec")
+        readers["storage-fsspec"] = lambda off, s=s: s.read(url, off, off + 1024)
     if "storage-curl" in CLIENTS:
         s = storage("curl")
         readers["storage-curl"] = lambda off, s=s: s.read(url, off, off + 1024)
-    if "gcsbackend" in CLIENTS:
-        b, p = storage("aiohttp")._backend(url)
-        readers["gcsbackend"] = lambda off, b=b, p=p: b.read(p, off, off + 1024)
+    if "gcsfsbackend" in CLIENTS:
+        b, p = storage("fsspec").stores.route(url)
+        readers["gcsfsbackend"] = lambda off, b=b, p=p: b.read(p, off, off + 1024)
     if "curlbackend" in CLIENTS:
-        b, p = storage("curl")._backend(url)
+        b, p = storage("curl").stores.route(url)
         readers["curlbackend"] = lambda off, b=b, p=p: b.read(p, off, off + 1024)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                     auto_decompress=False)

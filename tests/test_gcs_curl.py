@@ -1,8 +1,8 @@
 """The libcurl gs:// backend against the emulator over real HTTP, and how a backend is chosen.
 
 The reliability, stall and secret suites run on whichever client `gcs_client_for()` picks
-(curl when pycurl is installed; AIOLOADER_GCS_CLIENT=aiohttp runs them on aiohttp); this file
-pins each client explicitly and compares them byte for byte.
+(curl when pycurl is installed); this file pins each client explicitly and compares the
+libcurl reads byte for byte with gcsfs's own (the "fsspec" client).
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aioloader.gcs_aiohttp import GCSBackend
-from aioloader.storage import RetryPolicy, Storage, StorageError, gcs_backend, gcs_client_for
+from aioloader.gcs_client import GcsfsBackend
+from aioloader.storage import (
+    ObjectChangedError,
+    RetryPolicy,
+    Storage,
+    StorageError,
+    gcs_backend,
+    gcs_client_for,
+)
 from aioloader.testing import local_gcs
 
 pycurl = pytest.importorskip("pycurl")
@@ -49,26 +56,30 @@ def _storage(gcs, client: str, **kw) -> Storage:
     return Storage(storage_options=gcs.storage_options, gcs_client=client, **kw)
 
 
-async def test_reads_are_byte_identical_to_the_object_and_to_aiohttp(gcs):
+async def test_reads_are_byte_identical_to_the_object_and_to_gcsfs(gcs):
     url = gcs.url("curl/blob")
     rng = np.random.default_rng(2)
     spans = [(0, 1), (0, len(BLOB)), (len(BLOB) - 1, len(BLOB))]
     spans += [tuple(sorted(rng.integers(0, len(BLOB), 2).tolist())) for _ in range(200)]
     spans = [(s, e) for s, e in spans if e > s]
-    curl, aio = _storage(gcs, "curl"), _storage(gcs, "aiohttp")
+    curl, aio = _storage(gcs, "curl"), _storage(gcs, "fsspec")
     try:
-        assert isinstance(curl._backend(url)[0], CurlGCSBackend)
-        assert isinstance(aio._backend(url)[0], GCSBackend)
+        assert isinstance(curl.stores.route(url)[0], CurlGCSBackend)
+        assert isinstance(aio.stores.route(url)[0], GcsfsBackend)
         got = await curl.read_many([(url, s, e) for s, e in spans])
         ref = await aio.read_many([(url, s, e) for s, e in spans])
         assert got == ref == [BLOB[s:e] for s, e in spans]
         dest = bytearray(len(BLOB) - 7)
         await curl.read_into(url, 7, len(BLOB), memoryview(dest))
         assert dest == BLOB[7:]
+        aio_dest = bytearray(len(BLOB) - 7)
+        await aio.read_into(url, 7, len(BLOB), memoryview(aio_dest))
+        assert aio_dest == BLOB[7:]
         for n in (1, 1000, len(BLOB), len(BLOB) + 5):
+            # gcsfs opens with a metadata lookup: the same size and generation, no tail
             (info, tail), (ref_info, ref_tail) = (await curl.read_tail(url, n),
                                                   await aio.read_tail(url, n))
-            assert (info, tail) == (ref_info, ref_tail)
+            assert info == ref_info and ref_tail is None
             assert info.size == len(BLOB) and tail == BLOB[-n:]
         odd = gcs.url("curl/dir name/ü+%.bin")  # names are quoted like gcsfs quotes them
         assert await curl.read(odd, 2, 9) == b"x" * 7
@@ -79,8 +90,10 @@ async def test_reads_are_byte_identical_to_the_object_and_to_aiohttp(gcs):
         await aio.aclose()
 
 
-async def test_injected_503_and_429_are_retried(gcs):
-    storage = _storage(gcs, "curl", retry=FAST)
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_injected_503_and_429_are_retried(gcs, client):
+    """By the RetryPolicy, each attempt one request: gcsfs's own retry loop is not used."""
+    storage = _storage(gcs, client, retry=FAST)
     try:
         gcs.set_faults(error_rate=0.3, statuses=(503, 429))
         url = gcs.url("curl/blob")
@@ -93,8 +106,9 @@ async def test_injected_503_and_429_are_retried(gcs):
         await storage.aclose()
 
 
-async def test_a_missing_object_is_a_clear_file_not_found(gcs):
-    storage = _storage(gcs, "curl")
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_a_missing_object_is_a_clear_file_not_found(gcs, client):
+    storage = _storage(gcs, client)
     try:
         with pytest.raises(FileNotFoundError, match="curl/nope"):
             await storage.read(gcs.url("curl/nope"), 0, 10)
@@ -105,9 +119,26 @@ async def test_a_missing_object_is_a_clear_file_not_found(gcs):
         await storage.aclose()
 
 
-async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gcs):
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_a_rewritten_object_is_refused_not_mixed(gcs, client):
+    name = f"curl/rewritten-{client}"
+    gcs.upload_bytes(b"a" * 100, name)
+    storage = _storage(gcs, client)
+    try:
+        url = gcs.url(name)
+        storage.pin(await storage.info(url))
+        assert await storage.read(url, 0, 10) == b"a" * 10
+        gcs.upload_bytes(b"b" * 100, name)
+        with pytest.raises(ObjectChangedError, match="rewritten"):
+            await storage.read(url, 0, 10)
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gcs, client):
     policy = RetryPolicy(timeout=0.3, deadline=1.5, hedge_after=None)
-    storage = _storage(gcs, "curl", retry=policy)
+    storage = _storage(gcs, client, retry=policy)
     try:
         gcs.set_faults(hold_first=1, hold_s=math.inf)
         assert await storage.read(gcs.url("curl/blob"), 5, 500) == BLOB[5:500]
@@ -163,16 +194,16 @@ async def test_errors_show_no_credentials(gcs):
         await storage.aclose()
 
 
-async def test_selection_auto_curl_aiohttp_and_fallbacks(gcs, monkeypatch):
+async def test_selection_auto_curl_fsspec_and_fallbacks(gcs, monkeypatch):
     opts, pins = gcs.storage_options, {}
     for client, want in (("auto", CurlGCSBackend), ("curl", CurlGCSBackend),
-                         ("aiohttp", GCSBackend)):
+                         ("fsspec", GcsfsBackend)):
         backend = gcs_backend(client, opts, 8, pins)
         assert isinstance(backend, want)
         await backend.aclose()
-    odd = {**opts, "requester_pays": True}  # read by gcsfs's own rules: keep aiohttp
+    odd = {**opts, "requester_pays": True}  # read by gcsfs's own rules: gcsfs reads
     backend = gcs_backend("auto", odd, 8, pins)
-    assert isinstance(backend, GCSBackend) and gcs_client_for("auto", odd) == "aiohttp"
+    assert isinstance(backend, GcsfsBackend) and gcs_client_for("auto", odd) == "fsspec"
     await backend.aclose()
     with pytest.raises(StorageError, match="requester_pays"):
         gcs_backend("curl", odd, 8, pins)
@@ -182,7 +213,7 @@ async def test_selection_auto_curl_aiohttp_and_fallbacks(gcs, monkeypatch):
     for mod in ("aioloader.curl", "aioloader.gcs_curl"):
         monkeypatch.delitem(sys.modules, mod, raising=False)
     backend = gcs_backend("auto", opts, 8, pins)
-    assert isinstance(backend, GCSBackend)
+    assert isinstance(backend, GcsfsBackend)
     await backend.aclose()
     with pytest.raises(StorageError, match=r"aioloader\[gcs\]"):
         gcs_backend("curl", opts, 8, pins)

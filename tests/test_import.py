@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver, /pr
 
 MOST_MODULES = 30  # of aioloader's own, after `import aioloader` and after describing
 # What a loader loads when it starts, never a description.
-RUNTIME = ("runtime", "storage", "workers", "source", "cache", "plan", "gcs_client",
-           "gcs_curl", "gcs_aiohttp", "curl")
+RUNTIME = ("runtime", "storage", "stores", "workers", "source", "cache", "plan", "gcs_client",
+           "gcs_curl", "gcs_store", "curl")
 
 
 def _runtime(module: str) -> bool:

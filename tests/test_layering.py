@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the description and its compilation (pure): Dataset, its specs, plan, state
     ("describe", ("objects", "description", "mixed", "dataset", "plan", "state")),
     # the byte path: stores, retry and hedges, the concurrency gate, the loop bridge
-    ("io", ("storage", "backends", "gcs_aiohttp", "gcs_curl", "gcs_client", "curl",
+    ("io", ("storage", "stores", "backends", "gcs_store", "gcs_curl", "gcs_client", "curl",
             "curlwatch", "retry", "hedge", "gate", "reach", "loopstate", "shortread", "sync",
             "descriptors")),
     ("cache", ("cache", "index_cache")),

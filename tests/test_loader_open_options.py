@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
 import aioloader as al
-from aioloader.gcs_aiohttp import GCSBackend
-from aioloader.gcs_client import GCS_CLIENTS
-from aioloader.options import GCS_CLIENTS as OPTION_CLIENTS
+from aioloader.gcs_client import GcsfsBackend
+from aioloader.options import GCS_CLIENTS
 from aioloader.source import opening as source_table
+from aioloader.storage import Storage
 from aioloader.testing import local_gcs
 
 
@@ -73,16 +74,29 @@ def test_an_index_cache_dir_others_can_write_is_refused_when_the_loader_opens(fi
 
 
 def test_gcs_client_is_checked_and_kept(files):
-    assert OPTION_CLIENTS == GCS_CLIENTS
+    assert GCS_CLIENTS == ("auto", "curl", "fsspec")
     with pytest.raises(ValueError, match=r"gcs_client must be one of 'auto', 'curl', "
-                                         r"'aiohttp' or None .*got 'h2'"):
+                                         r"'fsspec' or None .*got 'h2'"):
         al.Dataset.from_arrayrecord(files).loader(gcs_client="h2")
-    loader = al.Dataset.from_arrayrecord(files).loader(gcs_client="aiohttp")
-    assert loader.options.read.gcs_client == "aiohttp"
+    loader = al.Dataset.from_arrayrecord(files).loader(gcs_client="fsspec")
+    assert loader.options.read.gcs_client == "fsspec"
     assert al.ReadOptions().gcs_client is None  # AIOLOADER_GCS_CLIENT, else "auto"
 
 
-def test_a_loader_reads_gs_through_the_client_it_names(tmp_path, monkeypatch):
+def test_the_removed_aiohttp_client_is_read_through_fsspec_with_a_warning(files, monkeypatch):
+    with pytest.warns(DeprecationWarning, match="gcs_client='fsspec'") as seen:
+        loader = al.Dataset.from_arrayrecord(files).loader(gcs_client="aiohttp")
+    assert loader.options.read.gcs_client == "fsspec"
+    assert [w.filename for w in seen] == [__file__]  # the caller's line: shown by default
+    with pytest.warns(DeprecationWarning, match="gcs_client='fsspec'"):
+        assert al.ReadOptions(gcs_client="aiohttp").gcs_client == "fsspec"
+    monkeypatch.setenv("AIOLOADER_GCS_CLIENT", "aiohttp")
+    with pytest.warns(DeprecationWarning, match="AIOLOADER_GCS_CLIENT='aiohttp'"):
+        assert Storage().stores.gcs_client == "fsspec"
+
+
+@pytest.mark.parametrize("client", ["fsspec", "aiohttp"])
+def test_a_loader_reads_gs_through_the_client_it_names(tmp_path, monkeypatch, client):
     monkeypatch.setenv("AIOLOADER_GCS_CLIENT", "curl")  # the option wins over it
     with local_gcs() as gcs:
         path = tmp_path / "one.array_record"
@@ -91,14 +105,20 @@ def test_a_loader_reads_gs_through_the_client_it_names(tmp_path, monkeypatch):
                 w.write(b"%d" % i)
         url = gcs.upload(path, "one.array_record")
         ds = al.Dataset.from_arrayrecord(url, storage_options=gcs.storage_options).batch(5)
-        loader = ds.loader(gcs_client="aiohttp", resident_bytes=0)
+        with pytest.warns(DeprecationWarning) if client == "aiohttp" else _nothing():
+            loader = ds.loader(gcs_client=client, resident_bytes=0)
         got, backends = [], []
         with loader:
             for batch in loader:
                 storage = loader._parts.source.storage
-                backends = backends or [b for state in storage._states.values()
+                backends = backends or [b for state in storage.stores._states.values()
                                         for b in state.backends.values()]
                 got.extend(batch)
         assert got == [b"%d" % i for i in range(10)]
-        assert storage.gcs_client == "aiohttp"
-        assert backends and all(type(b) is GCSBackend for b in backends)
+        assert storage.stores.gcs_client == "fsspec"
+        assert backends and all(type(b) is GcsfsBackend for b in backends)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield

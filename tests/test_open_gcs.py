@@ -85,7 +85,7 @@ async def test_size_and_generation_match_the_metadata(gcs, shards):
         meta = await src.storage.info(url)  # gcsfs's metadata lookup, for comparison
         (info,) = src.table.files
         assert info == meta and info.size == path.stat().st_size and info.version
-        assert src.storage._pins[url] == info.version  # reads are pinned to it
+        assert src.storage.stores.pins[url] == info.version  # reads are pinned to it
         assert src.file_indices[0].size == info.size
     finally:
         await src.aclose()
@@ -314,7 +314,7 @@ async def test_whole_body_empty_object_and_missing_generation(shards, mode):
                                 if mode == "no-generation" else ["download"])
             (info,) = src.table.files
             assert (info.size, info.version) == (len(objects["small.ar"]), "7")
-            assert storage._pins["gs://b/small.ar"] == "7"
+            assert storage.stores.pins["gs://b/small.ar"] == "7"
             assert await src.read([0, len(records) - 1]) == [records[0], records[-1]]
             requests.clear()
             with pytest.raises(ArrayRecordFormatError, match=r"gs://b/empty\.ar.*too small"):
@@ -332,7 +332,7 @@ async def test_gcs_alias_opens_as_gs(gcs, shards):
                                        storage_options=gcs.storage_options)
     try:
         assert src.urls == [url]  # not gs://gcs://...
-        assert src.storage._pins[url]
+        assert src.storage.stores.pins[url]
         assert await src.read([2]) == [records[2]]
     finally:
         await src.aclose()

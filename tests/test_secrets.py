@@ -38,7 +38,7 @@ SECRETS = [TOKEN, REFRESH, CLIENT_SECRET, HEADER, SIGNATURE, PASSWORD, SAS,
            "SEKRIT-header-4444"]
 
 # fsspec's HTTP filesystem sends these with every request; an Authorization header would clash
-# with a URL's user:password (aiohttp refuses both), so it goes to gcsfs's session below.
+# with a URL's user:password (fsspec's client refuses both), so it goes to gcsfs's session below.
 HTTP_OPTIONS = {"headers": {"X-Api-Key": HEADER}}
 N = 60  # records per file; two files, batch 1: 120 batches (the debug log comes every 100)
 

@@ -81,7 +81,7 @@ def _user_projects(lines: list[str], method: str, part: str) -> list[list[str]]:
 # gcsfs's sync filesystem (fsspec's cached instance, which the writer's upload uses) keeps its
 # keep-alive connection to the emulator open: as with any gs:// write, before this change too.
 @pytest.mark.allow_leaks
-@pytest.mark.parametrize("client", ["auto", "aiohttp"])
+@pytest.mark.parametrize("client", ["auto", "fsspec"])
 def test_requester_pays_reaches_writes_listings_and_range_reads(gcs, client, monkeypatch):
     monkeypatch.setenv("AIOLOADER_GCS_CLIENT", client)
     records = [f"record {i}".encode() for i in range(50)]

@@ -59,7 +59,7 @@ def gcs():
 
 
 @pytest.mark.allow_leaks  # gcsfs's sync filesystem (the writer's upload) keeps its connection
-@pytest.mark.parametrize("client", ["curl", "aiohttp"])
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_no_unclosed_session_at_exit(gcs, client, name):
     code = (f"import aioloader\nURL = 'gs://{gcs.bucket}/u/part-0.array_record'\n"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from aioloader import reach
-from aioloader.backends import gcs_auth_hint, gcs_failure, gcs_options
+from aioloader.gcs_store import gcs_auth_hint, gcs_failure, gcs_options
 from aioloader.source import ArrayRecordSource
 from aioloader.storage import RetryPolicy, StoreUnavailableError
 
@@ -31,7 +31,7 @@ ENDPOINTS = {
 }
 
 
-@pytest.mark.parametrize("client", ["curl", "aiohttp"])
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
 @pytest.mark.parametrize("kind", sorted(ENDPOINTS))
 @pytest.mark.parametrize("url", ["gs://bkt/train-0.array_record", "gs://bkt/train-*"])
 def test_an_unreachable_store_fails_fast_naming_the_url_and_cause(monkeypatch, caplog, client,
