@@ -7,9 +7,10 @@ and shards, repeats and slices compose as index arithmetic.
 
 Index ops (`Slice`, `Shuffle`, `Repeat`, `Shard`) are frozen, picklable dataclasses applied in
 the order the user wrote them (`source → op1 → op2 → ...`); `IndexPlan` validates a chain and
-maps output positions back through the ops in reverse (`aioloader.indexplan`). Each op knows only
-`length(parent_len)` and `parent(positions, epochs, parent_len, chunk_starts)`; epochs flow
-from the outermost `Repeat` inwards, so a `Shuffle` inside a `Repeat` is re-keyed every epoch.
+maps output positions back through the ops in reverse (`aioloader.indexplan`). Each op
+knows only `length(parent_len)` and `parent(positions, epochs, parent_len, chunk_starts)`;
+epochs flow from the outermost `Repeat` inwards, so a `Shuffle` inside a `Repeat` is re-keyed
+every epoch.
 A block `Shuffle` is a description resolved by `plan.compile` into the ops of `blocks`
 (`BlockShuffle`, `Windows`), whose `chunk_starts` are the blocks' record starts.
 """

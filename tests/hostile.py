@@ -213,7 +213,8 @@ class Case:
     def __str__(self) -> str:
         return (f"seed {self.seed} case {self.index}: {self.kind} ({self.detail}), "
                 f"codec {Compression(self.codec).name}, group {self.group}, verify "
-                f"{self.verify}; rerun: python -m tests.hostile_run case {self.seed} {self.index}")
+                f"{self.verify}; rerun: python -m tests.hostile_run case "
+                f"{self.seed} {self.index}")
 
 
 def _records(rng: random.Random) -> list[bytes]:

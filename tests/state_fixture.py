@@ -1,7 +1,7 @@
-"""Pipelines and digests behind tests/data/states_v*.json: states saved by an older aioloader
-must resume bit-for-bit. `python -m tests.state_fixture ROOT [v1|v2]` writes one fixture; the
-test only reads them. v1 was written by commit 0e173c9 (before the runtime core was split),
-v2 by commit 1bbe1a6 (before the modules moved into one folder per layer) and adds block
+"""Pipelines and digests behind tests/data/states_v*.json: states saved by an older
+aioloader must resume bit-for-bit. `python -m tests.state_fixture ROOT [v1|v2]` writes one
+fixture; the test only reads them. v1 was written by commit 0e173c9 (before the runtime core
+was split), v2 by commit 1bbe1a6 (before the modules moved into one folder per layer) and adds block
 shuffles, mixes, concatenation, shards, flat_map and a state taken past an epoch's end."""
 
 from __future__ import annotations

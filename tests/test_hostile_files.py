@@ -4,8 +4,8 @@ Each must give `ArrayRecordFormatError` naming the file (and the chunk, for a da
 exactly the right records, through every entry point: the format layer, `ArrayRecordSource`,
 `aioloader inspect` and the loader (its main process and its workers). Anything that once
 killed the process runs in a subprocess, so a regression fails the test instead of pytest.
-The generator is tests/hostile.py, the runner tests/hostile_run.py; the fuzz runs here, a
-sample in the fast tier and 20,000 cases under `make test-slow`.
+The generator is tests/hostile.py, the runner tests/hostile_run.py; the fuzz
+runs here, a sample in the fast tier and 20,000 cases under `make test-slow`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Every fault is real: HTTP errors, connection resets and slow bodies come from the delay line
 in front of fake-gcs-server (`aioloader.testing`), processes die by SIGKILL or SIGSEGV, and
 the training process of the checkpoint test is a separate interpreter
-(`tests/reliability_child.py`). What must hold: the batches are exactly those of a fault-free
-run, every injected fault is accounted for, errors are clear and quick, nothing hangs, and
-nothing is left behind.
+(`tests/reliability_child.py`). What must hold: the batches are exactly those of a
+fault-free run, every injected fault is accounted for, errors are clear and quick, nothing
+hangs, and nothing is left behind.
 """
 
 from __future__ import annotations

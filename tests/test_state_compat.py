@@ -1,6 +1,6 @@
 """States saved by older code resume bit-for-bit (tests/data/states_v*.json, written by
-`python -m tests.state_fixture ROOT VERSION`: v1 at commit 0e173c9, before the runtime core was
-split; v2 at 1bbe1a6, before the modules moved into one folder per layer)."""
+`python -m tests.state_fixture ROOT VERSION`: v1 at commit 0e173c9, before the runtime
+core was split; v2 at 1bbe1a6, before the modules moved into one folder per layer)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ def loaded(record: bytes) -> dict:
     """Which parts of the package (and of the standard library) this process has loaded."""
     return {"pid": np.int64(os.getpid()),
             "parent_side": np.bool_(any(m in sys.modules for m in (
-                "aioloader.dataset", "aioloader.runtime.loader", "aioloader.workers.pool"))),
+                "aioloader.dataset", "aioloader.runtime.loader",
+                "aioloader.workers.pool"))),
             "asyncio": np.bool_("asyncio" in sys.modules)}
 
 
