@@ -63,7 +63,8 @@ def test_a_local_file_is_a_store_the_worker_reads(data, theirs):
     with ArrayRecordSource(data) as src:
         path = BytePath(src)
         refs = src.chunk_refs(ORDER)
-        carry = src._sync(path.serve(refs, lambda: pytest.fail("no tier to hint")))
+        path.advise(lambda: pytest.fail("no tier to hint"))
+        carry = src._sync(path.serve(refs))
     assert path.links == [path.store] and isinstance(path.store, LocalStore)
     assert carry.link is path.store and carry.link.own_files
     assert carry.refs is refs and carry.raws is None and carry.release is None
@@ -78,7 +79,8 @@ async def test_without_tiers_the_bucket_serves_the_bytes(bucket, theirs):
         await src.aopen()
         path = BytePath(src)
         hints = []
-        carry = await path.serve(src.chunk_refs(ORDER), lambda: hints.append(1))
+        path.advise(lambda: hints.append(1))
+        carry = await path.serve(src.chunk_refs(ORDER))
     finally:
         await src.aclose()
         await storage.aclose()
@@ -124,7 +126,8 @@ async def test_a_bounded_memory_tier_serves_what_the_hint_asked_for(bucket, thei
         def hint():
             kept.advise(np.unique(src.fetcher.segments_of_records(task)[0]))
 
-        served = await path.serve(refs, hint)
+        path.advise(hint)
+        served = await path.serve(refs)
         assert served.link is path.memory and served.release is not None
         assert _records(served) == [theirs[i] for i in task.tolist()]
         served.done()
@@ -147,7 +150,8 @@ async def test_the_disk_tier_serves_its_segments_and_passes_the_rest_on(bucket, 
         refs = src.chunk_refs(ORDER)
         want = [theirs[i] for i in ORDER.tolist()]
         hints = []
-        none = await path.serve(refs, lambda: hints.append(1))  # nothing on disk yet
+        path.advise(lambda: hints.append(1))
+        none = await path.serve(refs)  # nothing on disk yet
         assert none.link is path.disk and tier.records_remote == len(ORDER)
         assert _records(none) == want and hints == [1]
         runs = tier.runs_of(refs)
@@ -161,7 +165,8 @@ async def test_the_disk_tier_serves_its_segments_and_passes_the_rest_on(bucket, 
         while not tier.filled:
             await asyncio.sleep(0.01)
         assert path.serving() is path.disk  # everything on disk: tasks grow as over files
-        whole = await path.serve(refs, lambda: pytest.fail("all on disk: no readahead"))
+        path.advise(lambda: pytest.fail("all on disk: no readahead"))
+        whole = await path.serve(refs)
         assert whole.link is path.disk and whole.raws is None
         assert set(whole.refs.paths) <= set(tier.paths) and _records(whole) == want
     finally:

@@ -77,14 +77,14 @@ class TaskRunner:
     async def run(self, k: int, lo: int, hi: int) -> Result:
         src, st = self.source, self.stats
         records, epochs, refs = self._lookup(lo, hi)
+        self.bytes.advise(functools.partial(self.readahead.at, lo, self.plan))
         carry = None
         # by its last position (the horizon takes the positions of a task before it), held
         # before anything is awaited: tasks hold horizons in the order they start
         horizon = self.horizons.hold(hi - 1)
         try:
             with st.fetch.timed(items=hi - lo):
-                carry = await self.bytes.serve(refs, functools.partial(self.readahead.at, lo,
-                                                                  self.plan))
+                carry = await self.bytes.serve(refs)
                 task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws)
                 if horizon is not None:
                     task.stash = await asyncio.shield(horizon.ready)

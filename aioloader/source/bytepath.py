@@ -47,7 +47,7 @@ class Link:
     below: Link | None = None
     own_files = False  # the workers read the dataset's own files (their reads are its I/O)
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
+    async def serve(self, refs: ChunkRefs) -> Carry:
         raise NotImplementedError
 
     def goal(self, plan: Plan, nbytes: int) -> int:
@@ -60,7 +60,7 @@ class LocalStore(Link):
 
     own_files = True
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
+    async def serve(self, refs: ChunkRefs) -> Carry:
         return Carry(refs, self)
 
 
@@ -71,21 +71,23 @@ class Bucket(Link):
     def __init__(self, source: Any) -> None:
         self.source = source
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
+    async def serve(self, refs: ChunkRefs) -> Carry:
         return Carry(refs, self, raws=await self.source.fetch_refs(refs))
 
 
 class MemoryTier(Link):
     """The memory tier of a remote dataset (`source.resident`): serves the records whose
     segments it keeps (the workers read them there), pinned until the task is done. It takes
-    the readahead `hint` first, unless the disk tier below already holds everything."""
+    the readahead hints (`advise`), unless the disk tier below already holds everything."""
 
     def __init__(self, source: Any, below: Link, disk: DiskTier | None) -> None:
         self.source, self.below, self.disk = source, below, disk
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
-        if hint is not None and not (self.disk is not None and self.disk.complete()):
+    def advise(self, hint: Hint) -> None:
+        if not (self.disk is not None and self.disk.complete()):
             hint()
+
+    async def serve(self, refs: ChunkRefs) -> Carry:
         lease = await self.source.resident_refs(refs)
         if lease is None:
             return await self.below.serve(refs)  # type: ignore[union-attr]
@@ -112,7 +114,7 @@ class DiskStore(Link):
     def __init__(self, tier: DiskTier, below: Link) -> None:
         self.tier, self.below = tier, below
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
+    async def serve(self, refs: ChunkRefs) -> Carry:
         on_disk = await self.tier.local_refs(refs)
         if on_disk is not None:
             return Carry(on_disk, self)
@@ -154,10 +156,15 @@ class BytePath:
             link = link.below
         return out
 
-    async def serve(self, refs: ChunkRefs, hint: Hint | None = None) -> Carry:
-        """What a task carries for `refs`; `hint`: the readahead of the task's positions, for
-        the memory tier (a fill job of a horizon gives none)."""
-        carry = await self.top.serve(refs, hint)
+    def advise(self, hint: Hint) -> None:
+        """`hint`: the readahead of a task's positions, for the memory tier (called before
+        the task's fetch, which it does not wait for)."""
+        if self.memory is not None:
+            self.memory.advise(hint)
+
+    async def serve(self, refs: ChunkRefs) -> Carry:
+        """What a task carries for `refs`."""
+        carry = await self.top.serve(refs)
         self.last = carry.link
         return carry
 
