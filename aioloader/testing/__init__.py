@@ -12,7 +12,8 @@ measures). Nothing is left behind on exit: proxy stopped, server terminated, tem
 with an ``atexit`` guard and a watchdog process for the unclean exits.
 
 Modules: ``__init__`` the public API (this file); ``server`` the fake-gcs-server process;
-``delayline`` the proxy and its fault injection.
+``delayline`` the proxy (``faults`` its request framing and fault
+decisions, ``forward`` the forwarding of one connection).
 
 Importing this package changes no global state (a user's test suite imports it). gcsfs
 imported with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` on (its default) exports a
