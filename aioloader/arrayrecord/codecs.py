@@ -134,8 +134,13 @@ def _decompress(codec: int, block, expected: int | None, max_size: int):
                 out = dctx.decompress(stream, max_output_size=size or 1)
         elif codec == BROTLI:
             return _brotli(stream, size)
-        else:
-            out = _snappy(stream, size)
+        else:  # snappy
+            declared, _ = read_varint(stream, 0)
+            if declared != size:
+                raise ArrayRecordFormatError(
+                    f"snappy stream declares {declared} bytes, block prefix says {size}"
+                )
+            out = cramjam.snappy.decompress_raw(stream, output_len=size)
     except ArrayRecordFormatError:
         raise
     except Exception as exc:  # codec libraries raise their own types
@@ -190,12 +195,3 @@ def _brotli(stream, size: int) -> np.ndarray:
         )
     return buf[:size]
 
-
-def _snappy(stream, size: int):
-    """A raw snappy stream whose own declared length must be `size`."""
-    declared, _ = read_varint(stream, 0)
-    if declared != size:
-        raise ArrayRecordFormatError(
-            f"snappy stream declares {declared} bytes, block prefix says {size}"
-        )
-    return cramjam.snappy.decompress_raw(stream, output_len=size)
