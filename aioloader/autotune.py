@@ -5,42 +5,13 @@ runtime (`aioloader.runtime.tuner`) measures, calls it a few times a second and 
 result. Only settings given as "auto" move (`Limits.tune`).
 
 The rules follow tf.data's AUTOTUNE and Grain's `pick_performance_config` in spirit, not in
-code: tf.data grows a stage's parallelism while its output buffer runs dry and the CPU budget
-allows; Grain sizes its process pool from the cores and memory it sees. Here:
-
-- nothing grows unless the consumer waited (`wait_fraction`): a loader that keeps up is left
-  alone, whatever its stages do;
-- workers grow by one while the decode stage is busy (`process_busy`) and a core is free
-  (`cores_free`), never past `Limits.workers` (at most the cores this process may use).
-  Workers start at `Limits.workers` (the processes are started at open either way, a gate
-  decides how many get tasks; ramping up from 0 cost a one-epoch run a quarter of its rate);
-  from 0 (where a memory squeeze leaves them) they step to 2 (1 process is one lane, like
-  0: the step would gain nothing and be undone), then by one; each step up is a trial, as
-  in tf.data's hill climbing: the runtime measures the delivered rate before and after,
-  and `better` says whether to keep it; a step that did not pay is undone and becomes the
-  ceiling (on a loaded or small machine the process hop can cost more than a second core
-  gives). While the consumer waits and the workers are mostly idle (the others would
-  still be at most `IDLE` busy), one is given back, as a trial kept unless delivery drops:
-  the wait is elsewhere (reading from a bucket on this process's CPU, say), and an idle
-  process still costs that stage some CPU (measured: io256 with 2 workers delivered 0.78x of
-  1 worker from the emulated bucket at 30 ms);
-- io_concurrency doubles while its slots are full (`io_busy`) and reads are answered about
-  as fast as with little queued (`read_seconds` within `QUEUED` x `read_floor`, the least of
-  the store's median time to an answer and of the time per read seen in an interval: TCP
-  Vegas's BaseRTT): by Little's law reads/s = requests in flight / time per read, so while
-  the time per read holds, doubling the requests doubles the rate; once reads slow down, the
-  client's CPU or the store is the limit and more requests would only queue (on a small
-  machine a bucket at 30 ms saturates the client before 512 in flight: reads at 256 took
-  1.3-1.45x the floor, and a doubling tried from there was undone). Steps are geometric;
-  each doubling is a trial too, kept only if reads/s rise by `GAIN_IO` (a few percent is
-  noise). A remote dataset starts at
-  `START_IO_REMOTE` (a round trip of tens of ms needs hundreds of requests in flight to
-  keep a process busy: starting at 64 cost a short run its first batches), a local one at
-  `START_IO`;
-- prefetch grows by one while the consumer waits, unless the decode stage is the limit with
-  no core left (more tasks in flight would then only queue);
-- under memory pressure (`memory_free` below `LOW_MEMORY`) each moves down instead (prefetch
-  and io halve, workers drop by one) and nothing grows.
+code. Nothing grows unless the consumer waited (`wait_fraction`). Workers grow by one while
+decode is busy and a core is free, and one is given back while they idle; io_concurrency
+doubles while its slots are full and reads are answered about as fast as with little queued
+(`read_floor`: by Little's law the rate then doubles too); prefetch grows by one while the
+consumer waits; under memory pressure (`LOW_MEMORY`) each moves down and nothing grows. Each
+step up is a trial that `better` keeps only if delivery rises. docs/performance.md ("How
+auto decides") gives each rule with the measurements behind it.
 
 Settings never change the output (the order of tasks is fixed; see `runtime.scheduler`), so
 the controller may be as greedy as it likes: a wrong step costs speed, never correctness.

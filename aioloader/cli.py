@@ -179,13 +179,19 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand each, its arguments added by its own function."""
     p = argparse.ArgumentParser(
         prog="aioloader",
         description="Look inside ArrayRecord files, local or in a bucket (gs://...).",
     )
     p.add_argument("--version", action="version", version=f"aioloader {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_inspect, _add_cat, _add_convert, _add_bench):
+        add(sub)
+    return p
 
+
+def _add_inspect(sub: Any) -> None:
     s = sub.add_parser("inspect", help="summarise files: records, chunks, codec, options",
                        description="Summarise ArrayRecord files: records, chunks, group "
                                    "size, codec, the stored writer options, bytes per record.")
@@ -194,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON for machines")
     s.set_defaults(func=cmd_inspect)
 
+
+def _add_cat(sub: Any) -> None:
     c = sub.add_parser(
         "cat", help="print records",
         description="Print records in file order. '--format hex' is a stable contract for "
@@ -217,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "not noticed); none")
     c.set_defaults(func=cmd_cat)
 
+
+def _add_convert(sub: Any) -> None:
     v = sub.add_parser(
         "convert", help="convert JSON lines / TFRecord / .npy / Parquet to ArrayRecord",
         description="Convert record files to sharded ArrayRecord files named "
@@ -258,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser(
         "bench", help="stream a dataset through a pipeline and report throughput",
         description="Stream a dataset (shuffled) through a typical pipeline with a live "
@@ -277,7 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="shuffle seed")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_bench)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,8 +25,8 @@ def collate(elements: Sequence[Any], path: str = "element",
     """
     first = elements[0]
     # Equal sizes, then indexing that fails: only then is the structure diagnosed (checking
-    # every element's keys up front cost ~3 us a record). Same size and every key of the
-    # first present means the same keys, so nothing is silently dropped.
+    # every element's keys up front would cost time on every record). Same size and every
+    # key of the first present means the same keys, so nothing is silently dropped.
     if isinstance(first, Mapping):
         try:
             if len(set(map(len, elements))) > 1:
@@ -47,6 +47,15 @@ def collate(elements: Sequence[Any], path: str = "element",
             raise
     if isinstance(first, (bytes, str, bytearray, memoryview)):
         return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
+    return _stack(elements, path, alloc)
+
+
+def _stack(elements: Sequence[Any], path: str,
+           alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None
+           ) -> np.ndarray:
+    """Numbers or arrays (one leaf of the structure) stacked into one array, of one shape
+    and of numbers or of strings but not both, else a CollateError naming the element."""
+    first = elements[0]
     if type(first) in (int, float, bool):  # Python numbers (e.g. from JSON): one C loop
         try:
             stacked = np.array(elements)

@@ -257,61 +257,82 @@ def convert(
     except BaseException:
         staged.discard()
         raise
-    queues: list[queue.Queue] = [queue.Queue(maxsize=256) for _ in range(shards)]
-    errors: list[BaseException] = []
-
-    def drain(k: int) -> None:
-        try:
-            while (item := queues[k].get()) is not None:
-                writers[k].write(item)
-            writers[k].close()
-            staged.finish(k)
-        except BaseException as exc:  # reported after the join
-            errors.append(_naming(exc, paths[k]))
-            while queues[k].get() is not None:  # keep the producer from blocking
-                pass
-
-    threads = [threading.Thread(target=drain, args=(k,), name=f"aioloader-convert-{k}")
-               for k in range(shards)]
-    for t in threads:
-        t.start()
-    count = size = 0
+    shard_threads = _ShardThreads(writers, staged, paths)
     ok = False
     try:
-        for path in inputs:
-            kind = fmt or guess_format(path)
-            if decoder is not None and kind != "tfrecord":
-                raise ConvertError(f"{path}: decode_examples needs TFRecord input, not {kind}")
-            for n, record in enumerate(read_records(path, kind, specs)):
-                if decoder is not None:
-                    record = decoder(record, path, n)
-                queues[count % shards].put(record)
-                count += 1
-                size += len(record)
-                if progress is not None and count % 1000 == 0:
-                    progress(count, size)
-                if errors:
-                    break
-        ok = not errors
+        count, size = _feed(inputs, fmt, decoder, specs, shard_threads, progress)
+        ok = not shard_threads.errors
         spec = decoder.spec if decoder is not None else _common(specs, len(inputs))
         for w in writers:  # read when each writer closes, after the end of its queue
             w.element_spec = spec
     finally:
-        for q in queues:
-            q.put(None)
-        for t in threads:
-            t.join()
+        shard_threads.close()
         try:
-            if ok and not errors:
+            if ok and not shard_threads.errors:
                 staged.place()
         finally:
             staged.discard()  # what is left of the temporaries after success or failure
-    if errors:
-        raise errors[0]
+    if shard_threads.errors:
+        raise shard_threads.errors[0]
     if progress is not None:
         progress(count, size)
     return {"records": count, "bytes": size, "outputs": paths, "element_spec": spec,
             "leftovers_removed": leftovers}
+
+
+class _ShardThreads:
+    """One thread per output shard, writing what its bounded queue brings; the errors are
+    kept for the caller to raise after `close()` joins them."""
+
+    def __init__(self, writers: list, staged: Staged, paths: list[str]) -> None:
+        self.queues: list[queue.Queue] = [queue.Queue(maxsize=256) for _ in writers]
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._drain, args=(k, w, staged, paths[k]),
+                                          name=f"aioloader-convert-{k}")
+                         for k, w in enumerate(writers)]
+        for t in self._threads:
+            t.start()
+
+    def _drain(self, k: int, writer: Any, staged: Staged, path: str) -> None:
+        try:
+            while (item := self.queues[k].get()) is not None:
+                writer.write(item)
+            writer.close()
+            staged.finish(k)
+        except BaseException as exc:  # reported after the join
+            self.errors.append(_naming(exc, path))
+            while self.queues[k].get() is not None:  # keep the producer from blocking
+                pass
+
+    def close(self) -> None:
+        """End every queue and wait for the threads."""
+        for q in self.queues:
+            q.put(None)
+        for t in self._threads:
+            t.join()
+
+
+def _feed(inputs: list[str], fmt: str | None, decoder: Any, specs: list,
+          shards: _ShardThreads, progress: Callable[[int, int], Any] | None) -> tuple[int, int]:
+    """Read every input's records, dealt round-robin to the shards' queues, until a shard
+    fails; the records and bytes read."""
+    count = size = 0
+    queues = shards.queues
+    for path in inputs:
+        kind = fmt or guess_format(path)
+        if decoder is not None and kind != "tfrecord":
+            raise ConvertError(f"{path}: decode_examples needs TFRecord input, not {kind}")
+        for n, record in enumerate(read_records(path, kind, specs)):
+            if decoder is not None:
+                record = decoder(record, path, n)
+            queues[count % len(queues)].put(record)
+            count += 1
+            size += len(record)
+            if progress is not None and count % 1000 == 0:
+                progress(count, size)
+            if shards.errors:
+                break
+    return count, size
 
 
 def _naming(exc: BaseException, path: str) -> BaseException:

@@ -1,36 +1,24 @@
 """`Dataset`: the declarative, immutable, picklable description of a pipeline.
 
-Each verb returns a new `Dataset`; nothing runs until `.loader()`. The description splits in
-three parts that run in different places: index ops (shuffle, repeat, shard, slicing) are pure
-functions of a position (`sampling`); record ops (map, random_map, filter, flat_map) and the
-batching step (batch or pack, plus maps after it) run in worker processes (`workers`); the
-loader schedules it all (`loader`). Names follow Grain where they mean the same thing.
-
-Record ops commute with index ops (they act on one record at a time), so they may be called
-in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack` are refused.
+Each verb returns a new `Dataset`; nothing runs until `.loader()`. What it holds and the verbs
+that add to it are `Stages` (`aioloader.stages`, pure); this module adds the constructors and
+the methods that reach above the description's layer, lazily and only here: `loader()`,
+`ds[i]`, `len(ds)` and `graph()` start the runtime, and `from_arrayrecord(decode="auto")` /
+`from_source(ArrayRecordSource)` open the files they were asked to read.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
-from .arguments import maybe_whole
 from .arrayrecord.levels import DEFAULT_VERIFY
-from .description import (
-    JaxProcessShard,
-    MixSpec,
-    SourceSpec,
-    check_not_endless,
-    check_picklable,
-    jax_process_shard,
-    stage_lines,
-)
+from .description import MixSpec, SourceSpec
 from .mixed import mix_inputs
 from .objects import ObjectSource, check_source
 from .options import (
@@ -41,26 +29,18 @@ from .options import (
     WorkerOptions,
     unknown_options_error,
 )
-from .sampling import IndexOp, Repeat, Shard, Shuffle, Slice
+from .sampling import Slice
 from .selection import proportions
-from .transforms import (
-    BatchOp,
-    FilterOp,
-    FlatMapOp,
-    MapOp,
-    PackOp,
-    RandomMapOp,
-    RecordOp,
-    transform_fn,
-)
+from .stages import Stages
+from .transforms import MapOp
 from .urls import has_glob, is_gcs
 
 if TYPE_CHECKING:
     from .runtime.loader import Loader
 
 
-@dataclass(frozen=True)
-class Dataset:
+@dataclass(frozen=True, repr=False)
+class Dataset(Stages):
     """An immutable, picklable description of a pipeline: source → index ops → record ops →
     batching.
 
@@ -72,18 +52,6 @@ class Dataset:
     also random access: `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields
     at those positions.
     """
-
-    source: SourceSpec | ObjectSource | MixSpec
-    index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
-    record_ops: tuple[RecordOp, ...] = ()
-    batching: BatchOp | PackOp | None = None
-    pack_batch: BatchOp | None = None  # batch() after pack()
-    batch_ops: tuple[MapOp, ...] = ()  # map() after batch()
-
-    def __repr__(self) -> str:
-        options = ", ".join(map(str, self.source.storage_options))
-        return (f"Dataset({' -> '.join(self.describe())}"
-                + (f"; storage_options=<{options}>" if options else "") + ")")
 
     # -- construction -----------------------------------------------------------------
 
@@ -166,170 +134,6 @@ class Dataset:
         repeat after it re-keys every input's shuffle, as Grain's does."""
         return cls(MixSpec(mix_inputs(datasets, "concatenate", cls)))
 
-    # -- index ops --------------------------------------------------------------------
-
-    def _index(self, op: IndexOp | JaxProcessShard) -> Dataset:
-        if self.batching is not None:
-            raise ValueError(f"{type(op).__name__.lower()}() must come before batch()/pack(): "
-                             "it reorders records, not batches")
-        return replace(self, index_ops=(*self.index_ops, op))
-
-    def shuffle(self, seed: int, *, strategy: str = "exact", block_bytes: int | None = None,
-                window_bytes: int | None = None, window: None = None) -> Dataset:
-        """Exact global shuffle (a keyed permutation, re-keyed every epoch).
-
-        `strategy="block"` trades randomness for I/O: the files are cut into blocks of whole
-        chunks of about `block_bytes` (default 4 MiB), the blocks are put in a random order
-        every epoch, and records are shuffled within windows of about `window_bytes` of
-        decoded records (default 64 MiB of consecutive blocks, at least one). So reads are whole
-        blocks and memory is bounded by the window, for files of any group size. With
-        `shard_by_jax_process()`, each process reads only its ~1/P share of every window
-        (README, "Shuffling"); resume, elastic included, stays exact.
-        """
-        if window is not None:
-            raise TypeError("shuffle(window=...) counted chunks and is gone: the block "
-                            "shuffle's window is now window_bytes= (and its blocks "
-                            "block_bytes=), e.g. shuffle(seed, strategy='block', "
-                            "window_bytes=64 << 20)")
-        if strategy == "block" and isinstance(self.source, MixSpec):
-            raise ValueError("a block shuffle cuts one source's files into blocks, and a "
-                             "mix has several: use shuffle(seed) (exact) after mixing")
-        if strategy == "block" and isinstance(self.source, ObjectSource):
-            raise ValueError("a block shuffle reads runs of ArrayRecord chunks, and a "
-                             "from_source() dataset has none: use shuffle(seed) (exact)")
-        block = maybe_whole(block_bytes, "block_bytes", 1, floats=True)  # None: the default
-        window_b = maybe_whole(window_bytes, "window_bytes", 1, floats=True)
-        return self._index(Shuffle(seed, strategy, block or 0, window_b or 0))
-
-    def block_shuffle(self, seed: int, *, block_bytes: int | None = None,
-                      window_bytes: int | None = None) -> Dataset:
-        """Shorthand for `shuffle(seed, strategy="block", block_bytes=..., window_bytes=...)`."""
-        return self.shuffle(seed, strategy="block", block_bytes=block_bytes,
-                            window_bytes=window_bytes)
-
-    def repeat(self, num_epochs: int | None = None) -> Dataset:
-        """Repeat the records `num_epochs` times (None: forever); shuffles re-key per epoch.
-        An empty dataset repeated is empty; an endless one cannot be repeated (as Grain)."""
-        op = Repeat(num_epochs)
-        check_not_endless(self, "repeat()")
-        return self._index(op)
-
-    def shard(self, index: int, count: int, *, contiguous: bool = False,
-              drop_remainder: bool = False) -> Dataset:
-        """Keep shard `index` of `count` (strided by default)."""
-        return self._index(Shard(index, count, contiguous, drop_remainder))
-
-    def shard_by_jax_process(self, *, drop_remainder: bool = True,
-                             sharding: Any = None) -> Dataset:
-        """This process's shard of every global batch: processes whose devices hold the same
-        rows of the batch's `sharding` (replicas over a 'model' axis) load the same rows, the
-        others different ones; `.batch(n)`'s n is the global batch ÷ the number of such data
-        slices (`aioloader.jax.data_slice`). The sharding is the one given to `to_jax`, or
-        here; on several processes, a loader with neither refuses to start."""
-        return self._index(jax_process_shard(drop_remainder, sharding))
-
-    @overload
-    def __getitem__(self, key: slice) -> Dataset: ...
-    @overload
-    def __getitem__(self, key: int) -> Any: ...
-    @overload
-    def __getitem__(self, key: Sequence[int]) -> list[Any]: ...
-
-    def __getitem__(self, key: Any) -> Any:
-        """`ds[a:b:c]`: a sliced Dataset. `ds[i]`, `ds[[i, j]]`: the elements the loader
-        yields at those positions, computed in this process (pipelines of one-to-one ops
-        only: source, shuffle, repeat, shard, slice, map, random_map)."""
-        if isinstance(key, slice):
-            return self._index(Slice(key.start, key.stop, key.step))
-        from .access import access_of
-
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            return access_of(self).get([int(key)])[0]
-        if isinstance(key, (str, bytes, bool)) or not hasattr(key, "__iter__"):
-            raise TypeError(f"index a Dataset with an int, a list of ints or a slice, not "
-                            f"{type(key).__name__}")
-        return access_of(self).get(list(key))
-
-    def __getitems__(self, keys: Sequence[int]) -> list[Any]:
-        """The elements at `keys` (Grain and PyTorch samplers' batched fetch)."""
-        from .access import access_of
-
-        return access_of(self).get(list(keys))
-
-    def __len__(self) -> int:
-        """The number of elements the loader yields (one-to-one pipelines; finite)."""
-        from .access import access_of
-
-        return len(access_of(self))
-
-    def __bool__(self) -> bool:  # a description is never "empty": `if ds:` opens nothing
-        return True
-
-    def __iter__(self) -> Iterator[Any]:
-        """Iterate with a default loader (workers=0), closed when the iteration ends or is
-        dropped."""
-        loader = self.loader(workers=0)
-        try:
-            yield from loader
-        finally:
-            loader.close()
-
-    # -- record ops -------------------------------------------------------------------
-
-    def _record(self, op: RecordOp) -> Dataset:
-        if self.batching is not None:
-            if isinstance(op, MapOp):
-                return replace(self, batch_ops=(*self.batch_ops, op))
-            raise ValueError(f"{type(op).__name__} after batch()/pack() is not supported; "
-                             "apply it before batching")
-        return replace(self, record_ops=(*self.record_ops, op))
-
-    def map(self, fn: Callable[[Any], Any]) -> Dataset:
-        """Apply `fn` to every record (or, after batch(), to every batch). `fn`: a function,
-        or an object with a `map` method (`aioloader.transforms.Map`, Grain's `Map`)."""
-        return self._record(MapOp(transform_fn(fn, "map", "map")))
-
-    def random_map(self, fn: Callable[[Any, Any], Any], *, seed: int | None = None) -> Dataset:
-        """Apply `fn(element, rng)`; rng is a `np.random.Generator` keyed on the record. `fn`:
-        a function, or an object with a `random_map` method (`RandomMap`, Grain's)."""
-        fn = transform_fn(fn, "random_map", "random_map")
-        if seed is None:
-            seed = next((op.seed for op in self.index_ops if isinstance(op, Shuffle)), 0)
-        return self._record(RandomMapOp(fn, seed))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> Dataset:
-        """Keep records for which `predicate` is true. `predicate`: a function, or an object
-        with a `filter` method (`aioloader.transforms.Filter`, Grain's `Filter`)."""
-        return self._record(FilterOp(transform_fn(predicate, "filter", "filter")))
-
-    def flat_map(self, fn: Callable[[Any], Any]) -> Dataset:
-        """Replace every record by the elements `fn(record)` returns (an iterable: zero or
-        more), in order. `fn`: a function, or an object with a `flat_map` method
-        (`aioloader.transforms.FlatMap`, Grain's). Resume is exact mid-expansion; a
-        record's elements are all made in one window's task, so keep the fan-out to what
-        fits in memory (`window=` sets the records a window holds)."""
-        return self._record(FlatMapOp(transform_fn(fn, "flat_map", "flat_map")))
-
-    # -- batching ---------------------------------------------------------------------
-
-    def batch(self, batch_size: int, *, drop_remainder: bool = False) -> Dataset:
-        """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays)."""
-        op = BatchOp(batch_size, drop_remainder)
-        if isinstance(self.batching, PackOp) and self.pack_batch is None:
-            return replace(self, pack_batch=op)
-        if self.batching is not None:
-            raise ValueError("batch() was already applied")
-        return replace(self, batching=op)
-
-    def pack(self, length_struct: Mapping[str, int], *, num_packing_bins: int) -> Dataset:
-        """First-fit packing into rows of fixed lengths, with `*_segment_ids`/`*_positions`.
-
-        Yields packed rows; follow with `.batch(n)` to stack them.
-        """
-        if self.batching is not None:
-            raise ValueError("pack() must come before batch()")
-        return replace(self, batching=PackOp(length_struct, num_packing_bins))
-
     # -- running ----------------------------------------------------------------------
 
     def loader(
@@ -390,12 +194,6 @@ class Dataset:
 
         return Loader(self, opts, state=state)
 
-    def check_picklable(self) -> None:
-        """Raise a clear error, before any worker starts, when a transform cannot travel to
-        worker processes (it holds a lock, an open file or socket...), or the source of a
-        `from_source()` dataset cannot (workers read records from their own copy)."""
-        check_picklable(self)
-
     def graph(self) -> str:
         """The pipeline drawn stage by stage, each with the type/shape/dtype of its first
         element (read in this process: `print(ds.graph())`)."""
@@ -403,6 +201,50 @@ class Dataset:
 
         return draw(self)
 
-    def describe(self) -> list[str]:
-        """The pipeline, one stage per line."""
-        return stage_lines(self)
+    # -- random access ----------------------------------------------------------------
+
+    @overload
+    def __getitem__(self, key: slice) -> Dataset: ...
+    @overload
+    def __getitem__(self, key: int) -> Any: ...
+    @overload
+    def __getitem__(self, key: Sequence[int]) -> list[Any]: ...
+
+    def __getitem__(self, key: Any) -> Any:
+        """`ds[a:b:c]`: a sliced Dataset. `ds[i]`, `ds[[i, j]]`: the elements the loader
+        yields at those positions, computed in this process (pipelines of one-to-one ops
+        only: source, shuffle, repeat, shard, slice, map, random_map)."""
+        if isinstance(key, slice):
+            return self._index(Slice(key.start, key.stop, key.step))
+        from .access import access_of
+
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            return access_of(self).get([int(key)])[0]
+        if isinstance(key, (str, bytes, bool)) or not hasattr(key, "__iter__"):
+            raise TypeError(f"index a Dataset with an int, a list of ints or a slice, not "
+                            f"{type(key).__name__}")
+        return access_of(self).get(list(key))
+
+    def __getitems__(self, keys: Sequence[int]) -> list[Any]:
+        """The elements at `keys` (Grain and PyTorch samplers' batched fetch)."""
+        from .access import access_of
+
+        return access_of(self).get(list(keys))
+
+    def __len__(self) -> int:
+        """The number of elements the loader yields (one-to-one pipelines; finite)."""
+        from .access import access_of
+
+        return len(access_of(self))
+
+    def __bool__(self) -> bool:  # a description is never "empty": `if ds:` opens nothing
+        return True
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate with a default loader (workers=0), closed when the iteration ends or is
+        dropped."""
+        loader = self.loader(workers=0)
+        try:
+            yield from loader
+        finally:
+            loader.close()

@@ -2,7 +2,7 @@
 
 This is the only module that imports jax (and orbax), and the package imports without them.
 
-Loading strategy. Of the four ways to feed a sharded computation (seed 003): (1) every
+Loading strategy. Of the four ways to feed a sharded computation: (1) every
 process loads the global batch and keeps its devices' slices; (2) one pipeline per device;
 (3) one consolidated pipeline per process, assembled into global arrays; (4) load on one
 process and scatter — aioloader implements (3): each process runs one pipeline over its

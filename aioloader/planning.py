@@ -17,7 +17,7 @@ import numpy as np
 
 # Merge when reading the gap costs less than issuing another request. Local (page cache,
 # batched preads): a pread costs about as much as copying ~16 KiB. Cloud: a request costs
-# ~0.3 ms of client CPU and a connection slot, about what ~256 KiB of transfer costs.
+# client CPU and a connection slot, about what ~256 KiB of transfer costs.
 LOCAL_MAX_GAP = 16 << 10
 CLOUD_MAX_GAP = 256 << 10
 DEFAULT_MAX_MERGED = 8 << 20

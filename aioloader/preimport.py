@@ -1,10 +1,10 @@
 """Start importing a client library on a thread before it is first needed.
 
-gcsfs takes ~0.8 s to import (more on a loaded machine), and a gs:// glob needs it for its
-listing. Started when a pipeline names such files (`Dataset.from_arrayrecord`), the import
-overlaps what the program does before the loader opens them (its own imports, setting up a
-model) instead of delaying the open. One import per library and process, whoever asks first
-(the gs:// backend asks too, for credentials); a failed import is the backend's to report.
+gcsfs is slow to import (docs/performance.md), and a gs:// glob needs it for its listing.
+Started when a pipeline names such files (`Dataset.from_arrayrecord`), the import overlaps
+what the program does before the loader opens them (its own imports, setting up a model)
+instead of delaying the open. One import per library and process, whoever asks first (the
+gs:// backend asks too, for credentials); a failed import is the backend's to report.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class Slice:
         return r.start + positions * r.step, epochs
 
 
-DEFAULT_BLOCK_BYTES = 4 << 20  # a block: ~one large read from a bucket (issue 15's bucket)
+DEFAULT_BLOCK_BYTES = 4 << 20  # a block: ~one large read from a bucket
 DEFAULT_WINDOW_BYTES = 64 << 20  # a window: 16 blocks, held and shuffled in memory
 
 

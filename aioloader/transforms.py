@@ -256,24 +256,16 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
                 keep, sub = kept, _renumber(kept)
             else:
                 pred = op.pred
-                kept, subs = [], []
+                passed = []
                 for k, x in enumerate(elements):
                     if pred(x):
                         append(x)
-                        kept.append(keep[k])
-                        if sub is not None:
-                            subs.append(sub[k])
-                keep = kept
+                        passed.append(k)
+                keep = [keep[k] for k in passed]
                 if sub is not None:
-                    sub = subs
+                    sub = [sub[k] for k in passed]
         except Exception as exc:
-            i = keep[k]
-            where = f" in {paths[i]}" if paths and paths[i] else ""
-            raise TransformError(
-                f"{op.describe()} raised {type(exc).__name__}: {exc} on record {indices[i]} "
-                f"(epoch {epochs[i]}){where}\n--- original traceback ---\n"
-                + "".join(traceback.format_exception(exc))
-            ) from None
+            raise _failed(op, exc, keep[k], indices, epochs, paths) from None
         if times is not None:
             times.items[pos] += len(elements)
             times.seconds[pos] += clock() - t0
@@ -281,6 +273,17 @@ def apply_record_ops(ops: Sequence[RecordOp], elements: list, indices: Sequence[
     if survivors is not None:
         survivors.extend(keep)
     return elements
+
+
+def _failed(op: RecordOp, exc: Exception, i: int, indices: Sequence[int],
+            epochs: Sequence[int], paths: Sequence[str] | None) -> TransformError:
+    """The error for `op` raising `exc` on input `i`: the record, its epoch and file, and
+    the user's traceback."""
+    where = f" in {paths[i]}" if paths and paths[i] else ""
+    return TransformError(
+        f"{op.describe()} raised {type(exc).__name__}: {exc} on record {indices[i]} "
+        f"(epoch {epochs[i]}){where}\n--- original traceback ---\n"
+        + "".join(traceback.format_exception(exc)))
 
 
 def _expand(made: Any) -> list:

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # what runs on elements: transforms, collation, columns, packing, typed records
     ("elements", ("transforms", "collate", "columns", "packing", "typed", "tfexample")),
     # the description and its compilation (pure): Dataset, its specs, plan, state
-    ("describe", ("objects", "description", "mixed", "dataset", "plan", "state")),
+    ("describe", ("objects", "description", "mixed", "stages", "dataset", "plan", "state")),
     # the byte path: stores, retry and hedges, the concurrency gate, the loop bridge
     ("io", ("storage", "stores", "backends", "gcs_store", "gcs_curl", "gcs_client", "curl",
             "curlwatch", "retry", "hedge", "gate", "reach", "loopstate", "shortread", "sync",
@@ -215,7 +215,7 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     io = {m for m in GRAPH if rank("aioloader.storage") <= rank(m) <= rank("aioloader.workers")}
     for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
                 "aioloader.packing", "aioloader.transforms", "aioloader.state",
-                "aioloader.options", "aioloader.errors", "aioloader.dataset",
+                "aioloader.options", "aioloader.errors", "aioloader.stages", "aioloader.dataset",
                 "aioloader.description", "aioloader.mixed", "aioloader.plan"):
         reach = _reach(mod)
         assert not reach & runtime, (mod, reach & runtime)

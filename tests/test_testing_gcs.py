@@ -343,32 +343,33 @@ def test_request_framing_survives_any_split() -> None:
         conn = _Conn()
         up = b""
         for i in range(0, len(stream), step):
-            for kind, data in line._parse(conn, stream[i : i + step]):
+            for kind, data in line._requests.parse(conn, stream[i : i + step]):
                 assert kind == "up"
                 up += data
         assert up == stream
         assert line.stats.requests == 3 and line.stats.passthrough == 0
 
     line = _DelayLine(0, 0.0, 0.0, None, _Faults(error_rate=1.0, statuses=(503,)), seed=0)
-    actions = line._parse(_Conn(), stream)
+    actions = line._requests.parse(_Conn(), stream)
     assert [kind for kind, _ in actions] == ["reply"] * 3  # bodies dropped, never forwarded
     assert all(data.startswith(b"HTTP/1.1 503 ") for _, data in actions)
 
     line = _DelayLine(0, 0.0, 0.0, None, _Faults(reset_rate=1.0), seed=0)
     conn = _Conn()
-    assert line._parse(conn, stream) == [("reset", b"")]  # nothing forwarded, nothing after
-    assert line._parse(conn, stream) == []
+    # nothing forwarded, nothing after
+    assert line._requests.parse(conn, stream) == [("reset", b"")]
+    assert line._requests.parse(conn, stream) == []
     assert line.stats.requests == 1  # resets are counted when they happen, after the latency
 
     line = _DelayLine(0, 0.0, 0.0, None, _Faults(slow_rate=1.0, slow_s=0.25), seed=0)
-    actions = line._parse(_Conn(), stream)
+    actions = line._requests.parse(_Conn(), stream)
     assert [kind for kind, _ in actions] == ["slow", "up"] * 3  # marked before its head
     assert b"".join(data for kind, data in actions if kind == "up") == stream
     assert {float(data) for kind, data in actions if kind == "slow"} == {0.25}
 
     line = _DelayLine(0, 0.0, 0.0, None, _Faults(error_rate=1.0), seed=0)
     tls = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
-    assert line._parse(_Conn(), tls) == [("up", tls)]  # not HTTP: forwarded untouched
+    assert line._requests.parse(_Conn(), tls) == [("up", tls)]  # not HTTP: forwarded untouched
     assert line.stats.passthrough == 1
 
 

@@ -70,22 +70,10 @@ def decode_chunk(
             logical = strip_block_headers(logical, start, verify=check_headers, path=path)
         header = _parse_chunk_header(ChunkHeader, logical, check_headers, None, start)
         end = CHUNK_HEADER_SIZE + header.data_size
-        if len(logical) < end:
-            raise ArrayRecordFormatError(
-                f"chunk data truncated: header says {header.data_size} bytes, range holds "
-                f"{len(logical) - CHUNK_HEADER_SIZE}",
-                offset=start, hint=CORRUPT_HINT,
-            )
-        if expected_records is not None and header.num_records != expected_records:
-            raise ArrayRecordFormatError(
-                f"chunk holds {header.num_records} records, the footer says "
-                f"{expected_records}", offset=start, hint=CORRUPT_HINT,
-            )
-        if max_records is not None and header.num_records > max_records:
-            raise ArrayRecordFormatError(
-                f"chunk declares {header.num_records} records, more than the {max_records} "
-                "its place in the file can hold", offset=start, hint=CORRUPT_HINT,
-            )
+        n = header.num_records
+        if len(logical) < end or (expected_records is not None and n != expected_records) \
+                or (max_records is not None and n > max_records):
+            raise _refused(header, len(logical), start, expected_records, max_records)
         if whole_range:
             _check_fills(start, raw, header, range_end)
         data = logical[CHUNK_HEADER_SIZE:end]
@@ -99,6 +87,23 @@ def decode_chunk(
             err = ArrayRecordFormatError(err.what, path=err.path, offset=start,
                                          chunk=err.chunk, hint=err.hint)
         raise err.located(path=path, chunk=chunk) from None
+
+
+def _refused(header: ChunkHeader, have: int, start: int, expected_records: int | None,
+             max_records: int | None) -> ArrayRecordFormatError:
+    """Why `decode_chunk` refuses a chunk its header describes, before decompressing it:
+    its data is cut short, or it holds another record count than the footer's or more than
+    its place can hold (checked in that order)."""
+    n = header.num_records
+    if have < CHUNK_HEADER_SIZE + header.data_size:
+        what = (f"chunk data truncated: header says {header.data_size} bytes, range holds "
+                f"{have - CHUNK_HEADER_SIZE}")
+    elif expected_records is not None and n != expected_records:
+        what = f"chunk holds {n} records, the footer says {expected_records}"
+    else:
+        what = (f"chunk declares {n} records, more than the {max_records} its place in the "
+                "file can hold")
+    return ArrayRecordFormatError(what, offset=start, hint=CORRUPT_HINT)
 
 
 def fills_end(stop: int, have: int) -> int:
@@ -172,34 +177,28 @@ def decode_records(
     for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
         if j == 0 and (counts is None or counts[k] == 1):
             try:
-                n = len(raw)
-                crossed = headers_in(start, n)
-                if crossed == 0:
-                    record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
-                elif crossed > 0:
+                crossed = headers_in(start, len(raw))  # -1: not for the inline path
+                logical = memoryview(raw) if crossed == 0 else None
+                if crossed > 0:
                     if scratch is None:
                         scratch = _scratch()
                     logical = strip_into(raw, start, crossed, scratch, hashes)
-                    record = None if logical is None \
-                        else one_record(logical, budget, hashes, data_hashes, dctx)
-                else:
-                    record = None
+                record = None if logical is None \
+                    else one_record(logical, budget, hashes, data_hashes, dctx)
                 if record is not None:
                     append(record)
                     continue
             except Exception:  # anything odd: the general path decodes it or says why
                 pass
-        _, records = decode_chunk(raw, start, verify=verify,
-                                  path=paths[k] if paths is not None else None,
-                                  chunk=chunks[k] if chunks is not None else None,
+        path = paths[k] if paths is not None else None
+        chunk = chunks[k] if chunks is not None else None
+        _, records = decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
                                   expected_records=counts[k] if counts is not None else None,
                                   max_decoded=max_decoded, whole_range=True)
         if not 0 <= j < len(records):
-            raise ArrayRecordFormatError(
-                f"record {j} asked of a chunk of {len(records)} records",
-                path=paths[k] if paths is not None else None, offset=start,
-                chunk=chunks[k] if chunks is not None else None, hint=CORRUPT_HINT,
-            )
+            raise ArrayRecordFormatError(f"record {j} asked of a chunk of {len(records)} "
+                                         "records", path=path, offset=start, chunk=chunk,
+                                         hint=CORRUPT_HINT)
         append(records.record(j))
     return out
 

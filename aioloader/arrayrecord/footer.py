@@ -3,10 +3,10 @@
 The footer is one simple chunk: a metadata record, then one `ArrayRecordFooter` entry per data
 chunk (offset, decoded size, record count). Decoding it as generic records costs 48 bytes per
 entry in bounds and sizes before the entries themselves (24 more, then copied into columns),
-and NumPy takes seconds for the 30M varints of a 5M-chunk file (group_size 1), which also
-failed the default 256 MiB budget. Here the record sizes are turned into record ends in
-place, and the entries are parsed by a small C loop (`_footer.c`; a NumPy fallback decodes
-a slice at a time when it is not built): at most 40 bytes per chunk while decoding.
+and NumPy is slow on the tens of millions of varints of a group_size 1 file
+(docs/performance.md). Here the record sizes are turned into record ends in place, and the
+entries are parsed by a small C loop (`_footer.c`; a NumPy fallback decodes a slice at a time
+when it is not built): at most 40 bytes per chunk while decoding.
 
 The same checks as the generic decoder hold (the header's claims are checked against the
 budget before anything is allocated; record sizes must add up to the decoded size; each
@@ -102,7 +102,13 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
     if values is None:
         values = decompress_block(codec, values_block, decoded_size, decoded_size)
     metadata = bytes(memoryview(values)[: int(ends[0])])
-    m = n - 1  # entries: entry k is record k + 1, bytes ends[k] .. ends[k + 1]
+    return FooterData(metadata, *_entries(values, ends))
+
+
+def _entries(values, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries as columns (offsets, decoded sizes, record counts): entry k is record
+    k + 1, bytes ends[k] .. ends[k + 1] of `values`; C parses the canonical form."""
+    m = len(ends) - 1
     offsets, decoded, records = (np.empty(m, dtype=np.int64) for _ in range(3))
     first = 0  # the canonical form in C; the rest (if any) below
     if _native is not None:
@@ -116,4 +122,4 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
             got = np.zeros((hi - lo, 3), dtype=np.int64)
             _decode_entries_slow(values, part, got, lo)
         offsets[lo:hi], decoded[lo:hi], records[lo:hi] = got[:, 0], got[:, 1], got[:, 2]
-    return FooterData(metadata, offsets, decoded, records)
+    return offsets, decoded, records

@@ -2,12 +2,11 @@
 
 Riegeli stores a HighwayHash-64 (with a fixed key) of each 24-byte block header, each
 40-byte chunk header and each chunk's data, and the official reader rejects a chunk whose
-data hash does not match. Header hashes are cheap, but a straightforward pure-Python port
-runs at only ~3 MB/s, far too slow to verify or write chunk data. So the real work is done
-by the small C extension ``_highwayhash``: an AVX2 path where the CPU has it (~7 GB/s on a
-2017 AMD EPYC core, ~0.1 µs plus the call for a 600-byte chunk), else portable C99
-(~1.3 GB/s); :data:`NATIVE_IMPL` says which. Checking every chunk's data hash is then
-cheap enough to be worth doing on every read. :func:`highwayhash64_py` is the readable
+data hash does not match. Header hashes are cheap, but a pure-Python port is far too slow
+to verify or write chunk data, so the real work is done by the small C extension
+``_highwayhash``: an AVX2 path where the CPU has it, else portable C99; :data:`NATIVE_IMPL`
+says which. Checking every chunk's data hash is then cheap enough to be worth doing on
+every read (docs/performance.md has the figures). :func:`highwayhash64_py` is the readable
 reference that the tests check both against, and the fallback if the extension is missing
 (a ``RuntimeWarning`` says so once, at import).
 
@@ -115,7 +114,7 @@ def _contiguous_bytes(data: Buffer, what: str) -> bytes:
 
 
 def highwayhash64_py(data: Buffer, key: Buffer = RIEGELI_KEY) -> int:
-    """HighwayHash-64 of ``data`` with a 32-byte ``key``, in pure Python (~3 MB/s).
+    """HighwayHash-64 of ``data`` with a 32-byte ``key``, in pure Python (slow: the reference).
 
     ``data`` may be any C-contiguous buffer; its raw bytes are hashed.
     """
@@ -170,7 +169,7 @@ def _pair_fallback(a: Buffer, b: Buffer) -> tuple[int, int]:
 
 #: ``highwayhash64_pair(a, b) -> (highwayhash64(a), highwayhash64(b))``, the two computed in
 #: lockstep by the C extension: one hash is a chain of dependent steps that leaves most of a
-#: core idle, two fill it (~1.6x the bytes per second with AVX2; the same as two calls
+#: core idle, two fill it (more bytes per second with AVX2; the same as two calls
 #: elsewhere). For callers that check many chunks' data hashes (the workers).
 highwayhash64_pair: Callable[[Buffer, Buffer], tuple[int, int]] = (
     _highwayhash.hash64_pair if _highwayhash is not None else _pair_fallback

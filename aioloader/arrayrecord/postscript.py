@@ -42,9 +42,9 @@ def quick_postscript(raw, pos: int, verify: str, block_end: int | None = None) -
     three records, each record one byte of size, the first intact and canonical), with every
     check `parse_postscript` makes; None for anything else, which that then parses or names.
 
-    Opening thousands of small files is mostly this parse: the general path takes ~80 µs a
-    file (a chunk decode, three messages parsed into dicts), this one a few. `raw` is the
-    last block, or (with `block_end`, where that block ends) its first bytes.
+    Opening thousands of small files is mostly this parse, and the general path decodes a
+    chunk and parses three messages into dicts. `raw` is the last block, or (with
+    `block_end`, where that block ends) its first bytes.
     """
     try:
         n_raw = len(raw)

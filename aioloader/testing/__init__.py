@@ -12,7 +12,8 @@ measures). Nothing is left behind on exit: proxy stopped, server terminated, tem
 with an ``atexit`` guard and a watchdog process for the unclean exits.
 
 Modules: ``__init__`` the public API (this file); ``server`` the fake-gcs-server process;
-``delayline`` the proxy and its fault injection.
+``delayline`` the proxy (``faults`` its request framing and fault
+decisions, ``forward`` the forwarding of one connection).
 
 Importing this package changes no global state (a user's test suite imports it). gcsfs
 imported with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` on (its default) exports a
@@ -247,24 +248,17 @@ def local_gcs(
     and ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` (array_record's C++ client) to :attr:`LocalGCS.endpoint`
     and restores them on exit.
     """
-    if latency_ms < 0 or jitter_ms < 0:
-        raise ValueError("latency_ms and jitter_ms must be >= 0")
-    if bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s <= 0:
-        raise ValueError("bandwidth_bytes_per_s must be > 0 or None")
-    if proxy is None:
-        proxy = bool(latency_ms or jitter_ms or error_rate or bandwidth_bytes_per_s
-                     or reset_rate or slow_rate)
-    proxy = proxy or proxy_process
+    proxy = _wants_proxy(proxy, proxy_process, latency_ms, jitter_ms, bandwidth_bytes_per_s,
+                         error_rate, reset_rate, slow_rate)
     server = _Server(root)
     delay_line: _DelayLine | _DelayLineProcess | None = None
-    saved: dict[str, str | None] = {}
     try:
         server.start()
         gcs = LocalGCS(server, None, bucket)
         gcs.create_bucket(bucket)
         if proxy:
-            rate = bandwidth_bytes_per_s
-            args = (server.port, latency_ms / 1e3, jitter_ms / 1e3, rate, _Faults(), seed)
+            args = (server.port, latency_ms / 1e3, jitter_ms / 1e3, bandwidth_bytes_per_s,
+                    _Faults(), seed)
             delay_line = (
                 _DelayLineProcess(*args, log_path=server.tmpdir / "delay-line.log")
                 if proxy_process else _DelayLine(*args)
@@ -273,23 +267,45 @@ def local_gcs(
             gcs._proxy = delay_line
             gcs.set_faults(error_rate=error_rate, reset_rate=reset_rate, slow_rate=slow_rate,
                            slow_s=slow_s)
-        env = {
+        with _environ({
             "STORAGE_EMULATOR_HOST": gcs.endpoint,
             "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.endpoint,
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-        }
-        for key, value in env.items():
+        }):
+            yield gcs
+    finally:
+        try:
+            if delay_line is not None:
+                delay_line.stop()
+        finally:
+            server.stop()
+
+
+def _wants_proxy(proxy: bool | None, proxy_process: bool, latency_ms: float, jitter_ms: float,
+                 bandwidth: float | None, *rates: float) -> bool:
+    """Whether `local_gcs` puts the delay line in front (asked, or anything for it to do);
+    a negative delay or a bandwidth that is not positive is refused."""
+    if latency_ms < 0 or jitter_ms < 0:
+        raise ValueError("latency_ms and jitter_ms must be >= 0")
+    if bandwidth is not None and bandwidth <= 0:
+        raise ValueError("bandwidth_bytes_per_s must be > 0 or None")
+    if proxy is None:
+        proxy = bool(latency_ms or jitter_ms or any(rates) or bandwidth)
+    return proxy or proxy_process
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """These environment variables set for the ``with`` block, as they were after it."""
+    saved: dict[str, str | None] = {}
+    try:
+        for key, value in values.items():
             saved[key] = os.environ.get(key)
             os.environ[key] = value
-        yield gcs
+        yield
     finally:
         for key, old in saved.items():
             if old is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-        try:
-            if delay_line is not None:
-                delay_line.stop()
-        finally:
-            server.stop()
