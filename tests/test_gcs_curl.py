@@ -208,6 +208,30 @@ async def test_server_errors_are_told_and_retried_by_their_status(gcs, client):
         await storage.aclose()
 
 
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refused_lookup_or_listing_is_a_permission_error(gcs, client, status,
+                                                                 monkeypatch):
+    """Both clients look objects up and list through gcsfs: a refusal is a `PermissionError`
+    (an `OSError`, as gcsfs raised it) naming the object and what to check, not the token."""
+    monkeypatch.setenv("FETCH_RAW_TOKEN_EXPIRY", "false")  # (no token lookup at Google)
+    secret = "ya29.s3cr3t-access-token"
+    storage = Storage(storage_options={"token": secret, "endpoint_url": gcs.endpoint},
+                      gcs_client=client)
+    try:
+        gcs.set_faults(error_rate=1.0, statuses=(status,))
+        for lookup, name in ((storage.info, "curl/blob"), (storage.glob, "curl/*.bin")):
+            with pytest.raises(PermissionError) as err:
+                await lookup(gcs.url(name))
+            msg = str(err.value)
+            assert msg.startswith(f"HTTP {status} reading gs://{gcs.bucket}/{name}: "), msg
+            assert msg.endswith("(check credentials or storage_options['token'])"), msg
+            assert secret not in msg and secret not in repr(err.value)
+    finally:
+        gcs.set_faults()
+        await storage.aclose()
+
+
 async def test_concurrent_reads_on_a_new_session_do_not_wait_for_one_answer(gcs):
     """Over plain HTTP/1.1 nothing can be multiplexed: reads started at once each open their
     own connection at once, none waits on another's answer. (libcurl's PIPEWAIT made them
