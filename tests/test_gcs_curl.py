@@ -150,6 +150,88 @@ async def test_a_stalled_read_is_retried_after_the_idle_timeout_then_given_up(gc
         await storage.aclose()
 
 
+async def test_gcsfs_reads_hold_as_many_connections_as_reads_in_flight(gcs):
+    """The fsspec client's session is sized by the concurrency (gcsfs's default holds 100)."""
+    storage = _storage(gcs, "fsspec", concurrency=256, retry=FAST)
+    url = gcs.url("curl/blob")
+    try:
+        assert await storage.read(url, 0, 10) == BLOB[:10]
+        backend = storage.stores.route(url)[0]
+        assert isinstance(backend, GcsfsBackend)
+        assert backend._fs.session.connector.limit == 256 + FAST.max_hedges
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.parametrize("client", [
+    pytest.param("curl", marks=pytest.mark.xfail(
+        strict=True, reason="libcurl re-sends a request once itself when a reused connection "
+        "dies before any answer (its own rule; no option turns it off)")),
+    "fsspec",
+])
+async def test_a_reset_connection_is_a_retry_the_policy_counts(gcs, client):
+    """A kept-alive connection reset under a request: the attempt fails and the RetryPolicy
+    sends the next one (no silent re-send by the HTTP client, unseen by `stats.retries`)."""
+    storage = _storage(gcs, client, retry=FAST)
+    url = gcs.url("curl/blob")
+    try:
+        assert await storage.read(url, 0, 10) == BLOB[:10]  # a connection to keep alive
+        resets = gcs.proxy_stats.resets
+        gcs.set_faults(reset_first=1)
+        assert await storage.read(url, 10, 20) == BLOB[10:20]
+        assert gcs.proxy_stats.resets == resets + 1
+        io = storage.stats.as_dict()
+        assert io["retries"] == 1 and io["failures"] == 0, io
+        assert sum(io["statuses"].values()) == 1, io
+    finally:
+        await storage.aclose()
+
+
+# A 503 whose message says "invalid": gcsfs's own checks take any such answer for a 400.
+INVALID_503 = json.dumps({"error": {"code": 503, "message": "invalid upstream state, retry",
+                                    "errors": [{"reason": "backendError"}]}})
+
+
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+async def test_server_errors_are_told_and_retried_by_their_status(gcs, client):
+    storage = _storage(gcs, client, retry=FAST)
+    url = gcs.url("curl/blob")
+    try:
+        gcs.set_faults(error_first=2, statuses=(503,), error_body=INVALID_503)
+        assert await storage.read(url, 0, 100) == BLOB[:100]
+        gcs.set_faults(error_first=2, statuses=(502,))
+        assert await storage.read(url, 100, 200) == BLOB[100:200]
+        io = storage.stats.as_dict()
+        assert io["statuses"] == {"HTTP 503": 2, "HTTP 502": 2}, io
+        assert io["retries"] == 4 and io["failures"] == 0, io
+    finally:
+        await storage.aclose()
+
+
+@pytest.mark.parametrize("client", ["curl", "fsspec"])
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refused_lookup_or_listing_is_a_permission_error(gcs, client, status,
+                                                                 monkeypatch):
+    """Both clients look objects up and list through gcsfs: a refusal is a `PermissionError`
+    (an `OSError`, as gcsfs raised it) naming the object and what to check, not the token."""
+    monkeypatch.setenv("FETCH_RAW_TOKEN_EXPIRY", "false")  # (no token lookup at Google)
+    secret = "ya29.s3cr3t-access-token"
+    storage = Storage(storage_options={"token": secret, "endpoint_url": gcs.endpoint},
+                      gcs_client=client)
+    try:
+        gcs.set_faults(error_rate=1.0, statuses=(status,))
+        for lookup, name in ((storage.info, "curl/blob"), (storage.glob, "curl/*.bin")):
+            with pytest.raises(PermissionError) as err:
+                await lookup(gcs.url(name))
+            msg = str(err.value)
+            assert msg.startswith(f"HTTP {status} reading gs://{gcs.bucket}/{name}: "), msg
+            assert msg.endswith("(check credentials or storage_options['token'])"), msg
+            assert secret not in msg and secret not in repr(err.value)
+    finally:
+        gcs.set_faults()
+        await storage.aclose()
+
+
 async def test_concurrent_reads_on_a_new_session_do_not_wait_for_one_answer(gcs):
     """Over plain HTTP/1.1 nothing can be multiplexed: reads started at once each open their
     own connection at once, none waits on another's answer. (libcurl's PIPEWAIT made them

@@ -163,24 +163,29 @@ class LocalGCS:
         hold_at: str = "head",
         hold_rate: float = 0.0,
         hold_first: int = 0,
+        error_first: int = 0,
+        reset_first: int = 0,
+        error_body: str = "",
     ) -> None:
         """Change fault injection now, for requests that arrive from here on (replaces all).
 
         ``error_rate``: fraction of requests the proxy answers itself with one of ``statuses``
-        (empty body, connection kept alive). ``reset_rate``: fraction of requests whose
-        connection the proxy resets instead (RST, nothing written: the client sees a connection
-        reset or a server disconnect). ``slow_rate``: fraction of the forwarded requests whose
-        response body is held back ``slow_s`` seconds after the response head (the slow-body
-        tail). ``cut_rate``: fraction of the forwarded requests whose response is cut off
-        mid-body (the head and half the body bytes at hand, then a reset). ``stall``: accept
-        connections and requests but never answer them — a bucket that stops answering;
-        connections that stalled stay silent. ``hold_first`` (the first k downloads from now)
-        and ``hold_rate`` (a fraction of the others): range GETs whose response is held
-        ``hold_s`` seconds (``math.inf``: until the client gives up) — before its head
-        (``hold_at="head"``), or after its head and half the body bytes at hand
-        (``hold_at="body"``); a held request stalls, then goes on. Each request gets at most
-        one fault (stall, then reset, then error status, then hold, then slow body, then cut
-        body), chosen by the seeded RNG.
+        (body ``error_body``, empty by default; connection kept alive); ``error_first``: the
+        first k downloads (range GETs) from now are answered so too, whatever the rate.
+        ``reset_rate``: fraction of requests whose connection the proxy resets instead (RST,
+        nothing written: the client sees a connection reset or a server disconnect);
+        ``reset_first``: the first k downloads from now too. ``slow_rate``: fraction of the
+        forwarded requests whose response body is held back ``slow_s`` seconds after the
+        response head (the slow-body tail). ``cut_rate``: fraction of the forwarded requests
+        whose response is cut off mid-body (the head and half the body bytes at hand, then a
+        reset). ``stall``: accept connections and requests but never answer them — a bucket that
+        stops answering; connections that stalled stay silent. ``hold_first`` (the first k
+        downloads from now) and ``hold_rate`` (a fraction of the others): range GETs whose
+        response is held ``hold_s`` seconds (``math.inf``: until the client gives up) — before
+        its head (``hold_at="head"``), or after its head and half the body bytes at hand
+        (``hold_at="body"``); a held request stalls, then goes on. Each request gets at most one
+        fault (stall, then reset, then error status, then hold, then slow body, then cut body),
+        chosen by the seeded RNG.
         Counters: :attr:`proxy_stats` ``faults``, ``resets``, ``slowed``, ``cut``,
         ``stalled``, ``held``.
         """
@@ -193,10 +198,11 @@ class LocalGCS:
                            ("slow_rate", slow_rate), ("cut_rate", cut_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
-        if error_rate > 0 and not statuses:
-            raise ValueError("statuses must not be empty when error_rate > 0")
-        if slow_s < 0 or hold_s < 0 or hold_first < 0:
-            raise ValueError("slow_s, hold_s and hold_first must be >= 0")
+        if (error_rate > 0 or error_first > 0) and not statuses:
+            raise ValueError("statuses must not be empty when error_rate or error_first > 0")
+        if min(slow_s, hold_s, hold_first, error_first, reset_first) < 0:
+            raise ValueError("slow_s, hold_s, hold_first, error_first and reset_first must "
+                             "be >= 0")
         if not 0.0 <= hold_rate <= 1.0:
             raise ValueError(f"hold_rate must be in [0, 1], got {hold_rate}")
         if hold_at not in ("head", "body"):
@@ -206,6 +212,7 @@ class LocalGCS:
             reset_rate=float(reset_rate), slow_rate=float(slow_rate), slow_s=float(slow_s),
             cut_rate=float(cut_rate), hold_s=float(hold_s), hold_at=hold_at,
             hold_rate=float(hold_rate), hold_first=int(hold_first),
+            error_first=int(error_first), reset_first=int(reset_first), error_body=str(error_body),
         )
 
     @property

@@ -54,6 +54,9 @@ class _Faults:
     hold_at: str = "head"  # "head": before the response head; "body": after part of the body
     hold_rate: float = 0.0  # fraction of downloads (range GETs) whose response is held
     hold_first: int = 0  # the first k downloads after these faults were set are held
+    error_first: int = 0  # the first k downloads after these faults were set get an error status
+    reset_first: int = 0  # the first k downloads after these faults were set are reset
+    error_body: str = ""  # the body of the proxy's error replies (empty: none)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _Faults:
@@ -80,6 +83,8 @@ class _Requests:
         self._rng = rng
         self._counts = counts
         self._hold_left = 0  # of faults.hold_first, the downloads still to hold
+        self._error_left = 0  # of faults.error_first, the downloads still to answer with an error
+        self._reset_left = 0  # of faults.reset_first, the downloads still to reset
         self.faults = faults  # replaced whole (never mutated) from any thread
 
     @property
@@ -90,6 +95,8 @@ class _Requests:
     def faults(self, faults: _Faults) -> None:
         self._faults = faults
         self._hold_left = faults.hold_first
+        self._error_left = faults.error_first
+        self._reset_left = faults.reset_first
 
     def parse(self, conn: _Conn, data: bytes) -> Actions:
         """Split ``data`` at request boundaries into forward/reply actions, deciding faults."""
@@ -128,17 +135,20 @@ class _Requests:
                 conn.mode = "stalled"
                 conn.buf = bytearray()
                 return actions
-            if faults.reset_rate > 0 and self._rng.random() < faults.reset_rate:
+            if self._first(download, "_reset_left") or (
+                    faults.reset_rate > 0 and self._rng.random() < faults.reset_rate):
                 conn.mode = "reset"  # counted when the reset happens, after the latency
                 conn.buf = bytearray()
                 actions.append(("reset", b""))
                 return _coalesce(actions)
             pos = end + 4
             conn.body_left = body
-            conn.dropping = faults.error_rate > 0 and self._rng.random() < faults.error_rate
+            conn.dropping = self._first(download, "_error_left") or (
+                faults.error_rate > 0 and self._rng.random() < faults.error_rate)
             if conn.dropping:
                 self._counts["faults"] += 1
-                actions.append(("reply", _error_reply(self._rng.choice(faults.statuses))))
+                actions.append(("reply", _error_reply(self._rng.choice(faults.statuses),
+                                                      faults.error_body)))
             else:
                 if download and self._holds(faults):
                     actions.append(("hold", f"{faults.hold_at}:{faults.hold_s!r}".encode()))
@@ -149,6 +159,14 @@ class _Requests:
                 actions.append(("up", head))
         del buf[:pos]
         return _coalesce(actions)
+
+    def _first(self, download: bool, left: str) -> bool:
+        """Whether this request is one of the first k downloads to fault (`left`: the counter
+        of those still to come)."""
+        if not download or getattr(self, left) <= 0:
+            return False
+        setattr(self, left, getattr(self, left) - 1)
+        return True
 
     def _holds(self, faults: _Faults) -> bool:
         """Whether this download's response is held (the first k, then a seeded fraction)."""
@@ -192,12 +210,14 @@ def _body_length(head: bytes) -> int | None:
     return length if length >= 0 else None
 
 
-def _error_reply(status: int) -> bytes:
+def _error_reply(status: int, body: str = "") -> bytes:
     reason = _REASONS.get(status, "Error")
+    data = body.encode()
+    kind = "Content-Type: application/json; charset=UTF-8\r\n" if data[:1] == b"{" else ""
     return (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: keep-alive\r\n"
-        f"Retry-After: 0\r\n\r\n"
-    ).encode()
+        f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(data)}\r\n{kind}"
+        f"Connection: keep-alive\r\nRetry-After: 0\r\n\r\n"
+    ).encode() + data
 
 
 def _coalesce(actions: Actions) -> Actions:
