@@ -38,7 +38,7 @@ $(INTEROP)/.installed: pyproject.toml setup.py
 
 test-interop: $(INTEROP)/.installed
 	AIOLOADER_REQUIRE_INTEROP=1 $(INTEROP)/bin/python -m pytest -q -p no:cacheprovider \
-	    tests/test_beam.py -k array_record_beam_sdk
+	    tests/tools/test_beam.py -k array_record_beam_sdk
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -50,7 +50,7 @@ typecheck: $(STAMP)
 # Install as users and packagers do, in fresh venvs (no compiler, abi3 wheel, sdist, the
 # testing extra): a few minutes and the package registry; run before a release.
 packaging-check:
-	bash tests/packaging_check.sh
+	bash tests/support/packaging_check.sh
 
 demo: $(STAMP)
 	$(PY) examples/train_from_bucket.py --steps 300 --records 100000

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .arrayrecord import ArrayRecordWriter
-    from .dataset import Dataset
+    from .describe.dataset import Dataset
+    from .describe.state import merge_states
+    from .elements.transforms import Filter, FlatMap, Map, RandomMap
+    from .elements.typed import ElementSpec
     from .errors import (
         ArrayRecordFormatError,
         CollateError,
@@ -42,9 +45,10 @@ if TYPE_CHECKING:
     from .runtime.loader import Loader
     from .runtime.warmup import warm_up
     from .source import ArrayRecordSource
-    from .state import merge_states
-    from .transforms import Filter, FlatMap, Map, RandomMap
-    from .typed import ElementSpec
+
+from ._moved import install as _install_moved
+
+_install_moved()  # old module paths (`aioloader.storage`) still import, with a warning
 
 # The one place the version is written: the build reads it (pyproject's tool.setuptools.dynamic).
 __version__ = "0.1.0"
@@ -57,13 +61,13 @@ _HOMES = {
                      "WorkerError"], ".errors"),
     **dict.fromkeys(["LoaderOptions", "PrefetchOptions", "ReadOptions", "RetryPolicy",
                      "WorkerOptions"], ".options"),
-    **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".transforms"),
+    **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".elements.transforms"),
     "ArrayRecordSource": ".source",
     "ArrayRecordWriter": ".arrayrecord",
-    "Dataset": ".dataset",
-    "ElementSpec": ".typed",
+    "Dataset": ".describe.dataset",
+    "ElementSpec": ".elements.typed",
     "Loader": ".runtime.loader",
-    "merge_states": ".state",
+    "merge_states": ".describe.state",
     "warm_up": ".runtime.warmup",
 }
 

@@ -4,7 +4,7 @@ A leaf so that any layer can raise these without importing a higher one: it impo
 from aioloader but `ArrayRecordFormatError`, which lives with the format layer below
 (`aioloader.arrayrecord.errors`) because that layer must not depend on this package. The
 modules that raise an error also re-export it under its old name (`aioloader.storage.
-StorageError`, `aioloader.state.StateError`, ...), so either import works.
+StorageError`, `aioloader.describe.state.StateError`, ...), so either import works.
 
 Each subclasses the built-in error a caller would already catch for the same failure:
 `ValueError` for bad input, `OSError` for storage, `RuntimeError` for a failure while running.

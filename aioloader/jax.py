@@ -11,7 +11,7 @@ shard (`shard_by_jax_process()`), and `to_jax(sharding)` builds the global array
 `NamedSharding(mesh, P('data'))` replicates rows over 'model', so devices of one model
 replica see the same rows and different replicas different rows; when 'model' spans
 processes, the processes of one replica must load the same rows, so shards are dealt by data
-slice (`aioloader.dataslices`), learned from the sharding given to `to_jax` (or to
+slice (`aioloader.index.dataslices`), learned from the sharding given to `to_jax` (or to
 `shard_by_jax_process(sharding=)`) before the first batch.
 
 Lockstep. Collectives hang if one process stops early. With `batch(drop_remainder=True)`
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .dataslices import shard_of, table_of
-from .description import JaxProcessShard
+from .describe.description import JaxProcessShard
+from .describe.plan import needs_processes
+from .describe.state import merge_states
 from .errors import MissingExtraError
-from .plan import needs_processes
-from .state import merge_states
+from .index.dataslices import shard_of, table_of
 
 try:
     import jax
@@ -49,7 +49,7 @@ def process_index_and_count() -> tuple[int, int]:
 
 def data_slice(sharding: Any) -> tuple[int, int]:
     """`(index, count)` of this process's data slice under `sharding`: the rows of every
-    global batch it loads with `shard_by_jax_process()` (`aioloader.dataslices`). The
+    global batch it loads with `shard_by_jax_process()` (`aioloader.index.dataslices`). The
     per-process batch is the global batch ÷ `count`."""
     return shard_of(table_of(sharding), *process_index_and_count())
 
@@ -176,7 +176,7 @@ class DeviceIterator(_Placement):
 
     def __next__(self) -> Any:
         if self._batches is None:
-            from .sync import run_sync
+            from .io.sync import run_sync
 
             run_sync(self.setup(), user=self.loader)
             self._batches = iter(self.loader)

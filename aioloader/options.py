@@ -32,10 +32,10 @@ __all__ = [
     "unknown_options_error",
 ]
 
-AUTO = "auto"  # a setting tuned while the loader runs (`aioloader.autotune`)
+AUTO = "auto"  # a setting tuned while the loader runs (`aioloader.runtime.autotune`)
 DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
 GCS_CLIENTS = ("auto", "curl", "fsspec")
-"""The gs:// clients `gcs_client` names (`aioloader.gcs_client` makes them)."""
+"""The gs:// clients `gcs_client` names (`aioloader.io.gcs.client` makes them)."""
 GcsClient = Literal["auto", "curl", "fsspec"]
 
 
@@ -148,7 +148,7 @@ class ReadOptions:
     - `cache_bytes` (64 GiB): the most the entries in `cache_dir` may take (least recently
       used out first; the disk also keeps 5%, at least 1 GiB, free whatever this says).
     - `index_cache_dir` (None): a private local directory where the files' footer index is
-      kept (`aioloader.index_cache`): a later open lists the files, then maps one table,
+      kept (`aioloader.cache.index_cache`): a later open lists the files, then maps one table,
       instead of reading and parsing every file's tail (on a bucket, a request per file).
       It must belong to this user and be writable by no one else (else `PermissionError`).
     - `gcs_client` (None: the AIOLOADER_GCS_CLIENT environment variable, else "auto"): what
@@ -200,7 +200,7 @@ class WorkerOptions:
 
     - `workers` (0): worker processes; 0 runs the same code on one thread of this process.
       "auto" starts with one and adds one while the consumer waits on decoding and a core
-      is free (up to the cores this process may use; `aioloader.autotune`).
+      is free (up to the cores this process may use; `aioloader.runtime.autotune`).
     - `slot_size` (32 MiB): bytes of one shared-memory slot to start with, which holds a
       task's output (and its remote input), and how large small batches grouped into one
       task may grow. Slots grow to hold a larger batch (sized from the files' records
@@ -229,7 +229,7 @@ class PrefetchOptions:
       consumer, delivered in order whatever finishes first. "auto" starts at 4 and grows
       by one while the consumer waits (up to 32).
 
-    Any "auto" setting is tuned while the loader runs (`aioloader.autotune`), and never
+    Any "auto" setting is tuned while the loader runs (`aioloader.runtime.autotune`), and never
     changes what it yields; `stats().as_dict()["autotune"]` shows the values chosen.
     """
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         log(f"writing {args.records:,} records to {args.files} JSON-lines files in {root}")
         inputs = _write_inputs(root, args.records, args.files)
         size = sum(Path(p).stat().st_size for p in inputs)
-        cli = [sys.executable, "-m", "aioloader.cli", "convert", *inputs]
+        cli = [sys.executable, "-m", "aioloader.tools.cli", "convert", *inputs]
         beam = ["--runner", "beam", "--", f"--direct_num_workers={args.workers}",
                 "--direct_running_mode=multi_processing"]
         contenders = {

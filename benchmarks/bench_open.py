@@ -60,7 +60,7 @@ async def _floor(pattern: str, options: dict, reads: str, concurrency: int) -> i
     postscript and its first 512: `open_index(span=N)`)."""
     import asyncio
 
-    from aioloader.gcs_curl import CurlGCSBackend
+    from aioloader.io.gcs.backend import CurlGCSBackend
 
     pins: dict[str, str] = {}  # filled from the listing: each read names its generation,
     backend = CurlGCSBackend(options, concurrency, pins)  # as the open's reads must
@@ -93,7 +93,7 @@ def child(spec: dict) -> dict:
 
         import gcsfs  # imported before timing, as for aio below
 
-        import aioloader.gcs_curl
+        import aioloader.io.gcs.backend
 
         rss, cpu, t = _rss(), _cpu(), time.perf_counter()
         n = asyncio.run(_floor(paths, spec["storage_options"], spec["reads"], spec["concurrency"]))

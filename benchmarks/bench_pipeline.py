@@ -631,7 +631,7 @@ def threads_run(gcs: Any, ranges: list[tuple[str, int, int]], threads: int = 64
     """The baseline people write: a ThreadPoolExecutor whose threads each fetch one record
     with gcsfs `cat_file(url, start, end)`, decode it and `json.loads` it; batches of 256."""
     from aioloader.arrayrecord.index import decode_chunk
-    from aioloader.collate import collate
+    from aioloader.elements.collate import collate
 
     from .common import cpu_seconds
     from .fns import decode_text

@@ -146,7 +146,7 @@ def _get_cpu(spec: dict[str, Any]) -> dict[str, Any]:
     import asyncio
     import random
 
-    from aioloader.storage import Storage
+    from aioloader.io.storage import Storage
 
     from .common import new_event_loop
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from aioloader.typed import ElementSpec
+from aioloader.elements.typed import ElementSpec
 
 
 def _per_record(fn, records) -> float:

@@ -65,10 +65,10 @@ def load_all() -> dict[str, Benchmark]:
 def new_event_loop() -> Any:
     """aioloader's event loop (uvloop when installed).
 
-    Newer trees hold it in `aioloader.sync`, older ones in `aioloader.aioutil`; asking both lets
+    Newer trees hold it in `aioloader.io.sync`, older ones in `aioloader.aioutil`; asking both lets
     one copy of the benchmarks measure either tree (`benchmarks/compare_trees.py`)."""
     try:
-        from aioloader.sync import new_event_loop as make
+        from aioloader.io.sync import new_event_loop as make
     except ImportError:
         from aioloader.aioutil import new_event_loop as make
     return make()

@@ -17,11 +17,11 @@ import statistics
 import sys
 import time
 
-from aioloader.storage import Storage
+from aioloader.io.storage import Storage
 from aioloader.testing import local_gcs
 
-try:  # newer trees: aioloader.sync
-    from aioloader.sync import new_event_loop
+try:  # newer trees: aioloader.io.sync
+    from aioloader.io.sync import new_event_loop
 except ImportError:
     from aioloader.aioutil import new_event_loop
 

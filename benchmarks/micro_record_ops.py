@@ -4,7 +4,7 @@ benchmarks/micro_record_ops.py` prints microseconds per record (best of 7)."""
 
 import time
 
-from aioloader.transforms import FilterOp, MapOp, RandomMapOp, apply_record_ops
+from aioloader.elements.transforms import FilterOp, MapOp, RandomMapOp, apply_record_ops
 
 
 def inc(x):

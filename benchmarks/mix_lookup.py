@@ -21,13 +21,13 @@ import sys
 CHILD = r"""
 import json, time
 import numpy as np
-from aioloader.indexplan import IndexPlan
-from aioloader.sampling import Repeat, Shard, Shuffle
+from aioloader.index.indexplan import IndexPlan
+from aioloader.index.sampling import Repeat, Shard, Shuffle
 N, TASK, LOOPS = 1_000_000, 1024, 30
 plans = {"one source: shuffle, repeat, shard": IndexPlan(N, [Shuffle(1), Repeat(None),
                                                              Shard(0, 2)])}
 try:
-    from aioloader.selection import MixedIndex, proportions
+    from aioloader.index.selection import MixedIndex, proportions
     ins = (IndexPlan(N // 2, [Shuffle(1), Repeat(None)]), IndexPlan(N // 2, [Shuffle(2),
                                                                             Repeat(None)]))
     for name, seed in (("mix of 2 (Grain order), shard", None), ("mix of 2, seed, shard", 5)):

@@ -20,10 +20,10 @@ import obstore
 from obstore.exceptions import NotFoundError
 from obstore.store import GCSStore
 
-from aioloader.backends import ObjectInfo, Tail
 from aioloader.errors import ObjectChangedError, Transient
-from aioloader.gcs_curl import CurlGCSBackend
-from aioloader.gcs_store import GcsStore
+from aioloader.io.backends import ObjectInfo, Tail
+from aioloader.io.gcs.backend import CurlGCSBackend
+from aioloader.io.gcs.store import GcsStore
 
 MADE = 0  # backends made in this process (benchmarks check which client served them)
 
@@ -101,7 +101,7 @@ class ObstoreGCSBackend(CurlGCSBackend):
 
 def install() -> None:
     """Make new `Storage` objects in this process read gs:// through obstore."""
-    import aioloader.stores as stores
+    import aioloader.io.stores as stores
 
     stores.gcs_backend = (  # type: ignore[assignment]
         lambda client, options, connections, pins, **kw: ObstoreGCSBackend(

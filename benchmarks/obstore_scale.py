@@ -34,7 +34,7 @@ from benchmarks.bench_scale import child
 r = child(json.loads(sys.argv[1]))
 import benchmarks.obstore_backend as ob  # (which backend served the reads)
 r["backends"] = [f"obstore x{ob.MADE}" if ob.MADE else
-                 "curl" if "aioloader.gcs_curl" in sys.modules else "other"]
+                 "curl" if "aioloader.io.gcs.backend" in sys.modules else "other"]
 print("RESULT " + json.dumps(r), flush=True)
 '''
 

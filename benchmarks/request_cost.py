@@ -4,11 +4,11 @@ Usage: PYTHONPATH=. python benchmarks/request_cost.py [reads] [repeats] [clients
 
 Clients (issue 15, "cheaper requests"), interleaved within each repeat, 64 and 256 in flight:
   storage-fsspec   Storage.read with gcsfs's own reads (what a record read costs there)
-  storage-curl     Storage.read with the libcurl backend (aioloader.gcs_curl)
+  storage-curl     Storage.read with the libcurl backend (aioloader.io.gcs.backend)
   gcsfsbackend     GcsfsBackend.read (gcsfs's reads, one call, no retry layer)
   curlbackend      CurlGCSBackend.read (one attempt, no retry layer)
   aiohttp-min      a bare aiohttp session: prebuilt URL, one Range header, resp.read()
-  curl-min         aioloader.curl.CurlSession.get (libcurl multi on the event loop), bare
+  curl-min         aioloader.io.gcs.curl.CurlSession.get (libcurl multi on the event loop), bare
   obstore          obstore.get_range_async on a GCSStore (no aioloader code at all)
   obstore-get      obstore.get_async with a range, then bytes_async(): the shape a read
                    pinned to a generation needs (get_range has no version option)
@@ -40,8 +40,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from aioloader.storage import Storage
-from aioloader.sync import new_event_loop
+from aioloader.io.storage import Storage
+from aioloader.io.sync import new_event_loop
 from aioloader.testing import local_gcs
 from aioloader.testing.server import _executable, _free_port, find_fake_gcs_server
 
@@ -200,7 +200,7 @@ async def measure(gcs, tls_url: str | None, offsets: list[int], results: dict) -
                 return await r.read()
         readers["aiohttp-min"] = aiohttp_min
     if "curl-min" in CLIENTS:
-        from aioloader.curl import CurlSession
+        from aioloader.io.gcs.curl import CurlSession
         cs = CurlSession(256)
         closers.append(cs)
 

@@ -21,9 +21,9 @@ import argparse
 import numpy as np
 
 import aioloader as al
+from aioloader.describe.plan import SourceMeta, compile
+from aioloader.index.planning import cut_runs
 from aioloader.options import LoaderOptions
-from aioloader.plan import SourceMeta, compile
-from aioloader.planning import cut_runs
 
 MiB = 1 << 20
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from aioloader.arrayrecord import read_index
 from aioloader.arrayrecord.hashing import _pair_fallback, highwayhash64_pair
-from aioloader.planning import ChunkRefs
+from aioloader.index.planning import ChunkRefs
 from aioloader.workers import ones
 from aioloader.workers.decode import Decoder
 

@@ -37,7 +37,7 @@ import pytest
 
 import aioloader.testing  # noqa: F401
 
-from .procs import worker_pids
+from .support.procs import worker_pids
 
 
 def _shm() -> set[str]:
@@ -125,7 +125,7 @@ def no_leaks(request):
         if not any(extra.values()) or time.monotonic() > deadline:
             break
         # A closed loader's memory stays mapped while views of it (batches) are alive, and
-        # a dataset's random access (aioloader.access) is open while the dataset is: a
+        # a dataset's random access (aioloader.runtime.access) is open while the dataset is: a
         # test's traceback or a loader's reference cycle can hold them until a collection.
         # What is still reachable after one is a leak.
         gc.collect()

@@ -7,15 +7,18 @@ inside its methods, to start its runtime (`loader()`, `ds[i]`, `len(ds)`, `graph
 Grain's datasets do) and to open the files it was asked to read now
 (`from_arrayrecord(decode="auto")`, `from_source(ArrayRecordSource)`).
 
-Until the modules move into one folder per layer, the layers are this table of module (or
-package) -> rank, lowest first; a module's rank is that of the longest name it starts with.
-Within one rank, modules may import each other, but never in a circle.
+The layers are the package's folders, ranked lowest first in `LAYERS` (plus the few leaf
+modules at its top); a module's rank is that of the longest name it starts with. Within one
+layer, modules may import each other, but never in a circle.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
+
+import pytest
 
 import aioloader
 
@@ -26,42 +29,37 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("arrayrecord", ("arrayrecord",)),
     # leaves: error types, typed settings (`RetryPolicy` among them), logging, URL handling,
     # argument checks, and helpers of the standard library only
-    ("leaves", ("errors", "options", "logs", "urls", "arguments", "preimport", "memfile",
-                "privatedir")),
-    # pure index algorithms: a position in, a position out
-    ("index", ("permutation", "sampling", "blocks", "selection", "planning", "lanes",
-               "indexplan", "dataslices")),
-    # what runs on elements: transforms, collation, columns, packing, typed records
-    ("elements", ("transforms", "collate", "columns", "packing", "typed", "tfexample")),
-    # the description and its compilation (pure): Dataset, its specs, plan, state
-    ("describe", ("objects", "description", "mixed", "stages", "dataset", "plan", "state")),
-    # the byte path: stores, retry and hedges, the concurrency gate, the loop bridge
-    ("io", ("storage", "stores", "backends", "gcs_store", "gcs_curl", "gcs_client", "curl",
-            "curlwatch", "retry", "hedge", "gate", "reach", "loopstate", "shortread", "sync",
-            "descriptors")),
-    ("cache", ("cache", "index_cache")),
+    ("leaves", ("errors", "options", "logs", "urls", "arguments", "preimport", "_moved")),
+    ("index", ("index",)),  # pure index algorithms: a position in, a position out
+    ("elements", ("elements",)),  # what runs on elements: transforms, collation, packing
+    ("describe", ("describe",)),  # the description and its compilation (pure)
+    ("io", ("io",)),  # the byte path's stores: retry and hedges, the gate, the loop bridge
+    ("cache", ("cache",)),
     ("source", ("source",)),
     ("workers", ("workers",)),
     # device placement: the loader calls it (`to_jax`), it imports nothing of the runtime
     ("jax", ("jax",)),
-    ("runtime", ("runtime", "access", "graph", "autotune", "lifecycle")),
+    ("runtime", ("runtime",)),
     # tools and integrations on top, and the package's public names
-    ("tools", ("cli", "cli_cat", "cli_convert", "convert", "staged", "beam", "testing", "")),
+    ("tools", ("tools", "beam", "testing", "__main__", "")),
 )
 RANK = {("aioloader." + name).rstrip("."): rank
         for rank, (_, names) in enumerate(LAYERS) for name in names}
+#: what may sit at the top of the package, beside the layer folders
+LOOSE = {"__init__", "__main__", "errors", "options", "logs", "urls", "arguments",
+         "preimport", "_moved", "jax"}
 
 # The one upward edge: the Dataset starting its runtime (and opening its files) from inside
 # its methods; a module-level import along it is refused all the same. `loader()`'s return
 # type is the `Loader` itself, named under `TYPE_CHECKING` (a Protocol would repeat its API).
-ALLOWED = {("aioloader.dataset", "aioloader.runtime.loader"),
-           ("aioloader.dataset", "aioloader.access"),
-           ("aioloader.dataset", "aioloader.graph"),
-           ("aioloader.dataset", "aioloader.source")}
+ALLOWED = {("aioloader.describe.dataset", "aioloader.runtime.loader"),
+           ("aioloader.describe.dataset", "aioloader.runtime.access"),
+           ("aioloader.describe.dataset", "aioloader.runtime.graph"),
+           ("aioloader.describe.dataset", "aioloader.source")}
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def _module(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -125,9 +123,9 @@ class _Imports(ast.NodeVisitor):
                 self._add(a.name)
 
 
-def _imports() -> dict[str, dict[str, set[str]]]:
-    """Module -> {the aioloader module it imports: where it does}."""
-    files = {_module(p): p for p in ROOT.rglob("*.py")}
+def _imports(root: Path = ROOT) -> dict[str, dict[str, set[str]]]:
+    """Module -> {the aioloader module it imports: where it does}, for the package at `root`."""
+    files = {_module(p, root): p for p in root.rglob("*.py")}
     graph = {}
     for mod, path in files.items():
         v = _Imports(mod, path.name == "__init__.py", set(files))
@@ -155,9 +153,9 @@ def test_every_module_has_a_layer():
         rank(mod)
 
 
-def test_no_module_imports_a_higher_layer_at_any_level():
+def _upward(imports: dict[str, dict[str, set[str]]]) -> list[str]:
     upward = []
-    for mod, deps in IMPORTS.items():
+    for mod, deps in imports.items():
         for dep, where in deps.items():
             if rank(dep) <= rank(mod):
                 continue
@@ -165,7 +163,38 @@ def test_no_module_imports_a_higher_layer_at_any_level():
                 continue
             upward.append(f"{mod} ({LAYERS[rank(mod)][0]}) imports {dep} "
                           f"({LAYERS[rank(dep)][0]}) at {', '.join(sorted(where))} level")
-    assert not upward, "upward imports:\n  " + "\n  ".join(sorted(upward))
+    return sorted(upward)
+
+
+def test_no_module_imports_a_higher_layer_at_any_level():
+    upward = _upward(IMPORTS)
+    assert not upward, "upward imports:\n  " + "\n  ".join(upward)
+
+
+@pytest.mark.parametrize("where", ["function", "TYPE_CHECKING", "module"])
+def test_the_check_sees_an_upward_import_at_every_level(tmp_path, where):
+    """A copy of the package with one upward import added (the pure index layer reaching
+    the runtime's stats) fails the check, wherever the import hides."""
+    copy = tmp_path / "aioloader"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    target = copy / "index" / "permutation.py"
+    line = "from ..runtime.stats import PipelineStats"
+    added = {"function": f"\n\ndef _upward() -> object:\n    {line}\n    return PipelineStats\n",
+             "TYPE_CHECKING": f"\nif TYPE_CHECKING:\n    {line}\n",
+             "module": f"\n{line}\n"}[where]
+    target.write_text(target.read_text() + added)
+    assert _upward(_imports(copy)) == [
+        f"aioloader.index.permutation (index) imports aioloader.runtime.stats (runtime) "
+        f"at {where} level"]
+
+
+def test_each_layer_is_a_folder():
+    """Only the leaves and jax.py sit at the top of the package; every other module lives in
+    its layer's folder."""
+    loose = {p.stem for p in ROOT.glob("*.py")} - LOOSE
+    assert not loose, f"modules outside a layer folder: {sorted(loose)}"
+    folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert folders <= {name for _, names in LAYERS for name in names}, folders
 
 
 def test_there_is_no_import_circle():
@@ -212,11 +241,9 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
     but through the Dataset's lazy start, and the pure modules reach no I/O, event loop or
     process code."""
     runtime = {m for m in GRAPH if rank(m) == rank("aioloader.runtime")}
-    io = {m for m in GRAPH if rank("aioloader.storage") <= rank(m) <= rank("aioloader.workers")}
-    for mod in ("aioloader.permutation", "aioloader.sampling", "aioloader.planning",
-                "aioloader.packing", "aioloader.transforms", "aioloader.state",
-                "aioloader.options", "aioloader.errors", "aioloader.stages", "aioloader.dataset",
-                "aioloader.description", "aioloader.mixed", "aioloader.plan"):
+    io = {m for m in GRAPH if rank("aioloader.io") <= rank(m) <= rank("aioloader.workers")}
+    pure = [m for m in GRAPH if m.split(".")[1:2] in (["index"], ["elements"], ["describe"])]
+    for mod in [*pure, "aioloader.options", "aioloader.errors"]:
         reach = _reach(mod)
         assert not reach & runtime, (mod, reach & runtime)
         assert not reach & io, (mod, reach & io)
@@ -244,7 +271,7 @@ def test_only_beam_py_imports_apache_beam():
             path = ROOT.parent / mod.replace(".", "/") / "__init__.py"
         if mod == "aioloader.beam" or mod.startswith("aioloader.beam."):
             continue
-        if mod != "aioloader.cli_convert":
+        if mod != "aioloader.tools.cli_convert":
             assert not {d for d in GRAPH[mod] if d.split(".")[:2] == ["aioloader", "beam"]}, mod
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \

@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aioloader as al
-from aioloader import retry
+from aioloader.io import retry
+from aioloader.io.storage import RetryPolicy, Storage
 from aioloader.logs import RateLimited
 from aioloader.source import ArrayRecordSource
-from aioloader.storage import RetryPolicy, Storage
 from aioloader.testing import local_gcs
 
 N = 300

@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aioloader as al
-from aioloader.gate import Gate
-from aioloader.storage import Storage, has_glob, redact
+from aioloader.io.gate import Gate
+from aioloader.io.storage import Storage, has_glob, redact
 from aioloader.testing import local_gcs
 
-from . import pipeline_fns as fns
+from .support import pipeline_fns as fns
 
 TOKEN = "ya29.SEKRIT-access-token-1111"
 REFRESH = "1//SEKRIT-refresh-token-2222"
@@ -315,7 +315,7 @@ async def test_retry_lines_redact_signed_and_password_urls(caplog):
     """The retry's own lines name the URL as `redact` shows it (the fault injector cannot
     serve signed http URLs: the emulator answers them only on its own host)."""
     from aioloader.errors import Transient
-    from aioloader.retry import Retrier
+    from aioloader.io.retry import Retrier
 
     caplog.set_level(logging.DEBUG, logger="aioloader")
     failures = iter([Transient("HTTP 503"), Transient("HTTP 429")])
@@ -423,7 +423,7 @@ def test_a_state_saved_by_earlier_versions_still_resumes(gcs):
 
 
 def test_convert_errors_name_the_input_without_its_signature(tmp_path):
-    from aioloader.convert import ConvertError, guess_format
+    from aioloader.tools.convert import ConvertError, guess_format
 
     url = "https://host/data/part?X-Goog-Signature=deadbeefsecret&X-Goog-Date=1"
     with pytest.raises(ConvertError) as err:

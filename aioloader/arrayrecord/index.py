@@ -290,7 +290,7 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
         )
     raw_options = fields.get(4, b"")
     options = raw_options.decode("utf-8", "replace") if isinstance(raw_options, bytes) else ""
-    # the element spec is checked where it is used (aioloader.typed)
+    # the element spec is checked where it is used (aioloader.elements.typed)
     raw_spec = fields.get(ELEMENT_SPEC_FIELD, b"")
     spec = raw_spec.decode("utf-8", "replace") if isinstance(raw_spec, bytes) else ""
     offsets, decoded, counts = footer.offsets, footer.decoded, footer.records

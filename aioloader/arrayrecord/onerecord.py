@@ -113,7 +113,7 @@ def headers_in(start: int, n: int) -> int:
     A chunk whose logical bytes fill such a range exactly ends where the range does (the
     writer puts a block header before a chunk's next byte, never after its last): checking
     that its header's data size accounts for the range's logical bytes is then the whole
-    of `chunk_end(start, data_size, 1) == start + n` (tests/test_onerecord.py).
+    of `chunk_end(start, data_size, 1) == start + n` (tests/arrayrecord/test_onerecord.py).
     """
     first = start % BLOCK_SIZE
     if first <= BLOCK_HEADER_SIZE:  # no chunk begins right after a block header (the

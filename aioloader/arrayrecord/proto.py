@@ -14,7 +14,7 @@ from .varint import decode_varints, encode_varint, read_varint
 
 POSTSCRIPT_MAGIC = 0x71930E704FDAE05E
 ELEMENT_SPEC_FIELD = 1818
-"""`ArrayRecordMetadata` field of aioloader's element spec (JSON; `aioloader.typed`):
+"""`ArrayRecordMetadata` field of aioloader's element spec (JSON; `aioloader.elements.typed`):
 unknown to array_record, which keeps reading the file; far above its own fields (1-4)."""
 
 

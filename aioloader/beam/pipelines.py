@@ -1,6 +1,6 @@
 """Conversion to ArrayRecord on Beam: the `aioloader convert` of one machine, on many.
 
-Inputs are parsed by `aioloader.convert.read_records`, the same code `convert` runs (TFRecord
+Inputs are parsed by `aioloader.tools.convert.read_records`, the same code `convert` runs (TFRecord
 CRC-checked, JSON lines validated, .npy rows, Parquet rows as JSON), one input file per work
 item: files are the unit of parallelism (a TFRecord stream cannot be split without reading it),
 so a job wants at least as many input files as workers. Two output layouts:
@@ -21,7 +21,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from ..convert import guess_format, read_records
+from ..tools.convert import guess_format, read_records
 from .sink import WriteToArrayRecord, _finalize, _join, temp_dir_for, write_file
 from .source import match_files
 

@@ -35,7 +35,7 @@ from apache_beam.utils import timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from ..arrayrecord import ArrayRecordWriter, parse_options
-from ..convert import shard_paths
+from ..tools.convert import shard_paths
 from ..urls import is_local, redact
 
 __all__ = ["WriteToArrayRecord", "finalize_shards", "temp_dir_for", "write_file"]

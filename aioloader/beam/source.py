@@ -19,7 +19,7 @@ from apache_beam.io.concat_source import ConcatSource
 from apache_beam.io.range_trackers import OffsetRangeTracker
 
 from ..arrayrecord import DEFAULT_VERIFY, FileIndex, RangeReader
-from ..convert import glob_matches
+from ..tools.convert import glob_matches
 from ..urls import redact
 from .sink import url_fs
 
@@ -127,7 +127,7 @@ class _FileSource(iobase.BoundedSource):
 def match_files(patterns: str | Sequence[str],
                 storage_options: dict | None = None) -> list[tuple[str, int]]:
     """`(url, size)` of every file the patterns name, sorted within each pattern (globs are
-    expanded by `aioloader.convert.glob_matches`, as `convert` does on one machine)."""
+    expanded by `aioloader.tools.convert.glob_matches`, as `convert` does on one machine)."""
     out = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         matched = glob_matches(pattern, storage_options)

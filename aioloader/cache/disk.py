@@ -22,7 +22,7 @@ on one host share a directory; everything here holds whatever they do at the sam
 - **LRU within `max_bytes`, across processes** (`budget`): a use stamps the entry's mtime;
   a writer over the budget evicts the oldest entries not used in the last `GRACE_S` seconds;
   if that leaves no room, the new segment is simply not stored. The disk keeps a margin free.
-- **The directory** is checked like the index cache's (aioloader.index_cache): ours, not
+- **The directory** is checked like the index cache's (aioloader.cache.index_cache): ours, not
   writable by group or others, else `PermissionError`; a path that is a file is refused with
   `NotADirectoryError`. Only names of our own patterns are ever removed: other files in a
   user's directory are left alone (and not counted).
@@ -41,7 +41,6 @@ import stat
 from typing import Any, NamedTuple
 
 from ..arrayrecord.hashing import highwayhash64
-from ..privatedir import open_private_dir
 from ..urls import redact
 from .budget import DiskBudget
 from .entry import (
@@ -54,6 +53,7 @@ from .entry import (
     entry_size,
     proved,
 )
+from .privatedir import open_private_dir
 
 log = logging.getLogger("aioloader")
 

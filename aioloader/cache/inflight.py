@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from ..storage import StorageError
+from ..io.storage import StorageError
 
 
 class InFlight:

@@ -15,8 +15,8 @@ import mmap
 
 import numpy as np
 
-from ..memfile import MemoryFile
-from ..storage import StorageError
+from ..io.memfile import MemoryFile
+from ..io.storage import StorageError
 from .runindex import RunIndex
 
 VIRTUAL_BYTES = 1 << 44  # the bounded memory file's size: places, not memory

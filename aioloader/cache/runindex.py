@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..planning import Runs
+from ..index.planning import Runs
 
 
 class RunIndex:

@@ -35,9 +35,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from ..memfile import shareable
-from ..planning import CLOUD_MAX_GAP, Runs
-from ..storage import StorageError
+from ..index.planning import CLOUD_MAX_GAP, Runs
+from ..io.memfile import shareable
+from ..io.storage import StorageError
 from .firstread import FirstRead
 from .inflight import InFlight
 from .keeping import Keeping

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planning import ChunkRefs
+from ..index.planning import ChunkRefs
 from .budget import GRACE_S
 from .disk import PAYLOAD_AT, DiskCache, SegmentKey
 from .download import DISK, Downloads

@@ -13,7 +13,7 @@ its resume tag, so the state after any batch is exact:
   block already delivered. A block is a pure function of the elements from its first one on
   (`packing.pack_first_fit`), so re-packing from there on resume gives the same rows.
 
-After an elastic move (`aioloader.lanes`) the stream begins with old processes' leftovers:
+After an elastic move (`aioloader.index.lanes`) the stream begins with old processes' leftovers:
 a window begins where each begins (`cuts`), with the elements (and packed rows of its first
 block) its old process had delivered skipped, and packing restarts there (`restarts`).
 """
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..transforms import BatchOp, PackOp
+from ..elements.transforms import BatchOp, PackOp
 from ..workers.inline import InlineExecutor
 from ..workers.pieces import read
 from .batcher import Batcher, Raise

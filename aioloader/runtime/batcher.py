@@ -4,7 +4,7 @@ A window arrives as columns (`workers.pieces.Columns`, stacked by the worker) or
 A batch inside one window's columns is a slice of them; one across windows of the same
 schema a concatenation of slices; anything else (elements, or windows whose schemas differ)
 is collated from the elements, as it always was, so the result and its errors never depend
-on which form a window came in (`aioloader.columns`). Runs on the assembler's thread.
+on which form a window came in (`aioloader.elements.columns`). Runs on the assembler's thread.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..collate import collate_named
-from ..columns import concat, rebuild, take
-from ..transforms import BatchOp, MapOp, apply_batch_ops
+from ..elements.collate import collate_named
+from ..elements.columns import concat, rebuild, take
+from ..elements.transforms import BatchOp, MapOp, apply_batch_ops
 from ..workers.pieces import Columns, Piece
 from .stats import StageStats
 

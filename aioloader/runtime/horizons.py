@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planning import ChunkRefs, ChunkWants, chunk_wants
+from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, StashRef, Task
 

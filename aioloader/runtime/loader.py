@@ -1,6 +1,6 @@
 """`Loader`: the running pipeline's face — lifecycle, iteration, state, figures.
 
-It opens the files and the decode pool, compiles the plan (`aioloader.plan`) and runs it:
+It opens the files and the decode pool, compiles the plan (`aioloader.describe.plan`) and runs it:
 the scheduler keeps up to `prefetch` tasks in flight and hands their results on in order
 (`scheduler`), a task is looked up, fetched and run by the executor (`tasks`), and results
 become batches (`output`). The output is a pure function of the dataset, the seed and the
@@ -20,17 +20,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..descriptors import too_many_open
-from ..lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
+from ..io.descriptors import too_many_open
+from ..io.sync import pump
 from ..options import LoaderOptions
-from ..sync import pump
 from ..workers import Executor
+from .lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .stats import PipelineStats
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
-    from ..state import LoaderState
+    from ..describe.dataset import Dataset
+    from ..describe.state import LoaderState
 
 log = logging.getLogger("aioloader")
 
@@ -228,7 +228,7 @@ class Loader:
                 log.warning("aioloader stats:\n%s", self.stats())
 
     def __iter__(self):
-        """The plain iterator: the sync pump (`aioloader.sync.pump`) on the background loop;
+        """The plain iterator: the sync pump (`aioloader.io.sync.pump`) on the background loop;
         the state is the one after the last batch handed out."""
         self._binding.check_process()
         loop = self._binding.background()

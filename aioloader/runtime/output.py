@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..state import LoaderState
+from ..describe.state import LoaderState
 from .assembly import Assembler
 from .scheduler import Scheduler
 from .tasks import TaskRunner

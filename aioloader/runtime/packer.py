@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..collate import collate
-from ..packing import FirstFit, assemble, check_pack_config, pack_first_fit
-from ..transforms import BatchOp, MapOp, PackOp, apply_batch_ops
+from ..elements.collate import collate
+from ..elements.packing import FirstFit, assemble, check_pack_config, pack_first_fit
+from ..elements.transforms import BatchOp, MapOp, PackOp, apply_batch_ops
 from ..workers.pieces import Packed, Piece
 from .batcher import Raise
 from .stats import StageStats

@@ -17,24 +17,24 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..autotune import Setting, available_cores
-from ..autotune import start as tuning_start
 from ..cache.disk import DiskCache
 from ..cache.segments import MIN_SEGMENTS
 from ..cache.tier import DiskTier
-from ..mixed import opened
-from ..objects import ObjectRecords, ObjectSource
+from ..describe.mixed import opened
+from ..describe.objects import ObjectRecords, ObjectSource
+from ..describe.plan import Plan, Shape, source_meta
+from ..index.sampling import Shuffle
+from ..io.storage import Storage
 from ..options import LoaderOptions
-from ..plan import Plan, Shape, source_meta
-from ..sampling import Shuffle
 from ..source import ArrayRecordSource
-from ..storage import Storage
 from ..urls import is_local
 from ..workers import Executor, open_executor
 from ..workers.messages import Pipeline
 from ..workers.procs import start_server
+from .autotune import Setting, available_cores
+from .autotune import start as tuning_start
 from .output import Run
-from .statekeeping import Position
+from .position import Position
 from .stats import PipelineStats
 from .tasks import TaskRunner
 from .tuner import Tuner
@@ -42,7 +42,7 @@ from .tuner import Tuner
 log = logging.getLogger("aioloader")
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
+    from ..describe.dataset import Dataset
 
 # Slots: tasks in flight or done (prefetch: the sync iterator's hand-off counts among them,
 # `Run.next`), a few the consumer holds (its step, device prefetch), and spares; beyond
@@ -76,7 +76,7 @@ class Parts:
         self._owner = weakref.ref(owner)
         self.dataset, self.options = dataset, options
         # "auto" settings start here and are tuned while running (`runtime.tuner`): the
-        # numbers to start with, and the most each may grow to (`aioloader.autotune`)
+        # numbers to start with, and the most each may grow to (`aioloader.runtime.autotune`)
         self._cores = available_cores()
         self.setting, self.limits = tuning_start(
             options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
@@ -109,7 +109,7 @@ class Parts:
         ds, opts = self.dataset, self.options
         spec = opened(ds.source)  # a mix's inputs: one source, end to end
         pipeline = worker_pipeline(ds, self.shape, spec.verify, opts.read.memory_budget)
-        if isinstance(spec, ObjectSource):  # the workers read it (aioloader.objects)
+        if isinstance(spec, ObjectSource):  # the workers read it (aioloader.describe.objects)
             pipeline = dataclasses.replace(pipeline, records=spec.obj)
         first, most = self.setting, self.limits
         # With workers="auto", the pool starts `most.workers` processes (all at once: a

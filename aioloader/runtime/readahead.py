@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import dense_segments
-from ..plan import Plan
+from ..describe.plan import Plan
 
 FIRST_LOOK = 4096  # positions looked at first; then 4x as long while the budget allows
 MOST_LOOK = 1 << 19  # positions looked at, at most

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..gate import Gate
+from ..io.gate import Gate
 
 Span = Callable[[int], "tuple[int, int] | None"]  # task start -> [lo, hi), None at the end
 Run = Callable[[int, int, int], Awaitable[Any]]  # (task number, lo, hi) -> result

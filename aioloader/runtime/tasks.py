@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrayrecord import ArrayRecordFormatError
-from ..plan import Plan
-from ..planning import ChunkRefs
+from ..describe.plan import Plan
+from ..index.planning import ChunkRefs
+from ..io.storage import StorageError
 from ..source.bytepath import BytePath, Link
-from ..storage import StorageError
 from ..workers import Executor, Result, Task
 from ..workers.arena import array_leaves
 from .horizons import Horizons
@@ -28,7 +28,7 @@ from .readahead import Readahead
 
 if TYPE_CHECKING:
     from ..cache.tier import DiskTier
-    from .statekeeping import Position
+    from .position import Position
 
 LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
 

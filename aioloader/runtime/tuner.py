@@ -1,4 +1,4 @@
-"""The running half of autotune: measure each interval, ask `aioloader.autotune`, apply.
+"""The running half of autotune: measure each interval, ask `aioloader.runtime.autotune`, apply.
 
 A task on the loader's loop wakes every `INTERVAL` s once the first batch is out (the start
 is all waiting, and says nothing about the steady state), turns the stage figures' changes
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from ..autotune import (
+from .autotune import (
     GAIN,
     GAIN_IO,
     LOW_MEMORY,

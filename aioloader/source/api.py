@@ -22,12 +22,12 @@ import numpy as np
 
 from ..arrayrecord import DEFAULT_VERIFY, ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
+from ..cache.index_cache import IndexCache
+from ..elements.typed import ElementSpec, files_spec
 from ..errors import ElementSpecError, ObjectChangedError
-from ..index_cache import IndexCache
+from ..index.planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
+from ..io.storage import Storage, StorageError, is_local, redact
 from ..logs import logger
-from ..planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
-from ..storage import Storage, StorageError, is_local, redact
-from ..typed import ElementSpec, files_spec
 from .fetch import Fetcher, Lease
 from .opening import footer_changed, open_table
 from .records import ChunkCache, read_chunks
@@ -201,7 +201,7 @@ class ArrayRecordSource(SyncReads):
 
     @property
     def element_spec(self) -> ElementSpec | None:
-        """What each record holds, as the files' writer recorded it (`aioloader.typed`), or
+        """What each record holds, as the files' writer recorded it (`aioloader.elements.typed`), or
         None; ElementSpecError if the files disagree or one is malformed."""
         return files_spec([(redact(u), ix.element_spec)
                            for u, ix in zip(self.urls, self.file_indices)])

@@ -15,11 +15,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..planning import ChunkRefs
+from ..index.planning import ChunkRefs
 
 if TYPE_CHECKING:
     from ..cache.tier import DiskTier
-    from ..plan import Plan
+    from ..describe.plan import Plan
 
 Hint = Callable[[], None]  # tells the memory tier what comes next (the runtime's readahead)
 

@@ -25,14 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache import SEGMENT_BYTES, SegmentStore
-from ..planning import ChunkRefs, plan_reads
-from ..storage import (
-    ObjectChangedError,
-    Storage,
-    StoreUnavailableError,
-    is_local,
-    redact,
-)
+from ..index.planning import ChunkRefs, plan_reads
+from ..io.storage import ObjectChangedError, Storage, StoreUnavailableError, is_local, redact
 from .table import RecordTable
 
 Key = tuple[int, int]  # (file number, chunk number)

@@ -28,8 +28,8 @@ import numpy as np
 from ..arrayrecord import FileIndex, open_index
 from ..arrayrecord.index import POSTSCRIPT_PROBE
 from ..arrayrecord.layout import BLOCK_SIZE
-from ..index_cache import HEAD_BYTES, IndexCache, checked
-from ..storage import ObjectInfo, Storage, has_glob, is_local, redact
+from ..cache.index_cache import HEAD_BYTES, IndexCache, checked
+from ..io.storage import ObjectInfo, Storage, has_glob, is_local, redact
 from ..urls import read_instruction
 from .table import RecordTable
 

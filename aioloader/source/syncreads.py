@@ -1,7 +1,7 @@
 """The sync face of a record source: `src[i]`, slices, batched fetches, iteration, `with`,
 pickling as its configuration.
 
-Each runs the source's own coroutines on the shared background loop (`aioloader.sync`), so
+Each runs the source's own coroutines on the shared background loop (`aioloader.io.sync`), so
 it works in scripts and in notebooks that run their own loop; `close` lets the loop go once
 the last source that used it is closed. The async source (`ArrayRecordSource`) provides what
 is read; this class only carries it across.
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..arrayrecord import ChunkRecords
-from ..sync import close_sync, release, run_sync
+from ..io.sync import close_sync, release, run_sync
 
 _S = TypeVar("_S", bound="SyncReads")
 

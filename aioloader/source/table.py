@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..arrayrecord import FileIndex
-from ..planning import ChunkRefs, Runs, cut_runs
-from ..storage import ObjectInfo, is_local, redact
+from ..index.planning import ChunkRefs, Runs, cut_runs
+from ..io.storage import ObjectInfo, is_local, redact
 
 
 class _Chunks:

@@ -1,6 +1,6 @@
 """The shared-memory arena the decode pool passes bytes through, both ways.
 
-One memory file (`aioloader.memfile`: on Linux an anonymous memfd that the kernel frees with
+One memory file (`aioloader.io.memfile`: on Linux an anonymous memfd that the kernel frees with
 the last process holding it, so no kill can leave it behind) cut into slots that are reused
 for the life of the pool, so no segment is created or unlinked per batch. A slot has an
 input half (the raw chunks the parent fetched from a remote store, each distinct chunk once,
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..memfile import MemoryFile
+from ..io.memfile import MemoryFile
 
 
 @dataclass(frozen=True)

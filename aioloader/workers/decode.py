@@ -30,7 +30,7 @@ from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS
-from ..planning import ChunkRefs
+from ..index.planning import ChunkRefs
 from .extract import HEAD, extract, lookup, read_entry
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Fill, StashRef

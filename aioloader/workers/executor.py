@@ -23,7 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from ..errors import WorkerError
-from ..gate import Gate
+from ..io.gate import Gate
 from .arena import Arena, Blob, Pickled, array_leaves
 from .decode import Decoder
 from .extract import StashFile

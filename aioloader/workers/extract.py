@@ -29,7 +29,7 @@ from ..arrayrecord.index import decode_chunk
 from ..arrayrecord.layout import CHUNK_SIMPLE
 from ..arrayrecord.transposed import decode_transposed
 from ..arrayrecord.varint import read_varint
-from ..memfile import MemoryFile
+from ..io.memfile import MemoryFile
 
 PIECE = 256 << 10  # bytes of decoded values per step of the stream (stays in the CPU's cache)
 

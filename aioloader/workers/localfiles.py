@@ -13,10 +13,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cache.entry import PAYLOAD_AT, EntryError, check_named
-from ..descriptors import FileSet, spans
 from ..errors import ObjectChangedError
-from ..planning import ChunkRefs
-from ..shortread import short_read_error
+from ..index.planning import ChunkRefs
+from ..io.descriptors import FileSet, spans
+from ..io.shortread import short_read_error
 
 # Disk tier entries kept mapped across tasks, least recently used dropped first: each holds
 # a descriptor (and, once evicted from the cache, its disk space) until dropped here.
@@ -30,7 +30,7 @@ class _Entry(NamedTuple):
 
 class LocalFiles:
     """Descriptors of the local files a worker reads records from, lent by the process's
-    capped set (`aioloader.descriptors`): a task holds those of the files it reads, at most
+    capped set (`aioloader.io.descriptors`): a task holds those of the files it reads, at most
     `limit` at once (a task over more files is read in consecutive spans, `spans`).
 
     Reading in the worker, not the parent, keeps the parent's per-record work to a few

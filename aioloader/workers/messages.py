@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
-from ..planning import ChunkRefs
-from ..transforms import BatchOp, MapOp, PackOp, RecordOp
+from ..elements.transforms import BatchOp, MapOp, PackOp, RecordOp
+from ..index.planning import ChunkRefs
 
 # Decoded multi-record chunks kept across tasks, by all workers together (`Pool` gives each
 # its share): as much as the parent's decoded-chunk cache held before workers decoded them.
@@ -34,7 +34,7 @@ class Pipeline:
     chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
     stream: BatchOp | PackOp | None = None  # stream mode's batching (`workers.pieces`)
     # A `from_source()` object: records are read from it by index, not decoded from files
-    # (`aioloader.objects`).
+    # (`aioloader.describe.objects`).
     records: Any = None
 
 

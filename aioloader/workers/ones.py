@@ -24,8 +24,8 @@ from ..arrayrecord.hashing import highwayhash64_pair
 from ..arrayrecord.index import decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE, CHUNK_HEADER_SIZE
 from ..arrayrecord.onerecord import header_ok, headers_in, one_record, read_plan
-from ..planning import ChunkRefs
-from ..shortread import short_read_error
+from ..index.planning import ChunkRefs
+from ..io.shortread import short_read_error
 from .localfiles import LocalFiles
 
 PREADV = getattr(os, "preadv", None)  # Linux, macOS 11+: else reads take the general path

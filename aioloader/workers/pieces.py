@@ -2,7 +2,7 @@
 task's surviving elements in the form the parent assembles fastest, with the windows they
 belong to.
 
-- before `batch()`: stacked into columns (`aioloader.columns`), arrays in the task's slot;
+- before `batch()`: stacked into columns (`aioloader.elements.columns`), arrays in the task's slot;
   the parent cuts batches from them;
 - before `pack()`: each element's packed lengths and the pieces concatenated per feature
   (`pack_window`), arrays in the slot; the parent packs on lengths alone;
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from ..columns import Schema, stack, take
-from ..lanes import origin  # (re-exported: where windows of a region start)
-from ..packing import check_pack_config
-from ..transforms import BatchOp, PackOp
+from ..elements.columns import Schema, stack, take
+from ..elements.packing import check_pack_config
+from ..elements.transforms import BatchOp, PackOp
+from ..index.lanes import origin  # (re-exported: where windows of a region start)
 from .arena import SlotAlloc
 
-_COLUMNS, _PACKED = "aioloader.columns", "aioloader.packed"
+_COLUMNS, _PACKED = "aioloader.elements.columns", "aioloader.packed"
 Windows = tuple[tuple[int, int], ...]  # (offset from the task's first position, survivors)
 
 

@@ -36,8 +36,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ..descriptors import too_many_open
 from ..errors import WorkerError
+from ..io.descriptors import too_many_open
 from .executor import CLOSE_GRACE_S, Executor, SlotExecutor
 from .inline import Inline, InlineExecutor
 from .inputs import input_bytes, ship_inputs

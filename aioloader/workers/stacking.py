@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..collate import collate
-from ..transforms import MapOp, RandomMapOp
+from ..elements.collate import collate
+from ..elements.transforms import MapOp, RandomMapOp
 from .arena import SlotAlloc
 
 PIECE_BYTES = 8 << 20  # records' stored bytes per piece (4 MiB: -2% rate, 2 MiB: +10% CPU)

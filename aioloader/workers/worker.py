@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..collate import collate_named
+from ..describe.objects import read_records
+from ..elements.collate import collate_named
+from ..elements.transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
 from ..errors import WorkerError
-from ..objects import read_records
-from ..transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
 from . import stacking
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
 from .decode import Decoder, chunk_keys
@@ -148,7 +148,7 @@ def _load_pipeline(parts: tuple) -> Pipeline:
 
 def _watch_parent() -> None:
     """Exit if the parent dies without closing us, e.g. on SIGKILL (and remove the arena's
-    names where they have one: without memfd, see `aioloader.memfile`).
+    names where they have one: without memfd, see `aioloader.io.memfile`).
 
     Spawned workers would otherwise wait forever on the pool's queue, holding the shared
     memory and the resource tracker alive.

@@ -1,0 +1,7 @@
+"""`python -m aioloader`: the `aioloader` command (`aioloader.tools.cli`)."""
+
+import sys
+
+from .tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,339 @@
+"""The footer index cache on disk (`index_cache_dir`): one mapped table per set of files.
+
+A cached index saves every file's tail read and footer parse at open (on a bucket, a round
+trip per file). An entry holds the whole table of a source's files, in one flat file that
+is memory-mapped, not read: the `RecordTable` of every process that opens the same files on
+this host is a view of the same page-cache pages (about 12 bytes per group_size-1 record:
+chunk offsets with each file's footer offset after its own, uint32 decoded sizes where they
+fit, record counts only for files whose chunks hold more than one), so N processes cost one
+copy, and a 5M-record open maps 60 MB instead of parsing footers.
+
+Layout: 8-byte magic, 8-byte little-endian header length, a JSON header (format, key,
+digest, per file: footer offset, chunk count, whether counts are stored; array dtypes and
+places), then the arrays, each 64-byte aligned. A wrong index silently drops or invents
+records, so an entry is used only when it proves that it belongs to these versions of these
+files and is intact:
+
+- bound to the files: its name is a hash of the files' URLs, and a key stored inside a hash of
+  every file's (URL, size, version: the generation on gs://; locally mtime_ns, ctime_ns,
+  device and inode, `backends.local_version`) in order. A rewritten, added or removed file
+  misses: the stale entry is dropped and the table rebuilt under the same name;
+- bound to each file's footer, where a version alone does not prove the content (local
+  files: `rsync -a` or `cp -p` restores an mtime, and a rewrite within one clock tick keeps
+  it): the first `HEAD_BYTES` bytes at each such file's footer offset (the footer chunk's
+  header, with the hash of the footer that every chunk offset comes from) are stored, and
+  compared with the file's before the entry is used (`opening`); a mismatch drops it;
+- bound to its content: a BLAKE2b digest over the header's fields and every array's bytes.
+  This catches damage and edits; it is not a signature (whoever can write the directory can
+  recompute it), which is why the directory must be private;
+- sane: what any real index satisfies, checked vectorized over the table: per file, chunk
+  offsets increasing from byte 64 to below the footer, footer inside the file, record counts
+  at least 1 and at most the chunk's bytes; arrays inside the entry; an entry no larger than
+  its files.
+
+An entry that fails a check is ignored with a warning on the "aioloader" logger and rebuilt.
+A record read through a cached table that fails as corrupt drops the entry too, and the
+file's footer is read again before the error is reported (`source.api`): a rewrite no check
+caught is reported as such, and the next open rebuilds the table.
+
+The directory must belong to us and be writable by no one else (sticky or not: another user
+who can create names there can plant entries, and digests do not stop that). A directory that
+fails this is refused with a `PermissionError` when the source is created, rather than
+skipped with a warning: the user asked for the cache, and a quiet fallback would hide both
+the risk and the lost speed. Entries are written to a randomly named temporary created
+exclusively (O_EXCL|O_NOFOLLOW, mode 0600), then renamed over the entry; loading opens with
+O_NOFOLLOW, so a symlink at an entry's name is never followed (a rebuild replaces it). Each
+operation works relative to a descriptor of the directory, checked each time, so a path
+swapped mid-run changes nothing. Failing to write an entry only costs speed: a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import mmap
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..arrayrecord import FileIndex
+from ..io.storage import ObjectInfo, is_local, redact
+from .privatedir import open_private_dir
+
+log = logging.getLogger("aioloader")
+
+_FORMAT = "aioloader-index-table-5"  # 5: footer heads; named by the files' URLs alone
+_MAGIC = b"AIOLIDX5"
+_SUFFIX = ".v5.idx"  # entries of earlier versions (`.npz`, `.v3.idx`, ...) are never read
+HEAD_BYTES = 64  # a footer chunk's header (40 bytes), with a block header inside it or not
+_SLACK = 1 << 20  # an entry is at most this much larger than its data files
+_ALIGN = 64
+_MAX_HEADER = 1 << 30
+
+
+@dataclass(frozen=True)
+class CachedTable:
+    """The indices of a list of files, all views of one mapped `bounds` array (each file's
+    chunk offsets then its footer offset, as `RecordTable` lays them out)."""
+
+    indices: list[FileIndex]
+    bounds: np.ndarray
+    heads: np.ndarray  # (files, HEAD_BYTES) uint8: each checked file's footer head, else 0
+
+
+def checked(info: ObjectInfo) -> bool:
+    """Whether a file's footer head is checked: its version does not prove its content
+    (a local file, or a store that gives no version)."""
+    return is_local(info.url) or not info.version
+
+
+class CacheEntryError(ValueError):
+    """Why an entry was not used (internal: it becomes a warning and a rebuild)."""
+
+
+class StaleEntry(CacheEntryError):
+    """The entry of these files, for other versions of them (dropped, then rebuilt)."""
+
+
+class IndexCache:
+    """Footer indices of data files, kept in a private directory."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        os.close(self._open_dir())  # refuse an unsafe directory now, not at first use
+
+    def load(self, infos: Sequence[ObjectInfo]) -> CachedTable | None:
+        """The cached table of these files, or None (missing, or failed a check: warned)."""
+        key, name = _key(infos), _name(infos)
+        try:
+            dir_fd = self._open_dir()
+        except PermissionError as err:
+            log.warning("index cache not used: %s", err)
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self._warn(name, "it is a symlink" if err.errno == errno.ELOOP else
+                       f"it cannot be opened ({err.strerror})")
+            return None
+        finally:
+            os.close(dir_fd)
+        try:
+            return _read(fd, key, infos)
+        except StaleEntry as err:
+            self.drop(infos, str(err))
+            return None
+        except Exception as err:  # whatever is wrong with it, it is only a miss
+            self._warn(name, str(err) if isinstance(err, CacheEntryError) else
+                       f"it cannot be read ({type(err).__name__}: {err})")
+            return None
+        finally:
+            os.close(fd)
+
+    def drop(self, infos: Sequence[ObjectInfo], why: str) -> None:
+        """Remove the entry of these files (stale: `why`); the next open rebuilds it."""
+        name = _name(infos)
+        try:
+            dir_fd = self._open_dir()
+        except PermissionError:
+            return
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            log.info("index cache entry %s dropped: %s", self._path(name), why)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("index cache entry %s not dropped (%s): %s", self._path(name), why, err)
+        finally:
+            os.close(dir_fd)
+
+    def store(self, infos: Sequence[ObjectInfo], indices: Sequence[FileIndex],
+              heads: np.ndarray) -> None:
+        """Write the files' table and footer heads (`heads[k]`: file k's first HEAD_BYTES
+        bytes at its footer offset, where `checked`): a private temporary, renamed over the
+        entry."""
+        key, name = _key(infos), _name(infos)
+        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            dir_fd = self._open_dir()
+        except PermissionError as err:
+            log.warning("index cache not written: %s", err)
+            return
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    _write(f, key, _name(infos), indices, heads)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                raise
+        except OSError as err:
+            log.warning("index cache entry %s not written: %s", self._path(name), err)
+        finally:
+            os.close(dir_fd)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _warn(self, name: str, why: str) -> None:
+        log.warning("index cache entry %s ignored: %s; rebuilding it from the file",
+                    self._path(name), why)
+
+    def _open_dir(self) -> int:
+        return open_private_dir(self.directory, "index_cache_dir", "index entries")
+
+
+def _name(infos: Sequence[ObjectInfo]) -> str:
+    """An entry's name: a hash of the files' URLs, so a new version replaces the old."""
+    h = hashlib.sha256(_FORMAT.encode())
+    for info in infos:
+        h.update(f"\0{info.url}".encode())
+    return h.hexdigest()[:32] + _SUFFIX
+
+
+def _key(infos: Sequence[ObjectInfo]) -> str:
+    h = hashlib.sha256(_FORMAT.encode())
+    for info in infos:
+        h.update(f"\0{info.url}\0{info.size}\0{info.version}".encode())
+    return h.hexdigest()
+
+
+def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.blake2b(digest_size=32)
+    h.update(json.dumps([_FORMAT, key, files]).encode())
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(f"\0{name}:{a.dtype.str}:{a.shape}\0".encode())
+        h.update(a.data)
+    return h.hexdigest()
+
+
+def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np.ndarray) -> None:
+    files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
+              ix.writer_options, ix.element_spec] for ix in indices]
+    bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
+    at = 0
+    for ix in indices:
+        bounds[at : at + ix.num_chunks] = ix.chunk_offsets
+        bounds[at + ix.num_chunks] = ix.footer_offset
+        at += ix.num_chunks + 1
+    sizes = [ix.chunk_decoded_sizes for ix in indices]
+    narrow = all(len(d) == 0 or (d.min() >= 0 and d.max() < 1 << 32) for d in sizes)
+    decoded = (np.concatenate(sizes) if sizes else np.zeros(0)).astype(
+        "<u4" if narrow else "<i8")
+    counts = [ix.chunk_records for ix in indices if not ix.one_record_chunks]
+    arrays = {"bounds": bounds, "decoded": decoded,
+              "counts": (np.concatenate(counts) if counts else np.zeros(0)).astype("<i8"),
+              "heads": np.ascontiguousarray(heads, dtype=np.uint8).reshape(-1)}
+    digest = _digest(key, files, arrays)
+    places, at = {}, 0
+    for name, a in arrays.items():
+        places[name] = [a.dtype.str, at, len(a)]
+        at += -(-a.nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"format": _FORMAT, "name": entry_name, "key": key, "digest": digest,
+                         "files": files, "arrays": places}).encode()
+    head = len(_MAGIC) + 8 + len(header)
+    pad = -head % _ALIGN
+    f.write(_MAGIC + (len(header) + pad).to_bytes(8, "little") + header + b" " * pad)
+    for a in arrays.values():
+        f.write(a.data)
+        f.write(b"\0" * (-a.nbytes % _ALIGN))
+
+
+def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise CacheEntryError("it is not a plain file of ours")
+    if st.st_size > sum(i.size for i in infos) + _SLACK:
+        raise CacheEntryError(f"it is larger ({st.st_size} bytes) than an index can be")
+    head = os.pread(fd, 16, 0)
+    if len(head) != 16 or head[:8] != _MAGIC:
+        raise CacheEntryError("it is not an index table of this version")
+    n = int.from_bytes(head[8:], "little")
+    if n > min(_MAX_HEADER, st.st_size - 16):
+        raise CacheEntryError("its header runs past its end")
+    header = json.loads(os.pread(fd, n, 16))
+    if header.get("name") != _name(infos):
+        raise CacheEntryError("it belongs to other files")
+    if header.get("key") != key:
+        raise StaleEntry("the files changed since it was written (size or version)")
+    files, places = header["files"], header["arrays"]
+    if len(files) != len(infos):
+        raise CacheEntryError("it holds another number of files")
+    body = 16 + n
+    mm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) if st.st_size else b""
+    arrays = {}
+    for name, dtypes in (("bounds", ("<i8",)), ("decoded", ("<u4", "<i8")), ("counts", ("<i8",)),
+                         ("heads", ("|u1",))):
+        dtype, at, length = places[name]
+        if dtype not in dtypes or not (isinstance(at, int) and isinstance(length, int)) \
+                or at < 0 or length < 0 or body + at + length * np.dtype(dtype).itemsize > \
+                st.st_size:
+            raise CacheEntryError(f"its {name} array lies outside it")
+        arrays[name] = np.frombuffer(mm, dtype=dtype, count=length, offset=body + at)
+    if header.get("digest") != _digest(key, files, arrays):
+        raise CacheEntryError("its checksum does not match its content (edited or damaged)")
+    return _indices(files, arrays, infos)
+
+
+def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectInfo]
+             ) -> CachedTable:
+    """The files' indices as views of the entry's arrays, after the checks any real index
+    passes (a digest alone would pass a buggy writer's entry)."""
+    bounds, decoded, counts = arrays["bounds"], arrays["decoded"], arrays["counts"]
+    if len(arrays["heads"]) != len(files) * HEAD_BYTES:
+        raise CacheEntryError("its footer heads do not match its files")
+    chunks = np.array([f[1] for f in files], dtype=np.int64)
+    footers = np.array([f[0] for f in files], dtype=np.int64)
+    sizes = np.array([i.size for i in infos], dtype=np.int64)
+    if (chunks < 0).any() or len(bounds) != int(chunks.sum()) + len(files) or \
+            len(decoded) != int(chunks.sum()):
+        raise CacheEntryError("its arrays do not hold its files' chunks")
+    ends = np.cumsum(chunks + 1)  # one past each file's footer offset in bounds
+    firsts = ends - chunks - 1
+    if (bounds[ends - 1] != footers).any() or (footers <= 0).any() or (footers >= sizes).any():
+        raise CacheEntryError("its footer offsets are outside their files")
+    steps = np.diff(bounds)
+    ok = steps > 0
+    ok[ends[:-1] - 1] = True  # from one file's footer to the next file's first chunk: any
+    if len(bounds) and (not ok.all() or (bounds[firsts[chunks > 0]] < 64).any()):
+        raise CacheEntryError("its chunk offsets are not increasing within the files")
+    if (decoded.dtype == np.int64 and len(decoded) and decoded.min() < 0):
+        raise CacheEntryError("its decoded sizes are out of range")
+    stored = np.array([bool(f[2]) for f in files], dtype=bool)
+    if len(counts) != int(chunks[stored].sum()):
+        raise CacheEntryError("its record counts do not match its files' chunks")
+    out, c_at, d_at = [], 0, 0
+    for k, (footer, n, has_counts, options, spec) in enumerate(files):
+        lo = int(firsts[k])
+        if has_counts:
+            rec = counts[c_at : c_at + n]
+            c_at += n
+            spans = bounds[lo + 1 : lo + n + 1] - bounds[lo : lo + n]
+            if n and ((rec < 1).any() or (rec > spans).any()):
+                raise CacheEntryError("its record counts are out of range")
+        else:
+            rec = np.broadcast_to(np.int64(1), (n,))
+        ix = FileIndex(path=redact(infos[k].url), size=infos[k].size, footer_offset=int(footer),
+                       chunk_offsets=bounds[lo : lo + n], chunk_records=rec,
+                       chunk_decoded_sizes=decoded[d_at : d_at + n],
+                       writer_options=str(options), element_spec=str(spec))
+        vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
+        d_at += n
+        out.append(ix)
+    return CachedTable(out, bounds, arrays["heads"].reshape(len(files), HEAD_BYTES))

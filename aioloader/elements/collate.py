@@ -1,0 +1,123 @@
+"""Stacking a batch's elements into arrays (`collate`), with errors that name the field and
+the element that does not fit (pure). The batch step of every path runs it: in a worker
+(straight into its shared-memory slot, through `alloc`), inline, or in the stream packer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import CollateError
+
+__all__ = ["CollateError", "collate", "collate_named"]
+
+
+def collate(elements: Sequence[Any], path: str = "element",
+            alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
+            ) -> Any:
+    """Stack a list of same-structured elements into one batch (dicts, tuples, arrays).
+
+    Numbers and arrays become stacked NumPy arrays; bytes and str stay lists. `alloc(shape,
+    dtype)` may supply the memory a stacked array is written into (None: allocate).
+    """
+    first = elements[0]
+    # Equal sizes, then indexing that fails: only then is the structure diagnosed (checking
+    # every element's keys up front would cost time on every record). Same size and every
+    # key of the first present means the same keys, so nothing is silently dropped.
+    if isinstance(first, Mapping):
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise KeyError
+            return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc)
+                    for k in first}
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, Mapping, list, "keys")
+            raise
+    if isinstance(first, tuple) and not hasattr(first, "_fields"):
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise IndexError
+            return tuple(collate([e[i] for e in elements], f"{path}[{i}]", alloc)
+                         for i in range(len(first)))
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, tuple, len, "length")
+            raise
+    if isinstance(first, (bytes, str, bytearray, memoryview)):
+        return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
+    return _stack(elements, path, alloc)
+
+
+def _stack(elements: Sequence[Any], path: str,
+           alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None
+           ) -> np.ndarray:
+    """Numbers or arrays (one leaf of the structure) stacked into one array, of one shape
+    and of numbers or of strings but not both, else a CollateError naming the element."""
+    first = elements[0]
+    if type(first) in (int, float, bool):  # Python numbers (e.g. from JSON): one C loop
+        try:
+            stacked = np.array(elements)
+        except ValueError:  # mixed with sequences: the general path explains
+            stacked = np.empty(0, dtype=object)
+        if stacked.ndim == 1 and stacked.dtype.kind not in "OUS":
+            out = alloc(stacked.shape, stacked.dtype) if alloc is not None else None
+            if out is None:
+                return stacked
+            out[...] = stacked
+            return out
+    arrays = [np.asarray(e) for e in elements]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        k = next(i for i, a in enumerate(arrays) if a.shape != arrays[0].shape)
+        raise CollateError(
+            f"batch() needs {path} to have one shape, got {sorted(shapes)[:4]} (element {k} "
+            f"has {arrays[k].shape}, element 0 {arrays[0].shape}): pad or trim it in a map() "
+            "before batch(), or use pack() for variable-length sequences", k)
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1 and len({d.kind in "US" for d in dtypes}) > 1:
+        # numbers and strings mixed: numpy would silently make them all strings
+        text = arrays[0].dtype.kind in "US"
+        k = next(i for i, a in enumerate(arrays) if (a.dtype.kind in "US") != text)
+        raise CollateError(
+            f"batch() got {path} of mixed types: element 0 is {arrays[0].dtype} and element "
+            f"{k} is {arrays[k].dtype}; convert it to one type in a map() before batch()", k)
+    out = None
+    if alloc is not None:
+        out = alloc((len(arrays), *arrays[0].shape), np.result_type(*dtypes))
+    return np.stack(arrays) if out is None else np.stack(arrays, out=out)
+
+
+def collate_named(elements: Sequence[Any], name: Callable[[int], str],
+                  alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
+                  ) -> Any:
+    """`collate`, with a `CollateError` that also says which record the offending element
+    is (`name(k)` describes element k: its record index and file, say)."""
+    try:
+        return collate(elements, alloc=alloc)
+    except CollateError as exc:
+        if exc.element is None:
+            raise
+        raise CollateError(f"{exc} [element {exc.element} is {name(exc.element)}]",
+                           exc.element) from None
+
+
+def _same_structure(elements: Sequence[Any], path: str, kind: type,
+                    shape: Callable[[Any], Any], what: str) -> None:
+    """Every element is a `kind` with the first one's keys (or length), or a CollateError
+    naming the field and the first element that differs."""
+    want = shape(elements[0])
+    for k, e in enumerate(elements):
+        if not isinstance(e, kind):
+            raise CollateError(f"batch() got {path} of mixed types: element 0 is "
+                               f"{type(elements[0]).__name__}, element {k} is "
+                               f"{type(e).__name__}", k)
+        got = shape(e)
+        if got != want:
+            detail = (f"missing {sorted(map(repr, set(want) - set(got)))}, extra "
+                      f"{sorted(map(repr, set(got) - set(want)))}" if what == "keys"
+                      else f"{got}, not {want}")
+            raise CollateError(f"batch() needs every {path} to have the same {what}: element "
+                               f"{k} differs from element 0 ({detail}); make them agree in a "
+                               "map() before batch()", k)
