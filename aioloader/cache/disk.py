@@ -8,8 +8,8 @@ on one host share a directory; everything here holds whatever they do at the sam
 - **Names**: an entry is `<hash of the key>.seg`. URLs (and so tokens or signed-URL query
   parameters) never appear in a file name, an entry, or a log line (those say `redact(url)`).
 - **Entries are proved before use**: a 64-byte header (magic, a BLAKE2b digest of the key,
-  start, length) and a 16-byte trailer (HighwayHash-64 of header and payload — 0.15 ms/MB
-  here against BLAKE2b's 2.0 ms/MB — and an end magic). A file that is truncated, of another
+  start, length) and a 16-byte trailer (HighwayHash-64 of header and payload, an order of
+  magnitude cheaper than BLAKE2b, and an end magic). A file that is truncated, of another
   key, damaged, or still being written (impossible under our own writes: they land by
   rename, but not under a foreign tool's) fails a check, is dropped, and is fetched again:
   it is never returned. The hash is a check, not a signature: hence a private directory.
@@ -297,7 +297,7 @@ class DiskCache:
 
 
 def _check(fd: int, st: os.stat_result, key: SegmentKey) -> bytes:
-    """Every check an entry must pass (reads it whole: ~0.15 ms/MB to hash); the entry."""
+    """Every check an entry must pass (it reads the entry whole to hash it); the entry."""
     n = key.end - key.start
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         raise EntryError("it is not a plain file of ours")

@@ -1,7 +1,7 @@
 """The memory tier: segments of a remote dataset in one memory file, bounded in bytes.
 
 Under an exact global shuffle every record is its own range request, and a request costs
-the client ~150 µs of CPU and the store a round trip, whatever its size. Whenever many
+the client a fixed cost in CPU and the store a round trip, whatever its size. Whenever many
 records that will be read soon lie together, one large read is the better trade. The files
 are cut into segments — runs of whole chunks of about 4 MiB (`RecordTable.runs`: a record
 never straddles two) — and a segment is fetched whole, once, into memory that the worker

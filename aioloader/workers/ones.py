@@ -6,9 +6,8 @@ pread of its own when small) and decoded there (`onerecord.one_record`) while it
 still in the CPU's cache: no buffer allocated per read, no copy to cut block headers out.
 Data hashes (verify="all", the default) of two such chunks are computed in lockstep
 (`hash64_pair`): one HighwayHash is a chain of dependent steps that leaves most of a core
-idle, two fill it (~1.6x the bytes per second with AVX2), so large records pay ~40% less
-for the check. What the short path does not take is read again and decoded by
-`decode_records`, which decodes it or names the error.
+idle, two fill it, so large records pay much less for the check. What the short path does
+not take is read again and decoded by `decode_records`, which decodes it or names the error.
 """
 
 from __future__ import annotations

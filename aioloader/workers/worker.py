@@ -60,8 +60,8 @@ def _raise_malloc_thresholds() -> None:
     heap after each batch and faults the same pages back in on the next: measured, 64 KiB
     records decoded 1.5-2.5x slower than in a warmed-up process. Elsewhere this is a no-op.
     The block is `np.empty` (malloc, never written), not a `bytearray` (zero-filled): glibc
-    raises the thresholds on the free of any mmapped block, and faulting 16 MiB in cost
-    10-13 ms on the first batch's path.
+    raises the thresholds on the free of any mmapped block, and faulting 16 MiB in would
+    cost the first batch's path its time.
     """
     block = np.empty(16 << 20, np.uint8)  # below glibc's 32 MiB cap for the threshold
     del block
