@@ -50,6 +50,18 @@ class _Down:
             return None
         return end + 4 if end >= 0 else len(self.head)
 
+    def split(self, data: bytes, mid_body: bool) -> tuple[bytes, bytes] | None:
+        """Add `data` to the held response; once its head is all there, (what to send now,
+        the rest): the head, and with `mid_body` half the body bytes at hand too. None while
+        the head is incomplete."""
+        if (cut := self.head_end(data)) is None:
+            return None
+        if mid_body:
+            cut += (len(self.head) - cut) // 2
+        parts = bytes(self.head[:cut]), bytes(self.head[cut:])
+        self.head = bytearray()
+        return parts
+
     async def hold(self, seconds: float) -> bool:
         """Wait `seconds` (inf: forever) or until the client leaves; True if it is still there."""
         with contextlib.suppress(asyncio.TimeoutError):
@@ -178,50 +190,43 @@ class _Forwarder:
         while data := await reader.read(_READ_SIZE if rate is None else min(_READ_SIZE, 64 * 1024)):
             if down.cut:
                 # Cut off: the response head and half the body bytes at hand, then an RST.
-                if (cut := down.head_end(data)) is None:
+                if (parts := down.split(data, mid_body=True)) is None:
                     continue  # wait for the rest of the head
-                cut += (len(down.head) - cut) // 2
-                c_writer.write(bytes(down.head[:cut]))
-                await c_writer.drain()
-                self._counts["bytes_down"] += cut
+                await self._send(c_writer, parts[0])
                 self._counts["cut"] += 1
                 _reset(c_writer)
                 return
             if down.hold_s > 0:
                 # A stall mid-body: the head and half the body bytes at hand, then nothing.
-                if (cut := down.head_end(data)) is None:
-                    continue  # wait for the rest of the head
-                cut += (len(down.head) - cut) // 2
-                data, hold = bytes(down.head[cut:]), down.hold_s
-                c_writer.write(bytes(down.head[:cut]))
-                down.hold_s, down.head = 0.0, bytearray()
-                await c_writer.drain()
-                self._counts["bytes_down"] += cut
+                if (parts := down.split(data, mid_body=True)) is None:
+                    continue
+                hold, down.hold_s = down.hold_s, 0.0
+                await self._send(c_writer, parts[0])
                 self._counts["held"] += 1
                 if not await down.hold(hold):
                     return
-                if not data:
+                if not (data := parts[1]):
                     continue
             if down.slow_s > 0:
                 # The slow-body tail: forward the response head, then hold the body.
-                if (cut := down.head_end(data)) is None:
-                    continue  # wait for the rest of the head
-                head, data = bytes(down.head[:cut]), bytes(down.head[cut:])
-                hold, down.slow_s, down.head = down.slow_s, 0.0, bytearray()
-                c_writer.write(head)
-                await c_writer.drain()
-                self._counts["bytes_down"] += len(head)
+                if (parts := down.split(data, mid_body=False)) is None:
+                    continue
+                hold, down.slow_s = down.slow_s, 0.0
+                await self._send(c_writer, parts[0])
                 self._counts["slowed"] += 1
                 await asyncio.sleep(hold)
-                if not data:
+                if not (data := parts[1]):
                     continue
             if rate is not None:
                 free_at = max(free_at, loop.time()) + len(data) / rate
                 if (wait := free_at - loop.time()) > 0:
                     await asyncio.sleep(wait)
-            c_writer.write(data)
-            await c_writer.drain()
-            self._counts["bytes_down"] += len(data)
+            await self._send(c_writer, data)
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
+        self._counts["bytes_down"] += len(data)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
