@@ -9,10 +9,9 @@ A finder on `sys.meta_path` answers only for these names, and only when one is i
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
 import warnings
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 #: old name -> new name, under `aioloader.`
@@ -70,14 +69,14 @@ MOVED = {
 }
 
 
-class _Alias(importlib.abc.Loader):
+class _Alias:
     """Loads an old name as the module under its new name (one module, two names)."""
 
     def __init__(self, new: str) -> None:
         self.new = new
-        self.spec: importlib.machinery.ModuleSpec | None = None
+        self.spec: ModuleSpec | None = None
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         warnings.warn(f"{spec.name} moved to {self.new}: import it from there (the old "
                       "path goes in a later release)", DeprecationWarning, stacklevel=3)
         module = importlib.import_module(self.new)
@@ -90,13 +89,15 @@ class _Alias(importlib.abc.Loader):
         module.__spec__ = self.spec
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """A meta path finder (duck-typed: `importlib.abc` would cost the import its time)."""
+
     def find_spec(self, name: str, path: object = None,
-                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+                  target: object = None) -> ModuleSpec | None:
         new = MOVED.get(name[len("aioloader."):]) if name.startswith("aioloader.") else None
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(name, _Alias("aioloader." + new))
+        return ModuleSpec(name, _Alias("aioloader." + new))  # type: ignore[arg-type]
 
 
 def install() -> None:

@@ -20,13 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver, /proc: Linux")
 
 MOST_MODULES = 30  # of aioloader's own, after `import aioloader` and after describing
-# What a loader loads when it starts, never a description.
-RUNTIME = ("runtime", "storage", "stores", "workers", "source", "cache", "plan", "gcs_client",
-           "gcs_curl", "gcs_store", "curl")
+# What a loader loads when it starts, never a description: the layers above `describe`, and
+# the plan's compiler.
+RUNTIME = ("aioloader.io", "aioloader.cache", "aioloader.source", "aioloader.workers",
+           "aioloader.runtime", "aioloader.describe.plan")
 
 
 def _runtime(module: str) -> bool:
-    return module.split(".")[1:2] in [[name] for name in RUNTIME]
+    return any(module == r or module.startswith(r + ".") for r in RUNTIME)
+
 
 PROBE = """
 import json, sys, threading, time
@@ -95,6 +97,33 @@ report(missing=names, listed=set(aioloader.__all__) <= set(dir(aioloader)),
     assert got["children"] == [], "loading the public names started a process"
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         al.nothing_here  # noqa: B018
+
+
+def test_an_old_module_path_imports_the_module_with_a_warning():
+    """The flat layout's paths still import (a script, a pickle naming an old module): the
+    same module under both names, a DeprecationWarning naming the new path, and nothing
+    loaded for it by `import aioloader` itself."""
+    got = _child("""
+import pickle, warnings
+import aioloader
+quiet = "importlib.abc" not in sys.modules
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import aioloader.storage as old
+    from aioloader.retry import Retrier
+import aioloader.io.storage as new
+import aioloader.io.retry as retry
+report(same=old is new and Retrier is retry.Retrier, name=old.__spec__.name,
+       warned=[str(w.message) for w in caught if w.category is DeprecationWarning],
+       pickled=pickle.loads(pickle.dumps(old.Storage)) is new.Storage, quiet=quiet)
+""")
+    assert got["same"] and got["pickled"] and got["quiet"]
+    assert got["name"] == "aioloader.io.storage"
+    assert got["warned"] == [
+        "aioloader.storage moved to aioloader.io.storage: import it from there (the old path "
+        "goes in a later release)",
+        "aioloader.retry moved to aioloader.io.retry: import it from there (the old path goes "
+        "in a later release)"]
 
 
 def test_warm_up_starts_the_server_once_and_the_first_loader_uses_it(path):
