@@ -249,7 +249,7 @@ class Loader:
     def to_jax(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                pad_final: bool = False) -> Any:
         """Iterate pytrees of `jax.Array`s placed by `sharding` (see `aioloader.jax`)."""
-        from ..jax import DeviceIterator
+        from .placement import DeviceIterator
 
         return DeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                               pad_final=pad_final)
@@ -257,7 +257,7 @@ class Loader:
     def to_jax_async(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                      pad_final: bool = False) -> Any:
         """The `async for` form of `to_jax`."""
-        from ..jax import AsyncDeviceIterator
+        from .placement import AsyncDeviceIterator
 
         return AsyncDeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                                    pad_final=pad_final)
