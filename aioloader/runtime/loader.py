@@ -248,7 +248,8 @@ class Loader:
 
     def to_jax(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                pad_final: bool = False) -> Any:
-        """Iterate pytrees of `jax.Array`s placed by `sharding` (see `aioloader.jax`)."""
+        """Iterate pytrees of `jax.Array`s placed by `sharding`, placed on a thread of its
+        own up to `prefetch_to_device` ahead (`runtime.placement`, `aioloader.jax`)."""
         from .placement import DeviceIterator
 
         return DeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
@@ -256,7 +257,7 @@ class Loader:
 
     def to_jax_async(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                      pad_final: bool = False) -> Any:
-        """The `async for` form of `to_jax`."""
+        """The `async for` form of `to_jax` (`aclose()` stops its placement)."""
         from .placement import AsyncDeviceIterator
 
         return AsyncDeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
