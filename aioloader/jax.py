@@ -23,9 +23,9 @@ refuses to start on multi-process runs.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -108,30 +108,22 @@ def _pad(batch: Any, rows: int) -> Any:
     return out
 
 
-class _Placement:
-    """Shared logic of the sync and async device iterators."""
+class Placement:
+    """What the placement thread runs: padding, lockstep fillers, `put_batch`. It holds no
+    reference to the iterator it serves, so an iterator dropped unclosed is collected (and
+    its thread told to stop)."""
 
-    def __init__(self, loader: Any, sharding: Any, prefetch_to_device: int,
-                 pad_final: bool) -> None:
+    def __init__(self, loader: Any, sharding: Any, pad_final: bool) -> None:
         if sharding is not None and needs_processes(loader.dataset):
             loader.use_data_slice(data_slice(sharding))  # before the state is read
         self.loader = loader
         self.sharding = sharding
-        self.depth = max(1, prefetch_to_device)
         self.pad_final = pad_final
         self.steps: int | None = None  # lockstep target when padding
-        self.done = 0
+        self.done = 0  # batches placed
         self.template: Any = None
-        self.ready: collections.deque = collections.deque()  # (arrays, loader state after)
-        self.state: dict[str, Any] = loader.get_state()
-
-    def get_state(self) -> dict[str, Any]:
-        """The loader state after the last batch this iterator *returned* (not prefetched)."""
-        return self.state
-
-    def pop(self) -> Any:
-        arrays, self.state = self.ready.popleft()
-        return arrays
+        # jax's settings are per thread: the default device is the one where to_jax() is called
+        self.device: Any = getattr(jax.config, "jax_default_device", None)
 
     async def setup(self) -> None:
         multi = jax.process_count() > 1
@@ -146,76 +138,33 @@ class _Placement:
                 "batches: use batch(..., drop_remainder=True), or to_jax(pad_final=True)"
             )
 
-    def finish(self, batch: Any) -> tuple[Any, dict[str, Any]]:
-        if self.pad_final:
-            batch = _pad(batch, self.size)
-            self.template = batch
-        self.done += 1
-        return put_batch(batch, self.sharding), self.loader.get_state()
-
     def filler(self) -> Any | None:
-        """An all-padding batch while this process is behind the lockstep count."""
+        """An all-padding host batch while this process is behind the lockstep count."""
         if self.steps is None or self.done >= self.steps or self.template is None:
             return None
+        return {k: (np.zeros_like(v) if _is_array(v) else v) for k, v in self.template.items()}
+
+    def place(self, batch: Any, real: bool = True) -> Any:
+        """`batch` (a filler unless `real`) on the devices; an error names the batch."""
+        try:
+            if self.pad_final and real:
+                batch = _pad(batch, self.size)
+                self.template = batch
+            if self.device is None or self.sharding is not None:
+                arrays = put_batch(batch, self.sharding)
+            else:
+                with jax.default_device(self.device):
+                    arrays = put_batch(batch, self.sharding)
+        except Exception as exc:
+            note = (f"aioloader: while placing batch {self.done} (counted from 0) of to_jax() "
+                    "on the devices")
+            if sys.version_info >= (3, 11):
+                exc.add_note(note)
+            else:  # kept, though not printed
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+            raise
         self.done += 1
-        empty = {k: (np.zeros_like(v) if _is_array(v) else v)
-                 for k, v in self.template.items()}
-        return put_batch(empty, self.sharding), self.loader.get_state()
-
-
-class DeviceIterator(_Placement):
-    """`for arrays in loader.to_jax(sharding)`: device placement one step ahead."""
-
-    def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
-                 pad_final: bool = False) -> None:
-        super().__init__(loader, sharding, prefetch_to_device, pad_final)
-        self._batches: Any = None  # the loader's iterator, from the first step
-
-    def __iter__(self) -> DeviceIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self._batches is None:
-            from .io.sync import run_sync
-
-            run_sync(self.setup(), user=self.loader)
-            self._batches = iter(self.loader)
-        while len(self.ready) < self.depth:
-            try:
-                self.ready.append(self.finish(next(self._batches)))
-            except StopIteration:
-                filler = self.filler()
-                if filler is None:
-                    break
-                self.ready.append(filler)
-        if not self.ready:
-            raise StopIteration
-        return self.pop()
-
-    def close(self) -> None:
-        self.loader.close()
-
-
-class AsyncDeviceIterator(_Placement):
-    """`async for arrays in loader.to_jax_async(sharding)`."""
-
-    def __aiter__(self) -> AsyncDeviceIterator:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self.done == 0 and not self.ready:
-            await self.setup()
-        while len(self.ready) < self.depth:
-            try:
-                self.ready.append(self.finish(await self.loader.__anext__()))
-            except StopAsyncIteration:
-                filler = self.filler()
-                if filler is None:
-                    break
-                self.ready.append(filler)
-        if not self.ready:
-            raise StopAsyncIteration
-        return self.pop()
+        return arrays
 
 
 # -- Orbax ------------------------------------------------------------------------------

@@ -225,18 +225,34 @@ class WorkerOptions:
 class PrefetchOptions:
     """How far ahead the loader works.
 
-    - `prefetch` (4): tasks (batches, or windows) in flight and kept ready ahead of the
-      consumer, delivered in order whatever finishes first. "auto" starts at 4 and grows
-      by one while the consumer waits (up to 32).
+    - `prefetch` (None: `default_prefetch(workers)`, 2 × workers, at least 4 and at most
+      32): tasks (batches, or windows) in flight and kept ready ahead of the consumer,
+      delivered in order whatever finishes first. "auto" starts at 4 and grows by one while
+      the consumer waits (up to 32).
 
     Any "auto" setting is tuned while the loader runs (`aioloader.runtime.autotune`), and never
     changes what it yields; `stats().as_dict()["autotune"]` shows the values chosen.
     """
 
-    prefetch: int | Literal["auto"] = 4
+    prefetch: int | Literal["auto"] | None = None
 
     def __post_init__(self) -> None:
-        _whole(self, "prefetch", 1, auto=True)
+        _whole(self, "prefetch", 1, optional=True, auto=True)
+
+    def resolved(self, workers: int | str, cores: int) -> int | str:
+        """The prefetch given ("auto" included), or the default for `workers` (for "auto"
+        workers, the `cores` it may grow to)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return default_prefetch(cores if workers == AUTO else int(workers))
+
+
+def default_prefetch(workers: int) -> int:
+    """Tasks in flight by default: two per worker, so each has the next task in hand while
+    the results wait in order behind the slowest one (a task that finishes late holds the
+    window, and the others keep working); at least 4 (what one thread needs to overlap
+    reads with decoding) and at most 32 (each task in flight holds one batch)."""
+    return min(32, max(4, 2 * workers))
 
 
 _GROUPS: dict[str, type] = {"read": ReadOptions, "worker": WorkerOptions,

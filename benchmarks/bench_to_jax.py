@@ -211,7 +211,7 @@ def ceiling(host: list[np.ndarray], sharding: Any, n: int, in_flight: int,
     return n / (time.perf_counter() - t), 1e3 * statistics.median(calls)
 
 
-def host_feed(ds: Any, workers: int, prefetch: int, warmup: int, n: int,
+def host_feed(ds: Any, workers: int, prefetch: int | None, warmup: int, n: int,
               ) -> tuple[float, float]:
     """Batches/s of the loader alone (numpy batches, nothing sent to the device); cores busy."""
     with ds.loader(workers=workers, prefetch=prefetch) as ld:
@@ -255,7 +255,8 @@ def ideal_feeder(step: Any, w: Any, host: list[np.ndarray], sharding: Any, k: in
 
 
 class _PutTimer:
-    """Wraps `aioloader.jax.put_batch` (what `to_jax` calls inside `next()`) to time it."""
+    """Wraps `aioloader.jax.put_batch` (what `to_jax` calls to place a batch: inside `next()`
+    before the placement thread, on that thread since) to time it."""
 
     def __enter__(self) -> _PutTimer:
         import aioloader.jax as aj
@@ -276,14 +277,15 @@ class _PutTimer:
         self.module.put_batch = self.inner
 
 
-def loader_run(ds: Any, sharding: Any, step: Any, w: Any, k: int, workers: int, prefetch: int,
-               depth: int, warmup: int, n: int) -> dict[str, Any]:
+def loader_run(ds: Any, sharding: Any, step: Any, w: Any, k: int, workers: int,
+               prefetch: int | None, depth: int, warmup: int, n: int) -> dict[str, Any]:
     """One loader: time to first batch, warm-up, the training loop, then the feed rate."""
     import jax
 
     t0 = time.perf_counter()
-    it = ds.loader(workers=workers, prefetch=prefetch).to_jax(sharding,
-                                                             prefetch_to_device=depth)
+    ld = ds.loader(workers=workers, prefetch=prefetch)
+    used = ld.prefetch  # the loader's default when prefetch is None
+    it = ld.to_jax(sharding, prefetch_to_device=depth)
     try:
         first = next(it)
         jax.block_until_ready(first)
@@ -318,7 +320,8 @@ def loader_run(ds: Any, sharding: Any, step: Any, w: Any, k: int, workers: int, 
     wait_s = sum(waits)
     waits.sort()
     return {
-        "workers": workers, "prefetch": prefetch, "prefetch_to_device": depth, "ttfb_s": ttfb,
+        "workers": workers, "prefetch": "default" if prefetch is None else prefetch,
+        "prefetch_used": used, "prefetch_to_device": depth, "ttfb_s": ttfb,
         "loop_next_ms_mean": 1e3 * wait_s / n, "loop_put_ms_mean": 1e3 * put.seconds / n,
         "loop_steps_per_s": n / loop_s, "loop_wait_pct": 100 * wait_s / loop_s,
         "loop_wait_ms_median": 1e3 * waits[len(waits) // 2],
@@ -369,7 +372,7 @@ def table(res: dict[str, Any]) -> str:
             "| workers | loader prefetch | prefetch_to_device | time to first batch (s) | "
             "loader alone, host: batches/s | to_jax feed: batches/s | to_jax feed: MB/s | "
             "to_jax feed: rec/s | feed ÷ device_put ceiling | loop ÷ step alone | "
-            "loop: % wall in next() | next() mean (ms) | of which device_put (ms) | "
+            "loop: % wall in next() | next() mean (ms) | device_put per batch, any thread (ms) | "
             "cores busy, loop / feed | corrupted rows |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
@@ -381,10 +384,13 @@ def table(res: dict[str, Any]) -> str:
 
             feed = col("feed_batches_per_s")
             host = r["host_feed"][f"{c['workers']},{c['prefetch']}"]
+            used = sorted({x.get("prefetch_used", c["prefetch"]) for x in runs})
+            shown = c["prefetch"] if c["prefetch"] != "default" else \
+                f"default ({', '.join(map(str, used))})"
             busy = (f"{fmt(statistics.median(col('loop_cores_busy')), 2)} / "
                     f"{fmt(statistics.median(col('feed_cores_busy')), 2)}")
             lines.append(
-                f"| {c['workers']} | {c['prefetch']} | {c['prefetch_to_device']} | "
+                f"| {c['workers']} | {shown} | {c['prefetch_to_device']} | "
                 f"{spread(col('ttfb_s'))} | "
                 f"{spread(host['batches_per_s'])} | {spread(feed)} | {spread(feed, mb)} | "
                 f"{spread(feed, BATCH)} | {spread(feed, 1 / ceil)} | "
@@ -407,8 +413,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workloads", default="text,image", help="comma-separated: text, image")
     p.add_argument("--workers", default="0,2,4,8", help="comma-separated worker counts")
-    p.add_argument("--loader-prefetch", default="4",
-                   help="comma-separated ds.loader(prefetch=...) values (tasks in flight)")
+    p.add_argument("--loader-prefetch", default="default",
+                   help="comma-separated ds.loader(prefetch=...) values (tasks in flight); "
+                   "'default': not given (the loader's default for the worker count)")
     p.add_argument("--prefetch-to-device", default="1,2",
                    help="comma-separated to_jax(prefetch_to_device=...) values")
     p.add_argument("--batches", type=int, default=200,
@@ -454,6 +461,10 @@ def setup(kind: str, ds: Any, sums: np.ndarray, w: Any, sharding: Any, step_ms: 
                        "baselines": {}, "host_feed": {}, "configs": []}}
 
 
+def _rounded(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
+
+
 def one_repeat(s: dict[str, Any], w: Any, sharding: Any, args: argparse.Namespace) -> None:
     """Every measurement of one workload once, appended to s["record"]."""
     r, n = s["record"], args.batches
@@ -467,22 +478,24 @@ def one_repeat(s: dict[str, Any], w: Any, sharding: Any, args: argparse.Namespac
     for key, v in base.items():
         r["baselines"].setdefault(key, []).append(v)
     print(f"  baselines: {json.dumps({a: round(b, 3) for a, b in base.items()})}", flush=True)
-    for workers, prefetch in ((int(x), int(p)) for x in args.workers.split(",")
+    for workers, prefetch in ((int(x), None if p == "default" else int(p))
+                              for x in args.workers.split(",")
                               for p in args.loader_prefetch.split(",")):
         rate, busy = host_feed(s["ds"], workers, prefetch, args.warmup, n)
-        h = r["host_feed"].setdefault(f"{workers},{prefetch}",
+        name = "default" if prefetch is None else prefetch
+        h = r["host_feed"].setdefault(f"{workers},{name}",
                                       {"batches_per_s": [], "cores_busy": []})
         h["batches_per_s"].append(rate)
         h["cores_busy"].append(busy)
         for depth in (int(x) for x in args.prefetch_to_device.split(",")):
             c = loader_run(s["ds"], sharding, step, w, k, workers, prefetch, depth, args.warmup,
                            n)
-            print(f"  {json.dumps({a: round(b, 4) for a, b in c.items()})}", flush=True)
-            key = (workers, prefetch, depth)
+            print(f"  {json.dumps({a: _rounded(b) for a, b in c.items()})}", flush=True)
+            key = (workers, name, depth)
             found = [x for x in r["configs"]
                      if (x["workers"], x["prefetch"], x["prefetch_to_device"]) == key]
             if not found:
-                found = [{"workers": workers, "prefetch": prefetch, "prefetch_to_device": depth,
+                found = [{"workers": workers, "prefetch": name, "prefetch_to_device": depth,
                           "runs": []}]
                 r["configs"].append(found[0])
             found[0]["runs"].append(c)

@@ -248,16 +248,17 @@ class Loader:
 
     def to_jax(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                pad_final: bool = False) -> Any:
-        """Iterate pytrees of `jax.Array`s placed by `sharding` (see `aioloader.jax`)."""
-        from ..jax import DeviceIterator
+        """Iterate pytrees of `jax.Array`s placed by `sharding`, placed on a thread of its
+        own up to `prefetch_to_device` ahead (`runtime.placement`, `aioloader.jax`)."""
+        from .placement import DeviceIterator
 
         return DeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                               pad_final=pad_final)
 
     def to_jax_async(self, sharding: Any = None, *, prefetch_to_device: int = 2,
                      pad_final: bool = False) -> Any:
-        """The `async for` form of `to_jax`."""
-        from ..jax import AsyncDeviceIterator
+        """The `async for` form of `to_jax` (`aclose()` stops its placement)."""
+        from .placement import AsyncDeviceIterator
 
         return AsyncDeviceIterator(self, sharding, prefetch_to_device=prefetch_to_device,
                                    pad_final=pad_final)

@@ -79,7 +79,9 @@ class Parts:
         # numbers to start with, and the most each may grow to (`aioloader.runtime.autotune`)
         self._cores = available_cores()
         self.setting, self.limits = tuning_start(
-            options.worker.workers, options.prefetch.prefetch, options.read.io_concurrency,
+            options.worker.workers,
+            options.prefetch.resolved(options.worker.workers, self._cores),
+            options.read.io_concurrency,
             self._cores, remote=_remote(dataset))
         if self.setting.workers or "workers" in self.limits.tune:  # (auto: processes may come)
             dataset.check_picklable()
