@@ -1,14 +1,18 @@
 """The `aioloader` command: inspect, print, convert and benchmark ArrayRecord data.
 
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
-    aioloader cat PATH             print records (hex is a stable, script-friendly format)
+    aioloader cat PATH             print records: raw bytes (nothing added), hex (a stable,
+                                   script-friendly format), JSON lines, or one .npy array
                                    (a quoted glob: its files in sorted order, numbered across)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
                                    (existing output refused unless --overwrite); with
                                    `--runner beam [-- BEAM OPTIONS]` on Apache Beam
     aioloader bench URL            stream a dataset through a pipeline, report throughput
 
-Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra).
+Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra);
+`--storage-option KEY=VALUE` (or `--storage-options FILE.json`) passes the filesystem its
+options, whose values no message shows. Progress bars show only on a terminal. `--version`
+and `--help` load none of the runtime: each command imports its own module when it runs.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from typing import Any
 # Light modules only: `--version` and `--help` load none of the runtime; each command loads
 # its own module when it runs (`_command`).
 from ..arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
-from ..errors import ArrayRecordFormatError, ConvertError, MissingExtraError, StorageError
+from ..errors import (
+    ArrayRecordFormatError,
+    ConvertError,
+    ElementSpecError,
+    MissingExtraError,
+    StorageError,
+)
 from ..urls import redact
 from .cli_common import fix_negative_values, scrub, storage_options
 
@@ -222,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 0
     except (ArrayRecordFormatError, StorageError, ConvertError, OSError,
-            MissingExtraError, argparse.ArgumentTypeError) as err:
+            MissingExtraError, ElementSpecError, argparse.ArgumentTypeError) as err:
         print(f"aioloader {args.command}: {scrub(redact(str(err)), options)}", file=sys.stderr)
         return 1
     except Exception:  # unforeseen: the traceback, with no URL's nor option's credentials

@@ -17,7 +17,7 @@ __all__ = ["Progress", "fix_negative_values", "scrub", "storage_options"]
 
 # An option whose value may start with "-" (a negative slice): argparse takes `-2:` for an
 # option of its own, so `--range -2:` is joined into `--range=-2:` before parsing.
-_NEGATIVE_VALUE = re.compile(r"-\d*:?-?\d*")
+_NEGATIVE_VALUE = re.compile(r"-\d*:-?\d*|-\d+")
 _TAKES_NEGATIVE = ("--range",)
 
 
