@@ -100,6 +100,22 @@ def test_cat_npy_refuses_records_of_different_lengths_before_writing(tmp_path):
     assert b"--separator" in proc.stderr
 
 
+def test_cat_npy_refuses_named_fields_and_files_that_disagree(tmp_path):
+    from aioloader import ElementSpec
+
+    spec = ElementSpec.of({"label": ("int64", ()), "emb": ("float32", (2,))})
+    with aioloader.ArrayRecordWriter(tmp_path / "named.array_record", element_spec=spec) as w:
+        w.write(spec.encode({"label": np.int64(1), "emb": np.zeros(2, np.float32)}))
+    proc = run("cat", str(tmp_path / "named.array_record"), "--format", "npy", ok=False)
+    assert b"named fields" in proc.stderr and proc.stdout == b""
+    typed = ElementSpec.array("float32", (3,))
+    with aioloader.ArrayRecordWriter(tmp_path / "m-0.array_record", element_spec=typed) as w:
+        w.write(FLOATS[0])
+    write(tmp_path / "m-1.array_record", [FLOATS[1]])
+    proc = run("cat", str(tmp_path / "m-*.array_record"), "--format", "npy", ok=False)
+    assert b"m-1.array_record" in proc.stderr and b"Traceback" not in proc.stderr
+
+
 # -- --range with a negative start -----------------------------------------------------
 
 
@@ -235,10 +251,12 @@ def test_bench_says_what_its_figures_count(tmp_path):
 # -- --version -----------------------------------------------------------------------
 
 
-def test_version_loads_none_of_the_runtime():
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["cat", "--help"]])
+def test_version_and_help_load_none_of_the_runtime(args):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "aioloader.tools.cli",
-                           "--version"], capture_output=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.startswith(b"aioloader ")
+                           *args], capture_output=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith(b"aioloader " if args == [
+        "--version"] else b"usage: aioloader")
     loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines()}
     heavy = {m for m in loaded if m.split(".")[0] in ("numpy", "fsspec", "tqdm")
              or m.startswith(("aioloader.io", "aioloader.runtime", "aioloader.source"))}
