@@ -68,8 +68,9 @@ def _version() -> str:
     try:
         return version("aioloader")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        package = sys.modules[__package__ or "aioloader"]
-        return str(getattr(package, "__version__", "unknown"))
+        from .. import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -261,3 +261,23 @@ def test_version_and_help_load_none_of_the_runtime(args):
     heavy = {m for m in loaded if m.split(".")[0] in ("numpy", "fsspec", "tqdm")
              or m.startswith(("aioloader.io", "aioloader.runtime", "aioloader.source"))}
     assert not heavy, sorted(heavy)
+
+
+def test_the_parser_offers_the_pipelines_bench_has():
+    from aioloader.tools import cli, cli_bench
+
+    assert tuple(sorted(cli._PIPELINES)) == cli_bench.PIPELINES
+
+
+def test_version_without_installed_metadata(monkeypatch, capsys):
+    import importlib.metadata
+
+    from aioloader.tools import cli
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out == f"aioloader {aioloader.__version__}\n"
