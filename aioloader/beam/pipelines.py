@@ -31,12 +31,13 @@ __all__ = ["ConvertToArrayRecord", "run_convert"]
 class _Parse(beam.DoFn):
     """The records of one input file."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage_options: dict | None = None) -> None:
+        self.storage_options = storage_options
         self.records = Metrics.counter("aioloader", "records")
 
     def process(self, item: tuple[str, str]) -> Iterator[bytes]:
         path, fmt = item
-        for record in read_records(path, fmt):
+        for record in read_records(path, fmt, None, self.storage_options):
             self.records.inc()
             yield record
 
@@ -51,7 +52,8 @@ class _ConvertFile(beam.DoFn):
     def process(self, item: tuple[int, str, str]) -> Iterator[tuple[int, str]]:
         k, path, fmt = item
         temp = _join(self.temp_dir, f"{k:05d}-{uuid.uuid4().hex}.array_record")
-        self.records.inc(write_file(temp, read_records(path, fmt), *self.how))
+        records = read_records(path, fmt, None, self.how[2])  # (how: group size, codec, options)
+        self.records.inc(write_file(temp, records, *self.how))
         yield k, temp
 
 
@@ -81,7 +83,7 @@ class ConvertToArrayRecord(beam.PTransform):
             return (pbegin
                     | "Inputs" >> beam.Create(files)
                     | "Spread" >> beam.Reshuffle()  # one file per work item, on any worker
-                    | "Parse" >> beam.ParDo(_Parse())
+                    | "Parse" >> beam.ParDo(_Parse(self.how[2]))
                     | "Write" >> WriteToArrayRecord(self.prefix, self.num_shards, *self.how))
         temp_dir = temp_dir_for(self.prefix)
         written = (pbegin

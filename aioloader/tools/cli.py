@@ -1,170 +1,64 @@
 """The `aioloader` command: inspect, print, convert and benchmark ArrayRecord data.
 
     aioloader inspect PATH...      what a file holds: records, chunks, codec, options
-    aioloader cat PATH             print records (hex is a stable, script-friendly format)
+    aioloader cat PATH             print records: raw bytes (nothing added), hex (a stable,
+                                   script-friendly format), JSON lines, or one .npy array
                                    (a quoted glob: its files in sorted order, numbered across)
     aioloader convert IN... OUT    JSON lines / TFRecord / .npy / Parquet -> sharded files
                                    (existing output refused unless --overwrite); with
                                    `--runner beam [-- BEAM OPTIONS]` on Apache Beam
     aioloader bench URL            stream a dataset through a pipeline, report throughput
 
-Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra).
+Paths are local files or any fsspec URL (gs://bucket/x.array_record with the `gcs` extra);
+`--storage-option KEY=VALUE` (or `--storage-options FILE.json`) passes the filesystem its
+options, whose values no message shows. Progress bars show only on a terminal. `--version`
+and `--help` load none of the runtime: each command imports its own module when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ..arrayrecord import DEFAULT_VERIFY, VERIFY_LEVELS, ArrayRecordFormatError
-from ..errors import MissingExtraError
-from ..io.storage import StorageError
+# Light modules only: `--version` and `--help` load none of the runtime; each command loads
+# its own module when it runs (`_command`).
+from ..arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
+from ..errors import (
+    ArrayRecordFormatError,
+    ConvertError,
+    ElementSpecError,
+    MissingExtraError,
+    StorageError,
+)
 from ..urls import redact
-from .cli_cat import cmd_cat, open_one
-from .cli_convert import cmd_convert
-from .convert import ConvertError
+from .cli_common import fix_negative_values, scrub, storage_options
+
+_PIPELINES = ("images", "raw", "text")  # (cli_bench.PIPELINES, not imported for --help)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
+def _command(module: str, name: str) -> Any:
+    """The function `name` of `aioloader.tools.<module>`, imported when the command runs."""
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(f"{__package__}.{module}"), name)(args))
+    return run
 
 
-def _describe(path: str) -> list[dict]:
-    """One summary per file `path` names (a glob names several, in sorted order)."""
-    with open_one(path) as src:
-        return [_summary(url, index) for url, index in zip(src.urls, src.file_indices)]
+class _Version(argparse.Action):
+    """`--version`, the version looked up only when asked."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
-def _summary(url: str, index: Any) -> dict:
-    opts = index.options
-    n = index.num_records
-    decoded = int(index.chunk_decoded_sizes.sum())
-    return {
-        "path": redact(url),
-        "file_size": index.size,
-        "records": n,
-        "chunks": index.num_chunks,
-        "group_size": index.group_size,
-        "compression": opts.compression.name if opts else "unknown",
-        "compression_level": opts.compression.level if opts else None,
-        "window_log": opts.compression.window_log if opts else None,
-        "transpose": opts.transpose if opts else None,
-        "options": index.writer_options,
-        "element_spec": index.element_spec or None,
-        "decoded_bytes": decoded,
-        "bytes_per_record": round(index.size / n, 2) if n else None,
-        "decoded_bytes_per_record": round(decoded / n, 2) if n else None,
-        "footer_offset": index.footer_offset,
-    }
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    infos = [info for p in args.paths for info in _describe(p)]
-    if args.json:
-        print(json.dumps(infos if len(infos) > 1 else infos[0], indent=2))
-        return 0
-    for k, info in enumerate(infos):
-        if k:
-            print()
-        codec = info["compression"]
-        if info["compression_level"] is not None:
-            codec += f":{info['compression_level']}"
-        if info["window_log"] is not None:
-            codec += f" (window_log {info['window_log']})"
-        rows = [
-            ("path", info["path"]),
-            ("file size", f"{_human(info['file_size'])} ({info['file_size']:,} bytes)"),
-            ("records", f"{info['records']:,}"),
-            ("chunks", f"{info['chunks']:,}"),
-            ("group size", f"{info['group_size']:,}"),
-            ("compression", codec),
-            ("options", info["options"] or "(none stored: written before 2022)"),
-        ]
-        if info["element_spec"]:
-            rows.append(("element spec", info["element_spec"]))
-        if info["records"]:
-            rows += [
-                ("bytes/record", f"{info['bytes_per_record']:,} on disk, "
-                                 f"{info['decoded_bytes_per_record']:,} decoded"),
-            ]
-        width = max(len(r[0]) for r in rows)
-        for name, value in rows:
-            print(f"{name:<{width}}  {value}")
-        if info["transpose"]:
-            print("note: written with transpose (transposed chunks); aioloader reads them, "
-                  "more slowly than simple chunks, and does not write them")
-    return 0
-
-
-# -- bench ----------------------------------------------------------------------------
-
-
-def _text(record: bytes) -> int:
-    return len(json.loads(record))
-
-
-def _image(record: bytes) -> Any:
-    import numpy as np
-
-    return np.frombuffer(record, dtype=np.uint8)
-
-
-def _raw(record: bytes) -> int:
-    return len(record)
-
-
-_PIPELINES = {"text": _text, "images": _image, "raw": _raw}
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    import time
-
-    from tqdm import tqdm
-
-    from ..describe.dataset import Dataset
-
-    ds = Dataset.from_arrayrecord(args.url).shuffle(args.seed)
-    if args.seconds:
-        ds = ds.repeat()
-    ds = ds.map(_PIPELINES[args.pipeline]).batch(args.batch)
-    loader = ds.loader(workers=args.workers, prefetch=args.prefetch,
-                       io_concurrency=args.io_concurrency)
-    bar = tqdm(unit=" rec", unit_scale=True, desc=f"bench {args.pipeline}",
-               disable=args.quiet, dynamic_ncols=True)
-    t0 = time.perf_counter()
-    records = 0
-    try:
-        for batch in loader:
-            n = len(batch)
-            records += n
-            bar.update(n)
-            if bar.n % (20 * n) < n:
-                io = loader.stats().io
-                bar.set_postfix_str(f"{io.get('bytes', 0) / 1e6 / (time.perf_counter() - t0):,.0f}"
-                                    " MB/s", refresh=False)
-            if args.seconds and time.perf_counter() - t0 >= args.seconds:
-                break
-    finally:
-        bar.close()
-        loader.close()
-    took = time.perf_counter() - t0
-    stats = loader.stats()
-    io = stats.io
-    print(f"time to first batch  {stats.first_batch_seconds or 0:.3f} s")
-    print(f"throughput           {records / took:,.0f} records/s, "
-          f"{io.get('bytes', 0) / 1e6 / took:,.1f} MB/s read ({records:,} records, {took:.1f} s)")
-    print()
-    print(stats)
-    return 0
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"aioloader {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
@@ -174,8 +68,9 @@ def _version() -> str:
     try:
         return version("aioloader")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        package = sys.modules[__package__ or "aioloader"]
-        return str(getattr(package, "__version__", "unknown"))
+        from .. import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aioloader",
         description="Look inside ArrayRecord files, local or in a bucket (gs://...).",
     )
-    p.add_argument("--version", action="version", version=f"aioloader {_version()}")
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_inspect, _add_cat, _add_convert, _add_bench):
         add(sub)
@@ -198,7 +93,8 @@ def _add_inspect(sub: Any) -> None:
     s.add_argument("paths", nargs="+", metavar="PATH",
                    help="local path or fsspec URL, or a quoted glob (every file it matches)")
     s.add_argument("--json", action="store_true", help="print JSON for machines")
-    s.set_defaults(func=cmd_inspect)
+    _add_storage_options(s)
+    s.set_defaults(func=_command("cli_inspect", "cmd_inspect"))
 
 
 def _add_cat(sub: Any) -> None:
@@ -215,15 +111,24 @@ def _add_cat(sub: Any) -> None:
     which.add_argument("--index", type=int, help="print only record INDEX (negative counts "
                                                  "from the end)")
     which.add_argument("--range", metavar="START:STOP",
-                       help="print records START..STOP-1 (either may be omitted or negative)")
-    c.add_argument("--format", choices=("raw", "hex", "json"), default="raw",
-                   help="raw: bytes + newline; hex: lowercase hex per line; json: "
-                        '{"index", "record"} per line (base64 for non-UTF-8) (default: raw)')
+                       help="print records START..STOP-1 (either may be omitted or negative: "
+                            "--range -2: is the last two)")
+    c.add_argument("--format", choices=("raw", "hex", "json", "npy"), default="raw",
+                   help="raw: the records' bytes, nothing added (see --separator); hex: "
+                        "lowercase hex, one record a line; json: {\"index\", \"record\"} a line "
+                        "(base64 for non-UTF-8); npy: one .npy array, a row per record, as "
+                        "`convert` reads it: typed records (an element spec) as their dtype "
+                        "and shape, untyped ones as uint8 rows; records of different lengths "
+                        "(or of named fields) are refused, nothing written (default: raw)")
+    c.add_argument("--separator", metavar="SEP",
+                   help="bytes written after each record, with escapes \\n \\t \\r \\0 \\\\ "
+                        "\\xHH (default: none for raw, \\n for hex and json; npy takes none)")
     c.add_argument("--verify", choices=VERIFY_LEVELS, default=DEFAULT_VERIFY,
                    help="hash checks: all: every hash, chunk data included, as Google's reader "
                         "(default); headers: headers only (a flipped bit in a record is "
                         "not noticed); none")
-    c.set_defaults(func=cmd_cat)
+    _add_storage_options(c)
+    c.set_defaults(func=_command("cli_cat", "cmd_cat"))
 
 
 def _add_convert(sub: Any) -> None:
@@ -265,8 +170,10 @@ def _add_convert(sub: Any) -> None:
     v.add_argument("--features", metavar="DESC",
                    help="with --decode-examples, the fields to keep, e.g. 'image:bytes,"
                         "label:int64,emb:float32[128],tokens:int64[-1]' (-1: variable)")
-    v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    v.set_defaults(func=cmd_convert)
+    v.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (there is one only when stderr is a terminal)")
+    _add_storage_options(v)
+    v.set_defaults(func=_command("cli_convert", "cmd_convert"))
 
 
 def _add_bench(sub: Any) -> None:
@@ -287,8 +194,25 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--seconds", type=float, default=0,
                    help="run this long, repeating epochs (default: one epoch)")
     b.add_argument("--seed", type=int, default=0, help="shuffle seed")
-    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    b.set_defaults(func=cmd_bench)
+    b.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (there is one only when stderr is a terminal)")
+    _add_storage_options(b)
+    b.set_defaults(func=_command("cli_bench", "cmd_bench"))
+
+
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "storage options",
+        "passed to the filesystem (fsspec; gcsfs for gs://) as its storage_options, for "
+        "every path the command opens; values are never printed. A local GCS emulator is "
+        "reached with STORAGE_EMULATOR_HOST=http://host:port in the environment, or "
+        "--storage-option endpoint_url=http://host:port --storage-option token=anon.")
+    group.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                       help="one option (repeatable); VALUE is read as JSON where it is JSON "
+                            "(true, 30, \"quoted text\"), else as text: e.g. token=anon, "
+                            "project=my-project, requester_pays=true")
+    group.add_argument("--storage-options", dest="storage_options_file", metavar="FILE.json",
+                       help="options from a JSON object in FILE (--storage-option wins)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,9 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["convert"] and "--" in argv:  # `convert ... -- BEAM PIPELINE OPTIONS`
         cut = argv.index("--")
         argv, beam_args = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(fix_negative_values(argv))
     args.beam_args = beam_args
+    options: dict[str, Any] = {}
     try:
+        options = args.storage_options = storage_options(args)
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
@@ -307,11 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 0
     except (ArrayRecordFormatError, StorageError, ConvertError, OSError,
-            MissingExtraError) as err:
-        print(f"aioloader {args.command}: {redact(str(err))}", file=sys.stderr)
+            MissingExtraError, ElementSpecError, argparse.ArgumentTypeError) as err:
+        print(f"aioloader {args.command}: {scrub(redact(str(err)), options)}", file=sys.stderr)
         return 1
-    except Exception:  # unforeseen: the traceback, with no URL's credentials in it
-        print(redact(traceback.format_exc()), file=sys.stderr, end="")
+    except Exception:  # unforeseen: the traceback, with no URL's nor option's credentials
+        print(scrub(redact(traceback.format_exc()), options), file=sys.stderr, end="")
         return 1
 
 

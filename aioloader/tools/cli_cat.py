@@ -1,7 +1,8 @@
 """`aioloader cat`: records of a file (or a glob's files, numbered across them) to stdout, as
-hex, JSON lines or raw bytes; and opening one file for the CLI's commands. The argument parser
-is `aioloader.tools.cli`'s; this is what the command does with what it parsed. Output goes to
-stdout's descriptor in a loop, so no short write loses bytes.
+raw bytes (nothing added unless `--separator` says), hex or JSON lines, or one .npy array; and
+opening one file for the CLI's commands. The argument parser is `aioloader.tools.cli`'s; this
+is what the command does with what it parsed. Output goes to stdout's descriptor in a loop, so
+no short write loses bytes.
 """
 
 from __future__ import annotations
@@ -13,19 +14,49 @@ import os
 import select
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from ..arrayrecord import DEFAULT_VERIFY
 from ..source import ArrayRecordSource
+from .cli_npy import write_npy
 
-__all__ = ["cmd_cat", "open_one"]
+__all__ = ["cmd_cat", "open_one", "parse_separator"]
+
+# What each format writes after a record unless --separator says otherwise.
+_SEPARATORS = {"raw": b"", "hex": b"\n", "json": b"\n"}
+_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "0": b"\0", "\\": b"\\"}
 
 
-def open_one(path: str, verify: str = DEFAULT_VERIFY) -> ArrayRecordSource:
+def open_one(path: str, verify: str = DEFAULT_VERIFY,
+             storage_options: dict[str, Any] | None = None) -> ArrayRecordSource:
     """One file (local path or URL) as a source; errors name the file."""
-    src = ArrayRecordSource(path, verify=verify)
+    src = ArrayRecordSource(path, verify=verify, storage_options=storage_options)
     len(src)  # open now, so errors surface here
     return src
 
+
+def parse_separator(text: str) -> bytes:
+    """`--separator`'s text as bytes: UTF-8, with \\n \\t \\r \\0 \\\\ and \\xHH."""
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\":
+            out += c.encode("utf-8", "surrogateescape")
+            i += 1
+            continue
+        code = text[i + 1:i + 2]
+        if code in _ESCAPES:
+            out += _ESCAPES[code]
+            i += 2
+        elif code == "x" and len(text) >= i + 4 and all(
+                h in "0123456789abcdefABCDEF" for h in text[i + 2:i + 4]):
+            out.append(int(text[i + 2:i + 4], 16))
+            i += 4
+        else:
+            raise SystemExit(f"aioloader cat: --separator: unknown escape {text[i:i + 2]!r} "
+                             "(\\n \\t \\r \\0 \\\\ \\xHH)")
+    return bytes(out)
 
 
 def _parse_range(text: str, n: int) -> range:
@@ -72,24 +103,33 @@ def _count(src: ArrayRecordSource) -> str:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    with open_one(args.path, verify=args.verify) as src:
-        _write_records(src, args)
+    if args.format == "npy" and args.separator is not None:
+        raise SystemExit("aioloader cat: --separator does not go with --format npy (one "
+                         "array, no separators)")
+    sep = _SEPARATORS.get(args.format, b"") if args.separator is None else \
+        parse_separator(args.separator)
+    with open_one(args.path, verify=args.verify,
+                  storage_options=getattr(args, "storage_options", None)) as src:
+        if args.format == "npy":
+            _write_all(write_npy(src, _records(src, args)))
+        else:
+            _write_records(src, args, sep)
     return 0
 
 
-def _write_records(src: ArrayRecordSource, args: argparse.Namespace) -> None:
+def _write_records(src: ArrayRecordSource, args: argparse.Namespace, sep: bytes) -> None:
     pending = bytearray()
     for i, record in _records(src, args):
         if args.format == "hex":
-            pending += record.hex().encode() + b"\n"
+            pending += record.hex().encode() + sep
         elif args.format == "raw":
-            pending += record + b"\n"
+            pending += record + sep
         else:
             try:
                 item = {"index": i, "record": record.decode("utf-8")}
             except UnicodeDecodeError:
                 item = {"index": i, "record_base64": base64.b64encode(record).decode()}
-            pending += json.dumps(item, ensure_ascii=False).encode() + b"\n"
+            pending += json.dumps(item, ensure_ascii=False).encode() + sep
         if len(pending) >= 1 << 20:
             _write_all(pending)
             pending.clear()

@@ -9,6 +9,7 @@ import argparse
 
 from ..errors import MissingExtraError
 from ..urls import redact
+from .cli_common import Progress
 from .convert import ConvertError, check_output_prefix
 
 __all__ = ["cmd_convert"]
@@ -26,7 +27,7 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     if args.decode_examples:
         raise ConvertError("--decode-examples runs with --runner local only (for now)")
     if not args.overwrite:
-        fs, path = fsspec.core.url_to_fs(args.output_prefix)
+        fs, path = fsspec.core.url_to_fs(args.output_prefix, **args.storage_options)
         existing = fs.glob(f"{path}-?????-of-?????.array_record")
         if existing:
             raise FileExistsError(f"output already exists: {redact(args.output_prefix)}-*-of-*"
@@ -34,7 +35,8 @@ def _convert_on_beam(args: argparse.Namespace) -> int:
     out = run_convert(args.inputs, args.output_prefix, args.beam_args, fmt=args.input_format,
                       num_shards=0 if args.shards is None else args.shards,
                       match_shards=args.match_shards,
-                      group_size=args.group_size, compression=args.compression)
+                      group_size=args.group_size, compression=args.compression,
+                      storage_options=args.storage_options or None)
     shards = f"{out['shards']:05d}" if out["shards"] else "*"
     records = "" if out["records"] is None else f"{out['records']:,} records "
     print(f"wrote {records}to {redact(args.output_prefix)}-*-of-{shards}.array_record")
@@ -49,25 +51,24 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ConvertError("--match-shards and Beam pipeline options need --runner beam")
     if args.features and not args.decode_examples:
         raise ConvertError("--features describes Examples: it goes with --decode-examples")
-    from tqdm import tqdm
-
     from .convert import convert
 
-    bar = tqdm(unit=" rec", unit_scale=True, desc="converting", disable=args.quiet,
-               dynamic_ncols=True)
+    bar = Progress("converting", quiet=args.quiet)  # (on a terminal, from the first records)
 
     def progress(records: int, size: int) -> None:
-        bar.update(records - bar.n)
-        bar.set_postfix_str(f"{size / 1e6:,.1f} MB", refresh=False)
+        bar.update(records, f"{size / 1e6:,.1f} MB")
 
+    ok = False
     try:
         out = convert(args.inputs, args.output_prefix, fmt=args.input_format,
                       shards=1 if args.shards is None else args.shards, group_size=args.group_size,
                       compression=args.compression, progress=progress,
                       overwrite=args.overwrite,
-                      decode_examples=args.features or args.decode_examples)
+                      decode_examples=args.features or args.decode_examples,
+                      storage_options=args.storage_options)
+        ok = True
     finally:
-        bar.close()
+        bar.close(ok)  # a failed run's bar is cleared: the error stands alone
     print(f"wrote {out['records']:,} records ({out['bytes'] / 1e6:,.1f} MB) to "
           f"{len(out['outputs'])} files: {redact(out['outputs'][0])}"
           + (" ..." if len(out["outputs"]) > 1 else ""))

@@ -124,10 +124,11 @@ def _read_jsonl(f: IO[bytes], path: str) -> Iterator[bytes]:
         yield line
 
 
-def _read_npy(path: str, specs: list | None = None) -> Iterator[bytes]:
+def _read_npy(path: str, specs: list | None = None,
+              storage_options: dict | None = None) -> Iterator[bytes]:
     import numpy as np
 
-    with fsspec.open(path, "rb") as f:
+    with fsspec.open(path, "rb", **(storage_options or {})) as f:
         arr = np.load(f, allow_pickle=False)
     if arr.ndim == 0:
         raise ConvertError(f"{path}: a scalar array has no rows to convert")
@@ -141,29 +142,31 @@ def _read_npy(path: str, specs: list | None = None) -> Iterator[bytes]:
         yield np.ascontiguousarray(row).tobytes()
 
 
-def _read_parquet(path: str) -> Iterator[bytes]:
+def _read_parquet(path: str, storage_options: dict | None = None) -> Iterator[bytes]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise MissingExtraError("parquet", "reading Parquet", exc.name) from None
-    with fsspec.open(path, "rb") as f:
+    with fsspec.open(path, "rb", **(storage_options or {})) as f:
         table = pq.read_table(f)
     for batch in table.to_batches():
         for row in batch.to_pylist():
             yield json.dumps(row, default=str).encode()
 
 
-def read_records(path: str, fmt: str, specs: list | None = None) -> Iterator[bytes]:
-    """The records of one input file, in order (`specs`: .npy inputs append (path, spec))."""
+def read_records(path: str, fmt: str, specs: list | None = None,
+                 storage_options: dict | None = None) -> Iterator[bytes]:
+    """The records of one input file, in order (`specs`: .npy inputs append (path, spec);
+    `storage_options` for fsspec)."""
     if fmt == "npy":
-        yield from _read_npy(path, specs)
+        yield from _read_npy(path, specs, storage_options)
         return
     if fmt == "parquet":
-        yield from _read_parquet(path)
+        yield from _read_parquet(path, storage_options)
         return
     if fmt not in FORMATS:
         raise ConvertError(f"unknown input format {fmt!r}; one of {FORMATS}")
-    opened = fsspec.open(path, "rb", compression="infer")
+    opened = fsspec.open(path, "rb", compression="infer", **(storage_options or {}))
     try:
         f = opened.open()
     except FileNotFoundError:  # fsspec's own text is garbled for names with `?` or `*`
@@ -194,11 +197,11 @@ def glob_matches(pattern: str, storage_options: dict | None = None) -> list[tupl
     return named
 
 
-def expand_inputs(patterns: Sequence[str]) -> list[str]:
+def expand_inputs(patterns: Sequence[str], storage_options: dict | None = None) -> list[str]:
     """Every input named: each glob's files in sorted order, other names as they are."""
     out = []
     for pattern in patterns:
-        matched = glob_matches(pattern)
+        matched = glob_matches(pattern, storage_options)
         out.extend([pattern] if matched is None else [url for url, _ in matched])
     return out
 
@@ -228,6 +231,7 @@ def convert(
     progress: Callable[[int, int], Any] | None = None,
     overwrite: bool = False,
     decode_examples: bool | str | ElementSpec = False,
+    storage_options: dict | None = None,
 ) -> dict[str, Any]:
     """Convert `inputs` to `shards` ArrayRecord files; returns counts, output paths and the
     element spec recorded (None for untyped records).
@@ -237,22 +241,24 @@ def convert(
     whole conversion succeeded, and a failed one leaves every existing file as it was.
     `decode_examples`: TFRecord inputs hold `tf.train.Example`s, stored as typed records by
     this feature description (`"label:int64,emb:float32[128]"` or an `ElementSpec`), or, with
-    True, by the first Example's features.
+    True, by the first Example's features. `storage_options` go to fsspec, for the inputs and
+    the outputs alike.
     """
     if shards < 1:
         raise ValueError("shards must be >= 1")
     check_output_prefix(output_prefix)
     decoder = _example_decoder(decode_examples)
-    inputs = expand_inputs(inputs)
+    options = dict(storage_options or {})
+    inputs = expand_inputs(inputs, options)
     specs: list = []
     paths = shard_paths(output_prefix, shards)
     parent = os.path.dirname(output_prefix.removeprefix("file://"))
     if parent and is_local(output_prefix):
         os.makedirs(parent, exist_ok=True)
-    staged = Staged(paths, overwrite)
-    leftovers = sweep_leftovers(output_prefix)
+    staged = Staged(paths, overwrite, options)
+    leftovers = sweep_leftovers(output_prefix, options)
     try:
-        writers = [_writer(t, path, group_size, compression)
+        writers = [_writer(t, path, group_size, compression, options)
                    for t, path in zip(staged.open(), paths)]
     except BaseException:
         staged.discard()
@@ -260,7 +266,7 @@ def convert(
     shard_threads = _ShardThreads(writers, staged, paths)
     ok = False
     try:
-        count, size = _feed(inputs, fmt, decoder, specs, shard_threads, progress)
+        count, size = _feed(inputs, fmt, decoder, specs, shard_threads, progress, options)
         ok = not shard_threads.errors
         spec = decoder.spec if decoder is not None else _common(specs, len(inputs))
         for w in writers:  # read when each writer closes, after the end of its queue
@@ -313,7 +319,8 @@ class _ShardThreads:
 
 
 def _feed(inputs: list[str], fmt: str | None, decoder: Any, specs: list,
-          shards: _ShardThreads, progress: Callable[[int, int], Any] | None) -> tuple[int, int]:
+          shards: _ShardThreads, progress: Callable[[int, int], Any] | None,
+          storage_options: dict) -> tuple[int, int]:
     """Read every input's records, dealt round-robin to the shards' queues, until a shard
     fails; the records and bytes read."""
     count = size = 0
@@ -322,7 +329,7 @@ def _feed(inputs: list[str], fmt: str | None, decoder: Any, specs: list,
         kind = fmt or guess_format(path)
         if decoder is not None and kind != "tfrecord":
             raise ConvertError(f"{path}: decode_examples needs TFRecord input, not {kind}")
-        for n, record in enumerate(read_records(path, kind, specs)):
+        for n, record in enumerate(read_records(path, kind, specs, storage_options)):
             if decoder is not None:
                 record = decoder(record, path, n)
             queues[count % len(queues)].put(record)
@@ -343,9 +350,12 @@ def _naming(exc: BaseException, path: str) -> BaseException:
     return exc
 
 
-def _writer(target: Any, path: str, group_size: int, compression: str) -> ArrayRecordWriter:
+def _writer(target: Any, path: str, group_size: int, compression: str,
+            storage_options: dict) -> ArrayRecordWriter:
     try:
-        return ArrayRecordWriter(target, group_size=group_size, compression=compression)
+        return ArrayRecordWriter(target, group_size=group_size, compression=compression,
+                                 storage_options=storage_options
+                                 if isinstance(target, str) else None)
     except NotImplementedError:  # fsspec's http:// (and others) open files for reading only
         scheme = path.partition("://")[0]
         raise ConvertError(f"{redact(path)}: cannot write there: fsspec's {scheme}:// "

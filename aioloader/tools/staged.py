@@ -48,11 +48,13 @@ class Staged:
     at the end (on gs:// a server-side copy).
     """
 
-    def __init__(self, paths: Sequence[str], overwrite: bool) -> None:
+    def __init__(self, paths: Sequence[str], overwrite: bool,
+                 storage_options: dict | None = None) -> None:
         self.paths = list(paths)
         self.overwrite = overwrite
         self.local = is_local(self.paths[0])
-        self.fs = None if self.local else fsspec.core.url_to_fs(self.paths[0])[0]
+        self.fs = None if self.local else \
+            fsspec.core.url_to_fs(self.paths[0], **(storage_options or {}))[0]
         self.temps = [_temp_name(self._at(p)) for p in self.paths]
         self.files: list[IO[bytes]] = []
         if not overwrite:
@@ -154,14 +156,15 @@ def _create_locked(tmp: str, path: str) -> tuple[int, str]:
         tmp = _temp_name(path)
 
 
-def sweep_leftovers(prefix: str) -> list[str]:
+def sweep_leftovers(prefix: str, storage_options: dict | None = None) -> list[str]:
     """Remove the temporaries that conversions to `prefix` (any shard count) left when they
     were killed; returns their names, redacted. A warning says what was removed, and that
     another conversion to `prefix` is running if one holds temporaries there."""
     head, _, name = _local([prefix])[0].rpartition("/") if is_local(prefix) else \
         prefix.rpartition("/")
     pattern = re.compile(rf"\.{re.escape(name)}{_SHARD_TAIL}\.[0-9a-f]{{16}}\.tmp")
-    removed, busy = (_sweep_local if is_local(prefix) else _sweep_remote)(head, pattern)
+    removed, busy = _sweep_local(head, pattern) if is_local(prefix) else \
+        _sweep_remote(head, pattern, storage_options or {})
     if removed:
         shown = ", ".join(removed[:10]) + (f" and {len(removed) - 10} more"
                                            if len(removed) > 10 else "")
@@ -202,10 +205,11 @@ def _sweep_local(head: str, pattern: re.Pattern) -> tuple[list[str], int]:
     return removed, busy
 
 
-def _sweep_remote(head: str, pattern: re.Pattern) -> tuple[list[str], int]:
+def _sweep_remote(head: str, pattern: re.Pattern,
+                  storage_options: dict) -> tuple[list[str], int]:
     protocol = head.split("://", 1)[0]
     try:
-        fs, path = fsspec.core.url_to_fs(head)
+        fs, path = fsspec.core.url_to_fs(head, **storage_options)
         found: Any = fs.glob(f"{path.rstrip('/')}/.*.tmp")
     except Exception as exc:  # not listable (http://...): writing says why
         log.debug("could not list %s for leftovers: %s", redact(head), redact(str(exc)))

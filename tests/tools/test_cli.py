@@ -16,9 +16,9 @@ from ..support.arrayrecord_util import make_records, write_theirs
 RECORDS = [b"", b"\x00\xffhello", *make_records(100, 20), b"\n"]
 
 
-def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+def run(*args: str, ok: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "aioloader.tools.cli", *args],
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=60, env=env)
     assert (proc.returncode == 0) == ok, proc.stderr.decode()
     return proc
 
@@ -128,10 +128,11 @@ def test_inspect_a_quoted_glob_reports_every_file(shards, tmp_path):
 
 
 def test_cat_numbers_records_across_the_files_of_a_glob(shards):
-    out = run("cat", shards, "--range", "4998:5002").stdout.decode().split()
-    assert out == ["0-4998", "0-4999", "1-0", "1-1"]
-    assert run("cat", shards, "--index=-1").stdout == b"2-4999\n"
-    assert run("cat", shards, "--range", "14999:20000").stdout == b"2-4999\n"
+    out = run("cat", shards, "--range", "4998:5002", "--separator", r"\n").stdout.decode()
+    assert out.split() == ["0-4998", "0-4999", "1-0", "1-1"]
+    assert run("cat", shards, "--index=-1").stdout == b"2-4999"
+    assert run("cat", shards, "--range", "14999:20000", "--format", "hex").stdout == \
+        b"2-4999".hex().encode() + b"\n"
     proc = run("cat", shards, "--index", "15000", ok=False)
     assert b"15,000 records in 3 files" in proc.stderr and b"Traceback" not in proc.stderr
 
@@ -196,4 +197,4 @@ def test_cat_writes_every_byte_to_a_pipe_that_takes_only_part(tmp_path, unbuffer
         reader.join(60)
         os.close(r)
     assert proc.returncode == 0, proc.stderr.decode()
-    assert b"".join(chunks) == b"".join(rec + b"\n" for rec in records)
+    assert b"".join(chunks) == b"".join(records)  # raw: the bytes, nothing added
