@@ -65,7 +65,7 @@ $(DEMO)/.installed: pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c
 	touch $@
 
 demo: $(DEMO)/.installed
-	$(DEMO_PY) examples/train_from_bucket.py --steps 300 --records 100000
+	$(DEMO_PY) examples/train_from_bucket.py --steps 300 --records 50000
 
 # What a release uploads, into dist/: the sdist and this platform's wheel (abi3 for
 # CPython >= 3.11 with a C compiler; py3-none-any, pure Python, without one). The wheels for

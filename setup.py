@@ -41,9 +41,15 @@ def native(name: str) -> Extension:
 class BdistWheel(bdist_wheel):
     """bdist_wheel that tags a wheel by what it holds: pure when no extension compiled."""
 
+    laid_out = False  # run() calls get_tag() once the package is laid out in bdist_dir
+
+    def run(self) -> None:
+        self.laid_out = True
+        super().run()
+
     def get_tag(self) -> tuple[str, str, str]:
-        # Called once the package is laid out in bdist_dir, for the file name and WHEEL.
-        if not self.root_is_pure and os.path.isdir(self.bdist_dir) and not any(
+        # For the file name and WHEEL; editable installs ask before any build: left as is.
+        if self.laid_out and not self.root_is_pure and not any(
                 name.endswith(tuple(EXTENSION_SUFFIXES))
                 for _, _, names in os.walk(self.bdist_dir) for name in names):
             self.root_is_pure = True  # py3-none-any, Root-Is-Purelib: true
