@@ -67,12 +67,13 @@ $(DEMO)/.installed: pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c
 demo: $(DEMO)/.installed
 	$(DEMO_PY) examples/train_from_bucket.py --steps 300 --records 50000
 
-# What a release uploads, into dist/: the sdist and this platform's wheel (abi3 for
-# CPython >= 3.11 with a C compiler; py3-none-any, pure Python, without one). The wheels for
+# What a release uploads, into dist/: the sdist and this platform's wheel, built from the
+# sdist as pip would (abi3 for CPython >= 3.11 with a C compiler; py3-none-any, pure Python,
+# without one). The wheels for
 # every platform come from cibuildwheel ([tool.cibuildwheel] in pyproject.toml), run by a
 # maintainer with Docker (Linux) or on a Mac: `pipx run cibuildwheel --output-dir dist`.
 wheels: $(STAMP)
-	rm -rf dist build
+	rm -rf dist
 	$(PY) -m build --outdir dist .
 	ls -l dist
 
