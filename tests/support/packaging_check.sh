@@ -14,7 +14,7 @@
 set -euo pipefail
 
 PY=${PYTHON:-python3.11}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+SRC=$(cd "$(dirname "$0")/../.." && pwd)  # the repository root (this is tests/support/)
 WORK=$(mktemp -d /tmp/aioloader-pkgcheck.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
