@@ -121,7 +121,7 @@ def train(loader_iter, params, opt_state, step_fn, part: Part, log_every: int,
     return params, opt_state
 
 
-def report(parts: list[Part], batch: int, step_ms: float) -> None:
+def report(parts: list[Part], batch: int, step_ms: float, auto: bool) -> None:
     """Every figure with what it measures; the loader's own table for each part's span."""
     rows = [("", *(p.span for p in parts), "all")]
     total = Part(0, sum(p.steps for p in parts))
@@ -150,8 +150,8 @@ def report(parts: list[Part], batch: int, step_ms: float) -> None:
   waiting for data:    share of that time the step loop waited for the next batch (the
                        tables' "consumer waited"); near 0% means the loader keeps up.
     for the first batch: the first step's wait, while the loader opens the bucket, reads the
-                       first records and starts its workers (the loader after the checkpoint
-                       starts from a restored state, with the step already compiled)
+                       first records and starts its workers (after the checkpoint: from the
+                       restored state, while the model is restored; the step is compiled)
     after it:          the steady state, the figure that says whether the loader keeps up
   loader start-up:     from making the loader to its first batch, overlapping the first
                        step's compilation (start_prefetch)
@@ -172,11 +172,14 @@ def report(parts: list[Part], batch: int, step_ms: float) -> None:
                    f"{100 * steady:.0f}% of the time. A step takes {per_step:.0f} ms, of "
                    f"which {step_ms:g} ms simulated model compute (--step-ms); {workers} "
                    f"decode worker{'s' if workers != 1 else ''} parse about {rate:,.0f} JSON "
-                   f"records/s on this machine, and each step takes {batch}. The cores, not "
-                   f"the loader, are the limit here ({os.cpu_count()} on this machine, "
-                   "shared with the training step and anything else running): with more free "
-                   "cores workers=\"auto\" adds workers until the wait goes away; 'batches "
-                   "ready' near 0 in the tables says the same.")
+                   f"records/s on this machine, and each step takes {batch}. "
+                   + (f"The cores are the limit here ({os.cpu_count()} on this machine, shared "
+                      "with the training step and anything else running): workers=\"auto\" "
+                      "adds a worker only while a core is free, and with more free cores the "
+                      "wait goes away." if auto else
+                      "More --workers (a core each), --workers auto, or a larger model "
+                      "(--step-ms) make the wait go away.")
+                   + " 'batches ready' near 0 in the tables says the same.")
     print(textwrap.fill(verdict, 96, initial_indent="  ", subsequent_indent="     "))
     for part, name in zip(parts, ("before", "after")):
         print()
@@ -220,14 +223,16 @@ def save(ckpt_dir: str, tree, loader_state: dict) -> None:
         json.dump(loader_state, f)
 
 
-def restore(ckpt_dir: str, like, sharding):
-    """(the model's arrays, placed as `sharding`, in the structure of `like`; the loader's
-    state)."""
+def restore_loader_state(ckpt_dir: str) -> dict:
+    with open(os.path.join(ckpt_dir, "loader.json")) as f:
+        return json.load(f)
+
+
+def restore_model(ckpt_dir: str, like, sharding):
+    """The model's arrays, in the structure of `like`, placed as `sharding`."""
     with np.load(os.path.join(ckpt_dir, "model.npz")) as z:
         leaves = [z[f"leaf{i}"] for i in range(len(z.files))]
-    tree = jax.device_put(jax.tree.unflatten(jax.tree.structure(like), leaves), sharding)
-    with open(os.path.join(ckpt_dir, "loader.json")) as f:
-        return tree, json.load(f)
+    return jax.device_put(jax.tree.unflatten(jax.tree.structure(like), leaves), sharding)
 
 
 def main() -> None:
@@ -282,15 +287,17 @@ def main() -> None:
               f"{len(json.dumps(state))} bytes of JSON, {state['position']:,} records into "
               "the stream); restarting from it")
 
-        # Part 2: a fresh loader and model, restored from the checkpoint.
-        (params, opt_state), state = restore(ckpt_dir, (params, opt_state), replicated)
-        loader = ds.loader(options=options, state=state)
+        # Part 2: a fresh loader and model, restored from the checkpoint. The loader first,
+        # so its first batches are read while the model is restored (start_prefetch).
+        loader = ds.loader(options=options, state=restore_loader_state(ckpt_dir))
+        loader.start_prefetch()
+        params, opt_state = restore_model(ckpt_dir, (params, opt_state), replicated)
         it = loader.to_jax(sharding)
         print(f"resumed at step {first + 1}")
         params, opt_state = train(it, params, opt_state, step_fn, part2, log_every, step_s)
         part2.took_stats(loader.stats())
         it.close()
-        report([part1, part2], args.batch, args.step_ms)
+        report([part1, part2], args.batch, args.step_ms, auto=args.workers == "auto")
 
 if __name__ == "__main__":
     main()
