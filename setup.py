@@ -5,13 +5,18 @@ Both are optional: without a C compiler (or Python headers) the build goes on wi
 and the package uses its pure-Python fallbacks (``aioloader.arrayrecord.hashing`` warns once
 that hashing is then slow). On CPython >= 3.11 they use only the limited C API, so the wheel
 is ``abi3`` and serves every later CPython; 3.10 lacks the buffer protocol in the limited API
-and gets a version-specific build. Metadata lives in pyproject.toml.
+and gets a version-specific build. A wheel in which neither compiled holds only Python, and
+is tagged so (``py3-none-any``, ``Root-Is-Purelib: true``): a platform tag would promise
+native code it does not have. Metadata lives in pyproject.toml.
 """
 
+import os
 import sys
 import sysconfig
+from importlib.machinery import EXTENSION_SUFFIXES
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 
 # The buffer protocol joined the limited API in 3.11; free-threaded builds have no stable ABI.
 LIMITED = (
@@ -33,7 +38,27 @@ def native(name: str) -> Extension:
     )
 
 
+class BdistWheel(bdist_wheel):
+    """bdist_wheel that tags a wheel by what it holds: pure when no extension compiled."""
+
+    laid_out = False  # run() calls get_tag() once the package is laid out in bdist_dir
+
+    def run(self) -> None:
+        self.laid_out = True
+        super().run()
+
+    def get_tag(self) -> tuple[str, str, str]:
+        # For the file name and WHEEL; editable installs ask before any build: left as is.
+        if self.laid_out and not self.root_is_pure and not any(
+                name.endswith(tuple(EXTENSION_SUFFIXES))
+                for _, _, names in os.walk(self.bdist_dir) for name in names):
+            self.root_is_pure = True  # py3-none-any, Root-Is-Purelib: true
+            self.py_limited_api = False
+        return super().get_tag()
+
+
 setup(
     ext_modules=[native("_highwayhash"), native("_footer")],
+    cmdclass={"bdist_wheel": BdistWheel},
     options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED else {},
 )

