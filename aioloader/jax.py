@@ -23,6 +23,7 @@ refuses to start on multi-process runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -122,8 +123,10 @@ class Placement:
         self.steps: int | None = None  # lockstep target when padding
         self.done = 0  # batches placed
         self.template: Any = None
-        # jax's settings are per thread: the default device is the one where to_jax() is called
-        self.device: Any = getattr(jax.config, "jax_default_device", None)
+        # jax's settings are per thread (x64, the default device, ...): placement, on a
+        # thread of its own, runs under those in force where to_jax() is called
+        self.settings = _thread_settings()
+        self.differ: list[tuple[Any, Any]] | None = None  # those unlike the placing thread's
 
     async def setup(self) -> None:
         multi = jax.process_count() > 1
@@ -150,11 +153,12 @@ class Placement:
             if self.pad_final and real:
                 batch = _pad(batch, self.size)
                 self.template = batch
-            if self.device is None or self.sharding is not None:
+            if self.differ is None:  # (the placing thread's own settings never change)
+                self.differ = _differing(self.settings)
+            with contextlib.ExitStack() as stack:
+                for state, value in self.differ:
+                    stack.enter_context(state(value))
                 arrays = put_batch(batch, self.sharding)
-            else:
-                with jax.default_device(self.device):
-                    arrays = put_batch(batch, self.sharding)
         except Exception as exc:
             note = (f"aioloader: while placing batch {self.done} (counted from 0) of to_jax() "
                     "on the devices")
@@ -165,6 +169,26 @@ class Placement:
             raise
         self.done += 1
         return arrays
+
+
+def _thread_settings() -> dict[str, Any]:
+    """The values of jax's per-thread settings in force on this thread (`jax.enable_x64`,
+    `jax.default_device`, ...): jax keeps each as a state object that is also its context
+    manager. Only the default device where jax's internals are not as expected."""
+    try:
+        from jax._src.config import State
+
+        states = {n: h for n, h in jax.config._value_holders.items() if isinstance(h, State)}
+        return {n: (h, h.value) for n, h in states.items()}
+    except (ImportError, AttributeError):  # another jax: the default device at least
+        device = getattr(jax.config, "jax_default_device", None)
+        return {} if device is None else {"jax_default_device": (jax.default_device, device)}
+
+
+def _differing(settings: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The settings of `_thread_settings` whose value differs on this thread."""
+    return [(state, value) for state, value in settings.values()
+            if getattr(state, "value", object()) != value]
 
 
 # -- Orbax ------------------------------------------------------------------------------

@@ -235,3 +235,23 @@ def test_default_prefetch_of_three_workers_gives_the_same_batches(data):
         assert ld.prefetch == 6
         got = [(np.asarray(b["id"]).tolist(), ld.get_state()) for b in ld]
     assert got == want
+
+
+def big_ids(element: dict) -> dict:
+    """Ids past int32's range: an int32 placement would wrap them."""
+    return {"id": np.int64(element["id"]) + np.int64(1 << 40)}
+
+
+def test_placement_keeps_the_jax_settings_where_to_jax_is_called(data):
+    """jax's settings are per thread: with x64 on where `to_jax()` is called, the placement
+    thread places int64 as int64 (not silently wrapped to int32), on the default device
+    chosen there."""
+    ds = (al.Dataset.from_arrayrecord(data).map(fns.decode).map(big_ids).batch(8))
+    want = [np.asarray(b["id"]).tolist() for b in ds.loader()]
+    device = jax.devices()[-1]
+    with jax.enable_x64(True), jax.default_device(device):
+        it = ds.loader().to_jax(prefetch_to_device=2)
+        got = list(it)
+    assert [np.asarray(b["id"]).tolist() for b in got] == want
+    assert {b["id"].dtype for b in got} == {np.dtype(np.int64)}
+    assert {d for b in got for d in b["id"].devices()} == {device}
