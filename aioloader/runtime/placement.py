@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..jax import Placement
 
 _END = object()  # the feed's last item
+_LOOK_S = 0.1  # how often a thread waiting for room looks whether its loader was closed
 
 
 class _Feed:
@@ -58,7 +59,11 @@ class _Feed:
                 state = self.placement.loader.get_state()  # (this thread drives the loader)
                 with self.cond:
                     while not self.free and not self.stopped:
-                        self.cond.wait()
+                        # (a loader closed under a live iterator ends the wait too)
+                        if self.placement.loader.closed:
+                            self.stopped = True
+                        else:
+                            self.cond.wait(_LOOK_S)
                     if self.stopped:
                         break
                     self.free -= 1

@@ -255,3 +255,19 @@ def test_placement_keeps_the_jax_settings_where_to_jax_is_called(data):
     assert [np.asarray(b["id"]).tolist() for b in got] == want
     assert {b["id"].dtype for b in got} == {np.dtype(np.int64)}
     assert {d for b in got for d in b["id"].devices()} == {device}
+
+
+def test_closing_the_loader_ends_the_placement_thread(data):
+    """A loader closed (its `with` left) while its to_jax iterator is still referenced: the
+    placement thread ends, rather than wait for room with placed batches in hand."""
+    with ids_pipeline(data).loader() as ld:
+        it = ld.to_jax(prefetch_to_device=3)
+        next(it)
+        deadline = time.monotonic() + 10
+        while it._feed.free and time.monotonic() < deadline:  # the thread fills its room
+            time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while placement_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not placement_threads()
+    assert it is not None  # (still referenced)
