@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 __all__ = ["Progress", "fix_negative_values", "scrub", "storage_options"]
 
@@ -98,7 +99,10 @@ def _texts(value: Any) -> list[str]:
         return [str(value), *(t for v in value.values() for t in _texts(v))]
     if isinstance(value, (list, tuple)):
         return [str(value), *(t for v in value for t in _texts(v))]
-    return [str(value), json.dumps(value)] if isinstance(value, str) else [str(value)]
+    if isinstance(value, str):  # as given, as JSON, and as a URL quotes it
+        return [value, json.dumps(value), quote(value, safe=""), quote_plus(value),
+                quote(value)]
+    return [str(value)]
 
 
 class Progress:

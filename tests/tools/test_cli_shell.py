@@ -17,8 +17,11 @@ import termios
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import aioloader
+from aioloader.tools.cli_common import scrub
 
 from .test_cli import run
 
@@ -281,3 +284,14 @@ def test_version_without_installed_metadata(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
     assert capsys.readouterr().out == f"aioloader {aioloader.__version__}\n"
+
+
+@given(st.text(min_size=3), st.sampled_from(["{}", "access_token={}&x=1", "'{}'", "\"{}\""]))
+def test_scrub_hides_a_value_however_a_url_quotes_it(value, where):
+    """An error may quote a storage option's value as given, as JSON, or percent-encoded (a
+    token in a URL's query: `+`, `/`, `=` become %2B, %2F, %3D): none of them is shown."""
+    from urllib.parse import quote, quote_plus
+
+    for shown in {value, json.dumps(value), quote(value, safe=""), quote_plus(value)}:
+        text = scrub("failed: " + where.format(shown), {"token": value})
+        assert shown not in text and "<token>" in text
