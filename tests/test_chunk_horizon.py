@@ -285,3 +285,20 @@ def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
             .shuffle(3).batch(64)
         got = _on_horizons_then_resumed(ds, 21, workers=workers, resident_bytes=0)
     assert got == want
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_chunks_each_worker_cannot_hold_are_decoded_about_once_an_epoch(
+        tmp_path, workers, small_chunks_count_as_large):
+    """The cache of all workers holds the 6 chunks (~0.6 MB cached) but each of 2 workers'
+    shares does not: the decision follows what one decoding process holds, so 2 workers
+    decode no more chunks an epoch than a small multiple of the chunk count, as 0 do
+    (never one per task), and give the same batches."""
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(4).repeat(2).batch(32)
+    want = [_ids(b) for b in ds.loader(workers=0)]
+    with ds.loader(workers=workers, memory_budget=1_400_000) as loader:
+        got = [_ids(b) for b in loader]
+        decoded = loader._parts.runner.chunks_decoded
+    assert decoded <= 3 * 6 * 2  # (6 chunks, 2 epochs; one per task: ~90)
+    assert got == want

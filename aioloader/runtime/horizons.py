@@ -2,7 +2,10 @@
 pulled once into the stash the workers share (`workers.extract`), and which tasks read it.
 
 Under an exact shuffle of a file whose chunks decode to megabytes, every batch wants a few
-records of every chunk, and a cache of whole decoded chunks thrashes. Positions are then
+records of every chunk, and a cache of whole decoded chunks thrashes as soon as the chunks
+do not fit the cache of the process that decodes them: each worker holds its share of the
+cache (`Executor.cache_bytes`), so whether they fit is asked of that share, not of the
+whole (chunks that fit two workers' caches together thrash in each). Positions are then
 cut into horizons of as many records as the whole decoded-chunk cache holds; per horizon,
 the parent works out what it wants of each chunk (`planning.chunk_wants`, on a thread),
 and sends one fill job per chunk to the pool, which pulls those records out in one
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..planning import ChunkRefs, ChunkWants, chunk_wants
+from ..workers.decode import BOUND_BYTES
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, StashRef, Task
 
@@ -113,11 +117,12 @@ class Horizons:
                        ) -> StashRef | None:
         plan = self.runner.plan
         b = a + length if plan.length is None else min(a + length, plan.length)
-        share, mean = self.share()
+        mean = self.share()[1]
         records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
                                                  dtype=np.int64))
         self.probed += 1
-        if not thrashes(self.runner.source.chunk_refs(records), share, mean):
+        if not thrashes(self.runner.source.chunk_refs(records), self.runner.pool.cache_bytes,
+                        mean + BOUND_BYTES):
             return None
         lo = max(0, a - slack)
         wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
@@ -205,7 +210,8 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
 
 def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
     """Whether the multi-record chunks the records `head` touch would, decoded whole, take
-    more than `share` bytes (records of `mean` decoded bytes)."""
+    more than `share` bytes (one decoding process's cache; records costing it `mean`
+    bytes each)."""
     if head.count is None or not len(head):
         return False
     multi = head.count > 1
