@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -122,7 +123,7 @@ class Horizons:
                                                  dtype=np.int64))
         self.probed += 1
         if not thrashes(self.runner.source.chunk_refs(records), self.runner.pool.cache_bytes,
-                        mean + BOUND_BYTES):
+                        mean + BOUND_BYTES, slack):
             return None
         lo = max(0, a - slack)
         wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
@@ -208,13 +209,31 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
         ready.set_result(fut.result())
 
 
-def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
-    """Whether the multi-record chunks the records `head` touch would, decoded whole, take
-    more than `share` bytes (one decoding process's cache; records costing it `mean`
-    bytes each)."""
+def thrashes(head: ChunkRefs, share: int, mean: float, task: int) -> bool:
+    """Whether one decoding process's cache of `share` bytes (least recently used out; records
+    costing it `mean` bytes each), serving tasks of `task` consecutive records of `head` in
+    turn, would decode a multi-record chunk again: chunks that every task wants together
+    (an exact shuffle) and do not fit, not chunks wanted one after the other (a block
+    shuffle's windows, a sequential read). A short `head` is cut into at least 8 tasks."""
     if head.count is None or not len(head):
         return False
-    multi = head.count > 1
-    key = head.file[multi] * (1 << 44) + head.start[multi]
-    _, first = np.unique(key, return_index=True)
-    return float(head.count[multi][first].sum()) * mean > share
+    key = head.file * (1 << 44) + head.start
+    held: OrderedDict[int, float] = OrderedDict()
+    size, seen = 0.0, set()
+    task = max(1, min(task, len(head) // 8))
+    for lo in range(0, len(head), task):
+        count = head.count[lo : lo + task]
+        keys, first = np.unique(key[lo : lo + task][count > 1], return_index=True)
+        order = np.argsort(first)  # in the order the task first wants them
+        for k, n in zip(keys[order].tolist(), count[count > 1][first[order]].tolist()):
+            if k in held:
+                held.move_to_end(k)
+                continue
+            if k in seen:
+                return True
+            seen.add(k)
+            held[k] = n * mean
+            size += n * mean
+            while size > share:
+                size -= held.popitem(last=False)[1]
+    return False
