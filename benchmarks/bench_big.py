@@ -1,8 +1,10 @@
-"""Issue 15 cliffs, before/after in one sitting: big batches, and the first batch of a fresh
-process (ours against Grain's).
+"""Cliffs, before/after in one sitting: big batches, the first batch of a fresh process
+(ours against Grain's), and large groups under a shuffle.
 
     python benchmarks/bench_big.py big --before /work/wt-base --after . --rounds 3
     python benchmarks/bench_big.py first --before /work/wt-base --after . --rounds 5
+    python benchmarks/bench_big.py groups --before /work/wt-base --after . --rounds 2 \
+        --records 50000,200000,1000000 --shuffles exact,block
 
 Every measurement is its own fresh `python` process (`child`), run against a tree by
 `PYTHONPATH=<copy of these benchmarks>:<tree>`; the trees alternate ABBA. `big`: 1 MiB records
@@ -14,6 +16,9 @@ steadier figure than rates on a shared machine; multiprocessing's forkserver and
 tracker not counted); `--breakdown` splits the peak PSS by process and by kind (the arena's
 shared memory, heap, anonymous maps, files). `first`: the time from building the pipeline
 to the first batch in hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
+`groups`: one file of N 1 KiB JSON records written with group_size 65536, `json.loads`, batch
+256, one full epoch (but the last batch) under an exact or a block shuffle, workers 0/1/2: the
+same figures, and the multi-record chunks the run decoded (`decoded`).
 """
 
 from __future__ import annotations
@@ -81,6 +86,25 @@ def big_data(folder: Path) -> dict[str, list[str]]:
     img = write(folder / "img224-4096.array_record",
                 (rng.integers(0, 256, n, dtype=np.uint8).tobytes() for _ in range(IMG_RECORDS)))
     return {"mib": [str(mib)], "img": [str(img)]}
+
+
+def group_file(folder: Path, n: int, group: int = 65536) -> str:
+    """One file of `n` 1 KiB JSON records (`common.text_records`, made 100k at a time)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from .common import text_records
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"text-{n}-g{group}.array_record"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        w = ArrayRecordWriter(str(tmp), f"group_size:{group},zstd:3")
+        for k in range(0, n, 100_000):
+            for r in text_records(min(100_000, n - k), seed=k):
+                w.write(r)
+        w.close()
+        os.replace(tmp, path)
+    return str(path)
 
 
 def text_shards(folder: Path, n: int = 20_000, shards: int = 20) -> list[str]:
@@ -216,15 +240,20 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
                 peak["by"] = by
 
     threading.Thread(target=sample, daemon=True).start()
-    fn = {"mib": as_bytes_array, "img": as_image224}[spec["kind"]]
+    kind = spec["kind"]
+    fn = {"mib": as_bytes_array, "img": as_image224, "text": decode_text}[kind]
     t0 = time.perf_counter()
-    ds = al.Dataset.from_arrayrecord(spec["paths"]).shuffle(0).repeat(spec["epochs"]).map(fn) \
+    ds = al.Dataset.from_arrayrecord(spec["paths"]) \
+        .shuffle(0, strategy=spec.get("shuffle", "exact")).repeat(spec["epochs"]).map(fn) \
         .batch(256)
     count, first, hwm, cpu = 0, None, 0, 0.0
     with ds.loader(workers=spec["workers"]) as it:
         for batch in it:
-            assert batch.shape[0] == 256
-            int(batch[-1, -1:].sum())  # touch it
+            if kind == "text":
+                assert len(batch["id"]) == 256
+            else:
+                assert batch.shape[0] == 256
+                int(batch[-1, -1:].sum())  # touch it
             count += 1
             if first is None:
                 first = time.perf_counter()
@@ -239,8 +268,9 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
     return {"rate": (count - 1) * 256 / (end - first), "ttfb": first - t0,
             "hwm_mb": hwm / 1024, "pss_mb": peak["pss"] / 1024,
             "cpu_us": cpu / (count * 256) * 1e6,
-            "batch_mb": 256 * fn(bytes(1 << 20 if spec["kind"] == "mib"
-                                       else int(np.prod(IMG224)))).nbytes / 1e6,
+            "batch_mb": 0.26 if kind == "text" else 256 * fn(bytes(
+                1 << 20 if kind == "mib" else int(np.prod(IMG224)))).nbytes / 1e6,
+            "decoded": stats.get("cache", {}).get("decoded", 0),
             "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")},
             **({"peak_by": peak["by"]} if "by" in peak else {})}
 
@@ -298,7 +328,7 @@ def _fmt(xs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["big", "first", "child"])
+    ap.add_argument("mode", choices=["big", "first", "groups", "child"])
     ap.add_argument("rest", nargs="*")
     ap.add_argument("--before", type=Path)
     ap.add_argument("--after", type=Path, default=HERE.parent)
@@ -311,12 +341,16 @@ def main() -> None:
                     help="big: the peak PSS by process (parent, forkserver, resource tracker, "
                          "workers) and kind (arena, heap, anon, files), from /proc/*/smaps")
     ap.add_argument("--no-grain", action="store_true", help="first: ours only")
+    ap.add_argument("--records", default="50000,200000,1000000", help="groups: file sizes")
+    ap.add_argument("--shuffles", default="exact,block", help="groups: shuffle strategies")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/aioloader-bench-big-work"),
+                    help="where the benchmarks are copied for the children")
     a = ap.parse_args()
     if a.mode == "child":
-        fn = child_big if a.rest[0] == "big" else child_first
+        fn = child_first if a.rest[0] == "first" else child_big
         print("RESULT " + json.dumps(fn(json.loads(a.rest[1]))), flush=True)
         os._exit(0)
-    workdir = Path("/tmp/aioloader-bench-big-work")
+    workdir = a.workdir
     if (workdir / "benchmarks").exists():
         shutil.rmtree(workdir / "benchmarks")
     shutil.copytree(HERE, workdir / "benchmarks",
@@ -336,6 +370,14 @@ def main() -> None:
                 configs.append((f"{kind} w={w}", {"kind": kind, "paths": data[kind],
                                                   "workers": w, "batches": batches,
                                                   "epochs": 8, "breakdown": a.breakdown}))
+    elif a.mode == "groups":
+        for n in map(int, a.records.split(",")):
+            path = group_file(a.data, n)
+            for shuffle in a.shuffles.split(","):
+                for w in map(int, a.workers.split(",")):
+                    configs.append((f"{n} {shuffle} w={w}", {
+                        "kind": "text", "paths": [path], "workers": w, "shuffle": shuffle,
+                        "batches": n // 256, "epochs": 1, "breakdown": False}))
     else:
         paths = text_shards(a.data)
         for w in map(int, a.workers.split(",")):
@@ -349,14 +391,16 @@ def main() -> None:
             for t in order:
                 if a.mode == "first" and spec["lib"] == "grain" and t != order[0]:
                     continue  # Grain does not depend on the tree: once a round
-                out = run_child(a.mode, spec, trees[t], workdir)
+                out = run_child("first" if a.mode == "first" else "big", spec, trees[t],
+                                workdir)
                 res.setdefault((name, t), []).append(out)
                 print(f"[{time.strftime('%H:%M:%S')}] {name} {t}: "
                       f"{ {k: v for k, v in out.items() if k != 'stats'} }",
                       file=sys.stderr, flush=True)
     for (name, t), runs in res.items():
         cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
-                else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"])
+                else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"]
+                + (["decoded"] if a.mode == "groups" else []))
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 
 

@@ -2,7 +2,10 @@
 pulled once into the stash the workers share (`workers.extract`), and which tasks read it.
 
 Under an exact shuffle of a file whose chunks decode to megabytes, every batch wants a few
-records of every chunk, and a cache of whole decoded chunks thrashes. Positions are then
+records of every chunk, and a cache of whole decoded chunks thrashes as soon as the chunks
+do not fit the cache of the process that decodes them: each worker holds its share of the
+cache (`Executor.cache_bytes`), so whether they fit is asked of that share, not of the
+whole (chunks that fit two workers' caches together thrash in each). Positions are then
 cut into horizons of as many records as the whole decoded-chunk cache holds; per horizon,
 the parent works out what it wants of each chunk (`planning.chunk_wants`, on a thread),
 and sends one fill job per chunk to the pool, which pulls those records out in one
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
+from ..workers.decode import BOUND_BYTES
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, StashRef, Task
 
@@ -113,11 +118,12 @@ class Horizons:
                        ) -> StashRef | None:
         plan = self.runner.plan
         b = a + length if plan.length is None else min(a + length, plan.length)
-        share, mean = self.share()
+        mean = self.share()[1]
         records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
                                                  dtype=np.int64))
         self.probed += 1
-        if not thrashes(self.runner.source.chunk_refs(records), share, mean):
+        if not thrashes(self.runner.source.chunk_refs(records), self.runner.pool.cache_bytes,
+                        mean + BOUND_BYTES, slack):
             return None
         lo = max(0, a - slack)
         wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
@@ -203,12 +209,31 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
         ready.set_result(fut.result())
 
 
-def thrashes(head: ChunkRefs, share: int, mean: float) -> bool:
-    """Whether the multi-record chunks the records `head` touch would, decoded whole, take
-    more than `share` bytes (records of `mean` decoded bytes)."""
+def thrashes(head: ChunkRefs, share: int, mean: float, task: int) -> bool:
+    """Whether one decoding process's cache of `share` bytes (least recently used out; records
+    costing it `mean` bytes each), serving tasks of `task` consecutive records of `head` in
+    turn, would decode a multi-record chunk again: chunks that every task wants together
+    (an exact shuffle) and do not fit, not chunks wanted one after the other (a block
+    shuffle's windows, a sequential read). A short `head` is cut into at least 8 tasks."""
     if head.count is None or not len(head):
         return False
-    multi = head.count > 1
-    key = head.file[multi] * (1 << 44) + head.start[multi]
-    _, first = np.unique(key, return_index=True)
-    return float(head.count[multi][first].sum()) * mean > share
+    key = head.file * (1 << 44) + head.start
+    held: OrderedDict[int, float] = OrderedDict()
+    size, seen = 0.0, set()
+    task = max(1, min(task, len(head) // 8))
+    for lo in range(0, len(head), task):
+        count = head.count[lo : lo + task]
+        keys, first = np.unique(key[lo : lo + task][count > 1], return_index=True)
+        order = np.argsort(first)  # in the order the task first wants them
+        for k, n in zip(keys[order].tolist(), count[count > 1][first[order]].tolist()):
+            if k in held:
+                held.move_to_end(k)
+                continue
+            if k in seen:
+                return True
+            seen.add(k)
+            held[k] = n * mean
+            size += n * mean
+            while size > share:
+                size -= held.popitem(last=False)[1]
+    return False

@@ -41,6 +41,7 @@ from .ones import PREADV, read_ones
 
 
 Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]
+BOUND_BYTES = 40  # what the cache counts for each record's bound (a Python int in a list)
 
 
 def _unpacked(records: ChunkRecords) -> Chunk:
@@ -54,8 +55,8 @@ def _unpacked(records: ChunkRecords) -> Chunk:
 
 class ChunkCache:
     """Decoded multi-record chunks by where their bytes lie (path or URL, offset), least
-    recently used out first, bounded in bytes (their data, and ~40 bytes a record for the
-    bounds)."""
+    recently used out first, bounded in bytes (their data, and `BOUND_BYTES` a record for
+    the bounds)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -70,7 +71,7 @@ class ChunkCache:
         return item[0]
 
     def put(self, key: tuple[str, int], chunk: Chunk) -> None:
-        size = len(chunk[0]) + 40 * len(chunk[1])
+        size = len(chunk[0]) + BOUND_BYTES * len(chunk[1])
         if size > self.max_bytes or key in self._items:
             return
         self._items[key] = (chunk, size)

@@ -41,6 +41,7 @@ class Executor(Protocol):
 
     pipeline: Pipeline  # what every task runs
     stash: StashFile  # records pulled out of large chunks, for all tasks (`runtime.horizons`)
+    cache_bytes: int  # the decoded-chunk cache of each process that decodes tasks
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """The task's result, or its error (a `WorkerError` naming `describe`)."""
@@ -98,8 +99,8 @@ class SlotExecutor:
         self._closed = False
         # Each decoding process keeps its share of the decoded-chunk cache, so the executor
         # holds what the parent used to (the chunks a task wants are decoded where it runs).
-        self._cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
-        self._decoder = Decoder(self._cache_bytes)  # of the tasks run in this process
+        self.cache_bytes = pipeline.chunk_cache_bytes // max(1, workers)
+        self._decoder = Decoder(self.cache_bytes)  # of the tasks run in this process
         # Records pulled out of large chunks for a horizon, for all workers at once (made
         # when first used: `runtime.horizons`), in place of their caches' shares.
         self.stash = StashFile(pipeline.chunk_cache_bytes)

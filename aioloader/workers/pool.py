@@ -98,7 +98,7 @@ class Pool(SlotExecutor):
                 mp_context=ctx,
                 initializer=_init_worker,
                 # (this process's environment now: the forkserver's is the one at its start)
-                initargs=(_pack_pipeline(pipeline), self._started, self._cache_bytes,
+                initargs=(_pack_pipeline(pipeline), self._started, self.cache_bytes,
                           dict(os.environ)),
             )
         except BaseException:

@@ -285,3 +285,49 @@ def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
             .shuffle(3).batch(64)
         got = _on_horizons_then_resumed(ds, 21, workers=workers, resident_bytes=0)
     assert got == want
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_chunks_each_worker_cannot_hold_are_decoded_about_once_an_epoch(
+        tmp_path, workers, small_chunks_count_as_large):
+    """The cache of all workers holds the 6 chunks (~0.6 MB cached) but each of 2 workers'
+    shares does not: the decision follows what one decoding process holds, so 2 workers
+    decode no more chunks an epoch than a small multiple of the chunk count, as 0 do
+    (never one per task), and give the same batches."""
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(4).repeat(2).batch(32)
+    want = [_ids(b) for b in ds.loader(workers=0)]
+    with ds.loader(workers=workers, memory_budget=1_400_000) as loader:
+        got = [_ids(b) for b in loader]
+        decoded = loader._parts.runner.chunks_decoded
+    assert decoded <= 3 * 6 * 2  # (6 chunks, 2 epochs; one per task: ~90)
+    assert got == want
+
+
+def test_a_block_shuffle_whose_window_fits_one_workers_cache_keeps_whole_chunks(
+        tmp_path, small_chunks_count_as_large):
+    """Windows of one chunk, read one after the other: each of 2 workers' shares holds a
+    window's chunk, though not the two chunks that a horizon's first positions touch."""
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(
+        1, strategy="block", block_bytes=1, window_bytes=1).batch(64)
+    want = [_ids(b) for b in ds.loader(workers=0)]
+    with ds.loader(workers=2, memory_budget=440_000) as loader:
+        got = [_ids(b) for b in loader]
+        h = loader._parts.runner.horizons
+        assert h.probed > 0 and h.count == 0
+    assert got == want
+
+
+def test_thrashes_asks_whether_a_chunk_would_be_decoded_again(root):
+    """Chunks of 200 records: three wanted together by every task thrash a cache of two,
+    not one of three; wanted one after the other, they fit a cache of one."""
+    from aioloader.runtime.horizons import thrashes
+
+    _path, _records, src = _file(root, "group_size:200,zstd:3")
+    mixed = src.chunk_refs(np.random.default_rng(0).permutation(600))
+    one_by_one = src.chunk_refs(np.arange(600))
+    assert thrashes(mixed, 2 * 200, 1.0, 100)
+    assert not thrashes(mixed, 3 * 200, 1.0, 100)
+    assert not thrashes(one_by_one, 200, 1.0, 100)
+    assert thrashes(one_by_one, 199, 1.0, 100)  # a chunk larger than the cache
