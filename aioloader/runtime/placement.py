@@ -109,9 +109,8 @@ class _Feed:
             self.thread.join()
 
 
-class DeviceIterator:
-    """`for arrays in loader.to_jax(sharding)`: a placement thread puts the batches on the
-    devices up to `prefetch_to_device` ahead, so `next()` hands over placed arrays."""
+class _Placed:
+    """What both iterators hold: the placement, its depth, and the state handed out."""
 
     def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
                  pad_final: bool = False) -> None:
@@ -121,11 +120,21 @@ class DeviceIterator:
         self.loader = loader
         self.depth = max(1, prefetch_to_device)
         self.state: dict[str, Any] = loader.get_state()
-        self._feed: _Feed | None = None  # from the first step
 
     def get_state(self) -> dict[str, Any]:
         """The loader state after the last batch this iterator *returned* (not prefetched)."""
         return self.state
+
+
+class DeviceIterator(_Placed):
+    """`for arrays in loader.to_jax(sharding)`: a placement thread puts the batches on the
+    devices up to `prefetch_to_device` ahead, so `next()` hands over placed arrays."""
+
+    def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
+                 pad_final: bool = False) -> None:
+        super().__init__(loader, sharding, prefetch_to_device=prefetch_to_device,
+                         pad_final=pad_final)
+        self._feed: _Feed | None = None  # from the first step
 
     def __iter__(self) -> DeviceIterator:
         return self
@@ -149,26 +158,18 @@ class DeviceIterator:
             feed.join()
 
 
-class AsyncDeviceIterator:
+class AsyncDeviceIterator(_Placed):
     """`async for arrays in loader.to_jax_async(sharding)`: a task on the loader's loop takes
     the batches, and one placement thread places them (`prefetch_to_device` ahead)."""
 
     def __init__(self, loader: Any, sharding: Any = None, *, prefetch_to_device: int = 2,
                  pad_final: bool = False) -> None:
-        from ..jax import Placement  # (the package imports without jax)
-
-        self._placement = Placement(loader, sharding, pad_final)
-        self.loader = loader
-        self.depth = max(1, prefetch_to_device)
-        self.state: dict[str, Any] = loader.get_state()
+        super().__init__(loader, sharding, prefetch_to_device=prefetch_to_device,
+                         pad_final=pad_final)
         self._task: asyncio.Task | None = None
         self._out: asyncio.Queue = asyncio.Queue()
         self._held = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def get_state(self) -> dict[str, Any]:
-        """The loader state after the last batch this iterator *returned* (not prefetched)."""
-        return self.state
 
     def __aiter__(self) -> AsyncDeviceIterator:
         return self
