@@ -242,7 +242,8 @@ def test_the_legend_explains_every_column_row_and_line_the_table_prints(clock):
     assert text.splitlines()[-1] == FOOTER  # print(it.stats()) points to it, once
 
 
-def test_a_local_run_shows_its_reads_and_says_what_is_not_measured(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_local_run_shows_its_reads_and_says_what_is_not_measured(tmp_path, workers):
     paths = []
     for k in range(2):
         path = tmp_path / f"d-{k}.array_record"
@@ -251,7 +252,7 @@ def test_a_local_run_shows_its_reads_and_says_what_is_not_measured(tmp_path):
                 w.write(random.Random(i).randbytes(1000))  # incompressible
         paths.append(str(path))
     ds = al.Dataset.from_arrayrecord(paths).shuffle(1).batch(50)
-    with ds.loader(workers=0) as it:
+    with ds.loader(workers=workers) as it:
         assert sum(1 for _ in it) == 16
         text, io = str(it.stats()), it.stats().io
     assert io["worker_reads"] > 0 and io["worker_bytes"] >= 800_000
