@@ -262,3 +262,14 @@ def test_a_local_run_shows_its_reads_and_says_what_is_not_measured(tmp_path, wor
     assert "by the workers" in io_line and "not measured" in io_line
     assert " 0 us" not in text and "peak 0 " not in text
     assert not any(ln.startswith("fetch ") for ln in text.splitlines())  # the workers read
+
+
+def test_reads_made_only_by_the_workers_have_no_peak_in_flight_of_0(clock):
+    ps = PipelineStats(workers=2, clock=clock, io_source=lambda: {
+        "reads": 0, "requests": 0, "bytes": 0, "peak_in_flight": 0})
+    ps.records = 40
+    ps.add_worker_reads(10, 40_000)
+    clock.t += 1.0
+    io_line = next(ln for ln in str(ps).splitlines() if ln.startswith("I/O:"))
+    assert io_line.startswith("I/O: 10 reads (10 by the workers), 0.040 MB (0.040 MB/s)")
+    assert "peak in flight not measured" in io_line and "peak 0" not in io_line
