@@ -9,10 +9,10 @@ at a time (`PipelineStats.add_ops`), so a slow map can be found.
 Busy is per core: a stage done by N processes, or with many calls in flight on one event
 loop, reads at most 100% (concurrent time is never summed into "553%").
 The consumer's waiting time says whether the pipeline keeps up (a training loop that waits
-> 1% of its time is input-bound). `print(it.stats())` gives a table a person can read;
-`.as_dict()` the same for machines; `.trace(path)` the spans behind them as a Chrome/Perfetto
-trace, when the loader records one (`runtime.trace`: each hook hands its span on; the table
-itself is formatted in `runtime.table`).
+> 1% of its time is input-bound). `print(it.stats())` gives a table a person can read,
+`.legend()` what its columns and lines mean; `.as_dict()` the same for machines;
+`.trace(path)` the spans behind them as a Chrome/Perfetto trace, when the loader records one
+(`runtime.trace`: each hook hands its span on; the table and legend are in `runtime.table`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .table import render
+from .table import legend, render
 from .trace import DEFAULT_EVENTS, Trace
 
 Clock = Callable[[], float]
@@ -361,6 +361,10 @@ class PipelineStats:
     def _cores_of(self, stage: str, default: int) -> int:
         st = self.stages.get(stage)
         return st.cores if st is not None else default
+
+    def legend(self) -> str:
+        """What each column and line of the table (`str(stats)`) means."""
+        return legend()
 
     def __str__(self) -> str:
         return render(self.as_dict(), self.graph,

@@ -1,11 +1,60 @@
 """The table `print(it.stats())` shows: one row per stage and transform, then the I/O and
-cache lines (kept apart from `stats`, which owns the figures: this only formats them).
+cache lines (kept apart from `stats`, which owns the figures: this only formats them), and
+its legend (`stats().legend()`), each column and line explained once.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+FOOTER = "(it.stats().legend() explains each column and line)"
+
+# Each label the table prints, as it prints it, and what it means.
+LEGEND: tuple[tuple[str, str], ...] = (
+    ("pipeline", "the dataset's steps, in order, as the loader runs them"),
+    ("batches, records", "what you got so far, the time since the loader started, and "
+     "records/s over it; first batch after: how long the first batch took"),
+    ("consumer waited", "the time your loop spent waiting for the next batch, and its share "
+     "of the time (over 1%: loading holds training back); batches ready: how many of the "
+     "`prefetch` batches were ready when you asked, on average"),
+    ("stage", "one row per stage, in pipeline order; a stage that did nothing is left out"),
+    ("fetch", "getting the records' bytes to the workers: reads from a bucket (or its "
+     "caches) in this process, or waiting for an exact shuffle's records pulled out of large "
+     "chunks. Local files are read by the workers themselves: no fetch row, their reads are "
+     "on the I/O line and their time inside decode+transform"),
+    ("decode+transform", "a task from being handed to the workers to its batch coming back: "
+     "reading local files, decoding, your transforms, batching (queued tasks included)"),
+    ("assemble", "joining the workers' pieces into the batches you get"),
+    ("transform", "(indented rows) one of your transforms (map, filter, ...), timed in the "
+     "workers, under the stage that runs it; a transform used twice has a row per use (#2)"),
+    ("items", "records (or elements) that went through the row"),
+    ("total s", "seconds spent in the row, summed over calls (calls in flight together add "
+     "up, so this can exceed the run's time)"),
+    ("per item", "total s / items"),
+    ("max call", "the longest single call (a task, for the workers' rows)"),
+    ("busy", "the share of the run's time the row kept its cores busy, at most 100% (calls "
+     "in flight together count once); \"of N workers\": shared over N processes"),
+    ("peak in flight", "the most calls of the stage running at once"),
+    ("I/O", "reads of the dataset's bytes: reads (those the workers made of local files "
+     "themselves, counted apart), MB read and MB/s over the run, retries of failed reads, "
+     "hedges (duplicate requests sent for slow reads, and how many answered first), peak "
+     "in flight (reads at once in this process: the workers' own reads are not measured), "
+     "records per read"),
+    ("chunk cache", "chunks of a remote dataset found already read (hits) or read (misses), "
+     "and the MB it holds"),
+    ("kept in memory", "a remote dataset's bytes held in memory (`resident_bytes`): later "
+     "epochs read no bytes; \"in part\" when the dataset is larger"),
+)
+
+
+def legend() -> str:
+    """What each column and line of the table means, one entry a label."""
+    width = max(len(label) for label, _ in LEGEND) + 2
+    body = [textwrap.fill(text, 92, initial_indent=f"  {label}".ljust(width + 2),
+                          subsequent_indent=" " * (width + 2)) for label, text in LEGEND]
+    return "\n".join(["What the columns and lines of stats() mean:", *body])
 
 
 def render(d: dict[str, Any], graph: Sequence[str] = (),
@@ -25,6 +74,7 @@ def render(d: dict[str, Any], graph: Sequence[str] = (),
                  "ready on average")
     lines += _table(d, units or {})
     lines += _io_lines(d["io"], d["cache"], elapsed)
+    lines.append(FOOTER)
     return "\n".join(lines)
 
 
@@ -56,13 +106,19 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
     lines = []
     if io:
         mb = io.get("bytes", 0) / 1e6
-        by_workers = (f" ({io['worker_reads']:,} by the workers)"
-                      if io.get("worker_reads") else "")
+        workers = io.get("worker_reads", 0)
+        by_workers = f" ({workers:,} by the workers)" if workers else ""
+        if not workers:
+            peak = f"peak {io.get('peak_in_flight', 0)} in flight"
+        elif io.get("reads", 0) > workers:  # some reads here (the files' indexes), the rest there
+            peak = (f"peak {io.get('peak_in_flight', 0)} in flight here (the workers': "
+                    "not measured)")
+        else:
+            peak = "peak in flight not measured (the workers read the files)"
         lines.append(
-            f"I/O: {io.get('reads', 0):,} reads{by_workers}, {mb:,.1f} MB "
-            f"({mb / elapsed:,.1f} MB/s), {io.get('retries', 0)} retries, "
-            f"{io.get('hedges', 0)} hedges ({io.get('hedge_wins', 0)} won), "
-            f"peak {io.get('peak_in_flight', 0)} in flight, "
+            f"I/O: {io.get('reads', 0):,} reads{by_workers}, {_mb(mb)} MB "
+            f"({_mb(mb / elapsed)} MB/s), {io.get('retries', 0)} retries, "
+            f"{io.get('hedges', 0)} hedges ({io.get('hedge_wins', 0)} won), {peak}, "
             f"{io.get('records_per_read', 0):.1f} records per read"
         )
     if cache.get("hits", 0) or cache.get("misses", 0):
@@ -89,7 +145,14 @@ def _busy(fraction: float, cores: int, unit: str) -> str:
     return f"{pct} of {cores} {unit}" if cores > 1 else pct
 
 
+def _mb(mb: float) -> str:
+    """MB with one decimal, or three below 0.1 (a few KB read is not "0.0 MB")."""
+    return f"{mb:,.1f}" if mb >= 0.1 or mb == 0 else f"{mb:.3f}"
+
+
 def _dur(seconds: float) -> str:
+    if 0 < seconds < 0.5e-6:
+        return "<1 us"  # measured, under a microsecond: not "0 us"
     if seconds >= 1:
         return f"{seconds:.2f} s"
     if seconds >= 1e-3:

@@ -11,6 +11,7 @@ figures of its two stages (fetch, decode+transform); the order of tasks is the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +84,10 @@ class TaskRunner:
         # before anything is awaited: tasks hold horizons in the order they start
         horizon = self.horizons.hold(hi - 1)
         try:
-            with st.fetch.timed(items=hi - lo):
+            # local files: nothing is fetched here (the workers read them), unless records
+            # are pulled out of large chunks for an exact shuffle (the horizon)
+            fetching = not self.local or horizon is not None
+            with st.fetch.timed(items=hi - lo) if fetching else contextlib.nullcontext():
                 carry = await self.bytes.serve(refs)
                 task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws)
                 if horizon is not None:

@@ -1,11 +1,15 @@
-"""Stage and per-transform figures, busy per core, the table and as_dict: no processes, no
-files, a hand-driven clock."""
+"""Stage and per-transform figures, busy per core, the table, its legend and as_dict: a
+hand-driven clock (and one real local run, for what the table shows of local reads)."""
 
 import json
+import random
+import re
 
 import pytest
 
+import aioloader as al
 from aioloader.runtime.stats import PipelineStats, StageStats
+from aioloader.runtime.table import FOOTER
 
 
 class Clock:
@@ -209,3 +213,63 @@ def test_stages_register_in_pipeline_order(clock):
     assert list(ps.stages) == ["fetch", "plan", "decode+transform", "assemble", "to device"]
     assert (ps.fetch.name, ps.process.name, ps.assemble.name) == (
         "fetch", "decode+transform", "assemble")
+
+
+def _columns(text: str) -> list[str]:
+    header = next(ln for ln in text.splitlines() if ln.startswith("stage "))
+    return re.split(r"\s{2,}", header.strip())
+
+
+def _explained(legend: str, label: str) -> bool:
+    return re.search(rf"^  {re.escape(label)}(\s|:)", legend, re.M) is not None
+
+
+def test_the_legend_explains_every_column_row_and_line_the_table_prints(clock):
+    ps = _run(clock)
+    text, legend = str(ps), ps.legend()
+    columns = _columns(text)
+    assert len(columns) >= 7  # derived from the table: a new column must be explained
+    rows = [ln.split("  ")[0] for ln in text.splitlines()
+            if ln and not ln.startswith((" ", "-", "stage ")) and ln.split()[0] in ps.stages]
+    assert rows == ["fetch", "decode+transform"]
+    lines = [ln.split(":")[0] for ln in text.splitlines() if re.match(r"^[A-Za-z/ ]+: ", ln)]
+    assert {"pipeline", "I/O", "chunk cache"} <= set(lines)
+    for label in [*columns, *rows, *lines, *ps.stages, "  transform"]:
+        assert _explained(legend, label.strip()), label
+    for words in ("first batch after", "consumer waited", "batches ready", "records per read",
+                  "by the workers", "hedges", "kept in memory"):
+        assert words in legend, words
+    assert text.splitlines()[-1] == FOOTER  # print(it.stats()) points to it, once
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_local_run_shows_its_reads_and_says_what_is_not_measured(tmp_path, workers):
+    paths = []
+    for k in range(2):
+        path = tmp_path / f"d-{k}.array_record"
+        with al.ArrayRecordWriter(path, group_size=4) as w:
+            for i in range(k, 800, 2):
+                w.write(random.Random(i).randbytes(1000))  # incompressible
+        paths.append(str(path))
+    ds = al.Dataset.from_arrayrecord(paths).shuffle(1).batch(50)
+    with ds.loader(workers=workers) as it:
+        assert sum(1 for _ in it) == 16
+        text, io = str(it.stats()), it.stats().io
+    assert io["worker_reads"] > 0 and io["worker_bytes"] >= 800_000
+    io_line = next(ln for ln in text.splitlines() if ln.startswith("I/O:"))
+    reads = int(re.match(r"I/O: ([\d,]+) reads", io_line)[1].replace(",", ""))  # type: ignore[index]
+    assert reads == io["reads"] > 0 and " 0.0 MB" not in io_line
+    assert "by the workers" in io_line and "not measured" in io_line
+    assert " 0 us" not in text and "peak 0 " not in text
+    assert not any(ln.startswith("fetch ") for ln in text.splitlines())  # the workers read
+
+
+def test_reads_made_only_by_the_workers_have_no_peak_in_flight_of_0(clock):
+    ps = PipelineStats(workers=2, clock=clock, io_source=lambda: {
+        "reads": 0, "requests": 0, "bytes": 0, "peak_in_flight": 0})
+    ps.records = 40
+    ps.add_worker_reads(10, 40_000)
+    clock.t += 1.0
+    io_line = next(ln for ln in str(ps).splitlines() if ln.startswith("I/O:"))
+    assert io_line.startswith("I/O: 10 reads (10 by the workers), 0.040 MB (0.040 MB/s)")
+    assert "peak in flight not measured" in io_line and "peak 0" not in io_line
