@@ -23,6 +23,10 @@
  * chunks, most in one, largest decoded size); None when anything is otherwise, and the caller
  * then takes its general path, which parses what is valid and names what is not. Opening
  * thousands of small files was mostly the dozen NumPy calls this replaces per footer.
+ * Lean outputs, so a group_size 1 footer builds only what the index keeps: `decoded` may be
+ * m uint32 (None is returned for a size of 2^32 or more) and `records` None (None is
+ * returned unless every chunk holds one record). `lean_columns` is the same function, under
+ * a name that says an extension built before these forms is not in use.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -98,7 +102,7 @@ done:
 /* 0 when anything is not as `columns` wants it; else 1 and the summary filled in. */
 static int parse_columns(const uint8_t *sizes, Py_ssize_t sizes_len, const uint8_t *values,
                          Py_ssize_t values_len, int64_t footer_offset, Py_ssize_t m,
-                         int64_t *out[3], int64_t summary[4]) {
+                         int narrow, int64_t *out[3], int64_t summary[4]) {
     const uint8_t *p = sizes, *sizes_end = sizes + sizes_len;
     uint64_t meta;
     if (!read_varint(p, sizes_end, &p, &meta) || meta > (uint64_t)values_len) return 0;
@@ -108,23 +112,32 @@ static int parse_columns(const uint8_t *sizes, Py_ssize_t sizes_len, const uint8
         if (!read_varint(p, sizes_end, &p, &len) || len > (uint64_t)(values_len - at)) return 0;
         const uint8_t *q = values + at, *end = q + len;
         at += (int64_t)len;
+        uint64_t v[3];
         for (int field = 1; field <= 3; field++) {
-            uint64_t tag, v;
+            uint64_t tag;
             if (!read_varint(q, end, &q, &tag) || tag != (uint64_t)(field << 3) ||
-                !read_varint(q, end, &q, &v))
+                !read_varint(q, end, &q, &v[field - 1]))
                 return 0;
-            out[field - 1][k] = (int64_t)v;
         }
         if (q != end) return 0;
+        out[0][k] = (int64_t)v[0];
+        if (narrow) {
+            if (v[1] > UINT32_MAX) return 0;
+            ((uint32_t *)out[1])[k] = (uint32_t)v[1];
+        } else {
+            out[1][k] = (int64_t)v[1];
+        }
+        if (out[2] != NULL) out[2][k] = (int64_t)v[2];
+        else if (v[2] != 1) return 0;
+        if ((int64_t)v[1] > widest) widest = (int64_t)v[1];
     }
     if (p != sizes_end || at != values_len) return 0;
     for (Py_ssize_t k = 0; k < m; k++) {
         int64_t offset = out[0][k], next = k + 1 < m ? out[0][k + 1] : footer_offset;
-        int64_t count = out[2][k], span = next - offset;
+        int64_t count = out[2] != NULL ? out[2][k] : 1, span = next - offset;
         if ((k == 0 && offset < 64) || span <= 0 || count < 1 || count > span) return 0;
         total += count;
         if (count > most) most = count;
-        if (out[1][k] > widest) widest = out[1][k];
     }
     summary[0] = (int64_t)meta;
     summary[1] = total;
@@ -141,25 +154,31 @@ static PyObject *footer_columns(PyObject *module, PyObject *const *args, Py_ssiz
     }
     long long footer_offset = PyLong_AsLongLong(args[2]);
     if (footer_offset == -1 && PyErr_Occurred()) return NULL;
-    Py_buffer bufs[6];
+    Py_buffer bufs[5];
     int idx[5] = {0, 1, 3, 4, 5};
+    int ones = args[5] == Py_None;  /* no records column: every chunk must hold one */
     int got = 0;
     PyObject *result = NULL;
-    for (; got < 5; got++) {
+    for (; got < 5 - ones; got++) {
         int flags = PyBUF_C_CONTIGUOUS | (got >= 2 ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(args[idx[got]], &bufs[got], flags) < 0) goto done;
     }
     Py_ssize_t m = bufs[2].len / 8;
-    if (bufs[2].len % 8 || bufs[3].len != 8 * m || bufs[4].len != 8 * m) {
-        PyErr_SetString(PyExc_ValueError, "columns(): each output must hold m int64");
+    int narrow = bufs[3].len == 4 * m && m > 0;
+    if (bufs[2].len % 8 || (bufs[3].len != 8 * m && !narrow) ||
+        (!ones && bufs[4].len != 8 * m)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "columns(): offsets and records must hold m int64, decoded m int64 "
+                        "or m uint32");
         goto done;
     }
-    int64_t *out[3] = {(int64_t *)bufs[2].buf, (int64_t *)bufs[3].buf, (int64_t *)bufs[4].buf};
+    int64_t *out[3] = {(int64_t *)bufs[2].buf, (int64_t *)bufs[3].buf,
+                       ones ? NULL : (int64_t *)bufs[4].buf};
     int64_t summary[4];
     int ok;
     Py_BEGIN_ALLOW_THREADS
     ok = parse_columns((const uint8_t *)bufs[0].buf, bufs[0].len, (const uint8_t *)bufs[1].buf,
-                       bufs[1].len, (int64_t)footer_offset, m, out, summary);
+                       bufs[1].len, (int64_t)footer_offset, m, narrow, out, summary);
     Py_END_ALLOW_THREADS
     if (ok)
         result = Py_BuildValue("(LLLL)", (long long)summary[0], (long long)summary[1],
@@ -174,6 +193,8 @@ done:
 static PyMethodDef footer_methods[] = {
     {"columns", (PyCFunction)(void (*)(void))footer_columns, METH_FASTCALL,
      "columns(sizes, values, footer_offset, offsets, decoded, records, /) -> tuple | None."},
+    {"lean_columns", (PyCFunction)(void (*)(void))footer_columns, METH_FASTCALL,
+     "columns, also taking decoded as m uint32 and records as None."},
     {"entries", (PyCFunction)(void (*)(void))footer_entries, METH_FASTCALL,
      "entries(values, ends, offsets, decoded, records, /) -> int: canonical entries."},
     {NULL, NULL, 0, NULL},

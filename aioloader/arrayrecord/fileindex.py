@@ -39,7 +39,24 @@ class FileIndex:
     @cached_property
     def chunk_ends(self) -> np.ndarray:
         """Physical end of each chunk's range (the next chunk, or the footer)."""
+        bounds = self.bounds
+        if bounds is not None:
+            return bounds[1:]
         return np.append(self.chunk_offsets[1:], self.footer_offset).astype(np.int64)
+
+    @property
+    def bounds(self) -> np.ndarray | None:
+        """The chunk offsets followed by the footer offset, when `chunk_offsets` is a prefix
+        view of such an array (as the footer decoder builds them): that array, shared, not
+        copied; else None."""
+        offsets, n = self.chunk_offsets, self.num_chunks
+        base = offsets.base
+        if (not isinstance(base, np.ndarray) or base.ndim != 1 or base.dtype != np.int64 or
+                len(base) != n + 1 or not base.flags.c_contiguous or
+                offsets.dtype != np.int64 or offsets.strides != (8,) or
+                offsets.ctypes.data != base.ctypes.data or base[n] != self.footer_offset):
+            return None
+        return base
 
     @cached_property
     def record_starts(self) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 from .chunk import decode_simple, split_simple
 from .codecs import decompress_block
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
+from .fileindex import ones_like
 from .layout import CHUNK_SIMPLE, ChunkHeader
 from .proto import _ENTRIES_AT_ONCE, _decode_entries_bulk, _decode_entries_slow, _NotBulk
 from .varint import MAX_VARINT64_BYTES, decode_varints
@@ -82,7 +83,10 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
             values = decompress_block(codec, values_block, decoded_size, decoded_size)
         except ArrayRecordFormatError:  # the general path below says what, in its order
             columns = values = None
-    if columns is not None and values is not None:
+    if columns is not None and values is not None and footer_offset is not None:
+        got = _lean(sizes, values, footer_offset, n - 1)
+        if got is not None:
+            return got
         offsets, decoded, records = (np.empty(n - 1, dtype=np.int64) for _ in range(3))
         summary = columns(sizes, values, footer_offset, offsets, decoded, records)
         if summary is not None:
@@ -103,6 +107,25 @@ def decode_footer_data(header: ChunkHeader, data, max_decoded: int,
         values = decompress_block(codec, values_block, decoded_size, decoded_size)
     metadata = bytes(memoryview(values)[: int(ends[0])])
     return FooterData(metadata, *_entries(values, ends))
+
+
+def _lean(sizes, values, footer_offset: int, m: int) -> FooterData | None:
+    """The usual group_size 1 footer as only what the index keeps: the chunk offsets as a
+    prefix view of an int64 array that ends with `footer_offset` (the record table's chunk
+    boundaries, see `FileIndex.bounds`), the decoded sizes as uint32, no record counts (a
+    broadcast of 1). None when the extension predates it, or the footer is otherwise."""
+    lean = getattr(_native, "lean_columns", None)
+    if lean is None or m == 0:
+        return None
+    bounds = np.empty(m + 1, dtype=np.int64)
+    bounds[m] = footer_offset
+    offsets, decoded = bounds[:m], np.empty(m, dtype=np.uint32)
+    summary = lean(sizes, values, footer_offset, offsets, decoded, None)
+    if summary is None:
+        return None
+    meta_len, total, most, widest = summary
+    return FooterData(bytes(memoryview(values)[:meta_len]), offsets, decoded,
+                      ones_like(offsets), checked=(total, most, widest))
 
 
 def _entries(values, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

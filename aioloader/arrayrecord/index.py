@@ -298,7 +298,8 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     _agrees(fields, 2, n_chunks, "footer lists {} chunks", path, footer_offset)
     if footer.checked is not None:  # the C parser checked the entries as it read them
         total, most_records, widest = footer.checked
-        sizes = decoded.astype(np.uint32) if n_chunks and widest < 1 << 32 else decoded
+        sizes = (decoded.astype(np.uint32) if n_chunks and widest < 1 << 32 and
+                 decoded.dtype != np.uint32 else decoded)
     else:
         total, most_records = _check_entries(offsets, counts, footer_offset, path)
         sizes = compact_sizes(decoded)

@@ -39,6 +39,8 @@ class _Chunks:
         counts = np.array([ix.num_chunks for ix in indices], dtype=np.int64)
         self.first_chunk = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_chunks = int(self.first_chunk[-1])
+        if bounds is None and len(indices) == 1:  # one file: its own, when it has them
+            bounds = indices[0].bounds
         self.shared = bounds is not None  # the indices are views of it already (mapped)
         if bounds is None:
             bounds = np.empty(self.num_chunks + len(indices), dtype=np.int64)

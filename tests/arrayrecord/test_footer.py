@@ -178,3 +178,25 @@ def test_the_whole_footer_in_c_refuses_bad_arguments_and_odd_sizes():
     two = bytes([2, len(entry), len(entry)])
     cols2 = [np.zeros(2, np.int64) for _ in range(3)]
     assert footer._native.columns(two, b"ab" + entry * 2, 100, *cols2) is None  # not increasing
+
+
+def test_the_lean_columns_decline_what_they_cannot_hold():
+    lean = getattr(footer._native, "lean_columns", None)
+    if lean is None:
+        pytest.skip("_footer built before lean_columns")
+    offsets, narrow = np.zeros(1, np.int64), np.zeros(1, np.uint32)
+
+    def one(dec, count):
+        entry = encode_footer_entry(64, dec, count)
+        return bytes([2, len(entry)]), b"ab" + entry
+
+    assert lean(*one(5, 1), 100, offsets, narrow, None) == (2, 1, 1, 5)
+    assert (offsets[0], narrow[0]) == (64, 5)
+    assert lean(*one((1 << 32) - 1, 1), 100, offsets, narrow, None) is not None
+    assert lean(*one(1 << 32, 1), 100, offsets, narrow, None) is None  # not a uint32
+    assert lean(*one(5, 2), 100, offsets, narrow, None) is None  # a count other than 1
+    records = np.zeros(1, np.int64)
+    assert lean(*one(5, 2), 100, offsets, narrow, records) == (2, 2, 2, 5)
+    assert records[0] == 2
+    with pytest.raises(ValueError):  # decoded neither m int64 nor m uint32
+        lean(*one(5, 1), 100, offsets, np.zeros(1, np.uint16), None)
