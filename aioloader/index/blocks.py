@@ -46,20 +46,23 @@ def budget_sizes(resident_bytes: int, memory_budget: int) -> tuple[int, int]:
     return max(1, min(DEFAULT_BLOCK_BYTES, window // MIN_BLOCKS)), window
 
 
-def unfit(block_bytes: int, window_bytes: int, resident_bytes: int) -> str | None:
+def unfit(block_bytes: int, window_bytes: int, resident_bytes: int,
+          segment_bytes: int | None = None) -> str | None:
     """Why blocks of `block_bytes` in windows of `window_bytes` cannot be held by a bounded
-    memory tier of `resident_bytes` (a window and the next, of at least `MIN_BLOCKS`
-    segments), or None if they can."""
+    memory tier of `resident_bytes` (a window, in at least `MIN_BLOCKS` segments of
+    `segment_bytes`, at most the blocks'), or None if they can."""
     window = max(block_bytes, window_bytes)
-    if 2 * window <= resident_bytes and MIN_BLOCKS * block_bytes <= resident_bytes:
+    segment = min(block_bytes, segment_bytes or block_bytes)
+    if window <= resident_bytes and MIN_BLOCKS * segment <= resident_bytes:
         return None
-    need = max(2 * window, MIN_BLOCKS * block_bytes)
+    need = max(window, MIN_BLOCKS * segment)
     return (f"a block shuffle with block_bytes={block_bytes} and window_bytes={window_bytes} "
-            f"needs resident_bytes >= {need} (a window and the next, at least {MIN_BLOCKS} "
-            f"blocks) to read a remote dataset larger than resident_bytes={resident_bytes} "
-            f"in blocks; else every record is its own request (~100x slower): raise "
-            f"resident_bytes to {need}, or lower window_bytes (and block_bytes), or leave "
-            f"both unset to have them sized from resident_bytes and memory_budget")
+            f"needs resident_bytes >= {need} (a window, at least {MIN_BLOCKS} segments) to "
+            f"read a remote dataset larger than resident_bytes={resident_bytes} in blocks; "
+            f"else every record is its own request (~100x slower): raise resident_bytes to "
+            f"{need}, or lower window_bytes (and block_bytes), or leave both unset to have "
+            f"them sized from resident_bytes and memory_budget")
+
 
 _WINDOW_SALT = 0x57494E44  # "WIND": window keys are unrelated to the block-order keys
 

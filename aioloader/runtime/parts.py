@@ -150,10 +150,10 @@ class Parts:
         shuffle = next((op for op in self.position.dataset.index_ops
                         if isinstance(op, Shuffle) and op.strategy == "block"), None)
         block = shuffle.block_bytes if shuffle is not None else 0
-        if shuffle is not None and not src.all_local and not whole:
-            self._check_blocks(shuffle, read.resident_bytes)
         if block:  # a bounded tier's segments no larger than the blocks (each fetched once)
             await src.fetcher.fit_segments(block)
+        if shuffle is not None and not src.all_local and not whole:
+            self._check_blocks(shuffle, read.resident_bytes, src.fetcher.segment_bytes)
         plan = self.position.open(source_meta(src, spec.verify, whole=whole))
         if plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
@@ -166,10 +166,10 @@ class Parts:
                                  disk=self.disk)
         return plan
 
-    def _check_blocks(self, shuffle: Shuffle, resident_bytes: int) -> None:
+    def _check_blocks(self, shuffle: Shuffle, resident_bytes: int, segment: int) -> None:
         """A remote dataset larger than `resident_bytes`, block-shuffled: refuse sizes the
         user set that the memory tier cannot hold; warn of a resumed state's."""
-        why = unfit(shuffle.block_bytes, shuffle.window_bytes, resident_bytes) \
+        why = unfit(shuffle.block_bytes, shuffle.window_bytes, resident_bytes, segment) \
             if resident_bytes else None
         if why is None:
             return

@@ -111,7 +111,8 @@ class Position:
         if self._slice_unknown:  # applied by use_data_slice
             self._given = state
             return False
-        resized = self._sized(state.get("pipeline") or ())
+        resized = self._sized(state.get("pipeline") or () if isinstance(state, Mapping)
+                              else ())
         changed = resized.describe() != self.dataset.describe()
         if changed:  # the block shuffle's sizes the state was saved with
             self.dataset = resized

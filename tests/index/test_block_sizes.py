@@ -29,16 +29,18 @@ def test_the_default_sizes_fit_the_budgets(resident, budget, want):
 def test_default_sizes_are_always_held_by_the_tier(resident, budget):
     block, window = budget_sizes(resident, budget)
     assert unfit(block, window, resident) is None
-    assert 2 * window <= budget and MIN_BLOCKS * block <= window
+    assert 2 * window <= max(budget, 2 * MIN_BLOCKS) and MIN_BLOCKS * block <= window
+    assert 2 * window <= resident or not resident  # room for the next window too
 
 
 def test_sizes_a_tier_cannot_hold_are_named_with_both_settings():
     why = unfit(1 * MiB, 16 * MiB, 8 * MiB)
     assert why is not None
     assert "window_bytes=16777216" in why and "resident_bytes=8388608" in why
-    assert "raise resident_bytes to 33554432" in why
+    assert "raise resident_bytes to 16777216" in why
     assert unfit(1 * MiB, 4 * MiB, 8 * MiB) is None
-    assert "4 blocks" in (unfit(4 * MiB, 4 * MiB, 8 * MiB) or "")  # 4 segments, not 2
+    assert "to 16777216" in (unfit(4 * MiB, 4 * MiB, 8 * MiB) or "")  # 4 segments, not 2
+    assert unfit(4 * MiB, 4 * MiB, 8 * MiB, segment_bytes=2 * MiB) is None
 
 
 def test_unset_sizes_are_written_into_the_pipeline_and_a_saved_state_wins():

@@ -78,7 +78,7 @@ def test_sizes_the_tier_cannot_hold_are_refused_naming_both_settings(bucket):
     gcs, urls = bucket
     resident = 64 << 10
     ds = (al.Dataset.from_arrayrecord(urls, storage_options=gcs.storage_options)
-          .shuffle(5, strategy="block", block_bytes=16 << 10, window_bytes=64 << 10))
+          .shuffle(5, strategy="block", block_bytes=16 << 10, window_bytes=128 << 10))
     with pytest.raises(ValueError, match="needs resident_bytes >= 131072") as e:
         next(iter(ds.loader(resident_bytes=resident)))
-    assert "window_bytes=65536" in str(e.value) and "resident_bytes=65536" in str(e.value)
+    assert "window_bytes=131072" in str(e.value) and "resident_bytes=65536" in str(e.value)
