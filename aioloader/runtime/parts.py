@@ -155,6 +155,7 @@ class Parts:
         if shuffle is not None and not src.all_local and not whole:
             self._check_blocks(shuffle, read.resident_bytes, src.fetcher.segment_bytes)
         plan = self.position.open(source_meta(src, spec.verify, whole=whole))
+        self.stats.graph = self.position.dataset.describe()  # a resumed state's sizes
         if plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
                 "block shuffle of a remote dataset with resident_bytes=%d: too small for the "

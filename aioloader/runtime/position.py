@@ -114,13 +114,14 @@ class Position:
         resized = self._sized(state.get("pipeline") or () if isinstance(state, Mapping)
                               else ())
         changed = resized.describe() != self.dataset.describe()
-        if changed:  # the block shuffle's sizes the state was saved with
-            self.dataset = resized
-            self._reshape(self.shape.procs)
-        sh = self.shape
+        # the block shuffle's sizes the state was saved with (taken once it resumes)
+        sh = shape(resized, self.options.worker.window, self.shape.procs) if changed \
+            else self.shape
         new = LoaderState.from_json(state).resume_as(
             sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
             process_index=sh.procs[0] if sh.procs else 0)
+        if changed:
+            self.dataset, self.shape = resized, sh
         if self._meta is None:  # compiled for it once the files are open (`open`)
             self._become(new)
             return False

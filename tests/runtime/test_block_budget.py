@@ -56,6 +56,7 @@ def test_a_state_keeps_the_sizes_it_was_saved_with(files):
     assert "block_bytes=4194304, window_bytes=67108864" in " ".join(state["pipeline"])
     with _ds(files).loader(resident_bytes=_size(files) // 4, state=state) as it:
         assert [b.tolist() for b in it] == batches[5:]
+        assert "block_bytes=4194304, window_bytes=67108864" in " ".join(it.stats().graph)
 
 
 @pytest.fixture(scope="module")
