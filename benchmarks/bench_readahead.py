@@ -8,11 +8,12 @@ The dataset, bucket and pipeline are `bench_scale`'s (1 KiB JSON records, 20 sha
 4× `resident_bytes`; emulator behind the delay line at 30 ms ± 10 ms; json.loads, batch 256,
 workers=2; one fresh process per run, rates after the first batch). Rows: local disk with an
 exact shuffle, a block shuffle (4 MiB blocks, 16 MiB window; --quick: 1 MiB, 4 MiB) and no
-shuffle; then, for each tree (`--before`, and this one), gs:// with the block shuffle and with
-no shuffle. Each repeat runs every row once, the order reversed on odd repeats (ABBA); each
-bucket row's ratio is to the local row of the same pipeline in the same repeat. Every child
-imports aioloader from its own tree (this script's copy of the benchmarks is run from a
-neutral directory, so that `python -m` finds no aioloader in the current directory).
+shuffle (`--cases default`: a block shuffle with every size left unset); then, for each tree
+(`--before`, and this one), gs:// with the block shuffle and with no shuffle. Each repeat runs
+every row once, the order reversed on odd repeats (ABBA); each bucket row's ratio is to the
+local row of the same pipeline in the same repeat. Every child imports aioloader from its own
+tree (this script's copy of the benchmarks is run from a neutral directory, so that `python
+-m` finds no aioloader in the current directory).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--data-dir", type=Path, default=None)
-    p.add_argument("--cases", default="block,none", help="bucket pipelines: block,none")
+    p.add_argument("--cases", default="block,none", help="bucket pipelines: block,default,none")
     args = p.parse_args(argv)
     from aioloader.testing import local_gcs
 
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
              "block": {"shuffle": "block", "block_bytes": block_bytes,
                        "window_bytes": window_bytes,
                        **({"memory_budget": resident} if args.quick else {})},
+             "default": {"shuffle": "block"},  # sizes and budgets left to the loader
              "none": {"shuffle": "none",  # --quick: 2 MiB segments, as for the block rows
                       **({"memory_budget": resident} if args.quick else {})}}
     res: dict[str, list[dict[str, Any]]] = {}

@@ -94,8 +94,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     ds = al.Dataset.from_arrayrecord(spec["paths"], storage_options=spec.get("opts"))
     try:
         if spec["shuffle"] == "block":
-            ds = ds.shuffle(0, strategy="block", block_bytes=spec["block_bytes"],
-                            window_bytes=spec["window_bytes"])
+            ds = ds.shuffle(0, strategy="block", block_bytes=spec.get("block_bytes"),
+                            window_bytes=spec.get("window_bytes"))  # unset: the defaults
         elif spec["shuffle"] != "none":  # "none": a sequential read
             ds = ds.shuffle(0)
     except TypeError as exc:

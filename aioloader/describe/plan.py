@@ -28,6 +28,7 @@ from ..index import lanes
 from ..index.indexplan import IndexPlan
 from ..index.sampling import BlockShuffle, Shard, Shuffle, Windows
 from ..options import DEFAULT_WINDOW
+from .blocksizes import sized
 from .dataset import Dataset
 from .description import JaxProcessShard
 from .mixed import MixSpec, build_index
@@ -285,7 +286,9 @@ def compile(dataset: Dataset, meta: SourceMeta, options: LoaderOptions, *,
             layout: tuple[tuple[int, int], ...] = (), state: LoaderState | None = None
             ) -> Plan:
     """The plan for `dataset` over the opened files `meta` (`unit`, `layout`, `state`: a
-    resumed state's; its lanes, after an elastic stream-mode move)."""
+    resumed state's; its lanes, after an elastic stream-mode move). A block shuffle's unset
+    sizes come from `options`' budgets (`blocksizes`)."""
+    dataset = sized(dataset, options.read.resident_bytes, options.read.memory_budget)
     sh = shape(dataset, options.worker.window, procs)
     lane = stream_lane(dataset, meta, sh, state) if state is not None else None
     resolved = _resolve(dataset, meta, sh.procs, layout, lane)

@@ -83,9 +83,12 @@ class Stages:
         """Exact global shuffle (a keyed permutation, re-keyed every epoch).
 
         `strategy="block"` trades randomness for I/O: the files are cut into blocks of whole
-        chunks of about `block_bytes` (default 4 MiB), the blocks are put in a random order
-        every epoch, and records are shuffled within windows of about `window_bytes` of
-        decoded records (default 64 MiB of consecutive blocks, at least one). So reads are whole
+        chunks of about `block_bytes`, the blocks are put in a random order every epoch, and
+        records are shuffled within windows of about `window_bytes` of decoded records
+        (consecutive blocks, at least one). Unset, they are sized from the loader's budgets:
+        4 MiB and 64 MiB, less where half of `resident_bytes` or of `memory_budget` is
+        smaller (the window at most that, of at least 4 blocks); `stats()` shows them, and
+        a resumed state keeps its own. So reads are whole
         blocks and memory is bounded by the window, for files of any group size. With
         `shard_by_jax_process()`, each process reads only its ~1/P share of every window
         (README, "Shuffling"); resume, elastic included, stays exact.

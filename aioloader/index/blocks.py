@@ -25,7 +25,44 @@ import numpy as np
 
 from .permutation import apply_per_epoch, block_order, block_shuffle, epoch_key, window_lanes
 
-__all__ = ["BlockShuffle", "Windows"]
+__all__ = ["DEFAULT_BLOCK_BYTES", "DEFAULT_WINDOW_BYTES", "BlockShuffle", "Windows",
+           "budget_sizes", "unfit"]
+
+DEFAULT_BLOCK_BYTES = 4 << 20  # a block: ~one large read from a bucket
+DEFAULT_WINDOW_BYTES = 64 << 20  # a window: 16 blocks, held and shuffled in memory
+MIN_BLOCKS = 4  # a window sized from a small budget still holds this many blocks
+
+
+def budget_sizes(resident_bytes: int, memory_budget: int) -> tuple[int, int]:
+    """The default `(block_bytes, window_bytes)`: 4 MiB and 64 MiB, less where the budgets
+    cannot hold them. A window (and the next, fetched ahead) must fit the memory tier
+    (`resident_bytes`; 0: no tier, no bound) and the decoded-chunk cache (half of
+    `memory_budget`), so it is at most half of each, and holds at least `MIN_BLOCKS` blocks
+    (the tier's fewest segments). A function of the settings only: same batches whatever
+    the files' place, workers or timing."""
+    window = min(DEFAULT_WINDOW_BYTES, memory_budget // 2,
+                 resident_bytes // 2 if resident_bytes else DEFAULT_WINDOW_BYTES)
+    window = max(MIN_BLOCKS, window)
+    return max(1, min(DEFAULT_BLOCK_BYTES, window // MIN_BLOCKS)), window
+
+
+def unfit(block_bytes: int, window_bytes: int, resident_bytes: int,
+          segment_bytes: int | None = None) -> str | None:
+    """Why blocks of `block_bytes` in windows of `window_bytes` cannot be held by a bounded
+    memory tier of `resident_bytes` (a window, in at least `MIN_BLOCKS` segments of
+    `segment_bytes`, at most the blocks'), or None if they can."""
+    window = max(block_bytes, window_bytes)
+    segment = min(block_bytes, segment_bytes or block_bytes)
+    if window <= resident_bytes and MIN_BLOCKS * segment <= resident_bytes:
+        return None
+    need = max(window, MIN_BLOCKS * segment)
+    return (f"a block shuffle with block_bytes={block_bytes} and window_bytes={window_bytes} "
+            f"needs resident_bytes >= {need} (a window, at least {MIN_BLOCKS} segments) to "
+            f"read a remote dataset larger than resident_bytes={resident_bytes} in blocks; "
+            f"else every record is its own request (~100x slower): raise resident_bytes to "
+            f"{need}, or lower window_bytes (and block_bytes), or leave both unset to have "
+            f"them sized from resident_bytes and memory_budget")
+
 
 _WINDOW_SALT = 0x57494E44  # "WIND": window keys are unrelated to the block-order keys
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..arguments import flag, maybe_whole, seed, whole
-from .blocks import BlockShuffle, Windows
+from .blocks import DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BYTES, BlockShuffle, Windows
 from .permutation import (
     block_shuffle,
     epoch_key,
@@ -110,10 +110,6 @@ class Slice:
         return r.start + positions * r.step, epochs
 
 
-DEFAULT_BLOCK_BYTES = 4 << 20  # a block: ~one large read from a bucket
-DEFAULT_WINDOW_BYTES = 64 << 20  # a window: 16 blocks, held and shuffled in memory
-
-
 @dataclass(frozen=True)
 class Shuffle:
     """Permute the (finite) parent, re-keyed per epoch with `epoch_key(seed, epoch)`.
@@ -129,8 +125,8 @@ class Shuffle:
 
     seed: int
     strategy: str = "exact"
-    block_bytes: int = 0  # block strategy; 0: DEFAULT_BLOCK_BYTES
-    window_bytes: int = 0  # block strategy; 0: DEFAULT_WINDOW_BYTES
+    block_bytes: int = 0  # block strategy; 0: sized from the budgets (`blocks.budget_sizes`)
+    window_bytes: int = 0  # block strategy; 0: sized from the budgets
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", seed(self.seed, "Shuffle seed"))
@@ -142,17 +138,14 @@ class Shuffle:
             if self.block_bytes or self.window_bytes:
                 raise ValueError("block_bytes/window_bytes apply only to strategy='block'")
             return
-        for name, default in (("block_bytes", DEFAULT_BLOCK_BYTES),
-                              ("window_bytes", DEFAULT_WINDOW_BYTES)):
-            value = getattr(self, name) or default
-            if value < 1:
-                raise ValueError(f"block shuffle needs {name} >= 1, got {value}")
-            object.__setattr__(self, name, value)
+        for name in ("block_bytes", "window_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"block shuffle needs {name} >= 1, got {getattr(self, name)}")
 
     def describe(self) -> str:
         if self.strategy == "block":
-            return (f"shuffle(seed={self.seed}, block, block_bytes={self.block_bytes}, "
-                    f"window_bytes={self.window_bytes})")
+            return (f"shuffle(seed={self.seed}, block, block_bytes={self.block_bytes or 'auto'}"
+                    f", window_bytes={self.window_bytes or 'auto'})")
         return f"shuffle(seed={self.seed})"
 
     def length(self, parent_len: int | None) -> int | None:

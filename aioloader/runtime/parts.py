@@ -23,6 +23,7 @@ from ..cache.tier import DiskTier
 from ..describe.mixed import opened
 from ..describe.objects import ObjectRecords, ObjectSource
 from ..describe.plan import Plan, Shape, source_meta
+from ..index.blocks import unfit
 from ..index.sampling import Shuffle
 from ..io.storage import Storage
 from ..options import LoaderOptions
@@ -87,8 +88,8 @@ class Parts:
             dataset.check_picklable()
             start_server()  # it loads while the files open (`workers.procs`)
         self.position = Position(dataset, options)
-        self.stats = PipelineStats(workers=self.setting.workers,
-                                   prefetch=self.setting.prefetch, graph=dataset.describe())
+        self.stats = PipelineStats(workers=self.setting.workers, prefetch=self.setting.prefetch,
+                                   graph=self.position.dataset.describe())  # sizes chosen
         trace = options.trace if options.trace is not None else \
             os.environ.get("AIOLOADER_TRACE") or None
         self._trace_path = trace if isinstance(trace, str) else None  # written at aclose
@@ -146,11 +147,15 @@ class Parts:
             stored = sum(f.size for f in src.table.files) / len(src)
             self.pool.reserve(int(stored * self.shape.unit))
         whole = src.resident is not None and src.resident.whole  # read like local files
-        block = next((op.block_bytes for op in ds.index_ops
-                      if isinstance(op, Shuffle) and op.strategy == "block"), 0)
+        shuffle = next((op for op in self.position.dataset.index_ops
+                        if isinstance(op, Shuffle) and op.strategy == "block"), None)
+        block = shuffle.block_bytes if shuffle is not None else 0
         if block:  # a bounded tier's segments no larger than the blocks (each fetched once)
             await src.fetcher.fit_segments(block)
+        if shuffle is not None and not src.all_local and not whole:
+            self._check_blocks(shuffle, read.resident_bytes, src.fetcher.segment_bytes)
         plan = self.position.open(source_meta(src, spec.verify, whole=whole))
+        self.stats.graph = self.position.dataset.describe()  # a resumed state's sizes
         if plan.window_bytes and not src.all_local and src.resident is None:
             log.warning(
                 "block shuffle of a remote dataset with resident_bytes=%d: too small for the "
@@ -161,6 +166,20 @@ class Parts:
         self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner,
                                  disk=self.disk)
         return plan
+
+    def _check_blocks(self, shuffle: Shuffle, resident_bytes: int, segment: int) -> None:
+        """A remote dataset larger than `resident_bytes`, block-shuffled: refuse sizes the
+        user set that the memory tier cannot hold; warn of a resumed state's."""
+        why = unfit(shuffle.block_bytes, shuffle.window_bytes, resident_bytes, segment) \
+            if resident_bytes else None
+        if why is None:
+            return
+        given = next(op for op in self.position.described.index_ops
+                     if isinstance(op, Shuffle) and op.strategy == "block")
+        if given.block_bytes or given.window_bytes:  # set by the user
+            raise ValueError(why)
+        log.warning("%s (these sizes are the resumed state's, kept so that it resumes "
+                    "exactly)", why)
 
     def new_run(self) -> None:
         """A run from the position's state (the scheduler's depth: the prefetch now)."""

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..describe.blocksizes import sized, unsized
 from ..describe.plan import Plan, SourceMeta, compile, longest_shard, needs_processes, shape
 from ..describe.state import LoaderState
 from ..index.lanes import to_json as lane_json
@@ -33,7 +34,9 @@ class Position:
 
     def __init__(self, dataset: Dataset, options: LoaderOptions,
                  state: Mapping[str, Any] | None = None) -> None:
-        self.dataset, self.options = dataset, options
+        # a block shuffle's unset sizes, from the budgets (a resumed state's: `resume`)
+        self.described, self.options = dataset, options
+        self.dataset = self._sized()
         self.plan: Plan | None = None  # once the files are open
         self._meta: SourceMeta | None = None
         procs = None
@@ -108,15 +111,22 @@ class Position:
         if self._slice_unknown:  # applied by use_data_slice
             self._given = state
             return False
-        sh = self.shape
+        resized = self._sized(state.get("pipeline") or () if isinstance(state, Mapping)
+                              else ())
+        changed = resized.describe() != self.dataset.describe()
+        # the block shuffle's sizes the state was saved with (taken once it resumes)
+        sh = shape(resized, self.options.worker.window, self.shape.procs) if changed \
+            else self.shape
         new = LoaderState.from_json(state).resume_as(
             sh.fingerprint, sh.unit, sh.process_count, sh.batch_mode,
             process_index=sh.procs[0] if sh.procs else 0)
+        if changed:
+            self.dataset, self.shape = resized, sh
         if self._meta is None:  # compiled for it once the files are open (`open`)
             self._become(new)
             return False
         old = self.plan
-        same = old is not None and _key(new) == _plan_key(old)
+        same = old is not None and not changed and _key(new) == _plan_key(old)
         self._settle(new, old if same and old is not None else self._compile(new))
         return self.plan is not old
 
@@ -138,6 +148,15 @@ class Position:
         if not plan.batch_mode:
             raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
         return plan.batches_from(position, index.length)
+
+    def _sized(self, saved: Any = ()) -> Dataset:
+        """The described dataset with its block shuffle's unset sizes chosen (`saved`: a
+        state's pipeline, whose sizes win)."""
+        if unsized(self.described) is None:
+            return self.described
+        read = self.options.read
+        return sized(self.described, read.resident_bytes, read.memory_budget,
+                     [str(ln) for ln in saved])
 
     def _compile(self, state: LoaderState) -> Plan:
         assert self._meta is not None

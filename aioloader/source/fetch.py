@@ -95,6 +95,7 @@ class Fetcher:
         self.raw_cache = RawChunkCache(cache_bytes)
         self._inflight: dict[Key, asyncio.Future] = {}
         self.resident: SegmentStore | None = None  # the memory tier (aioloader.cache)
+        self._capacity = resident_bytes
         files = table.files
         total = sum(f.size for f in files)
         segment = max(1, min(SEGMENT_BYTES, storage.max_inflight_bytes // 4))
@@ -113,14 +114,19 @@ class Fetcher:
         fetched once for each (they fall in windows far apart, and the first is evicted by
         then); cut by the same `RecordTable.runs`, a block is then one or more whole
         segments, fetched once per epoch."""
-        kept = self.resident
-        if kept is None or kept.whole or not kept.unclaimed or most >= self.segment_bytes:
+        kept, files = self.resident, self.table.files
+        if kept is None:  # segments of the blocks' size may make a small tier usable
+            if most >= self.segment_bytes or any(is_local(f.url) for f in files) or \
+                    not SegmentStore.usable(sum(f.size for f in files), self._capacity, most):
+                return
+        elif kept.whole or not kept.unclaimed or most >= self.segment_bytes:
             return
         self.segment_bytes = max(1, int(most))
-        self.resident = SegmentStore(self.table.urls, [f.size for f in self.table.files],
-                                     self.table.runs(self.segment_bytes), kept.capacity,
+        self.resident = SegmentStore(self.table.urls, [f.size for f in files],
+                                     self.table.runs(self.segment_bytes), self._capacity,
                                      self.fetch_segment)
-        await kept.aclose()
+        if kept is not None:
+            await kept.aclose()
 
     async def fetch_segment(self, url: str, start: int, end: int, dest: memoryview) -> None:
         """Every segment the memory tier fetches comes through here (the disk tier's hook:

@@ -261,11 +261,15 @@ async def test_a_tier_too_small_for_a_few_segments_is_not_used(data, bucket):
 
 async def test_a_block_shuffle_the_tier_cannot_serve_says_so(data, bucket, caplog):
     """Without the memory tier a block shuffle from a bucket reads record by record (~50x
-    slower): the user is told which option to raise."""
+    slower): sizes too large for `resident_bytes` are refused, naming both settings; with
+    the tier turned off (0), the user is told which option to raise."""
     gcs, urls = bucket
     ds = _pipeline(urls[64], "block", storage_options=gcs.storage_options)
-    with caplog.at_level(logging.WARNING, logger="aioloader"):
+    with pytest.raises(ValueError, match=f"raise resident_bytes to {4 * SEGMENT}") as e:
         await run(ds, workers=0, memory_budget=BUDGET, resident_bytes=SEGMENT * 2)
+    assert f"window_bytes={2 * SEGMENT}" in str(e.value)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        await run(ds, workers=0, memory_budget=BUDGET, resident_bytes=0)
     said = [r.getMessage() for r in caplog.records if "block shuffle" in r.getMessage()]
     assert len(said) == 1 and "raise resident_bytes" in said[0]
     assert f"at least {4 * SEGMENT}" in said[0]
