@@ -9,17 +9,11 @@ import pytest
 
 import aioloader as al
 
-from ..runtime.test_pipeline import _write
 from ..support import pipeline_fns as fns
 
 jax = pytest.importorskip("jax")
 NamedSharding = jax.sharding.NamedSharding
 P = jax.sharding.PartitionSpec
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return _write(tmp_path_factory.mktemp("jaxdata"), n=100, shards=2)
 
 
 def ids_pipeline(data, batch=8, drop=True):

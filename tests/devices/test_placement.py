@@ -15,22 +15,12 @@ import pytest
 
 import aioloader as al
 
-from ..runtime.test_pipeline import _write
 from ..support import pipeline_fns as fns
+from .test_jax import ids_pipeline
 
 jax = pytest.importorskip("jax")
 NamedSharding = jax.sharding.NamedSharding
 P = jax.sharding.PartitionSpec
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return _write(tmp_path_factory.mktemp("placedata"), n=100, shards=2)
-
-
-def ids_pipeline(data, batch=8, drop=True):
-    return (al.Dataset.from_arrayrecord(data).shuffle(3).map(fns.decode)
-            .map(fns.only_id_noise_det).batch(batch, drop_remainder=drop))
 
 
 def strings_in_batch_3(element: dict) -> dict:
