@@ -152,6 +152,7 @@ class Dataset(Stages):
         gcs_client: GcsClient | None = None,
         slot_size: int | None = None,
         window: int | None = None,
+        executor: Literal["processes", "threads", "ray"] | Any = None,
         read: ReadOptions | None = None,
         worker: WorkerOptions | None = None,
         options: LoaderOptions | None = None,
@@ -163,7 +164,7 @@ class Dataset(Stages):
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
-        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window),
+        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor),
         `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
         ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
         LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
@@ -185,8 +186,7 @@ class Dataset(Stages):
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
             cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, gcs_client=gcs_client,
-            slot_size=slot_size,
-            window=window, trace=trace)
+            slot_size=slot_size, window=window, executor=executor, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a
         # circle, and describing a pipeline should not load the runtime.
