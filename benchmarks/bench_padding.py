@@ -4,7 +4,8 @@ before `batch()` (what a pipeline had to do before), side by side on one file.
 Records are int32 token sequences of 16..512 tokens (uniform), read from one local
 ArrayRecord file; every contender decodes them the same way and yields batches of 64 with a
 `tokens_mask`. Contenders run in turn within each repeat (`common.alternate`); the table
-gives each one's epoch time and its ratio to the map() padding, min/median/max over repeats.
+gives each one's epoch time and its ratio to the map() padding, min/median/max over repeats,
+and the CPU time of the loader's own process (workers have exited when it is sampled).
 
 `PYTHONPATH=. python -m benchmarks.bench_padding [--records 20000] [--repeats 5]
 [--workers 2]`
@@ -78,7 +79,7 @@ def main() -> None:
     print(machine_info())
     print(f"{args.records} records, batch {BATCH}, workers={args.workers}, "
           f"{args.repeats} repeats\n")
-    print("| contender | epoch s (median) | ÷ map() padding [min–max] | CPU s (median) |")
+    print("| contender | epoch s (median) | ÷ map() padding [min–max] | parent CPU s (median) |")
     print("|---|---:|---:|---:|")
     for name, r in runs.items():
         ratios = [a / b for a, b in zip(r.wall, base)]

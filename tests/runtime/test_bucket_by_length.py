@@ -63,6 +63,16 @@ def test_a_state_mid_epoch_resumes_bit_for_bit(paths, name):
             assert [(fx.digest(b), it.get_state()) for b in it] == ref[k + 1:], k
 
 
+async def test_a_state_set_on_a_running_loader_with_another_window(paths):
+    ds = pipelines(paths)["buckets"]
+    ref = outputs(ds, workers=0)
+    k = len(ref) // 2
+    async with ds.loader(window=64, workers=1) as it:
+        await it.__anext__()
+        it.set_state(ref[k][1])
+        assert [(fx.digest(b), it.get_state()) async for b in it] == ref[k + 1:]
+
+
 def test_each_batch_is_one_bucket_padded_and_every_element_comes_once(paths):
     ds = al.Dataset.from_arrayrecord(paths).map(fns.decode).bucket_by_length(
         n_tokens, [3, 6], [4, 3, 5])
