@@ -175,7 +175,19 @@ def describe(pad: Any, pad_value: Any, truncate: bool, masks: bool) -> str:
 
 
 def _show(spec: Any) -> str:
-    return repr(dict(spec) if isinstance(spec, Mapping) else spec)
+    """`spec` as text, a dict's keys sorted (their order changes nothing)."""
+    if isinstance(spec, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_show(spec[k])}" for k in sorted(spec, key=repr)) + "}"
+    if isinstance(spec, (tuple, list)):
+        return repr(type(spec)(_Shown(_show(v)) for v in spec))
+    return repr(spec)
+
+
+class _Shown(str):
+    """Text that shows as itself inside a tuple's repr."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def pad_leaf(arrays: Sequence[np.ndarray], path: str, rule: PadRule,
