@@ -6,10 +6,10 @@ to what length: to the longest in the batch (`True`) or to a fixed length (an in
 whole element or per field (a dict for dict elements, a tuple for tuple elements, nested as
 the element is). `pad_value` gives the value the padding holds, one for all or per field in
 the same shape (default 0), and `truncate=True` cuts an element longer than its fixed
-length instead of refusing it. The names follow tf.data's `padded_batch` (`padded_shapes`,
-`padding_values`), whose meaning this is, for the first axis only: trailing axes must agree,
-as for `batch()`. Grain's `batch_and_pad` pads the other way (the batch axis of a short last
-batch: `to_jax(pad_final=...)` here).
+length instead of refusing it. This is tf.data's `padded_batch` (its `padded_shapes` and
+`padding_values`), for the first axis only: trailing axes must agree, as for `batch()`.
+`pad_value` is Grain's name for the value; Grain's own `batch_and_pad` pads the other axis,
+the batch's (a short last batch filled up to the batch size: `to_jax(pad_final=...)` here).
 
 Unlike tf.data, every padded field of a dict gets a mask beside it, `name + "_mask"`: a
 bool array `(batch, length)`, True where the element has data. JAX has no ragged arrays,
