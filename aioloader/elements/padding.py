@@ -227,15 +227,18 @@ def pad_leaf(arrays: Sequence[np.ndarray], path: str, rule: PadRule,
     mask = alloc((n, length), np.dtype(bool)) if alloc is not None else None
     if mask is None:
         mask = np.empty((n, length), bool)
-    np.less(np.arange(length), np.minimum(lengths, length)[:, None], out=mask)
+    kept = np.minimum(lengths, length)
+    np.less(np.arange(length), kept[:, None], out=mask)
     if longest == length and bool(mask.all()):
         np.stack(arrays, out=out)  # (nothing to pad: one copy)
         return out, mask
     out[...] = fill
-    for i, a in enumerate(arrays):
-        m = min(len(a), length)
-        if m:
-            out[i, :m] = a[:m]
+    pieces = [a[:length] if len(a) > length else a for a in arrays if len(a)]
+    if pieces:  # every element's data in one copy, each row to its slots (one scatter)
+        total = int(kept.sum())
+        starts = np.cumsum(kept) - kept
+        slots = np.arange(total) + np.repeat(np.arange(n) * length - starts, kept)
+        out.reshape(n * length, *trailing)[slots] = np.concatenate(pieces)
     return out, mask
 
 

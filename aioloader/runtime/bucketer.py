@@ -97,6 +97,8 @@ class Bucketer:
 
 def _length(value: Any, pos: int, j: int) -> int:
     """`length_fn`'s result as an int >= 0, or a TypeError/ValueError saying what it was."""
+    if type(value) is int and value >= 0:
+        return value
     whole = isinstance(value, (int, np.integer)) or (
         isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu")
     if isinstance(value, (bool, np.bool_)) or not whole:
