@@ -79,6 +79,9 @@ def pad_rules(pad: Any, pad_value: Any = 0, truncate: bool = False, where: str =
     or None when nothing is padded. A `ValueError`/`TypeError` naming the argument and the
     field for anything that does not fit."""
     rules = _merge(pad, pad_value, truncate, where, "pad", "pad_value")
+    if rules is None and not (isinstance(pad_value, (int, float)) and pad_value == 0):
+        raise ValueError(f"{where}() pad_value={pad_value!r} is given, but pad= pads nothing: "
+                         "give pad=True (or lengths) too")
     if truncate and not _has_fixed(rules):
         raise ValueError(f"{where}(truncate=True) cuts elements to a fixed length, but pad= "
                          f"gives none: give a length (pad={{'tokens': 128}}) or drop truncate")
@@ -94,6 +97,8 @@ def _has_fixed(rule: Rule) -> bool:
 
 
 def _merge(pad: Any, value: Any, truncate: bool, where: str, ppath: str, vpath: str) -> Rule:
+    if isinstance(pad, np.bool_):
+        pad = bool(pad)
     if isinstance(value, (Mapping, tuple, list)):
         if isinstance(pad, (Mapping, tuple, list)):
             keys = _keys(pad, ppath, where)
