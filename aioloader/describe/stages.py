@@ -178,15 +178,16 @@ class Stages:
               pad_value: Any = 0, truncate: bool = False, masks: bool = True) -> _S:
         """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays).
 
-        `pad` pads ragged leaves along their first axis as they are stacked (where the batch
-        is made, in the worker): `True` to the longest in the batch, an int to that length,
-        or per field, `{"tokens": 128, "labels": True}` (a tuple for tuple elements; fields
-        not named are stacked as before). Padding holds `pad_value` (one number, or per
-        field in pad's shape; default 0). A longer element than a fixed length is an error
-        naming the field and the record, unless `truncate=True` cuts it. Every padded field
-        of a dict gets `name + "_mask"` (bool, True on data) beside it; `masks=False` leaves
-        them out. Scalars and strings batch as before. (tf.data's `padded_batch`, first axis
-        only, plus masks: `aioloader.elements.padding` says why.)
+        `pad` pads ragged leaves along their first axis as they are stacked, where the batch
+        is made (in the worker; after a filter, in the loader's process): `True` to the
+        longest in the batch, an int to that length, or per field, `{"tokens": 128,
+        "labels": True}` (a tuple for tuple elements; fields not named are stacked as
+        before). Padding holds `pad_value` (one number, or per field in pad's shape;
+        default 0). A longer element than a fixed length is an error naming the field and
+        the record, unless `truncate=True` cuts it. Every padded field of a dict gets
+        `name + "_mask"` (bool, True on data) beside it; `masks=False` leaves them out.
+        Scalars and strings batch as before. (tf.data's `padded_batch`, first axis only,
+        plus masks: `aioloader.elements.padding` says why.)
         """
         op = BatchOp(batch_size, drop_remainder, pad, pad_value, truncate, masks)
         if isinstance(self.batching, BucketOp):
