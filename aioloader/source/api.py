@@ -28,6 +28,7 @@ from ..errors import ElementSpecError, ObjectChangedError
 from ..index.planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..io.storage import Storage, StorageError, is_local, redact
 from ..logs import logger
+from .direct import DirectReads
 from .fetch import Fetcher, Lease
 from .opening import footer_changed, open_table
 from .records import ChunkCache, read_chunks
@@ -117,6 +118,7 @@ class ArrayRecordSource(SyncReads):
                             resident_bytes=resident_bytes)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
+        self._direct: DirectReads | None = None  # `src[i]` of local files (see `direct`)
         self._open_lock: asyncio.Lock | None = None
         self._used_sync = False
 
@@ -152,6 +154,10 @@ class ArrayRecordSource(SyncReads):
                                         max_merged=self.max_merged,
                                         resident_bytes=self.resident_bytes,
                                         cache_bytes=self.cache_bytes)
+                if any(is_local(u) for u in table.urls):
+                    self._direct = DirectReads(table, self.cache, verify=self.verify,
+                                               max_decoded=self.storage.max_inflight_bytes,
+                                               check_budget=self.storage.check_budget)
                 self._table = table
 
     def _require_open(self) -> None:
@@ -282,12 +288,28 @@ class ArrayRecordSource(SyncReads):
         except (ArrayRecordFormatError, StorageError) as err:
             raise await self.explain(err, set(np.asarray(files).tolist())) from None
 
+    def _record(self, i: int) -> bytes:
+        """Record `i` alone: that of a local file read in this thread (`direct`), with
+        the errors `read` raises."""
+        direct = self._direct
+        if direct is None:
+            return super()._record(i)
+        f, c, j = self.table.locate_one(i)
+        if not direct.local[f]:
+            return super()._record(i)
+        try:
+            return direct.record(f, c, j)
+        except (ArrayRecordFormatError, StorageError) as err:
+            raise self._sync(self.explain(err, {f})) from None
+
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Release this loop's I/O resources (call from the loop you read on)."""
         if self._fetcher is not None:  # read again: record by record, from storage
             await self._fetcher.aclose()
+        if self._direct is not None:
+            self._direct.close()
         if self._owns_storage:
             await self.storage.aclose()
 

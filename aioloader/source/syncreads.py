@@ -60,6 +60,10 @@ class SyncReads:
         i = int(key)
         if i < 0:
             i += len(self)
+        return self._record(i)
+
+    def _record(self, i: int) -> bytes:
+        """Record `i` alone (a source may read it without the loop)."""
         return self._sync(self.read([i]))[0]
 
     def __getitems__(self, keys: Sequence[int]) -> list[bytes]:

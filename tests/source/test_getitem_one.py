@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import aioloader as al
 from aioloader.arrayrecord import ArrayRecordFormatError
 from aioloader.errors import ObjectChangedError, StorageError
+from aioloader.io.storage import Storage
 from aioloader.testing import local_gcs
 
 from ..support.arrayrecord_util import CODECS, make_records, write_theirs
@@ -97,7 +98,7 @@ def test_out_of_range_as_before(datasets):
 def _damage(path: str, chunk: int) -> None:
     """Flip a byte of chunk `chunk`'s data (its header still intact)."""
     with al.ArrayRecordSource(path) as src:
-        start, end = src.file_indices[0].chunk_range(chunk)
+        _, end = src.file_indices[0].chunk_range(chunk)
     data = bytearray(pathlib.Path(path).read_bytes())
     data[end - 8] ^= 0x40
     pathlib.Path(path).write_bytes(bytes(data))
@@ -150,11 +151,13 @@ def test_file_changed_after_open_is_the_same_version_error(tmp_path, group, how)
 def test_record_over_the_memory_budget_is_refused(tmp_path):
     path = tmp_path / "big.ar"
     write_theirs(path, make_records(300_000, 3), "group_size:1,uncompressed")
-    from aioloader.io.storage import Storage
-
-    with al.ArrayRecordSource(str(path), storage=Storage(max_inflight_bytes=100_000)) as src:
-        with pytest.raises(StorageError, match=r"big\.ar.*larger than the memory budget"):
-            src[1]
+    storage = Storage(max_inflight_bytes=100_000)
+    with al.ArrayRecordSource(str(path), storage=storage) as src:
+        one = _error(lambda: src[1])
+        listed = _error(lambda: src[[1]])
+        src._sync(storage.aclose())
+    assert isinstance(one, StorageError) and str(one) == str(listed)
+    assert re.search(r"big\.ar.*larger than the memory budget", str(one))
 
 
 @pytest.mark.parametrize("group", [1, 64])
@@ -170,7 +173,7 @@ def test_threads_reading_at_once_get_their_records(datasets, group):
                 for i in np.random.default_rng(seed).integers(-n, n, 400).tolist():
                     if src[i] != want[i]:
                         wrong.append((seed, i))
-            except BaseException as err:  # noqa: BLE001 (reported below)
+            except BaseException as err:  # (reported below)
                 failed.append(err)
 
         threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
@@ -198,3 +201,12 @@ def test_gs_records_one_at_a_time(datasets):
         with al.ArrayRecordSource(urls, storage_options=gcs.storage_options) as src:
             keys = np.random.default_rng(1).integers(-len(want), len(want), 30).tolist()
             assert [src[k] for k in keys] == [want[k] for k in keys]
+
+
+def test_read_instructions_one_at_a_time(datasets):
+    (a, b), _ = datasets["zstd:3", 3]
+    (c, _), _ = datasets["uncompressed", 1]
+    paths = [f"{b}[4:40]", a, f"{c}[7:7]", f"{a}[70:75]", f"{c}[0:2]"]
+    want = _theirs(paths)
+    with al.ArrayRecordSource(paths) as src:
+        assert [src[i] for i in range(-len(want), len(want))] == want + want
