@@ -6,7 +6,8 @@ memory copy, the raw chunk cache). What it adds is the user's view: records by g
 decoded (`records`: each needed chunk decoded once, multi-record chunks kept decoded).
 
 The sync API (`len`, `src[i]`, `with`) runs the same coroutines on the shared background
-loop (`syncreads`), so it works in scripts and in notebooks that run their own loop.
+loop (`syncreads`), so it works in scripts and in notebooks that run their own loop; a record
+of a local file asked for alone is read in the caller's thread instead (`direct`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ pickling as its configuration.
 Each runs the source's own coroutines on the shared background loop (`aioloader.io.sync`), so
 it works in scripts and in notebooks that run their own loop; `close` lets the loop go once
 the last source that used it is closed. The async source (`ArrayRecordSource`) provides what
-is read; this class only carries it across.
+is read; this class only carries it across (one record alone goes through `_record`, which a
+source may answer without the loop).
 """
 
 from __future__ import annotations
