@@ -155,10 +155,9 @@ class ArrayRecordSource(SyncReads):
                                         max_merged=self.max_merged,
                                         resident_bytes=self.resident_bytes,
                                         cache_bytes=self.cache_bytes)
-                if any(is_local(u) for u in table.urls):
-                    self._direct = DirectReads(table, self.cache, verify=self.verify,
-                                               max_decoded=self.storage.max_inflight_bytes,
-                                               check_budget=self.storage.check_budget)
+                self._direct = DirectReads(table, self.cache, verify=self.verify,
+                                           max_decoded=self.storage.max_inflight_bytes,
+                                           check_budget=self.storage.check_budget)
                 self._table = table
 
     def _require_open(self) -> None:
@@ -290,18 +289,14 @@ class ArrayRecordSource(SyncReads):
             raise await self.explain(err, set(np.asarray(files).tolist())) from None
 
     def _record(self, i: int) -> bytes:
-        """Record `i` alone: that of a local file read in this thread (`direct`), with
-        the errors `read` raises."""
-        direct = self._direct
-        if direct is None:
-            return super()._record(i)
+        """Record `i` alone: read in this thread when its file is local or its chunk
+        decoded already (`direct`), with the errors `read` raises; else on the loop."""
         f, c, j = self.table.locate_one(i)
-        if not direct.local[f]:
-            return super()._record(i)
         try:
-            return direct.record(f, c, j)
+            got = self._direct.record(f, c, j)  # type: ignore[union-attr]  # open: made
         except (ArrayRecordFormatError, StorageError) as err:
             raise self._sync(self.explain(err, {f})) from None
+        return got if got is not None else super()._record(i)
 
     # -- closing ----------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ with `read`, so a chunk is decoded once whichever way its records are asked for.
 
 Errors are raised as `read` raises them, before `ArrayRecordSource` explains them (a file
 changed since it was opened). Files on remote stores are not read here: their reads stay on
-the loop, where the retries, the hedges and the memory tier are.
+the loop, where the retries, the hedges and the memory tier are; only a record of a chunk
+already decoded (the cache) is answered here for them too, as `read` would answer it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .table import RecordTable
 
 
 class DirectReads:
-    """One record of a local file at a time (`record`), from any thread."""
+    """One record at a time (`record`) of a local file, or of a decoded chunk, from any
+    thread."""
 
     def __init__(self, table: RecordTable, cache: ChunkCache, *, verify: str,
                  max_decoded: int, check_budget: Callable[[str, int, int], None]) -> None:
@@ -44,13 +46,16 @@ class DirectReads:
         self._grouped = table.grouped.tolist()
         self._files = FileSet()
 
-    def record(self, file: int, chunk: int, within: int) -> bytes:
-        """Record `within` of chunk `chunk` of local file `file` (as `locate_one` gives)."""
+    def record(self, file: int, chunk: int, within: int) -> bytes | None:
+        """Record `within` of chunk `chunk` of file `file` (as `locate_one` gives); None
+        when the file is remote and the chunk not decoded yet (`read` reads it)."""
         grouped = self._grouped[file]
         if grouped:
             hit = self.cache.get((file, chunk))
             if hit is not None:
                 return hit.record(within)
+        if not self.local[file]:
+            return None
         index = self.table.indices[file]
         start, end = index.chunk_range(chunk)
         count = int(index.chunk_records[chunk])

@@ -201,6 +201,9 @@ def test_gs_records_one_at_a_time(datasets):
         with al.ArrayRecordSource(urls, storage_options=gcs.storage_options) as src:
             keys = np.random.default_rng(1).integers(-len(want), len(want), 30).tolist()
             assert [src[k] for k in keys] == [want[k] for k in keys]
+            before = src.storage.stats.requests  # their chunks decoded: no request again
+            assert [src[k] for k in keys[::-1]] == [want[k] for k in keys[::-1]]
+            assert src.storage.stats.requests == before
 
 
 def test_read_instructions_one_at_a_time(datasets):
