@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_getitem [--records 20000] [--calls 4000] [--rounds 5] \\
         [--groups 1 --groups 64] [--gcs] [--data-dir DIR]
+    PYTHONPATH=<another tree> python benchmarks/bench_getitem.py ...   # that tree's aioloader
 
 Grain's samplers call `__getitem__` once per record. Per group size, on the same local file
 (`common.dataset`: 1 KiB JSON text records, array_record's writer, zstd:3), each round times,
@@ -126,10 +127,12 @@ def main() -> None:
     p.add_argument("--gcs-calls", type=int, default=300)
     p.add_argument("--data-dir", default=None)
     args = p.parse_args()
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.append(str(HERE.parent))  # (after PYTHONPATH: a tree to measure may come first)
+    import aioloader
     from benchmarks.common import dataset, machine_info
 
     print(machine_info())
+    print(f"aioloader from {Path(aioloader.__file__).parent.parent}")
     print("\n| group size | contender | µs/record | records/s | ÷ array_record [i] |\n"
           "|---:|---|---:|---:|---:|")
     for group in args.groups or [1, 64]:

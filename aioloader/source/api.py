@@ -119,7 +119,7 @@ class ArrayRecordSource(SyncReads):
                             resident_bytes=resident_bytes)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
-        self._direct: DirectReads | None = None  # `src[i]` of local files (see `direct`)
+        self._direct: DirectReads | None = None  # `src[i]` without the loop (see `direct`)
         self._open_lock: asyncio.Lock | None = None
         self._used_sync = False
 
