@@ -91,13 +91,14 @@ class SyncReads:
         self._used_sync = True
         return run_sync(coro, user=self)
 
-    def close(self) -> None:
-        """Release the I/O resources the sync API used (and the background loop, if last)."""
+    def close(self, wait: bool = True) -> None:
+        """Release the I/O resources the sync API used (and the background loop, if last);
+        `wait=False` only starts that (a finalizer's close: see `close_sync`)."""
         if not self._used_sync:
             return
         self._used_sync = False
         try:
-            close_sync(self.aclose())
+            close_sync(self.aclose(), wait=wait)
         finally:  # a failed close (or open) still lets the background loop go
             release(self)
 
