@@ -2,8 +2,9 @@
 
 The sizes block of a chunk holds one varint per record; decoding it with a Python loop
 would cost a microsecond per record on the hot path, so `decode_varints` does it with a
-handful of NumPy passes (one per byte of the longest varint), unless it is only a few
-bytes long: then each pass's fixed cost outweighs a loop.
+handful of NumPy passes (one per byte of the longest varint), or one when every varint
+is two bytes long; a few bytes of mixed lengths are looped over (each pass's fixed cost
+would outweigh the loop).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def decode_varints(buf, count: int) -> np.ndarray:
         if arr.max(initial=0) >= 0x80:
             raise ArrayRecordFormatError("varints are truncated")
         return arr.astype(np.uint64)
+    if arr.size == 2 * count:  # every value in [128, 16384) (records of 128 B to 16 KiB)?
+        pairs = arr.view("<u2")
+        if not ((pairs & 0x8080) != 0x0080).any():  # each: a continued byte, then a last
+            return ((pairs & 0x7F) | (pairs >> 8 << 7)).astype(np.uint64)
     if arr.size <= SMALL_VARINTS:
         return _decode_small(arr, count)
     return _decode_passes(arr, count)

@@ -71,6 +71,23 @@ def test_varints_small_loop_and_numpy_passes_agree(blob, count):
     assert got[0] == got[1] == got[2]
 
 
+@given(st.lists(st.integers(0, (1 << 14) + 5), min_size=1, max_size=80), st.data())
+def test_varints_of_two_bytes_each_decode_as_any_others(values, data):
+    """Sizes of 128 B to 16 KiB (two bytes each) take one NumPy pass: the same values, or
+    the same refusal once a byte is damaged, as the general passes."""
+    blob = bytearray(b"".join(map(encode_varint, values)))
+    if data.draw(st.booleans()):
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    count = data.draw(st.sampled_from([len(values), max(1, len(blob) // 2)]))
+    got = []
+    for decode in (varint._decode_passes, decode_varints):
+        try:
+            got.append(decode(np.frombuffer(bytes(blob), np.uint8), count).tolist())
+        except ArrayRecordFormatError:
+            got.append("error")
+    assert got[0] == got[1]
+
+
 def test_eleven_byte_varint_is_rejected():
     with pytest.raises(ArrayRecordFormatError, match="10 bytes"):
         read_varint(b"\xff" * 11, 0)
