@@ -27,7 +27,7 @@ from .reportpage import SCRIPT, STYLE
 from .table import LEGEND
 from .timeline import rates
 
-__all__ = ["DATA_ID", "page_data", "render_page", "write_page"]
+__all__ = ["DATA_ID", "check_path", "page_data", "render_page", "write_page"]
 
 DATA_ID = "aioloader-report-data"  # the id of the page's JSON block
 VERSION = 1  # of the JSON block's layout
@@ -151,10 +151,9 @@ def render_page(summary: Mapping[str, Any], samples: Sequence[Mapping[str, float
     ])
 
 
-def write_page(page: str, path: str | os.PathLike[str]) -> str:
-    """Write `page` to exactly `path` (replacing that file if it exists, atomically: a
-    viewer never sees half a page); returns the path. A folder is refused, as is a path
-    whose folder does not exist."""
+def check_path(path: str | os.PathLike[str]) -> str:
+    """`path` as a string if a report can be written there (before a run, to refuse early):
+    not a folder, in a folder that exists."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a folder; the report is one HTML file: name it "
@@ -163,6 +162,15 @@ def write_page(page: str, path: str | os.PathLike[str]) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{path}: its folder {folder} does not exist; create it "
                                 "first, or name a file in a folder that does")
+    return path
+
+
+def write_page(page: str, path: str | os.PathLike[str]) -> str:
+    """Write `page` to exactly `path` (replacing that file if it exists, atomically: a
+    viewer never sees half a page); returns the path. A folder is refused, as is a path
+    whose folder does not exist."""
+    path = check_path(path)
+    folder = os.path.dirname(os.path.abspath(path))
     mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644
     fd, tmp = tempfile.mkstemp(prefix=".aioloader-report-", suffix=".tmp", dir=folder)
     try:
