@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-browser chromium test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
+.PHONY: venv test test-slow test-browser chromium docs-screenshot test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,6 +101,11 @@ wheels: $(STAMP)
 # The documentation site (build/site), warnings as errors; tests/test_docs.py builds it too.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
+
+# The run report's picture in docs/performance.md: a loader over the local bucket, its report
+# opened in headless Chromium (tests/support/report_screenshot.py).
+docs-screenshot: $(STAMP) chromium
+	$(PY) -m tests.support.report_screenshot docs/images/report.png
 
 docs-serve: $(STAMP)
 	$(PY) -m mkdocs serve
