@@ -288,16 +288,16 @@ class PipelineStats:
 
     def note_batch(self, waited: float, ready: int) -> None:
         """The consumer got a batch after waiting `waited` s; `ready` were ready on asking."""
+        now = self.clock()
         self.ready_samples += 1
         self.ready_total += ready
         self.wait_seconds += waited
         if self.tracer is not None:
-            now = self.clock()
             self.tracer.wait(now - waited, now)
         self.batches += 1
         if self.first_batch_seconds is None:
-            self.first_batch_seconds = self.clock() - self.started
-        self.timeline.tick(self.clock() - self.started)
+            self.first_batch_seconds = now - self.started
+        self.timeline.tick(now - self.started)  # a snapshot, if one is due
 
     def add_worker_reads(self, reads: int, nbytes: int) -> None:
         """Reads the workers made themselves (of local files), reported in their results."""

@@ -44,12 +44,13 @@ class Timeline:
         self.interval = interval
         self.max_samples = max_samples
         self._samples: list[Snapshot] = []
+        self._due = float("-inf")  # when the next snapshot is due (the last one's t + interval)
         self._lock = threading.Lock()  # ticks come from the loop, reads from any thread
 
     def tick(self, t: float) -> bool:
         """Take a snapshot at `t` if the last one is at least `interval` old (or there is
         none); whether one was taken."""
-        if self._samples and t - self._samples[-1]["t"] < self.interval:
+        if t < self._due:
             return False
         self.take(t)
         return True
@@ -66,6 +67,7 @@ class Timeline:
             if len(self._samples) > self.max_samples:
                 self._samples = self._samples[::2]
                 self.interval *= 2
+            self._due = self._samples[-1]["t"] + self.interval
 
     def samples(self, now: float | None = None) -> list[Snapshot]:
         """The snapshots kept, oldest first (copies); with `now`, one more taken then and
