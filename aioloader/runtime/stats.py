@@ -380,10 +380,9 @@ class PipelineStats:
         return snap
 
     def report(self, path: str | os.PathLike[str]) -> str:
-        """Write a page that needs no network to view (`runtime.report`): the table, its
-        legend and plots over time of batches/s, the consumer's wait, each stage's busy
-        share, reads in flight, cache hits and retries. It writes exactly `path` (replacing
-        that file, never another; a folder is refused); returns the path."""
+        """Write a page that opens with no network (`runtime.report`): plots over time
+        (batches/s, the wait, busy per stage, reads in flight, cache hits, retries), the
+        table and its legend, to exactly `path` (a folder is refused); returns the path."""
         page = render_page(self.as_dict(), self.timeline.samples(self.elapsed), str(self),
                            list(self.stages))
         return write_page(page, path)
