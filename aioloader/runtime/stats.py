@@ -13,8 +13,7 @@ The consumer's waiting time says whether the pipeline keeps up (a training loop 
 `.legend()` what its columns and lines mean; `.as_dict()` the same for machines;
 `.trace(path)` the spans behind them as a Chrome/Perfetto trace, when the loader records one
 (`runtime.trace`: each hook hands its span on; the table and legend are in `runtime.table`);
-`.report(path)` a page with the table and plots over time (`runtime.timeline` keeps the
-snapshots, taken as the consumer gets batches; `runtime.report` draws the page).
+`.report(path)` a page with plots over time (`runtime.timeline`, `runtime.report`).
 """
 
 from __future__ import annotations
@@ -286,9 +285,10 @@ class PipelineStats:
 
     # -- the consumer and I/O ---------------------------------------------------------
 
-    def note_batch(self, waited: float, ready: int) -> None:
-        """The consumer got a batch after waiting `waited` s; `ready` were ready on asking."""
-        now = self.clock()
+    def note_batch(self, waited: float, ready: int, now: float | None = None) -> None:
+        """The consumer got a batch at `now` (its caller's reading of `clock`, else read here)
+        after waiting `waited` s; `ready` were ready on asking."""
+        now = self.clock() if now is None else now
         self.ready_samples += 1
         self.ready_total += ready
         self.wait_seconds += waited
