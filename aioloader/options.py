@@ -209,16 +209,33 @@ class WorkerOptions:
     - `window` (None: 256): output positions per task in filter/pack pipelines, where a
       task's output size is not known in advance; ignored with a plain `batch()`, whose
       tasks are whole batches. A resumed state keeps the window it was saved with.
+    - `executor` ("processes"): where the `workers` run their tasks: "processes" (a pool of
+      worker processes), "threads" (threads of this process), "ray" (Ray actors; the `ray`
+      extra), or an executor kind object (`aioloader.workers.kinds.ExecutorKind`). The
+      batches, the state and resuming are the same whichever runs them; with workers=0
+      tasks run on one thread of this process whatever is named.
     """
 
     workers: int | Literal["auto"] = 0
     slot_size: int = 32 << 20
     window: int | None = None
+    executor: Any = "processes"
 
     def __post_init__(self) -> None:
         _whole(self, "workers", 0, auto=True)
         _whole(self, "slot_size", 1)
         _whole(self, "window", 1, optional=True)
+        if isinstance(self.executor, str):
+            if self.executor not in EXECUTORS:
+                raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))} "
+                                 f"or an executor kind object, got {self.executor!r}")
+        elif not callable(getattr(self.executor, "open", None)):
+            raise TypeError(f"executor must be one of {', '.join(map(repr, EXECUTORS))} or "
+                            f"an object with an open(...) method (an executor kind), got "
+                            f"{type(self.executor).__name__}")
+
+
+EXECUTORS = ("processes", "threads", "ray")  # executor names (`aioloader.workers.kinds`)
 
 
 @dataclass(frozen=True, kw_only=True)

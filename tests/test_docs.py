@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import inspect
 import os
@@ -49,7 +50,7 @@ def test_docs_build_strictly(tmp_path):
     check_dataset_section(api)
 
 
-DATASET_FIELDS = ("source", "index_ops", "record_ops", "batching", "pack_batch", "batch_ops")
+DATASET_FIELDS = tuple(f.name for f in dataclasses.fields(aioloader.Dataset))
 
 
 def check_dataset_section(api: str) -> None:

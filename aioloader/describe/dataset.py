@@ -46,7 +46,8 @@ class Dataset(Stages):
 
     Build one with `from_arrayrecord`, `from_source`, `mix` or `concatenate`, chain verbs
     (`shuffle`, `repeat`, `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`,
-    `flat_map`, `filter`, `pack`, `batch`), each returning a new `Dataset`, and run it with
+    `flat_map`, `filter`, `pack`, `batch`, `bucket_by_length`), each returning a new
+    `Dataset`, and run it with
     `loader()`. Nothing is read until then, so a description can be built anywhere (before
     `jax.distributed` starts) and sent to other processes. Pipelines of one-to-one steps are
     also random access: `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields
@@ -152,6 +153,7 @@ class Dataset(Stages):
         gcs_client: GcsClient | None = None,
         slot_size: int | None = None,
         window: int | None = None,
+        executor: Literal["processes", "threads", "ray"] | Any = None,
         read: ReadOptions | None = None,
         worker: WorkerOptions | None = None,
         options: LoaderOptions | None = None,
@@ -163,7 +165,7 @@ class Dataset(Stages):
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
-        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window),
+        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor),
         `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
         ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
         LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
@@ -185,8 +187,7 @@ class Dataset(Stages):
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
             cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, gcs_client=gcs_client,
-            slot_size=slot_size,
-            window=window, trace=trace)
+            slot_size=slot_size, window=window, executor=executor, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a
         # circle, and describing a pipeline should not load the runtime.

@@ -4,7 +4,8 @@ its output, and what they exchange.
 - `messages`: what the parent and a worker exchange (`Pipeline`, `Task`, `Result`);
 - `worker`: what a worker process runs; `decode`: its chunk decoder and cache;
 - `executor`: the one interface the runtime knows (`Executor`: run a task, close, figures)
-  and what its implementations share; `open_executor` picks one;
+  and what its implementations share; `kinds`: what `executor=` names, and
+  `open_executor`, which opens one;
 - `pool`: the process pool, the parent's side, which sends tasks and hands results on;
   `inline`: workers=0, tasks on one thread of this process; `procs`: how the pool's
   processes start (the worker server, `server`, started with the first loader or by
@@ -26,15 +27,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..errors import WorkerError
     from .executor import CLOSE_GRACE_S, Executor
+    from .kinds import ExecutorKind, open_executor
     from .localfiles import LocalFiles
     from .messages import Pipeline, Result, Task
-    from .pool import Pool, open_executor
+    from .pool import Pool
 
-__all__ = ["CLOSE_GRACE_S", "Executor", "LocalFiles", "Pipeline", "Pool", "Result", "Task",
-           "WorkerError", "open_executor"]
+__all__ = ["CLOSE_GRACE_S", "Executor", "ExecutorKind", "LocalFiles", "Pipeline", "Pool",
+           "Result", "Task", "WorkerError", "open_executor"]
 
 _HOMES = {"CLOSE_GRACE_S": ".executor", "Executor": ".executor", "Pool": ".pool",
-          "open_executor": ".pool", "LocalFiles": ".localfiles",
+          "open_executor": ".kinds", "ExecutorKind": ".kinds", "LocalFiles": ".localfiles",
           "Pipeline": ".messages", "Result": ".messages", "Task": ".messages",
           "WorkerError": "..errors"}
 

@@ -15,9 +15,9 @@ made or by `aioloader.warm_up()` (`aioloader.workers.procs`, `.server`; never of
 which runs an event loop and threads; never importing the user's `__main__`), and
 `workers=0` runs the same task code on one daemon thread of the parent, for debugging
 (`aioloader.workers.inline`); both are an `Executor` (`aioloader.workers.executor`), and
-`open_executor` picks one. The pool also runs tasks on such a thread itself: all of them
-while the tuner has set 0 workers, and, with `first_in_parent`, the first ones while the
-workers start.
+`open_executor` (`aioloader.workers.kinds`) picks one. The pool also runs tasks on such a
+thread itself: all of them while the tuner has set 0 workers, and, with `first_in_parent`,
+the first ones while the workers start.
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
 cannot hold up a shutdown.
@@ -38,27 +38,28 @@ from typing import Any
 
 from ..errors import WorkerError
 from ..io.descriptors import too_many_open
-from .executor import CLOSE_GRACE_S, Executor, SlotExecutor
-from .inline import Inline, InlineExecutor
+from .executor import CLOSE_GRACE_S, SlotExecutor
+from .inline import InlineExecutor
 from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Task
 from .procs import context, stop, track
 from .semnames import forget_names, pool_semaphores
 from .worker import _init_worker, _pack_pipeline, run_task
 
-__all__ = ["CLOSE_GRACE_S", "Pool", "open_executor"]
+__all__ = ["CLOSE_GRACE_S", "PROCESSES", "Pool", "Processes"]
 
 log = logging.getLogger("aioloader")
 
 
-def open_executor(pipeline: Pipeline, workers: int, *, slots: int, slot_size: int = 32 << 20,
-                  lanes: int | None = None, first_in_parent: bool = False) -> Executor:
-    """The executor for `workers` processes (`Pool`), or this process with 0 (`Inline`);
-    `lanes`: with workers="auto", the tuner's first worker count (`workers`: the most)."""
-    if workers == 0:
-        return Inline(pipeline, slots=slots, slot_size=slot_size, lanes=lanes)
-    return Pool(pipeline, workers, slots=slots, slot_size=slot_size, lanes=lanes,
-                first_in_parent=first_in_parent)
+class Processes:
+    """The "processes" executor kind (`aioloader.workers.kinds`): a `Pool`."""
+
+    name = "processes"
+
+    def open(self, pipeline: Pipeline, workers: int, *, slots: int, slot_size: int,
+             lanes: int | None, first_in_parent: bool) -> Pool:
+        return Pool(pipeline, workers, slots=slots, slot_size=slot_size, lanes=lanes,
+                    first_in_parent=first_in_parent)
 
 
 class Pool(SlotExecutor):
@@ -272,3 +273,5 @@ class Pool(SlotExecutor):
                 raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
 
+
+PROCESSES = Processes()
