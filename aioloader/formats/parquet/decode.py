@@ -35,6 +35,8 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
     if not 0 <= group < len(layout.row_groups):
         raise IndexError(f"{layout.path}: row group {group} of {len(layout.row_groups)}")
     path, rg = layout.path, layout.row_groups[group]
+    if rg.num_rows == 0:  # no bytes to read: its chunks are empty (`read_layout` checks)
+        return _empty(layout, meta)
     try:
         file = FetchedFile(path, layout.size, fetched)
     except ValueError as e:
@@ -65,6 +67,11 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
                                  hint=CORRUPT_HINT)
     return table if list(layout.columns) == table.column_names \
         else table.select(list(layout.columns))
+
+
+def _empty(layout: ParquetLayout, meta: Any) -> Any:
+    schema = meta.schema.to_arrow_schema()
+    return schema.empty_table().select(list(layout.columns))
 
 
 def _read(layout: ParquetLayout, meta: Any, group: int, file: FetchedFile) -> Any:

@@ -118,6 +118,10 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
         raise ParquetFormatError(f"its column chunk lives in another file ({col.file_path!r})"
                                  ", which is not supported", path=path, row_group=g,
                                  column=name, hint="rewrite the data as one file")
+    if rows == 0:  # nothing to read (pyarrow writes such chunks at offset 0): fetch nothing
+        if col.num_values != 0:
+            raise bad(f"declares {col.num_values} values for 0 rows")
+        return ColumnChunk(leaf, name, 0, 0, 0, 0)
     # Where Arrow's reader starts: the dictionary page when there is one before the data.
     start = col.data_page_offset
     dictionary = col.dictionary_page_offset
