@@ -134,6 +134,9 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
     if start < len(MAGIC) or start + length > data_end:
         raise bad(f"declares bytes [{start}, {start + length}), outside the file's data "
                   f"[{len(MAGIC)}, {data_end})", start)
+    if not start <= col.data_page_offset < start + length:
+        raise bad(f"declares its first data page at byte {col.data_page_offset}, outside "
+                  f"its bytes [{start}, {start + length})", col.data_page_offset)
     if col.num_values < rows or (not repeated and col.num_values != rows):
         raise bad(f"declares {col.num_values} values for {rows} rows")
     length += min(padding, size - start - length)

@@ -1,0 +1,221 @@
+"""Parquet files that lie: each is refused with a `ParquetFormatError` naming the file (and
+the row group and column where there is one) before anything is allocated for the lie; and
+a child process reading all of them under an address-space limit stays small."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from aioloader.errors import ParquetFormatError
+from aioloader.formats.parquet import decode_row_group, footer_range, parse_footer, tail_range
+from tests.support.parquet_files import (
+    PATH,
+    column_meta,
+    encode_struct,
+    fetch,
+    field,
+    open_file,
+    page_header,
+    read_all,
+    rewrite_footer,
+    row_groups,
+    write,
+)
+
+ROWS = 30
+
+
+def _good(**kw) -> bytes:
+    table = pa.table({"i": pa.array(np.arange(ROWS)), "s": [f"text {j}" for j in range(ROWS)],
+                      "l": [[j, j] for j in range(ROWS)]})
+    return write(table, row_group_size=10, **kw)
+
+
+def _set(fid: int, value: int, group: int = 1, column: int = 0):
+    def edit(meta):
+        field(column_meta(meta, group, column), fid)[2] = value
+    return edit
+
+
+def _rows(group: int, value: int, total: int | None = None):
+    def edit(meta):
+        field(row_groups(meta)[group], 3)[2] = value
+        if total is not None:
+            field(meta, 3)[2] = total
+    return edit
+
+
+def _lying_page(data: bytes, size: int = 2**31 - 1) -> bytes:
+    """The last row group's last chunk's first page claims `size` decompressed bytes: the
+    chunk (the last bytes before the page index and footer) grows with its header, and its
+    declared size with it."""
+    _meta, layout, _index = open_file(data)
+    chunk = layout.row_groups[-1].chunks[-1]
+    header, body = page_header(data, chunk.offset)
+    field(header, 2)[2] = size
+    new = encode_struct(header)
+    grown = len(new) - (body - chunk.offset)
+    data = data[:chunk.offset] + new + data[body:]
+
+    def edit(m):
+        cm = column_meta(m, len(layout.row_groups) - 1, chunk.leaf)
+        field(cm, 7)[2] += grown
+        for rg in row_groups(m):  # the page indexes after the data moved with it
+            for cc in field(rg, 1)[2][1]:
+                for fid in (4, 6):  # offset_index_offset, column_index_offset
+                    with contextlib.suppress(KeyError):
+                        field(cc, fid)[2] += grown
+    return rewrite_footer(data, edit)
+
+
+def _total(value: int):
+    def edit(meta):
+        field(meta, 3)[2] = value
+    return edit
+
+
+CASES = {
+    # name: (file bytes, words the message must hold)
+    "truncated": (lambda d: d[:len(d) // 2], "not the Parquet magic"),
+    "too short": (lambda d: d[:10], "too short"),
+    "bad magic": (lambda d: d[:-4] + b"PAR2", "not the Parquet magic"),
+    "encrypted": (lambda d: d[:-4] + b"PARE", "encrypted"),
+    "footer longer than the file": (
+        lambda d: d[:-8] + (len(d)).to_bytes(4, "little") + b"PAR1", "more than the"),
+    "garbage thrift": (lambda d: d[:-8 - 200] + bytes(range(200)) + d[-8:],
+                       "does not parse"),
+    "chunk past the footer": (lambda d: rewrite_footer(d, _set(9, len(d))), "outside"),
+    "chunk size past the footer": (lambda d: rewrite_footer(d, _set(7, 1 << 40)), "outside"),
+    "chunk before the magic": (lambda d: rewrite_footer(d, _set(9, 1)), "outside"),
+    "negative offset": (lambda d: rewrite_footer(d, _set(9, -5)), "outside"),
+    "negative size": (lambda d: rewrite_footer(d, _set(7, -5)), "negative"),
+    "huge row count": (lambda d: rewrite_footer(d, _rows(1, 1 << 40, (1 << 40) + 20)),
+                       "more than the"),
+    "negative row count": (lambda d: rewrite_footer(d, _rows(1, -10, 10)), "declares -10 rows"),
+    "row counts do not sum": (lambda d: rewrite_footer(d, _total(31)), "declares 31"),
+    "fewer rows than values": (lambda d: rewrite_footer(d, _rows(1, 3, 23)),
+                               "10 values for 3 rows"),
+    "more values than the budget": (
+        lambda d: rewrite_footer(d, _set(5, 1 << 40, column=2)), "memory budget"),
+    "a page larger than the budget": (_lying_page, "memory budget"),
+    "a page larger than int32 allows": (lambda d: _lying_page(d, -7), "negative"),
+}
+BUDGET = 64 << 20  # what the cases read under: a lie must not pass it
+
+
+def verdict(data: bytes) -> str:
+    """The error a read of `data` gives (every row group decoded from its own ranges)."""
+    try:
+        read_all(data, max_bytes=BUDGET, max_rows=1 << 20)
+    except ParquetFormatError as e:
+        return str(e)
+    return "read"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_lie_is_a_clear_error(name):
+    make, words = CASES[name]
+    message = verdict(make(_good()))
+    assert message.startswith(PATH) and words in message, message
+    assert "(" in message  # says what to do
+
+
+def test_errors_name_row_group_and_column_and_pickle():
+    with pytest.raises(ParquetFormatError) as e:
+        read_all(rewrite_footer(_good(), _set(9, 1 << 30, group=2, column=1)))
+    assert e.value.row_group == 2 and e.value.column == "s" and e.value.path == PATH
+    again = pickle.loads(pickle.dumps(e.value))
+    assert str(again) == str(e.value) and again.row_group == 2
+
+
+def test_a_footer_longer_than_the_budget_is_refused_before_it_is_read():
+    data = _good()
+    o, _n = tail_range(len(data), 16)
+    with pytest.raises(ParquetFormatError, match="memory budget of 100 bytes"):
+        footer_range(PATH, len(data), data[o:], max_bytes=100)
+
+
+def test_the_footer_must_be_exactly_its_range():
+    data = _good()
+    o, _n = footer_range(PATH, len(data), data[-8:], max_bytes=BUDGET)
+    with pytest.raises(ValueError, match="were given"):
+        parse_footer(PATH, len(data), data[o + 1:], max_bytes=BUDGET)
+
+
+def test_bytes_not_fetched_are_never_read():
+    data = _good()
+    meta, layout, index = open_file(data, ["s", "l"])
+    ranges = fetch(data, index, 1)
+    first = min(ranges)
+    short = {**ranges, first: ranges[first][:-1]}
+    for fetched in ({}, short, {k: v for k, v in ranges.items() if k != first}):
+        with pytest.raises(ParquetFormatError, match="were not fetched"):
+            decode_row_group(layout, meta, 1, fetched, max_bytes=BUDGET)
+    # another row group's bytes are not this one's
+    with pytest.raises(ParquetFormatError, match="were not fetched"):
+        decode_row_group(layout, meta, 1, fetch(data, index, 0), max_bytes=BUDGET)
+
+
+def test_a_page_header_that_does_not_parse():
+    data = bytearray(_good(compression="none"))
+    meta, layout, index = open_file(bytes(data))
+    chunk = layout.row_groups[0].chunks[0]
+    data[chunk.offset:chunk.offset + 12] = b"\x1c" * 12  # structs nested, never closed
+    with pytest.raises(ParquetFormatError, match="page header") as e:
+        decode_row_group(layout, meta, 0, fetch(bytes(data), index, 0), max_bytes=BUDGET)
+    assert e.value.row_group == 0 and e.value.column == "i"
+
+
+def test_a_damaged_page_body_is_an_error_or_the_right_length():
+    """Without page checksums, a flipped byte inside compressed data is caught by the codec
+    or not at all; either way the row group decodes to its declared rows or raises."""
+    data = bytearray(_good(compression="snappy"))
+    meta, layout, index = open_file(bytes(data))
+    chunk = layout.row_groups[0].chunks[1]
+    _, body = page_header(bytes(data), chunk.offset)
+    data[body + 2] ^= 0xFF
+    try:
+        table = decode_row_group(layout, meta, 0, fetch(bytes(data), index, 0),
+                                 max_bytes=BUDGET)
+    except ParquetFormatError as e:
+        assert "row group 0" in str(e)
+    else:
+        assert table.num_rows == 10
+
+
+CHILD = """
+import json, resource, sys
+from tests.formats.test_parquet_hostile import CASES, _good, verdict
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+good = _good()
+out = {name: verdict(make(good)) for name, (make, _) in CASES.items()}
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"verdicts": out, "grew_kib": after - before}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS, ru_maxrss in KiB: Linux")
+def test_the_lies_read_in_bounded_memory():
+    """Every case, in one child under a 3 GiB address-space limit (pyarrow's own reserve
+    included): none crashes it, and its peak RSS grows by less than 64 MiB."""
+    limit = 3 << 30
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        pytest.skip("the address space is already limited")
+    out = subprocess.run([sys.executable, "-c", CHILD, str(limit)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, (_, words) in CASES.items():
+        assert words in got["verdicts"][name], (name, got["verdicts"][name])
+    assert got["grew_kib"] < 64 << 10, got
