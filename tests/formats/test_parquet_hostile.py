@@ -219,3 +219,15 @@ def test_the_lies_read_in_bounded_memory():
     for name, (_, words) in CASES.items():
         assert words in got["verdicts"][name], (name, got["verdicts"][name])
     assert got["grew_kib"] < 64 << 10, got
+
+
+def test_a_chunk_running_into_a_footer_with_trailing_bytes():
+    """The footer's declared length, not what its thrift consumed, says where data ends."""
+    good = _good(compression="none")
+    _, layout, _ = open_file(good)
+    last = layout.row_groups[-1].chunks[-1]
+    lying = rewrite_footer(good, _set(7, last.length + 5, group=2, column=last.leaf))
+    n = int.from_bytes(lying[-8:-4], "little")
+    padded = lying[:-8] + bytes(10) + (n + 10).to_bytes(4, "little") + b"PAR1"
+    with pytest.raises(ParquetFormatError, match="outside"):
+        open_file(padded)

@@ -70,14 +70,18 @@ class ParquetLayout:
 
 
 def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None = None, *,
-                max_rows: int, max_bytes: int) -> ParquetLayout:
-    """The layout of the file whose parsed footer (`parse_footer`) is `meta`.
+                footer_size: int, max_rows: int, max_bytes: int) -> ParquetLayout:
+    """The layout of the file whose parsed footer (`parse_footer`) is `meta`; `footer_size`
+    is the length of the footer's bytes (`footer_range`), which is where the data ends:
+    its thrift may take fewer.
 
     `columns`: top-level names (None: all, in file order). `max_rows` bounds one row
     group's rows and `max_bytes` its selected columns' declared bytes (compressed, and
     decompressed plus `VALUE_COST` per value): the memory one decoded row group may take.
     """
-    footer_offset = size - TRAILER - meta.serialized_size
+    footer_offset = size - footer_size
+    if not TRAILER <= footer_size <= size - len(MAGIC):
+        raise ValueError(f"{path}: a footer of {footer_size} bytes in a file of {size}")
     names, leaves = _select(path, meta, columns)
     paths = {i: meta.schema.column(i).path for i in leaves}
     repeated = {i: meta.schema.column(i).max_repetition_level > 0 for i in leaves}
