@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from aioloader.errors import ParquetFormatError
@@ -231,3 +232,34 @@ def test_a_chunk_running_into_a_footer_with_trailing_bytes():
     padded = lying[:-8] + bytes(10) + (n + 10).to_bytes(4, "little") + b"PAR1"
     with pytest.raises(ParquetFormatError, match="outside"):
         open_file(padded)
+
+
+@pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip", "brotli", "lz4"])
+def test_a_dictionary_that_expands_past_the_budget(compression):
+    """2000 rows of one 10 kB string: a 10 kB dictionary and tiny pages of indices that
+    decode to 20 MB. The bound is the longest dictionary entry times the values."""
+    table = pa.table({"i": np.arange(2000), "s": ["x" * 10_000] * 2000})
+    data = write(table, compression=compression)
+    meta, layout, index = open_file(data, max_bytes=4 << 20)  # the footer's sizes are small
+    with pytest.raises(ParquetFormatError, match="memory budget") as e:
+        decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=4 << 20)
+    assert e.value.column == "s"
+    ok = decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=24 << 20)
+    assert ok.num_rows == 2000
+
+
+def test_a_fixed_size_binary_column_counts_its_width():
+    table = pa.table({"f": pa.array([b"ab" * 5000] * 100, pa.binary(10_000))})
+    with pytest.raises(ParquetFormatError, match="memory budget"):
+        open_file(write(table), max_bytes=500_000)  # 1 MB of values
+    assert open_file(write(table), max_bytes=2 << 20)[1].num_rows == 100
+
+
+def test_a_large_dictionary_of_short_entries_fits_by_its_longest_entry():
+    """1000 distinct 100-byte strings, 2000 rows: the dictionary page's size times the
+    values (~200 MB) would not fit 4 MiB; its longest entry times the values (200 kB) does."""
+    table = pa.table({"s": [f"{j % 1000:0100d}" for j in range(2000)]})
+    data = write(table, compression="zstd")
+    meta, layout, index = open_file(data, max_bytes=4 << 20)
+    got = decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=4 << 20)
+    assert got.equals(pq.read_table(pa.BufferReader(data)))

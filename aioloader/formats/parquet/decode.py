@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .budget import decoded_bound
 from .errors import BUDGET_HINT, CORRUPT_HINT, ParquetFormatError
 from .fetched import FetchedFile, NotFetchedError
 from .footer import pyarrow_parquet
-from .layout import VALUE_COST, ParquetLayout
+from .layout import ParquetLayout
 from .pages import PageError, walk_pages
 
 __all__ = ["decode_row_group"]
@@ -30,8 +31,8 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
     """Row group `group` of the file `layout` describes, as a `pyarrow.Table` of the
     selected columns (in `layout.columns`' order), from `fetched`: offset -> bytes, holding
     at least the chunks `layout` names for it (`ParquetFileIndex.fetch_ranges`). `meta` is
-    the file's parsed footer (`parse_footer`); `max_bytes` bounds the pages' decompressed
-    bytes plus `VALUE_COST` per value."""
+    the file's parsed footer (`parse_footer`); `max_bytes` bounds what the selected
+    chunks may decode to (`budget.decoded_bound`)."""
     if not 0 <= group < len(layout.row_groups):
         raise IndexError(f"{layout.path}: row group {group} of {len(layout.row_groups)}")
     path, rg = layout.path, layout.row_groups[group]
@@ -41,11 +42,11 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
         file = FetchedFile(path, layout.size, fetched)
     except ValueError as e:
         raise ParquetFormatError(str(e), path=path, row_group=group) from None
-    budget = max_bytes
+    walks = []
     for c in rg.chunks:
         try:
-            totals = walk_pages(file.view(c.offset, c.end), c.num_values,
-                                max_decompressed=budget)
+            view = file.view(c.offset, c.end)
+            walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes), view))
         except NotFetchedError as e:
             raise ParquetFormatError(f"its bytes [{e.start}, {e.stop}) were not fetched",
                                      path=path, row_group=group, column=c.path,
@@ -55,11 +56,7 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
                                      offset=c.offset + e.offset,
                                      hint=BUDGET_HINT if e.budget else CORRUPT_HINT
                                      ) from None
-        budget -= totals.decompressed + VALUE_COST * totals.values
-        if budget < 0:
-            raise ParquetFormatError(f"its pages decode to more than the {max_bytes} bytes "
-                                     "the memory budget allows", path=path, row_group=group,
-                                     column=c.path, hint=BUDGET_HINT)
+    _check_budget(path, group, walks, max_bytes)
     table = _read(layout, meta, group, file)
     if table.num_rows != rg.num_rows:
         raise ParquetFormatError(f"decodes to {table.num_rows} rows, its footer declares "
@@ -67,6 +64,26 @@ def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
                                  hint=CORRUPT_HINT)
     return table if list(layout.columns) == table.column_names \
         else table.select(list(layout.columns))
+
+
+def _check_budget(path: str, group: int, walks: list, max_bytes: int) -> None:
+    """The chunks' decoded bounds against `max_bytes`: first the cheap ones, then, only if
+    they do not fit, with each dictionary's longest entry read."""
+    bounds = [decoded_bound(c, t, v, exact_dictionary=False) for c, t, v in walks]
+    if sum(bounds) <= max_bytes:
+        return
+    total = 0
+    for c, totals, view in walks:
+        try:
+            total += decoded_bound(c, totals, view, exact_dictionary=True)
+        except PageError as e:
+            raise ParquetFormatError(str(e), path=path, row_group=group, column=c.path,
+                                     offset=c.offset + e.offset, hint=CORRUPT_HINT) from None
+        if total > max_bytes:
+            raise ParquetFormatError(
+                f"its pages decode to more than the {max_bytes} bytes the memory budget "
+                f"allows ({total} bytes with this column's)", path=path, row_group=group,
+                column=c.path, hint=BUDGET_HINT)
 
 
 def _empty(layout: ParquetLayout, meta: Any) -> Any:

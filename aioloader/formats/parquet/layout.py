@@ -9,7 +9,8 @@ selects every leaf column beneath it (a struct's fields, a list's items).
 A file can lie, so before anything trusts it: row counts are non-negative, sum to the
 file's, and fit `max_rows`; each selected column chunk lies inside the file's data
 (`[4, footer offset)`), counts as many values as its row group has rows (at least as many,
-for a repeated column), and the row group's declared bytes fit `max_bytes`. A lie is a
+for a repeated column), and the row group's declared bytes (its values at least as wide as
+their type) fit `max_bytes`. A lie is a
 `ParquetFormatError` naming the file, row group and column.
 """
 
@@ -27,6 +28,8 @@ __all__ = ["ColumnChunk", "ParquetLayout", "RowGroupLayout", "read_layout"]
 
 #: bytes of decoded bookkeeping per value a budget counts (levels, offsets, validity)
 VALUE_COST = 8
+#: bytes a value of each fixed-width physical type decodes to
+WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 #: parquet-mr before 1.2.9 left the dictionary page's header out of a chunk's size; Arrow
 #: reads up to this many bytes more after such a chunk, and so must the fetch
 OLD_WRITER_PADDING = 100
@@ -43,6 +46,8 @@ class ColumnChunk:
     length: int        #: bytes to fetch from `offset` (what Arrow's reader will read)
     num_values: int    #: values (levels) it declares: its row group's rows, or more if repeated
     uncompressed: int  #: its declared decompressed size
+    codec: str = "UNCOMPRESSED"  #: its compression, as the footer names it
+    width: int = 0     #: bytes a decoded value takes, or 0 for variable-length (BYTE_ARRAY)
 
     @property
     def end(self) -> int:
@@ -83,8 +88,11 @@ def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None =
     if not TRAILER <= footer_size <= size - len(MAGIC):
         raise ValueError(f"{path}: a footer of {footer_size} bytes in a file of {size}")
     names, leaves = _select(path, meta, columns)
-    paths = {i: meta.schema.column(i).path for i in leaves}
-    repeated = {i: meta.schema.column(i).max_repetition_level > 0 for i in leaves}
+    schema = {i: meta.schema.column(i) for i in leaves}
+    paths = {i: c.path for i, c in schema.items()}
+    repeated = {i: c.max_repetition_level > 0 for i, c in schema.items()}
+    widths = {i: c.length if c.physical_type == "FIXED_LEN_BYTE_ARRAY"
+              else WIDTHS.get(c.physical_type, 0) for i, c in schema.items()}
     padding = OLD_WRITER_PADDING if _old_writer(meta.created_by) else 0
     groups, total = [], 0
     for g in range(meta.num_row_groups):
@@ -103,7 +111,7 @@ def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None =
                                      hint=CORRUPT_HINT)
         total += rows
         chunks = tuple(_chunk(path, g, rows, rg.column(i), i, paths[i], repeated[i],
-                              footer_offset, size, padding) for i in leaves)
+                              widths[i], footer_offset, size, padding) for i in leaves)
         _check_budget(path, g, rows, chunks, max_bytes)
         groups.append(RowGroupLayout(rows, chunks))
     if total != meta.num_rows:
@@ -113,7 +121,7 @@ def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None =
 
 
 def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeated: bool,
-           data_end: int, size: int, padding: int) -> ColumnChunk:
+           width: int, data_end: int, size: int, padding: int) -> ColumnChunk:
     def bad(what: str, offset: int | None = None) -> ParquetFormatError:
         return ParquetFormatError(what, path=path, row_group=g, column=name, offset=offset,
                                   hint=CORRUPT_HINT)
@@ -125,7 +133,7 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
     if rows == 0:  # nothing to read (pyarrow writes such chunks at offset 0): fetch nothing
         if col.num_values != 0:
             raise bad(f"declares {col.num_values} values for 0 rows")
-        return ColumnChunk(leaf, name, 0, 0, 0, 0)
+        return ColumnChunk(leaf, name, 0, 0, 0, 0, col.compression, width)
     # Where Arrow's reader starts: the dictionary page when there is one before the data.
     start = col.data_page_offset
     dictionary = col.dictionary_page_offset
@@ -144,13 +152,16 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
     if col.num_values < rows or (not repeated and col.num_values != rows):
         raise bad(f"declares {col.num_values} values for {rows} rows")
     length += min(padding, size - start - length)
-    return ColumnChunk(leaf, name, start, length, col.num_values, col.total_uncompressed_size)
+    return ColumnChunk(leaf, name, start, length, col.num_values, col.total_uncompressed_size,
+                       col.compression, width)
 
 
 def _check_budget(path: str, g: int, rows: int, chunks: tuple[ColumnChunk, ...],
                   max_bytes: int) -> None:
     fetched = sum(c.length for c in chunks)
-    decoded = sum(c.uncompressed + VALUE_COST * c.num_values for c in chunks)
+    # values at least as wide as their type (a dictionary's indices expand to them)
+    decoded = sum(max(c.uncompressed, c.width * c.num_values) + VALUE_COST * c.num_values
+                  for c in chunks)
     if max(fetched, decoded) > max_bytes:
         raise ParquetFormatError(
             f"its selected columns declare {fetched} bytes, {decoded} decoded for {rows} "

@@ -32,11 +32,17 @@ class PageError(ValueError):
         self.budget = budget  # the pages are sound but larger than the budget allows
 
 
+DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY: values are dictionary indices
+
+
 @dataclass(frozen=True)
 class PageTotals:
     pages: int
     values: int  #: the data pages' values
     decompressed: int  #: every page's declared decompressed size
+    dictionary_values: int = 0  #: values of data pages holding dictionary indices
+    #: (offset of its bytes in the chunk, compressed, decompressed size) of the dictionary page
+    dictionary: tuple[int, int, int] | None = None
 
 
 class _Thrift:
@@ -124,23 +130,27 @@ class _Thrift:
             raise PageError("a page header runs past the chunk's bytes", self.pos)
         self.pos += n
 
-    def num_values(self, depth: int) -> int:
-        """Field 1 (`num_values`) of a data or dictionary page header; the rest skipped."""
-        values = None
+    def counts(self, encoding_field: int) -> tuple[int, int]:
+        """Field 1 (`num_values`) and the encoding of a data or dictionary page's header
+        (-1 when absent); the rest skipped."""
+        values, encoding = None, -1
         for fid, kind in self.fields():
             if fid == 1 and kind == _I32:
                 values = self.integer()
+            elif fid == encoding_field and kind == _I32:
+                encoding = self.integer()
             else:
-                self.skip(kind, depth + 1)
+                self.skip(kind, 1)
         if values is None:
             raise PageError("a page header has no value count", self.pos)
-        return values
+        return values, encoding
 
 
-def _header(t: _Thrift) -> tuple[int, int, int, int]:
-    """(page type, decompressed size, compressed size, values) of the header at `t.pos`."""
+def _header(t: _Thrift) -> tuple[int, int, int, int, int]:
+    """(page type, decompressed size, compressed size, values, encoding) of the header at
+    `t.pos`."""
     kind = decompressed = compressed = None
-    values = 0
+    values, encoding = 0, -1
     for fid, ftype in t.fields():
         if fid in (1, 2, 3) and ftype == _I32:
             v = t.integer()
@@ -151,12 +161,13 @@ def _header(t: _Thrift) -> tuple[int, int, int, int]:
             else:
                 compressed = v
         elif fid in (5, 7, 8) and ftype == _STRUCT:
-            values = t.num_values(1)
+            # the encoding is field 2 of a v1 data page's header, 4 of a v2's
+            values, encoding = t.counts({5: 2, 7: 2, 8: 4}[fid])
         else:
             t.skip(ftype)
     if kind is None or decompressed is None or compressed is None:
         raise PageError("a page header lacks its type or sizes", t.pos)
-    return kind, decompressed, compressed, values
+    return kind, decompressed, compressed, values, encoding
 
 
 def walk_pages(data: bytes | memoryview, num_values: int, *,
@@ -166,13 +177,14 @@ def walk_pages(data: bytes | memoryview, num_values: int, *,
     does not parse, a page runs past `data`, the values disagree with `num_values`, or the
     pages' decompressed sizes pass `max_decompressed`."""
     view = memoryview(data)
-    pos = pages = seen = decompressed = 0
+    pos = pages = seen = decompressed = indices = 0
+    dictionary = None
     while seen < num_values:
         if pos >= len(view):
             raise PageError(f"the pages end after {seen} of the chunk's {num_values} values",
                             pos)
         t = _Thrift(view, pos, len(view))
-        kind, size, compressed, values = _header(t)
+        kind, size, compressed, values, encoding = _header(t)
         if size < 0 or compressed < 0 or values < 0:
             raise PageError(f"a page header declares a negative size or count ({compressed} "
                             f"bytes, {size} decompressed, {values} values)", pos)
@@ -186,9 +198,13 @@ def walk_pages(data: bytes | memoryview, num_values: int, *,
                             budget=True)
         if kind in (DATA_PAGE, DATA_PAGE_V2):
             seen += values
+            if encoding in DICTIONARY_ENCODINGS:
+                indices += values
+        elif kind == DICTIONARY_PAGE and dictionary is None:
+            dictionary = (t.pos, compressed, size)
         pages += 1
         pos = t.pos + compressed
     if seen != num_values:
         raise PageError(f"its data pages hold {seen} values, the chunk declares {num_values}",
                         pos)
-    return PageTotals(pages, seen, decompressed)
+    return PageTotals(pages, seen, decompressed, indices, dictionary)
