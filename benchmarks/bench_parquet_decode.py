@@ -67,8 +67,7 @@ def _open(data: bytes):
         fo, fn = footer_range(PATH, size, data[o:o + n], max_bytes=BIG)
         footer = data[fo:fo + fn]
     meta = parse_footer(PATH, size, footer, max_bytes=BIG)
-    layout = read_layout(PATH, size, meta, footer_size=len(footer), max_rows=BIG,
-                         max_bytes=BIG)
+    layout = read_layout(PATH, size, footer, meta, max_rows=BIG, max_bytes=BIG)
     return meta, layout, ParquetFileIndex.from_layout(layout)
 
 

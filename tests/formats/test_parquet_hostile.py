@@ -19,6 +19,7 @@ import pytest
 from aioloader.errors import ParquetFormatError
 from aioloader.formats.parquet import decode_row_group, footer_range, parse_footer, tail_range
 from tests.support.parquet_files import (
+    I64,
     PATH,
     column_meta,
     encode_struct,
@@ -263,3 +264,18 @@ def test_a_large_dictionary_of_short_entries_fits_by_its_longest_entry():
     meta, layout, index = open_file(data, max_bytes=4 << 20)
     got = decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=4 << 20)
     assert got.equals(pq.read_table(pa.BufferReader(data)))
+
+
+def test_size_statistics_that_disagree_with_the_schema_raise_not_abort():
+    """pyarrow's column chunk accessor aborts the process on such a footer (a C++
+    exception nothing catches); the layout reads the footer itself, and the decode's
+    reader turns it into an error."""
+    def edit(meta):
+        for g in range(len(row_groups(meta))):
+            sizes = field(column_meta(meta, g, 0), 16)[2]  # SizeStatistics
+            field(sizes, 3)[2] = (I64, [1, 2, 3, 4, 5])  # definition_level_histogram
+    data = rewrite_footer(_good(), edit)
+    meta, layout, index = open_file(data)
+    assert index.num_rows == ROWS
+    with pytest.raises(ParquetFormatError, match="row group 0"):
+        decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=BUDGET)

@@ -8,8 +8,8 @@ How it plugs into the formats seam:
 
 - index step (the parent, once per file, cached): read `footer.tail_range(size)`; cut the
   footer out of it with `footer_from_tail`, or read `footer_range(...)` when it is longer;
-  `meta = parse_footer(...)`, `layout = read_layout(path, size, meta, columns,
-  footer_size=len(footer), max_rows=, max_bytes=)`,
+  `meta = parse_footer(...)`, `layout = read_layout(path, size, footer, meta,
+  columns, max_rows=, max_bytes=)`,
   `index = ParquetFileIndex.from_layout(layout)`. The planner uses
   `index.row_starts` (rows per row group), `index.locate(rows)` and
   `index.fetch_ranges(g)` (the selected columns' coalesced byte ranges) like an ArrayRecord

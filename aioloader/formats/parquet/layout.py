@@ -23,6 +23,8 @@ from typing import Any
 
 from .errors import BUDGET_HINT, CORRUPT_HINT, ParquetFormatError
 from .footer import MAGIC, TRAILER
+from .metadata import ChunkMeta, read_footer_meta
+from .thrift import ThriftError
 
 __all__ = ["ColumnChunk", "ParquetLayout", "RowGroupLayout", "read_layout"]
 
@@ -74,29 +76,41 @@ class ParquetLayout:
         return sum(g.num_rows for g in self.row_groups)
 
 
-def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None = None, *,
-                footer_size: int, max_rows: int, max_bytes: int) -> ParquetLayout:
-    """The layout of the file whose parsed footer (`parse_footer`) is `meta`; `footer_size`
-    is the length of the footer's bytes (`footer_range`), which is where the data ends:
-    its thrift may take fewer.
+def read_layout(path: str, size: int, footer: bytes | memoryview, meta: Any,
+                columns: Sequence[str] | None = None, *, max_rows: int,
+                max_bytes: int) -> ParquetLayout:
+    """The layout of the file whose footer's bytes (`footer_range`) are `footer` and whose
+    parsed footer (`parse_footer`) is `meta`: the data ends where `footer` starts (its
+    thrift may take fewer bytes), and the row groups' figures are read from `footer`.
 
     `columns`: top-level names (None: all, in file order). `max_rows` bounds one row
     group's rows and `max_bytes` its selected columns' declared bytes (compressed, and
     decompressed plus `VALUE_COST` per value): the memory one decoded row group may take.
     """
-    footer_offset = size - footer_size
-    if not TRAILER <= footer_size <= size - len(MAGIC):
-        raise ValueError(f"{path}: a footer of {footer_size} bytes in a file of {size}")
-    names, leaves = _select(path, meta, columns)
-    schema = {i: meta.schema.column(i) for i in leaves}
-    paths = {i: c.path for i, c in schema.items()}
-    repeated = {i: c.max_repetition_level > 0 for i, c in schema.items()}
-    widths = {i: c.length if c.physical_type == "FIXED_LEN_BYTE_ARRAY"
-              else WIDTHS.get(c.physical_type, 0) for i, c in schema.items()}
-    padding = OLD_WRITER_PADDING if _old_writer(meta.created_by) else 0
+    footer_offset = size - len(footer)
+    if not TRAILER <= len(footer) <= size - len(MAGIC):
+        raise ValueError(f"{path}: a footer of {len(footer)} bytes in a file of {size}")
+    try:
+        figures = read_footer_meta(footer)
+    except ThriftError as e:
+        raise ParquetFormatError(f"its footer's thrift does not parse: {e}", path=path,
+                                 offset=footer_offset + e.offset, hint=CORRUPT_HINT) from None
+    try:  # the schema, from pyarrow: a name that is not UTF-8 raises while it is read
+        names, leaves = _select(path, meta, columns)
+        schema = {i: meta.schema.column(i) for i in leaves}
+        paths = {i: c.path for i, c in schema.items()}
+        repeated = {i: c.max_repetition_level > 0 for i, c in schema.items()}
+        widths = {i: c.length if c.physical_type == "FIXED_LEN_BYTE_ARRAY"
+                  else WIDTHS.get(c.physical_type, 0) for i, c in schema.items()}
+        num_columns = meta.num_columns
+    except (ValueError, IndexError) as e:
+        if isinstance(e, ParquetFormatError):
+            raise
+        raise ParquetFormatError(f"its schema does not read: {e}", path=path,
+                                 hint=CORRUPT_HINT) from None
+    padding = OLD_WRITER_PADDING if _old_writer(figures.created_by) else 0
     groups, total = [], 0
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
+    for g, rg in enumerate(figures.row_groups):
         rows = rg.num_rows
         if rows < 0:
             raise ParquetFormatError(f"declares {rows} rows", path=path, row_group=g,
@@ -105,23 +119,24 @@ def read_layout(path: str, size: int, meta: Any, columns: Sequence[str] | None =
             raise ParquetFormatError(f"declares {rows} rows, more than the {max_rows} one "
                                      "row group may hold", path=path, row_group=g,
                                      hint=BUDGET_HINT)
-        if rg.num_columns != meta.num_columns:
-            raise ParquetFormatError(f"has {rg.num_columns} column chunks for "
-                                     f"{meta.num_columns} columns", path=path, row_group=g,
+        if len(rg.columns) != num_columns:
+            raise ParquetFormatError(f"has {len(rg.columns)} column chunks for "
+                                     f"{num_columns} columns", path=path, row_group=g,
                                      hint=CORRUPT_HINT)
         total += rows
-        chunks = tuple(_chunk(path, g, rows, rg.column(i), i, paths[i], repeated[i],
+        chunks = tuple(_chunk(path, g, rows, rg.columns[i], i, paths[i], repeated[i],
                               widths[i], footer_offset, size, padding) for i in leaves)
         _check_budget(path, g, rows, chunks, max_bytes)
         groups.append(RowGroupLayout(rows, chunks))
-    if total != meta.num_rows:
+    if total != figures.num_rows:
         raise ParquetFormatError(f"its row groups hold {total} rows, its footer declares "
-                                 f"{meta.num_rows}", path=path, hint=CORRUPT_HINT)
+                                 f"{figures.num_rows}", path=path, hint=CORRUPT_HINT)
     return ParquetLayout(path, size, footer_offset, names, leaves, tuple(groups))
 
 
-def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeated: bool,
-           width: int, data_end: int, size: int, padding: int) -> ColumnChunk:
+def _chunk(path: str, g: int, rows: int, col: ChunkMeta, leaf: int, name: str,
+           repeated: bool, width: int, data_end: int, size: int,
+           padding: int) -> ColumnChunk:
     def bad(what: str, offset: int | None = None) -> ParquetFormatError:
         return ParquetFormatError(what, path=path, row_group=g, column=name, offset=offset,
                                   hint=CORRUPT_HINT)
@@ -130,19 +145,23 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
         raise ParquetFormatError(f"its column chunk lives in another file ({col.file_path!r})"
                                  ", which is not supported", path=path, row_group=g,
                                  column=name, hint="rewrite the data as one file")
+    if col.encrypted:
+        raise ParquetFormatError("its column chunk is encrypted, which is not supported",
+                                 path=path, row_group=g, column=name,
+                                 hint="write the file without Parquet modular encryption")
     if rows == 0:  # nothing to read (pyarrow writes such chunks at offset 0): fetch nothing
         if col.num_values != 0:
             raise bad(f"declares {col.num_values} values for 0 rows")
-        return ColumnChunk(leaf, name, 0, 0, 0, 0, col.compression, width)
+        return ColumnChunk(leaf, name, 0, 0, 0, 0, col.codec, width)
     # Where Arrow's reader starts: the dictionary page when there is one before the data.
     start = col.data_page_offset
     dictionary = col.dictionary_page_offset
-    if col.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
+    if dictionary is not None and 0 < dictionary < start:
         start = dictionary
-    length = col.total_compressed_size
-    if length < 0 or col.total_uncompressed_size < 0 or col.num_values < 0:
+    length = col.compressed
+    if length < 0 or col.uncompressed < 0 or col.num_values < 0:
         raise bad(f"declares a negative size or count ({length} bytes, "
-                  f"{col.total_uncompressed_size} decompressed, {col.num_values} values)")
+                  f"{col.uncompressed} decompressed, {col.num_values} values)")
     if start < len(MAGIC) or start + length > data_end:
         raise bad(f"declares bytes [{start}, {start + length}), outside the file's data "
                   f"[{len(MAGIC)}, {data_end})", start)
@@ -152,8 +171,8 @@ def _chunk(path: str, g: int, rows: int, col: Any, leaf: int, name: str, repeate
     if col.num_values < rows or (not repeated and col.num_values != rows):
         raise bad(f"declares {col.num_values} values for {rows} rows")
     length += min(padding, size - start - length)
-    return ColumnChunk(leaf, name, start, length, col.num_values, col.total_uncompressed_size,
-                       col.compression, width)
+    return ColumnChunk(leaf, name, start, length, col.num_values, col.uncompressed,
+                       col.codec, width)
 
 
 def _check_budget(path: str, g: int, rows: int, chunks: tuple[ColumnChunk, ...],

@@ -13,25 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .thrift import I32, STRUCT, ThriftError, ThriftReader
+
 __all__ = ["PageError", "PageTotals", "walk_pages"]
 
+#: a page header that does not parse or does not fit its chunk (offset: in the chunk)
+PageError = ThriftError
+
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
-_MAX_DEPTH = 32  # thrift nesting a page header may use; deeper is hostile
-# compact protocol field types
-_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = \
-    range(1, 13)
-
-
-class PageError(ValueError):
-    """A page header that does not parse or does not fit its chunk: `offset` is where it
-    starts, relative to the chunk (the caller names the file, row group and column)."""
-
-    def __init__(self, what: str, offset: int, *, budget: bool = False) -> None:
-        super().__init__(what)
-        self.offset = offset
-        self.budget = budget  # the pages are sound but larger than the budget allows
-
-
 DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY: values are dictionary indices
 
 
@@ -45,114 +34,29 @@ class PageTotals:
     dictionary: tuple[int, int, int] | None = None
 
 
-class _Thrift:
-    """Just enough of thrift's compact protocol to read a `PageHeader`."""
-
-    __slots__ = ("buf", "end", "pos")
-
-    def __init__(self, buf: memoryview, pos: int, end: int) -> None:
-        self.buf, self.pos, self.end = buf, pos, end
-
-    def byte(self) -> int:
-        if self.pos >= self.end:
-            raise PageError("a page header runs past the chunk's bytes", self.pos)
-        b = self.buf[self.pos]
-        self.pos += 1
-        return b
-
-    def varint(self) -> int:
-        shift = value = 0
-        while True:
-            b = self.byte()
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise PageError("a page header holds a varint longer than 10 bytes", self.pos)
-
-    def integer(self) -> int:
-        v = self.varint()
-        return (v >> 1) ^ -(v & 1)
-
-    def fields(self):
-        """(field id, type) of each field of a struct, up to its stop byte."""
-        last = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return
-            delta, kind = head >> 4, head & 0x0F
-            last = last + delta if delta else self.integer()
-            yield last, kind
-
-    def skip(self, kind: int, depth: int = 0) -> None:
-        if depth > _MAX_DEPTH:
-            raise PageError("a page header nests deeper than thrift structs do", self.pos)
-        if kind in (_TRUE, _FALSE):
-            return
-        if kind == _BYTE:
-            self.byte()
-        elif kind in (_I16, _I32, _I64):
-            self.varint()
-        elif kind == _DOUBLE:
-            self.advance(8)
-        elif kind == _BINARY:
-            self.advance(self.varint())
-        elif kind in (_LIST, _SET):
-            head = self.byte()
-            count = head >> 4 if head >> 4 != 15 else self.varint()
-            self.items(count, [head & 0x0F], depth)
-        elif kind == _MAP:
-            count = self.varint()
-            if count:
-                types = self.byte()
-                self.items(count, [types >> 4, types & 0x0F], depth)
-        elif kind == _STRUCT:
-            for _, k in self.fields():
-                self.skip(k, depth + 1)
+def _counts(t: ThriftReader, encoding_field: int) -> tuple[int, int]:
+    """Field 1 (`num_values`) and the encoding of a data or dictionary page's header
+    (-1 when absent); the rest skipped."""
+    values, encoding = None, -1
+    for fid, kind in t.fields():
+        if fid == 1 and kind == I32:
+            values = t.integer()
+        elif fid == encoding_field and kind == I32:
+            encoding = t.integer()
         else:
-            raise PageError(f"a page header holds an unknown thrift type {kind}", self.pos)
-
-    def items(self, count: int, kinds: list[int], depth: int) -> None:
-        if count > self.end - self.pos:  # each item takes at least a byte
-            raise PageError(f"a page header declares {count} items in "
-                            f"{self.end - self.pos} bytes", self.pos)
-        for _ in range(count):
-            for k in kinds:
-                if k in (_TRUE, _FALSE):  # a bool item takes a byte, unlike a bool field
-                    self.byte()
-                else:
-                    self.skip(k, depth + 1)
-
-    def advance(self, n: int) -> None:
-        if n > self.end - self.pos:
-            raise PageError("a page header runs past the chunk's bytes", self.pos)
-        self.pos += n
-
-    def counts(self, encoding_field: int) -> tuple[int, int]:
-        """Field 1 (`num_values`) and the encoding of a data or dictionary page's header
-        (-1 when absent); the rest skipped."""
-        values, encoding = None, -1
-        for fid, kind in self.fields():
-            if fid == 1 and kind == _I32:
-                values = self.integer()
-            elif fid == encoding_field and kind == _I32:
-                encoding = self.integer()
-            else:
-                self.skip(kind, 1)
-        if values is None:
-            raise PageError("a page header has no value count", self.pos)
-        return values, encoding
+            t.skip(kind, 1)
+    if values is None:
+        raise PageError("a page header has no value count", t.pos)
+    return values, encoding
 
 
-def _header(t: _Thrift) -> tuple[int, int, int, int, int]:
+def _header(t: ThriftReader) -> tuple[int, int, int, int, int]:
     """(page type, decompressed size, compressed size, values, encoding) of the header at
     `t.pos`."""
     kind = decompressed = compressed = None
     values, encoding = 0, -1
     for fid, ftype in t.fields():
-        if fid in (1, 2, 3) and ftype == _I32:
+        if fid in (1, 2, 3) and ftype == I32:
             v = t.integer()
             if fid == 1:
                 kind = v
@@ -160,9 +64,9 @@ def _header(t: _Thrift) -> tuple[int, int, int, int, int]:
                 decompressed = v
             else:
                 compressed = v
-        elif fid in (5, 7, 8) and ftype == _STRUCT:
+        elif fid in (5, 7, 8) and ftype == STRUCT:
             # the encoding is field 2 of a v1 data page's header, 4 of a v2's
-            values, encoding = t.counts({5: 2, 7: 2, 8: 4}[fid])
+            values, encoding = _counts(t, {5: 2, 7: 2, 8: 4}[fid])
         else:
             t.skip(ftype)
     if kind is None or decompressed is None or compressed is None:
@@ -183,7 +87,7 @@ def walk_pages(data: bytes | memoryview, num_values: int, *,
         if pos >= len(view):
             raise PageError(f"the pages end after {seen} of the chunk's {num_values} values",
                             pos)
-        t = _Thrift(view, pos, len(view))
+        t = ThriftReader(view, pos, len(view))
         kind, size, compressed, values, encoding = _header(t)
         if size < 0 or compressed < 0 or values < 0:
             raise PageError(f"a page header declares a negative size or count ({compressed} "
