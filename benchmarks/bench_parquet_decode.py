@@ -6,8 +6,9 @@ records, as columns: id, label, title, body), `--group-rows` rows per row group,
 pyarrow (`--compression`). Each round runs every contender once, in turn (A, B, C, D):
 
 - read_table: `pq.read_table` of the whole file from memory (use_threads=False);
-- ours, columns: every row group decoded from only its fetched ranges (`decode_row_group`:
-  the page walk, then pyarrow through the fetched-bytes file) into a Table;
+- ours, columns: every row group decoded from only its fetched ranges by one
+  `RowGroupDecoder` (as a worker keeps one per file: the page walk, the budget, then
+  pyarrow through the fetched-bytes file) into a Table;
 - read_table + to_pylist: pyarrow's own rows as dicts, the peer for elements;
 - ours, elements: the same row groups, then `rows(table)`: one dict per row, NumPy
   scalars for numbers.
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 
 from aioloader.formats.parquet import (
     ParquetFileIndex,
-    decode_row_group,
+    RowGroupDecoder,
     footer_from_tail,
     footer_range,
     parse_footer,
@@ -93,7 +94,8 @@ def main() -> None:
                for g in range(index.num_row_groups)]
 
     def ours_tables():
-        return [decode_row_group(layout, meta, g, fetched[g], max_bytes=BIG)
+        decoder = RowGroupDecoder(layout, meta)  # a worker keeps one per file
+        return [decoder.table(g, fetched[g], max_bytes=BIG)
                 for g in range(index.num_row_groups)]
 
     def ours_elements():

@@ -17,7 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from aioloader.errors import ParquetFormatError
-from aioloader.formats.parquet import decode_row_group, footer_range, parse_footer, tail_range
+from aioloader.formats.parquet import (
+    RowGroupDecoder,
+    decode_row_group,
+    footer_range,
+    parse_footer,
+    tail_range,
+)
 from tests.support.parquet_files import (
     I64,
     PATH,
@@ -279,3 +285,16 @@ def test_size_statistics_that_disagree_with_the_schema_raise_not_abort():
     assert index.num_rows == ROWS
     with pytest.raises(ParquetFormatError, match="row group 0"):
         decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=BUDGET)
+
+
+def test_a_decoder_goes_on_after_an_error_and_keeps_no_bytes():
+    data = _good()
+    meta, layout, index = open_file(data)
+    decoder = RowGroupDecoder(layout, meta)
+    with pytest.raises(ParquetFormatError, match="were not fetched"):
+        decoder.table(1, fetch(data, index, 0), max_bytes=BUDGET)
+    want = pq.read_table(pa.BufferReader(data))
+    for g in (2, 0, 1, 1):
+        got = decoder.table(g, fetch(data, index, g), max_bytes=BUDGET)
+        assert got.equals(want.slice(10 * g, 10))
+        assert decoder._file._views == []  # the fetched bytes go with the call

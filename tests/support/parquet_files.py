@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from aioloader.formats.parquet import (
     ParquetFileIndex,
+    RowGroupDecoder,
     decode_row_group,
     footer_from_tail,
     footer_range,
@@ -62,7 +63,8 @@ def fetch(data: bytes, index: ParquetFileIndex, group: int) -> dict[int, bytes]:
 def read_all(data: bytes, columns: Sequence[str] | None = None, *,
              max_bytes: int = BIG, max_rows: int = BIG) -> pa.Table:
     meta, layout, index = open_file(data, columns, max_bytes=max_bytes, max_rows=max_rows)
-    tables = [decode_row_group(layout, meta, g, fetch(data, index, g), max_bytes=max_bytes)
+    decoder = RowGroupDecoder(layout, meta)  # one per file, as a worker keeps it
+    tables = [decoder.table(g, fetch(data, index, g), max_bytes=max_bytes)
               for g in range(index.num_row_groups)]
     if not tables:
         return pq.read_table(pa.BufferReader(data), columns=columns).slice(0, 0)

@@ -15,15 +15,16 @@ How it plugs into the formats seam:
   `index.fetch_ranges(g)` (the selected columns' coalesced byte ranges) like an ArrayRecord
   file's chunk table. The worker needs the footer bytes (or `meta`) and the layout.
 - decode step (a worker, per row group): the fetched ranges (offset -> bytes), then
-  `decode_row_group(layout, meta, g, fetched, max_bytes=)` gives a `pyarrow.Table`, and
-  `rows(table, i, j)` / `take_rows(table, indices)` the wanted rows as elements. A worker
-  parses a file's footer once and keeps `meta` for that file's row groups.
+  `RowGroupDecoder(layout, meta).table(g, fetched, max_bytes=)` gives a `pyarrow.Table`,
+  and `rows(table, i, j)` / `take_rows(table, indices)` the wanted rows as elements. A
+  worker parses a file's footer once and keeps one decoder per file (and thread) for that
+  file's row groups; `decode_row_group` is the one-off form.
 
 Errors are `ParquetFormatError` (also `aioloader.errors.ParquetFormatError`), naming the
 file, row group and column.
 """
 
-from .decode import decode_row_group
+from .decode import RowGroupDecoder, decode_row_group
 from .errors import ParquetFormatError
 from .fileindex import ParquetFileIndex, coalesce
 from .footer import TAIL_BYTES, footer_from_tail, footer_range, parse_footer, tail_range
@@ -31,6 +32,6 @@ from .layout import ColumnChunk, ParquetLayout, RowGroupLayout, read_layout
 from .rows import column_values, rows, take_rows
 
 __all__ = ["TAIL_BYTES", "ColumnChunk", "ParquetFileIndex", "ParquetFormatError",
-           "ParquetLayout", "RowGroupLayout", "coalesce", "column_values",
+           "ParquetLayout", "RowGroupDecoder", "RowGroupLayout", "coalesce", "column_values",
            "decode_row_group", "footer_from_tail", "footer_range", "parse_footer",
            "read_layout", "rows", "tail_range", "take_rows"]

@@ -22,48 +22,89 @@ from .footer import pyarrow_parquet
 from .layout import ParquetLayout
 from .pages import PageError, walk_pages
 
-__all__ = ["decode_row_group"]
+__all__ = ["RowGroupDecoder", "decode_row_group"]
 
 
 def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
                      fetched: Mapping[int, bytes | memoryview], *,
                      max_bytes: int) -> Any:
-    """Row group `group` of the file `layout` describes, as a `pyarrow.Table` of the
-    selected columns (in `layout.columns`' order), from `fetched`: offset -> bytes, holding
-    at least the chunks `layout` names for it (`ParquetFileIndex.fetch_ranges`). `meta` is
-    the file's parsed footer (`parse_footer`); `max_bytes` bounds what the selected
-    chunks may decode to (`budget.decoded_bound`)."""
-    if not 0 <= group < len(layout.row_groups):
-        raise IndexError(f"{layout.path}: row group {group} of {len(layout.row_groups)}")
-    path, rg = layout.path, layout.row_groups[group]
-    if rg.num_rows == 0:  # no bytes to read: its chunks are empty (`read_layout` checks)
-        return _empty(layout, meta)
-    try:
-        file = FetchedFile(path, layout.size, fetched)
-    except ValueError as e:
-        raise ParquetFormatError(str(e), path=path, row_group=group) from None
-    walks = []
-    for c in rg.chunks:
+    """One row group's Table by a fresh `RowGroupDecoder` (a worker keeps one per file)."""
+    return RowGroupDecoder(layout, meta).table(group, fetched, max_bytes=max_bytes)
+
+
+class RowGroupDecoder:
+    """Decodes the row groups of one file. It keeps pyarrow's reader, opened once over a
+    `FetchedFile` whose bytes each call replaces (opening one costs about as much as
+    decoding a thousand short rows), so it is for one thread at a time."""
+
+    def __init__(self, layout: ParquetLayout, meta: Any) -> None:
+        self.layout, self.meta = layout, meta
+        self._file = FetchedFile(layout.path, layout.size, {})
+        self._reader: Any = None
+
+    def table(self, group: int, fetched: Mapping[int, bytes | memoryview], *,
+              max_bytes: int) -> Any:
+        """Row group `group` as a `pyarrow.Table` of the selected columns (in
+        `layout.columns`' order), from `fetched`: offset -> bytes, holding at least the
+        chunks the layout names for it (`ParquetFileIndex.fetch_ranges`). `max_bytes` bounds
+        what the selected chunks may decode to (`budget.decoded_bound`)."""
+        layout = self.layout
+        if not 0 <= group < len(layout.row_groups):
+            raise IndexError(f"{layout.path}: row group {group} of {len(layout.row_groups)}")
+        path, rg = layout.path, layout.row_groups[group]
+        if rg.num_rows == 0:  # no bytes to read: its chunks are empty (`read_layout` checks)
+            return _empty(layout, self.meta)
         try:
-            view = file.view(c.offset, c.end)
-            walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes), view))
-        except NotFetchedError as e:
-            raise ParquetFormatError(f"its bytes [{e.start}, {e.stop}) were not fetched",
-                                     path=path, row_group=group, column=c.path,
-                                     hint="fetch the ranges its index names") from None
-        except PageError as e:
-            raise ParquetFormatError(str(e), path=path, row_group=group, column=c.path,
-                                     offset=c.offset + e.offset,
-                                     hint=BUDGET_HINT if e.budget else CORRUPT_HINT
-                                     ) from None
-    _check_budget(path, group, walks, max_bytes)
-    table = _read(layout, meta, group, file)
-    if table.num_rows != rg.num_rows:
-        raise ParquetFormatError(f"decodes to {table.num_rows} rows, its footer declares "
-                                 f"{rg.num_rows}", path=path, row_group=group,
-                                 hint=CORRUPT_HINT)
-    return table if list(layout.columns) == table.column_names \
-        else table.select(list(layout.columns))
+            self._file.reset(fetched)
+        except ValueError as e:
+            raise ParquetFormatError(str(e), path=path, row_group=group) from None
+        walks = []
+        for c in rg.chunks:
+            try:
+                view = self._file.view(c.offset, c.end)
+                walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes),
+                              view))
+            except NotFetchedError as e:
+                raise ParquetFormatError(f"its bytes [{e.start}, {e.stop}) were not fetched",
+                                         path=path, row_group=group, column=c.path,
+                                         hint="fetch the ranges its index names") from None
+            except PageError as e:
+                raise ParquetFormatError(str(e), path=path, row_group=group, column=c.path,
+                                         offset=c.offset + e.offset,
+                                         hint=BUDGET_HINT if e.budget else CORRUPT_HINT
+                                         ) from None
+        _check_budget(path, group, walks, max_bytes)
+        try:
+            table = self._read(group)
+        finally:
+            self._file.reset({})  # the fetched bytes are not kept past the call
+        if table.num_rows != rg.num_rows:
+            raise ParquetFormatError(f"decodes to {table.num_rows} rows, its footer declares "
+                                     f"{rg.num_rows}", path=path, row_group=group,
+                                     hint=CORRUPT_HINT)
+        return table if list(layout.columns) == table.column_names \
+            else table.select(list(layout.columns))
+
+    def _read(self, group: int) -> Any:
+        pq = pyarrow_parquet()
+        import pyarrow as pa
+
+        layout, file = self.layout, self._file
+        try:
+            if self._reader is None:
+                # pre_buffer off: coalescing would read the gaps between the chunks.
+                self._reader = pq.ParquetFile(file, metadata=self.meta,
+                                              pre_buffer=False).reader
+            return self._reader.read_row_group(group, column_indices=list(layout.leaves),
+                                               use_threads=False)
+        except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as e:
+            if file.misses:  # pyarrow asked for bytes outside the chunks the layout names
+                start, stop = file.misses[0]
+                raise ParquetFormatError(f"decoding it read bytes [{start}, {stop}), which "
+                                         "were not fetched", path=layout.path,
+                                         row_group=group, hint=CORRUPT_HINT) from None
+            raise ParquetFormatError(f"its pages do not decode: {e}", path=layout.path,
+                                     row_group=group, hint=CORRUPT_HINT) from None
 
 
 def _check_budget(path: str, group: int, walks: list, max_bytes: int) -> None:
@@ -89,22 +130,3 @@ def _check_budget(path: str, group: int, walks: list, max_bytes: int) -> None:
 def _empty(layout: ParquetLayout, meta: Any) -> Any:
     schema = meta.schema.to_arrow_schema()
     return schema.empty_table().select(list(layout.columns))
-
-
-def _read(layout: ParquetLayout, meta: Any, group: int, file: FetchedFile) -> Any:
-    pq = pyarrow_parquet()
-    import pyarrow as pa
-
-    try:
-        # pre_buffer off: coalescing would read the gaps between the selected chunks.
-        reader = pq.ParquetFile(file, metadata=meta, pre_buffer=False).reader
-        return reader.read_row_group(group, column_indices=list(layout.leaves),
-                                     use_threads=False)
-    except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as e:
-        if file.misses:  # pyarrow asked for bytes outside the chunks the layout names
-            start, stop = file.misses[0]
-            raise ParquetFormatError(f"decoding it read bytes [{start}, {stop}), which were "
-                                     "not fetched", path=layout.path, row_group=group,
-                                     hint=CORRUPT_HINT) from None
-        raise ParquetFormatError(f"its pages do not decode: {e}", path=layout.path,
-                                 row_group=group, hint=CORRUPT_HINT) from None

@@ -30,6 +30,11 @@ class FetchedFile:
         self.path, self.size = path, size
         self.pos = 0
         self.closed = False
+        self.reset(pieces)
+
+    def reset(self, pieces: Mapping[int, bytes | memoryview]) -> None:
+        """Serve `pieces` (offset -> bytes) from now on, and nothing else."""
+        path, size = self.path, self.size
         self.misses: list[tuple[int, int]] = []  # reads refused, for the caller's message
         starts = sorted(pieces)
         self._starts = starts

@@ -45,15 +45,19 @@ class ThriftReader:
         return b
 
     def varint(self) -> int:
+        buf, pos, end = self.buf, self.pos, self.end
         shift = value = 0
-        while True:
-            b = self.byte()
+        while pos < end:
+            b = buf[pos]
+            pos += 1
             value |= (b & 0x7F) << shift
-            if not b & 0x80:
+            if b < 0x80:
+                self.pos = pos
                 return value
             shift += 7
             if shift > 63:
-                raise ThriftError("a thrift varint is longer than 10 bytes", self.pos)
+                raise ThriftError("a thrift varint is longer than 10 bytes", pos)
+        raise ThriftError("thrift runs past the bytes that hold it", pos)
 
     def integer(self) -> int:
         v = self.varint()
@@ -87,16 +91,18 @@ class ThriftReader:
     def skip(self, kind: int, depth: int = 0) -> None:
         if depth > MAX_DEPTH:
             raise ThriftError("thrift nests deeper than Parquet's structs do", self.pos)
-        if kind in (TRUE, FALSE):
-            return
-        if kind == BYTE:
-            self.byte()
-        elif kind in (I16, I32, I64):
+        if kind in (I16, I32, I64):
             self.varint()
-        elif kind == DOUBLE:
-            self.advance(8)
+        elif kind == STRUCT:
+            self.skip_struct(depth + 1)
         elif kind == BINARY:
             self.advance(self.varint())
+        elif kind in (TRUE, FALSE):
+            return
+        elif kind == BYTE:
+            self.advance(1)
+        elif kind == DOUBLE:
+            self.advance(8)
         elif kind in (LIST, SET):
             elem, count = self.list_header()
             self.items(count, [elem], depth)
@@ -105,16 +111,49 @@ class ThriftReader:
             if count:
                 types = self.byte()
                 self.items(count, [types >> 4, types & 0x0F], depth)
-        elif kind == STRUCT:
-            for _, k in self.fields():
-                self.skip(k, depth + 1)
         else:
             raise ThriftError(f"an unknown thrift type {kind}", self.pos)
+
+    def skip_struct(self, depth: int) -> None:
+        """A struct's fields up to its stop byte, skipped (the hot loop of a footer)."""
+        buf, end = self.buf, self.end
+        while True:
+            if self.pos >= end:
+                raise ThriftError("thrift runs past the bytes that hold it", self.pos)
+            head = buf[self.pos]
+            self.pos += 1
+            if head == 0:
+                return
+            if not head >> 4:  # a long-form field id follows
+                self.varint()
+            kind = head & 0x0F
+            if kind in (I16, I32, I64):  # most fields: a varint, skipped inline
+                self.skip_varints(1)
+            else:
+                self.skip(kind, depth)
+
+    def skip_varints(self, count: int) -> None:
+        buf, pos, end = self.buf, self.pos, self.end
+        for _ in range(count):
+            start = pos
+            while True:
+                if pos >= end:
+                    raise ThriftError("thrift runs past the bytes that hold it", pos)
+                b = buf[pos]
+                pos += 1
+                if b < 0x80:
+                    break
+                if pos - start >= 10:
+                    raise ThriftError("a thrift varint is longer than 10 bytes", pos)
+        self.pos = pos
 
     def items(self, count: int, kinds: list[int], depth: int) -> None:
         if count > self.end - self.pos:  # each item takes at least a byte
             raise ThriftError(f"thrift declares {count} items in {self.end - self.pos} "
                               "bytes", self.pos)
+        if len(kinds) == 1 and kinds[0] in (I16, I32, I64):
+            self.skip_varints(count)
+            return
         for _ in range(count):
             for k in kinds:
                 if k in (TRUE, FALSE):  # a bool item takes a byte, unlike a bool field
