@@ -168,3 +168,18 @@ def test_pandas_files():
     frame.to_parquet(buf, row_group_size=20)
     data = buf.getvalue()
     assert read_all(data).equals(_oracle(data))
+
+
+def test_rows_of_a_slice_and_a_take_are_those_rows():
+    """Sliced and taken arrays keep their offsets: structs, lists and nulls of rows i..j and
+    of a list of indices are those rows' values."""
+    from tests.formats.test_parquet_property import _plain
+
+    table = _oracle(write(_table(50)))
+    want = table.to_pylist()
+    for start, stop in ((0, 50), (3, 4), (17, 41), (50, 50)):
+        got = [{k: _plain(v) for k, v in r.items()} for r in rows(table, start, stop)]
+        assert got == want[start:stop]
+    picked = [44, 2, 2, 13, 0]
+    got = [{k: _plain(v) for k, v in r.items()} for r in take_rows(table, picked)]
+    assert got == [want[i] for i in picked]

@@ -27,6 +27,7 @@ from aioloader.formats.parquet import (
 from tests.support.parquet_files import (
     I64,
     PATH,
+    STRUCT,
     column_meta,
     encode_struct,
     fetch,
@@ -85,6 +86,11 @@ def _lying_page(data: bytes, size: int = 2**31 - 1) -> bytes:
     return rewrite_footer(data, edit)
 
 
+def _encrypted(meta):
+    chunk = field(row_groups(meta)[1], 1)[2][1][0]
+    chunk.append([8, STRUCT, [[1, STRUCT, []]]])  # crypto_metadata: encrypted with the footer key
+
+
 def _total(value: int):
     def edit(meta):
         field(meta, 3)[2] = value
@@ -112,6 +118,7 @@ CASES = {
     "row counts do not sum": (lambda d: rewrite_footer(d, _total(31)), "declares 31"),
     "fewer rows than values": (lambda d: rewrite_footer(d, _rows(1, 3, 23)),
                                "10 values for 3 rows"),
+    "an encrypted column chunk": (lambda d: rewrite_footer(d, _encrypted), "encrypted"),
     "more values than the budget": (
         lambda d: rewrite_footer(d, _set(5, 1 << 40, column=2)), "memory budget"),
     "a page larger than the budget": (_lying_page, "memory budget"),
