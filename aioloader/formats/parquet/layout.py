@@ -85,7 +85,8 @@ def read_layout(path: str, size: int, footer: bytes | memoryview, meta: Any,
 
     `columns`: top-level names (None: all, in file order). `max_rows` bounds one row
     group's rows and `max_bytes` its selected columns' declared bytes (compressed, and
-    decompressed plus `VALUE_COST` per value): the memory one decoded row group may take.
+    decompressed, with values at least as wide as their type, plus `VALUE_COST` per value):
+    the memory one decoded row group may take.
     """
     footer_offset = size - len(footer)
     if not TRAILER <= len(footer) <= size - len(MAGIC):
