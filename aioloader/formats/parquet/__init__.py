@@ -8,12 +8,12 @@ How it plugs into the formats seam:
 
 - index step (the parent, once per file, cached): read `footer.tail_range(size)`; cut the
   footer out of it with `footer_from_tail`, or read `footer_range(...)` when it is longer;
-  `meta = parse_footer(...)`, `layout = read_layout(path, size, footer, meta,
-  columns, max_rows=, max_bytes=)`,
-  `index = ParquetFileIndex.from_layout(layout)`. The planner uses
-  `index.row_starts` (rows per row group), `index.locate(rows)` and
-  `index.fetch_ranges(g)` (the selected columns' coalesced byte ranges) like an ArrayRecord
-  file's chunk table. The worker needs the footer bytes (or `meta`) and the layout.
+  `meta = parse_footer(...)`, `layout = read_layout(path, size, footer, meta, columns,
+  max_rows=, max_bytes=)`, `index = ParquetFileIndex.from_layout(layout)`. The planner
+  uses `index.row_starts` (rows per row group), `index.locate(rows)` and
+  `index.fetch_ranges(g)` (the selected columns' coalesced byte ranges) as it uses an
+  ArrayRecord file's chunk table. A worker needs the footer's bytes (to parse `meta` once
+  per file) and the layout.
 - decode step (a worker, per row group): the fetched ranges (offset -> bytes), then
   `RowGroupDecoder(layout, meta).table(g, fetched, max_bytes=)` gives a `pyarrow.Table`,
   and `rows(table, i, j)` / `take_rows(table, indices)` the wanted rows as elements. A

@@ -3,11 +3,11 @@ result batching uses; `rows.py` turns it into elements).
 
 The worker holds the file's parsed footer and a row group's fetched ranges (offset ->
 bytes). Before pyarrow sees a byte, each selected chunk must be wholly among the fetched
-bytes and its page headers must agree with the chunk and fit the memory budget
-(`pages.walk_pages`); pyarrow then reads the chunks through a `FetchedFile`, which refuses
-any other read. Whatever pyarrow raises on a damaged page becomes a `ParquetFormatError`
-naming the file, row group and column, as does a decoded row count that is not the one
-declared.
+bytes, its page headers must agree with the chunk (`pages.walk_pages`), and what they
+decode to must fit the memory budget (`budget.decoded_bound`); pyarrow then reads the
+chunks through a `FetchedFile`, which refuses any other read. Whatever pyarrow raises on a
+damaged page becomes a `ParquetFormatError` naming the file and row group, as does a
+decoded row count that is not the one declared.
 """
 
 from __future__ import annotations
