@@ -67,9 +67,9 @@ def _open(data: bytes):
     if footer is None:  # longer than the tail: a second read, of its own range
         fo, fn = footer_range(PATH, size, data[o:o + n], max_bytes=BIG)
         footer = data[fo:fo + fn]
-    meta = parse_footer(PATH, size, footer, max_bytes=BIG)
-    layout = read_layout(PATH, size, footer, meta, max_rows=BIG, max_bytes=BIG)
-    return meta, layout, ParquetFileIndex.from_layout(layout)
+    parsed = parse_footer(PATH, size, footer, max_bytes=BIG)
+    layout = read_layout(PATH, size, parsed, max_rows=BIG, max_bytes=BIG)
+    return parsed.meta, layout, ParquetFileIndex.from_layout(layout)
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, float]:

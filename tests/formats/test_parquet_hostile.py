@@ -28,6 +28,7 @@ from tests.support.parquet_files import (
     I64,
     PATH,
     STRUCT,
+    _varint,
     column_meta,
     encode_struct,
     fetch,
@@ -97,6 +98,14 @@ def _total(value: int):
     return edit
 
 
+def _many_chunks_footer(_: bytes) -> bytes:
+    """A footer whose one row group declares a million column chunks in ~1 MB of zeros:
+    pyarrow's parser would size the list (~700 MB) before finding nothing in it."""
+    n = 1_000_000
+    thrift = bytes([0x49, 0x1C, 0x19, 0xFC]) + _varint(n) + bytes(n + 10)
+    return b"PAR1" + thrift + len(thrift).to_bytes(4, "little") + b"PAR1"
+
+
 CASES = {
     # name: (file bytes, words the message must hold)
     "truncated": (lambda d: d[:len(d) // 2], "not the Parquet magic"),
@@ -105,6 +114,7 @@ CASES = {
     "encrypted": (lambda d: d[:-4] + b"PARE", "encrypted"),
     "footer longer than the file": (
         lambda d: d[:-8] + (len(d)).to_bytes(4, "little") + b"PAR1", "more than the"),
+    "a million column chunks declared": (_many_chunks_footer, "does not parse"),
     "garbage thrift": (lambda d: d[:-8 - 200] + bytes(range(200)) + d[-8:],
                        "does not parse"),
     "chunk past the footer": (lambda d: rewrite_footer(d, _set(9, len(d))), "outside"),

@@ -49,10 +49,9 @@ def open_file(data: bytes, columns: Sequence[str] | None = None, *, max_rows: in
     if footer is None:
         fo, fn = footer_range(PATH, size, data[o:o + n], max_bytes=max_bytes)
         footer = data[fo:fo + fn]
-    meta = parse_footer(PATH, size, footer, max_bytes=max_bytes)
-    layout = read_layout(PATH, size, footer, meta, columns, max_rows=max_rows,
-                         max_bytes=max_bytes)
-    return meta, layout, ParquetFileIndex.from_layout(layout)
+    parsed = parse_footer(PATH, size, footer, max_bytes=max_bytes)
+    layout = read_layout(PATH, size, parsed, columns, max_rows=max_rows, max_bytes=max_bytes)
+    return parsed.meta, layout, ParquetFileIndex.from_layout(layout)
 
 
 def fetch(data: bytes, index: ParquetFileIndex, group: int) -> dict[int, bytes]:

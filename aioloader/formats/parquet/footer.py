@@ -7,8 +7,9 @@ reads, and enough for most footers) and asks for the rest only when the footer i
 (`footer_range` says which bytes the footer spans; `footer_from_tail` cuts it out of the
 tail when the tail holds it). Each declared length is checked against the file's size and
 the memory budget before anything is allocated for it, and the thrift parser is held to
-limits derived from the footer's own length, so a lying footer is a `ParquetFormatError`
-naming the file, never a crash or a huge allocation.
+limits derived from the footer's own length, after our own reader has walked it (every
+count held to the bytes there), so a lying footer is a `ParquetFormatError` naming the
+file, never a crash or a huge allocation.
 
 pyarrow parses the thrift (it is the `parquet` extra) and is imported only here and in the
 decode step, when a Parquet file is opened: `import aioloader` never loads it.
@@ -16,15 +17,18 @@ decode step, when a Parquet file is opened: `import aioloader` never loads it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import CORRUPT_HINT, ParquetFormatError
+from .metadata import FooterMeta, read_footer_meta
+from .thrift import ThriftError
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-__all__ = ["MAGIC", "TAIL_BYTES", "footer_from_tail", "footer_range", "parse_footer",
-           "pyarrow_parquet", "tail_range"]
+__all__ = ["MAGIC", "TAIL_BYTES", "ParquetFooter", "footer_from_tail", "footer_range",
+           "parse_footer", "pyarrow_parquet", "tail_range"]
 
 MAGIC = b"PAR1"
 ENCRYPTED_MAGIC = b"PARE"
@@ -97,17 +101,34 @@ def footer_from_tail(path: str, size: int, tail: bytes | memoryview, *,
     return bytes(tail[len(tail) - length:])
 
 
-def parse_footer(path: str, size: int, footer: bytes, *,
-                 max_bytes: int) -> pq.FileMetaData:
-    """The file's `FileMetaData`, from `footer`: exactly the bytes `footer_range` names.
+@dataclass(frozen=True)
+class ParquetFooter:
+    """A file's footer, parsed: its bytes (the 8 after the thrift included), the row
+    groups' figures (read by our own thrift reader) and pyarrow's `FileMetaData` (which
+    the schema and the decoding use)."""
 
-    Bad thrift, or thrift that claims more strings or list items than the footer's bytes
-    could hold, is a `ParquetFormatError` naming the file.
+    data: bytes
+    figures: FooterMeta
+    meta: pq.FileMetaData
+
+
+def parse_footer(path: str, size: int, footer: bytes, *, max_bytes: int) -> ParquetFooter:
+    """The file's footer, from `footer`: exactly the bytes `footer_range` names.
+
+    Our own reader walks the thrift first, holding every list and string to the bytes that
+    are there; only then does pyarrow parse it (pyarrow sizes a list from its declared
+    count before reading it: a 1 MB footer could make it allocate hundreds of MB). Bad
+    thrift is a `ParquetFormatError` naming the file.
     """
     offset, length = footer_range(path, size, footer[-TRAILER:] if len(footer) >= TRAILER
                                   else footer, max_bytes=max_bytes)
     if len(footer) != length:
         raise ValueError(f"{path}: the footer is {length} bytes, {len(footer)} were given")
+    try:
+        figures = read_footer_meta(footer)
+    except ThriftError as e:
+        raise ParquetFormatError(f"its footer's thrift does not parse: {e}", path=path,
+                                 offset=offset + e.offset, hint=CORRUPT_HINT) from None
     pq = pyarrow_parquet()
     import pyarrow as pa
 
@@ -120,4 +141,4 @@ def parse_footer(path: str, size: int, footer: bytes, *,
     except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
         raise ParquetFormatError(f"the footer's thrift does not parse: {e}", path=path,
                                  offset=offset, hint=CORRUPT_HINT) from None
-    return meta
+    return ParquetFooter(bytes(footer), figures, meta)

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BUDGET_HINT, CORRUPT_HINT, ParquetFormatError
-from .footer import MAGIC, TRAILER
-from .metadata import ChunkMeta, read_footer_meta
-from .thrift import ThriftError
+from .footer import MAGIC, TRAILER, ParquetFooter
+from .metadata import ChunkMeta
 
 __all__ = ["ColumnChunk", "ParquetLayout", "RowGroupLayout", "read_layout"]
 
@@ -76,26 +75,21 @@ class ParquetLayout:
         return sum(g.num_rows for g in self.row_groups)
 
 
-def read_layout(path: str, size: int, footer: bytes | memoryview, meta: Any,
+def read_layout(path: str, size: int, footer: ParquetFooter,
                 columns: Sequence[str] | None = None, *, max_rows: int,
                 max_bytes: int) -> ParquetLayout:
-    """The layout of the file whose footer's bytes (`footer_range`) are `footer` and whose
-    parsed footer (`parse_footer`) is `meta`: the data ends where `footer` starts (its
-    thrift may take fewer bytes), and the row groups' figures are read from `footer`.
+    """The layout of the file whose parsed footer (`parse_footer`) is `footer`: the data
+    ends where the footer's bytes start (its thrift may take fewer).
 
     `columns`: top-level names (None: all, in file order). `max_rows` bounds one row
     group's rows and `max_bytes` its selected columns' declared bytes (compressed, and
     decompressed, with values at least as wide as their type, plus `VALUE_COST` per value):
     the memory one decoded row group may take.
     """
-    footer_offset = size - len(footer)
-    if not TRAILER <= len(footer) <= size - len(MAGIC):
-        raise ValueError(f"{path}: a footer of {len(footer)} bytes in a file of {size}")
-    try:
-        figures = read_footer_meta(footer)
-    except ThriftError as e:
-        raise ParquetFormatError(f"its footer's thrift does not parse: {e}", path=path,
-                                 offset=footer_offset + e.offset, hint=CORRUPT_HINT) from None
+    footer_offset = size - len(footer.data)
+    if not TRAILER <= len(footer.data) <= size - len(MAGIC):
+        raise ValueError(f"{path}: a footer of {len(footer.data)} bytes in a file of {size}")
+    figures, meta = footer.figures, footer.meta
     try:  # the schema, from pyarrow: a name that is not UTF-8 raises while it is read
         names, leaves = _select(path, meta, columns)
         schema = {i: meta.schema.column(i) for i in leaves}
