@@ -7,10 +7,12 @@ Ray's object store (NumPy arrays arrive as read-only views of it: no copy in thi
 called before the loader starts (or `address` names one); else a local one is started and
 shut down again by `close`. Each actor loads the pipeline once (the same per-op pickles a
 worker process gets, so an op that cannot load is named) and keeps its share of the
-decoded-chunk cache across tasks. An actor reads local files itself: the paths must be
-the same on every node that runs one (a shared file system, or one machine). The bytes of
-a remote file are fetched here, by the byte path, and travel with the task (each chunk
-once): the actors never talk to the bucket.
+decoded-chunk cache across tasks. The bytes of a remote file are fetched here, by the byte
+path, and travel with the task (each chunk once): the actors never talk to the bucket. An
+actor on this host reads local files (and the memory copy of a remote dataset) itself; for
+one on another node (`read_here`: by default, decided per actor from its node), this
+process reads the task's chunks and sends them with it, so that nothing but the dataset's
+bytes and the pipeline need be on the nodes.
 
 An actor that dies (killed, its node lost, a transform that crashes the interpreter) has
 its tasks run again on a new actor in its place: a task's output is a pure function of the
@@ -39,6 +41,7 @@ from .decode import Decoder
 from .executor import CLOSE_GRACE_S, gate_limit
 from .extract import StashFile
 from .inputs import as_bytes
+from .localfiles import LocalFiles
 from .messages import Pipeline, Result, Task
 from .worker import _load_pipeline, _pack_pipeline, _raise_malloc_thresholds, run_task
 
@@ -61,13 +64,16 @@ class RayExecutor:
     the cluster at `address` (None: the one `ray.init()` made, else a local one started for
     the loader); `init_options`: more `ray.init` arguments for a cluster started here;
     `max_reruns`: actors a task may take down (each death reruns it on a new actor) before
-    it fails."""
+    it fails; `read_here`: this process reads the chunks of local files (and of a remote
+    dataset's memory copy) and sends them with each task, as it does a bucket's: None (the
+    default) for the actors on other nodes than this one, True for all, False for none (the
+    nodes then share the files' paths)."""
 
     name = "ray"
 
     def __init__(self, num_cpus_per_actor: float = 1, address: str | None = None, *,
                  init_options: dict[str, Any] | None = None,
-                 max_reruns: int = MAX_RERUNS) -> None:
+                 max_reruns: int = MAX_RERUNS, read_here: bool | None = None) -> None:
         if not num_cpus_per_actor > 0:
             raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor!r}")
         if max_reruns < 0:
@@ -76,6 +82,7 @@ class RayExecutor:
         self.address = address
         self.init_options = dict(init_options or {})
         self.max_reruns = max_reruns
+        self.read_here = read_here
 
     def __repr__(self) -> str:
         return (f"RayExecutor(num_cpus_per_actor={self.num_cpus_per_actor!r}, "
@@ -106,8 +113,9 @@ class _Actor:
         except Exception as exc:
             self.error = f"a Ray actor could not start ({type(exc).__name__}: {exc})"
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        """The actor's process and node."""
+        return os.getpid(), _ray().get_runtime_context().get_node_id()
 
     def run(self, task: Task) -> Result:
         if self.pipeline is None:
@@ -141,6 +149,9 @@ class RayActors:
         self._parts: Any = None  # the pipeline in the object store, once for all actors
         self._actors: list[Any] = []
         self._ready: list[Any] = []  # each actor's first answer (`settled`)
+        self._remote: list[bool | None] = [kind.read_here] * workers  # read_here, per actor
+        self._node: str | None = None  # this process's node
+        self._files: LocalFiles | None = None  # what this process reads for `read_here`
         self._queued = [0] * workers
         self._rows: list[dict[str, float]] = [{"tasks": 0, "seconds": 0.0}
                                               for _ in range(workers)]
@@ -170,6 +181,7 @@ class RayActors:
                     options["address"] = kind.address
                 ray.init(**options)
                 self._own_cluster = True
+            self._node = ray.get_runtime_context().get_node_id()
             self._actor_class = ray.remote(_Actor)
             self._parts = ray.put(_pack_pipeline(self.pipeline))
             with self._lock:
@@ -224,15 +236,15 @@ class RayActors:
         await self._wait_started()
         ray = _ray()
         if task.raws is not None:  # (views of this process's buffers do not pickle)
-            as_bytes(task)
-            self.counts["sent_bytes"] += sum(len(r) for r in {id(r): r for r in task.raws}
-                                             .values())
+            self._ship(task)
         deaths = 0
         while True:
             at, actor = self._pick()
             sent = time.perf_counter_ns()
-            ref = actor.run.remote(task)
             try:
+                if await self._elsewhere(at):
+                    self._read_here(task, describe)
+                ref = actor.run.remote(task)
                 result: Result = await ref
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
@@ -260,6 +272,36 @@ class RayActors:
             self._came_back(at, result, sent)
             return result
 
+    def _ship(self, task: Task) -> None:
+        """The task's chunk bytes made bytes (once each), and counted as sent."""
+        as_bytes(task)
+        assert task.raws is not None
+        self.counts["sent_bytes"] += sum(len(r) for r in {id(r): r for r in task.raws}
+                                         .values())
+
+    async def _elsewhere(self, at: int) -> bool:
+        """Whether actor `at` is to get its task's bytes from here (`read_here`)."""
+        remote = self._remote[at]
+        if remote is None:  # (asked once an actor: its first answer says its node)
+            _, node = await self._ready[at]
+            remote = self._remote[at] = node != self._node
+        return remote
+
+    def _read_here(self, task: Task, describe: str) -> None:
+        """Read the chunks of a task for an actor that does not share this host's files."""
+        if task.stash is not None or task.fill is not None:
+            raise WorkerError(
+                f"{describe}: an exact shuffle over chunks too large for the workers' caches "
+                "keeps records pulled out of them in a file of this host, which Ray actors on "
+                "other nodes cannot read; use a block shuffle, a larger memory_budget, or "
+                "actors on this host")
+        if task.raws is not None:  # (a bucket's: already here)
+            return
+        if self._files is None:
+            self._files = LocalFiles()
+        task.raws = self._files.read(task.refs)
+        self._ship(task)
+
     def _pick(self) -> tuple[int, Any]:
         """The actor with the fewest tasks queued (the first of them)."""
         with self._lock:
@@ -276,6 +318,7 @@ class RayActors:
                 return
             self._actors[at] = self._new_actor()
             self._ready[at] = self._actors[at].ready.remote()
+            self._remote[at] = self.kind.read_here
             self.counts["replaced"] += 1
         with contextlib.suppress(Exception):
             _ray().kill(dead)
@@ -321,6 +364,8 @@ class RayActors:
                 self._stop()
         finally:
             self.stash.close()
+            if self._files is not None:
+                self._files.close()
 
     def _stop(self) -> None:
         if self._start is None:

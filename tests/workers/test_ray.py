@@ -10,6 +10,7 @@ loader must not leave (threads, shared memory, memory files, other processes, so
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -179,6 +180,29 @@ async def test_a_buckets_files_through_the_actors(files, resident_bytes):  # noq
     assert digests(got) == expected
     if not resident_bytes:  # the bytes fetched here travel with the tasks
         assert stats["transfers"]["sent_bytes"] > 0
+
+
+@pytest.mark.parametrize("resident_bytes", [None, 1 << 30])  # local files / a memory copy
+async def test_actors_that_do_not_share_this_hosts_files_get_the_bytes(files,  # noqa: F811
+                                                                       resident_bytes):
+    """read_here=True: what actors on another node get (every actor here shares this host's
+    files, so the default reads there): the chunks of local files and of a remote dataset's
+    memory copy are read here and sent with the tasks, and the batches do not change."""
+    with contextlib.ExitStack() as stack:
+        paths = files[8]
+        kw = {}
+        if resident_bytes:
+            gcs = stack.enter_context(local_gcs())
+            paths = [gcs.upload(p, f"g8/{p.rsplit('/', 1)[1]}") for p in paths]
+            kw = {"storage_options": gcs.storage_options}
+        ds = everything(paths, **kw)
+        opts = {} if resident_bytes is None else {"resident_bytes": resident_bytes}
+        expected = digests(await collect(ds, workers=2, **opts))
+        got, _, stats = await take(ds, workers=2, executor=RayExecutor(read_here=True), **opts)
+    assert digests(got) == expected
+    assert stats["transfers"]["sent_bytes"] > 0
+    if resident_bytes is None:  # all of them: the files' every chunk went from here
+        assert stats["io"].get("worker_reads", 0) == 0
 
 
 async def test_closing_kills_the_actors_of_a_users_cluster(files):  # noqa: F811
