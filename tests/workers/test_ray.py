@@ -162,6 +162,17 @@ async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa:
     assert transfers["replaced"] == 1 and transfers["reruns"] >= 1
 
 
+async def test_a_transform_that_raises_gives_the_error_the_process_pool_gives(files):  # noqa: F811
+    ds = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.fail_on_13)
+          .map(fns.only_id_noise_det).batch(8))
+    with pytest.raises(Exception) as pool:
+        await collect(ds, workers=1)
+    with pytest.raises(type(pool.value)) as actors:
+        await collect(ds, workers=1, executor="ray")
+    assert "thirteen is unlucky" in str(actors.value)
+    assert str(actors.value) == str(pool.value)
+
+
 async def test_a_task_that_takes_down_every_actor_fails_naming_it(files):  # noqa: F811
     ds = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.crash_on_13)
           .map(fns.only_id_noise_det).batch(8))
