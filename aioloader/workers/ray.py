@@ -4,23 +4,23 @@ Ray's object store (NumPy arrays arrive as read-only views of it: no copy in thi
 
 `RayExecutor` is the kind (`executor=al.RayExecutor(...)`, or `"ray"` for its defaults);
 `RayActors` the executor it opens. The Ray cluster is the user's when `ray.init()` was
-called before the loader starts (or `address` names one); else a local one is started and
-shut down again by `close`. Each actor loads the pipeline once (the same per-op pickles a
-worker process gets, so an op that cannot load is named) and keeps its share of the
-decoded-chunk cache across tasks. The bytes of a remote file are fetched here, by the byte
-path, and travel with the task (each chunk once): the actors never talk to the bucket. An
-actor on this host reads local files (and the memory copy of a remote dataset) itself; for
-one on another node (`read_here`: by default, decided per actor from its node), this
-process reads the task's chunks and sends them with it, so that nothing but the dataset's
-bytes and the pipeline need be on the nodes.
+called before the loader starts; else one is started (or `address` connected to) for this
+process's loaders, and shut down when the last of them closes (`raycluster`). Each actor
+loads the pipeline once (the same per-op pickles a worker process gets, so an op that
+cannot load is named) and keeps its share of the decoded-chunk cache across tasks. The
+bytes of a remote file are fetched here, by the byte path, and travel with the task (each
+chunk once): the actors never talk to the bucket. An actor on this host reads local files
+(and the memory copy of a remote dataset) itself; for one on another node (`read_here`: by
+default, decided per actor from its node), this process reads the task's chunks and sends
+them with it: the nodes need aioloader and the pipeline's code, not the files.
 
 An actor that dies (killed, its node lost, a transform that crashes the interpreter) has
 its tasks run again on a new actor in its place: a task's output is a pure function of the
 task, so nothing is lost and nothing comes twice; a task that has taken down
 `max_reruns + 1` actors fails with a `WorkerError`. No more tasks are at the actors than
 the runtime runs at once (its prefetch window, and with workers="auto" the tuner's gate).
-Ray is imported only here, and only when an executor opens: `import aioloader` never
-loads it.
+Ray is imported only here (and by `raycluster`, which keeps a cluster started for the
+loaders), and only when an executor opens: `import aioloader` never loads it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from ..errors import MissingExtraError, WorkerError
+from ..errors import WorkerError
 from ..io.gate import Gate
 from .decode import Decoder
 from .executor import CLOSE_GRACE_S, gate_limit
@@ -43,20 +43,13 @@ from .extract import StashFile
 from .inputs import as_bytes
 from .localfiles import LocalFiles
 from .messages import Pipeline, Result, Task
+from .raycluster import CLUSTER, import_ray
 from .worker import _load_pipeline, _pack_pipeline, _raise_malloc_thresholds, run_task
 
 __all__ = ["RAY", "RayActors", "RayExecutor"]
 
 log = logging.getLogger("aioloader")
 MAX_RERUNS = 2  # actors a task may take down before it fails: a kill is not a crash
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingExtraError("ray", 'executor="ray"', exc.name) from None
-    return ray
 
 
 class RayExecutor:
@@ -93,7 +86,7 @@ class RayExecutor:
         """Actors are made by `warm_up` (or the first task), off the event loop: starting a
         local cluster takes seconds. `slots`, `slot_size`, `first_in_parent`: no shared
         memory is lent, and no task runs in this process."""
-        _ray()  # the extra's error now, not at the first task
+        import_ray()  # the extra's error now, not at the first task
         return RayActors(self, pipeline, workers, lanes=lanes)
 
 
@@ -115,7 +108,7 @@ class _Actor:
 
     def ready(self) -> tuple[int, str]:
         """The actor's process and node."""
-        return os.getpid(), _ray().get_runtime_context().get_node_id()
+        return os.getpid(), import_ray().get_runtime_context().get_node_id()
 
     def run(self, task: Task) -> Result:
         if self.pipeline is None:
@@ -142,9 +135,8 @@ class RayActors:
         self._lock = threading.Lock()
         self._start: threading.Thread | None = None
         self._started: Future = Future()  # set once the actors are made (or failed)
-        self._stopping = threading.Event()  # a cluster started here: shut it down
         self._closed = False
-        self._own_cluster = False
+        self._own_cluster = False  # joined `CLUSTER` (to leave at close)
         self._actor_class: Any = None
         self._parts: Any = None  # the pipeline in the object store, once for all actors
         self._actors: list[Any] = []
@@ -169,18 +161,14 @@ class RayActors:
                 self._start.start()
 
     def _make(self) -> None:
-        """Make the actors (and, without a cluster, start one: this thread then stays, to
-        shut it down at `close`, since Ray's shutdown hangs its driver if run on a thread
-        other than the one that started it)."""
+        """Join the cluster (`CLUSTER`) and make the actors."""
         try:
-            ray = _ray()
-            if not ray.is_initialized():
-                kind = self.kind
-                options = {"include_dashboard": False, **kind.init_options}
-                if kind.address is not None:
-                    options["address"] = kind.address
-                ray.init(**options)
-                self._own_cluster = True
+            ray = import_ray()
+            kind = self.kind
+            options = {"include_dashboard": False, **kind.init_options}
+            if kind.address is not None:
+                options["address"] = kind.address
+            self._own_cluster = CLUSTER.join(options)
             self._node = ray.get_runtime_context().get_node_id()
             self._actor_class = ray.remote(_Actor)
             self._parts = ray.put(_pack_pipeline(self.pipeline))
@@ -194,10 +182,6 @@ class RayActors:
             self._started.set_result(None)
         except BaseException as exc:
             self._started.set_exception(exc)
-        if self._own_cluster:
-            self._stopping.wait()
-            self._kill_actors()
-            ray.shutdown()
 
     def _new_actor(self) -> Any:
         return self._actor_class.options(num_cpus=self.kind.num_cpus_per_actor).remote(
@@ -222,7 +206,7 @@ class RayActors:
         """Whether every actor has answered once."""
         if not self._started.done() or self._started.exception() is not None:
             return False
-        ray = _ray()
+        ray = import_ray()
         done, _ = ray.wait(list(self._ready), num_returns=len(self._ready), timeout=0,
                            fetch_local=False)
         return len(done) == len(self._ready)
@@ -234,7 +218,7 @@ class RayActors:
         """Run `task` on the least busy actor; if that actor dies, again on a new one."""
         describe = describe or f"task {task.task_id}"
         await self._wait_started()
-        ray = _ray()
+        ray = import_ray()
         if task.raws is not None:  # (views of this process's buffers do not pickle)
             self._ship(task)
         deaths = 0
@@ -321,7 +305,7 @@ class RayActors:
             self._remote[at] = self.kind.read_here
             self.counts["replaced"] += 1
         with contextlib.suppress(Exception):
-            _ray().kill(dead)
+            import_ray().kill(dead)
 
     def _came_back(self, at: int, result: Result, sent: int) -> None:
         now = time.perf_counter_ns()
@@ -370,14 +354,14 @@ class RayActors:
     def _stop(self) -> None:
         if self._start is None:
             return
-        if self._own_cluster:  # (its thread shuts it down)
-            self._stopping.set()
-        elif _ray().is_initialized():
-            self._kill_actors()
         self._start.join()
+        if import_ray().is_initialized():
+            self._kill_actors()
+        if self._own_cluster:
+            CLUSTER.leave()
 
     def _kill_actors(self) -> None:
-        ray = _ray()
+        ray = import_ray()
         with self._lock:
             actors, self._actors, self._ready, self._parts = self._actors, [], [], None
         for actor in actors:
