@@ -45,7 +45,7 @@ WORKLOADS = {"text": ("decode_text", 40_000), "img": ("decode_image", 6_000)}
 
 
 def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
-            seed: int) -> dict[str, Any]:
+            seed: int, slot_size: int | None = None) -> dict[str, Any]:
     import aioloader as al
 
     ds = (al.Dataset.from_arrayrecord(str(path)).shuffle(seed).map(getattr(fns, decode))
@@ -53,7 +53,8 @@ def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
     t0, cpu0 = time.perf_counter(), time.process_time()
     first = last = cpu_first = 0.0
     records = first_size = 0
-    with ds.loader(workers=workers, prefetch=prefetch, executor=executor) as it:
+    sized = {"slot_size": slot_size} if slot_size else {}
+    with ds.loader(workers=workers, prefetch=prefetch, executor=executor, **sized) as it:
         for batch in it:
             last = time.perf_counter()
             value = next(iter(batch.values())) if isinstance(batch, dict) else batch
@@ -83,12 +84,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a quarter of the records")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default=None, help="write the rounds as JSON here")
+    parser.add_argument("--ray-slot-size", type=int, default=None,
+                        help="slot_size for ray only (MiB): how many batches a task groups")
     args = parser.parse_args()
     import ray
 
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
     log(machine_info())
     results: dict[str, dict[str, list[dict]]] = {}
+    slot_size = args.ray_slot_size << 20 if args.ray_slot_size else None
     try:
         for name in args.workloads.split(","):
             decode, n = WORKLOADS[name]
@@ -96,11 +100,13 @@ def main() -> None:
             path = dataset(args, name, n)
             runs: dict[str, list[dict]] = {"processes": [], "ray": []}
             for executor in runs:  # warm-up: page cache, the worker server, Ray's workers
-                one_run(path, decode, executor, args.workers, args.prefetch, 0)
+                one_run(path, decode, executor, args.workers, args.prefetch, 0,
+                        slot_size if executor == "ray" else None)
             for r in range(args.rounds):
                 order = ("processes", "ray") if r % 2 == 0 else ("ray", "processes")
                 for executor in order:  # ABBA
-                    got = one_run(path, decode, executor, args.workers, args.prefetch, r + 1)
+                    got = one_run(path, decode, executor, args.workers, args.prefetch, r + 1,
+                                  slot_size if executor == "ray" else None)
                     runs[executor].append(got)
                     log(f"{name} round {r} {executor}: {got['rate']:,.0f} rec/s, steady "
                         f"{got['steady']:,.0f}, parent {got['parent_cpu_us']:.1f} µs/rec")
