@@ -28,6 +28,12 @@ from .lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
 from .parts import SYNC_HANDOFF_DEPTH, Parts
 from .stats import PipelineStats
 
+LEFT = ("this loader was closed when a `for` loop over it was left (break, return) or an "
+        "iterator of it was dropped, and the batches it had ready went with it: to take "
+        "batches a few at a time, keep one iterator (`batches = iter(loader)`, then "
+        "`next(batches)`); to go on from the last batch handed out, start a new loader "
+        "with state=loader.get_state()")
+
 if TYPE_CHECKING:
     from ..describe.dataset import Dataset
     from ..describe.state import LoaderState
@@ -52,6 +58,7 @@ class Loader:
         self._start_task: asyncio.Future | None = None
         self._guard: LoopGuard | None = None  # closes it when its loop ends
         self._closed = False
+        self._left = False  # a plain iteration was left before its end (and closed it)
         self._closing = threading.RLock()
 
     @property
@@ -238,11 +245,18 @@ class Loader:
             if os.getpid() != pid:  # a forked child: the pump is the parent's
                 raise forked_error(pid)
 
+        if self._left:
+            raise RuntimeError(LEFT)
         items = pump(loop, lambda: self._take(keep=True), depth=SYNC_HANDOFF_DEPTH,
                      closing=lambda: self._closed, check=check, on_exit=self.close, held=True)
-        for batch, state in items:
-            self._position.hand_out(state)
-            yield batch
+        ended = False
+        try:
+            for batch, state in items:
+                self._position.hand_out(state)
+                yield batch
+            ended = True
+        finally:  # left early (break, or the iterator dropped): `items` closes the loader next
+            self._left = not ended and not self._closed
 
     # -- device placement -------------------------------------------------------------
 
