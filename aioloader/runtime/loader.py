@@ -17,22 +17,16 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..io.descriptors import too_many_open
-from ..io.sync import pump
 from ..options import LoaderOptions
 from ..workers import Executor
-from .lifecycle import Binding, LoopGuard, closed_while_waiting, forked_error
-from .parts import SYNC_HANDOFF_DEPTH, Parts
+from .lifecycle import Binding, LoopGuard, closed_while_waiting
+from .parts import Parts
+from .plain import Plain
 from .stats import PipelineStats
-
-LEFT = ("this loader was closed when a `for` loop over it was left (break, return) or an "
-        "iterator of it was dropped, and the batches it had ready went with it: to take "
-        "batches a few at a time, keep one iterator (`batches = iter(loader)`, then "
-        "`next(batches)`); to go on from the last batch handed out, start a new loader "
-        "with state=loader.get_state()")
 
 if TYPE_CHECKING:
     from ..describe.dataset import Dataset
@@ -58,7 +52,7 @@ class Loader:
         self._start_task: asyncio.Future | None = None
         self._guard: LoopGuard | None = None  # closes it when its loop ends
         self._closed = False
-        self._left = False  # a plain iteration was left before its end (and closed it)
+        self._plain = Plain()  # its `for` loops
         self._closing = threading.RLock()
 
     @property
@@ -234,29 +228,10 @@ class Loader:
             if os.environ.get("AIOLOADER_DEBUG") and self._stats.batches % 100 == 0:
                 log.warning("aioloader stats:\n%s", self.stats())
 
-    def __iter__(self):
-        """The plain iterator: the sync pump (`aioloader.io.sync.pump`) on the background loop;
-        the state is the one after the last batch handed out."""
-        self._binding.check_process()
-        loop = self._binding.background()
-        pid = os.getpid()
-
-        def check() -> None:
-            if os.getpid() != pid:  # a forked child: the pump is the parent's
-                raise forked_error(pid)
-
-        if self._left:
-            raise RuntimeError(LEFT)
-        items = pump(loop, lambda: self._take(keep=True), depth=SYNC_HANDOFF_DEPTH,
-                     closing=lambda: self._closed, check=check, on_exit=self.close, held=True)
-        ended = False
-        try:
-            for batch, state in items:
-                self._position.hand_out(state)
-                yield batch
-            ended = True
-        finally:  # left early (break, or the iterator dropped): `items` closes the loader next
-            self._left = not ended and not self._closed
+    def __iter__(self) -> Iterator[Any]:
+        """The plain iterator (`runtime.plain`): leaving it early closes the loader."""
+        return self._plain.iterate(self._binding, lambda: self._take(keep=True),
+                                   self._position, lambda: self._closed, self.close)
 
     # -- device placement -------------------------------------------------------------
 
