@@ -26,7 +26,8 @@ from ..support.state_fixture import digest
 
 N = 240
 RUNS = [{"workers": 0}, {"workers": 2, "executor": "processes"},
-        {"workers": 1, "executor": "threads"}, {"workers": 2, "executor": "threads"}]
+        {"workers": 1, "executor": "threads"}, {"workers": 2, "executor": "threads"},
+        {"workers": "auto", "executor": "threads"}]
 
 
 @pytest.fixture(scope="module")
