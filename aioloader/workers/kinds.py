@@ -26,7 +26,12 @@ __all__ = ["KINDS", "ExecutorKind", "kind_named", "open_executor", "prepare"]
 
 
 class ExecutorKind(Protocol):
-    """Opens executors of one kind (processes, threads, Ray actors...)."""
+    """Opens executors of one kind (processes, threads, Ray actors...).
+
+    A kind may also have `prepare(dataset)`, called when a loader that will use it is made,
+    before its files open (processes check that the transforms pickle and start their
+    worker server there); a kind without one needs nothing done early.
+    """
 
     name: str  # shown in the loader's graph and stats
 
