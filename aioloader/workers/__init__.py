@@ -7,7 +7,8 @@ its output, and what they exchange.
   and what its implementations share; `kinds`: what `executor=` names, and
   `open_executor`, which opens one;
 - `pool`: the process pool, the parent's side, which sends tasks and hands results on;
-  `inline`: workers=0, tasks on one thread of this process; `procs`: how the pool's
+  `inline`: workers=0, tasks on one thread of this process; `threads`: the "threads"
+  executor, tasks on several threads of this process; `procs`: how the pool's
   processes start (the worker server, `server`, started with the first loader or by
   `aioloader.warm_up()`) and stop;
 - `arena`: the shared-memory slots results (and remote inputs) travel through;

@@ -84,6 +84,8 @@ class Threads(SlotExecutor):
     def _submit(self, task: Task, slot: int, describe: str, route: Any
                 ) -> tuple[Future, bool]:
         where = self.arena.map_of(slot) if slot >= 0 else None
+        # (False: counted as a worker's result, in a slot or by value; `in_parent` is for
+        # the tasks a pool runs in this process instead of its workers)
         return self._threads.submit(self._run_here, task, where, label=describe), False
 
     def _stop(self, grace: float) -> None:
