@@ -1,5 +1,5 @@
-"""Where tasks run: processes (or, with workers=0, one thread) that turn a task's chunks into
-its output, and what they exchange.
+"""Where tasks run: processes or threads (with workers=0, one thread) that turn a task's
+chunks into its output, and what they exchange.
 
 - `messages`: what the parent and a worker exchange (`Pipeline`, `Task`, `Result`);
 - `worker`: what a worker process runs; `decode`: its chunk decoder and cache;
