@@ -90,7 +90,9 @@ class Threads(SlotExecutor):
 
     def _stop(self, grace: float) -> None:
         stuck = self._threads.close(grace)
-        with self._decoders_lock:  # (a stuck thread's reads then fail, never crash)
+        # (a thread left stuck in a transform may use its decoder again if the transform
+        # ever returns: a closed decoder reopens what it reads, and its result is dropped)
+        with self._decoders_lock:
             decoders, self._decoders = self._decoders, []
         for decoder in decoders:
             decoder.close()
