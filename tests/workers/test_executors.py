@@ -167,3 +167,18 @@ def test_close_leaves_a_thread_stuck_in_a_transform_after_the_grace_and_says_so(
     while _aioloader_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _aioloader_threads() == []  # once its transform returns, it ends too
+
+
+def test_each_thread_decodes_with_its_own_share_of_the_chunk_cache(paths):
+    ds = al.Dataset.from_arrayrecord(paths).shuffle(2).map(fns.decode).map(fns.just_id).batch(8)
+    with ds.loader(workers=2, executor="threads", prefetch=4) as it:
+        batches = iter(it)
+        ids = [i for _, b in zip(range(20), batches) for i in b.tolist()]
+        pool = it.pool
+        decoders = list(pool._decoders)
+        shares = {d.cache.max_bytes for d in decoders}
+        caches = [len(d.cache) for d in decoders]
+    assert len(ids) == 160
+    assert 1 <= len(decoders) <= 2 and len({id(d) for d in decoders}) == len(decoders)
+    assert shares == {pool.pipeline.chunk_cache_bytes // 2}
+    assert sum(caches) > 0  # chunks of 8 records, kept decoded by the thread that read them
