@@ -34,6 +34,7 @@ import numpy as np
 from .describe.description import JaxProcessShard
 from .describe.plan import needs_processes
 from .describe.state import merge_states
+from .elements.bucketing import BucketOp
 from .errors import MissingExtraError
 from .index.dataslices import shard_of, table_of
 
@@ -132,6 +133,12 @@ class Placement:
         multi = jax.process_count() > 1
         batching = self.loader.dataset.batching
         drop = getattr(batching, "drop_remainder", False)
+        if multi and isinstance(batching, BucketOp):
+            raise ValueError(
+                "bucket_by_length() yields its buckets' batches, each process as its own "
+                "share fills them: their number and sizes differ between processes, so "
+                "multi-process steps cannot stay in lockstep; use batch(..., pad=...) "
+                "(fixed lengths keep shapes fixed) or bucket on one process")
         if self.pad_final:
             self.steps = await self.loader.num_batches(longest_shard=True)
             self.size = batching.size

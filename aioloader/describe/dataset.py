@@ -46,7 +46,8 @@ class Dataset(Stages):
 
     Build one with `from_arrayrecord`, `from_source`, `mix` or `concatenate`, chain verbs
     (`shuffle`, `repeat`, `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`,
-    `flat_map`, `filter`, `pack`, `batch`), each returning a new `Dataset`, and run it with
+    `flat_map`, `filter`, `pack`, `batch`, `bucket_by_length`), each returning a new
+    `Dataset`, and run it with
     `loader()`. Nothing is read until then, so a description can be built anywhere (before
     `jax.distributed` starts) and sent to other processes. Pipelines of one-to-one steps are
     also random access: `len(ds)`, `ds[i]`, `ds[[i, j]]` give the elements the loader yields

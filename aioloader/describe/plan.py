@@ -81,8 +81,9 @@ def fingerprint(dataset: Dataset, procs: tuple[int, int] | None) -> tuple[str, .
     lines = dataset.describe()
     b = dataset.batching
     if procs and isinstance(b, BatchOp):
-        lines = [f"batch(global {b.size * procs[1]})" if ln == b.describe() else ln
-                 for ln in lines]
+        size = b.size * procs[1]  # (saved states name it so: without padding, as it was)
+        line = f"batch(global {size})" if b.rules is None else b.describe(f"global {size}")
+        lines = [line if ln == b.describe() else ln for ln in lines]
     return tuple(lines)
 
 

@@ -14,11 +14,12 @@ in any order relative to shuffle/repeat/shard; index ops after `batch` or `pack`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..arguments import maybe_whole
+from ..elements.bucketing import BucketOp
 from ..elements.transforms import (
     BatchOp,
     FilterOp,
@@ -51,7 +52,7 @@ class Stages:
     source: SourceSpec | ObjectSource | MixSpec
     index_ops: tuple[IndexOp | JaxProcessShard, ...] = ()
     record_ops: tuple[RecordOp, ...] = ()
-    batching: BatchOp | PackOp | None = None
+    batching: BatchOp | PackOp | BucketOp | None = None
     pack_batch: BatchOp | None = None  # batch() after pack()
     batch_ops: tuple[MapOp, ...] = ()  # map() after batch()
 
@@ -173,13 +174,58 @@ class Stages:
 
     # -- batching ---------------------------------------------------------------------
 
-    def batch(self: _S, batch_size: int, *, drop_remainder: bool = False) -> _S:
-        """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays)."""
-        op = BatchOp(batch_size, drop_remainder)
+    def batch(self: _S, batch_size: int, *, drop_remainder: bool = False, pad: Any = None,
+              pad_value: Any = 0, truncate: bool = False, masks: bool = True) -> _S:
+        """Stack `batch_size` elements into one batch (dicts/tuples/arrays → stacked arrays).
+
+        `pad` pads ragged leaves along their first axis as they are stacked, where the batch
+        is made (in the worker; after a filter, in the loader's process): `True` to the
+        longest in the batch, an int to that length, or per field, `{"tokens": 128,
+        "labels": True}` (a tuple for tuple elements; fields not named are stacked as
+        before). Padding holds `pad_value` (one number, or per field in pad's shape;
+        default 0). A longer element than a fixed length is an error naming the field and
+        the record, unless `truncate=True` cuts it. Every padded field of a dict gets
+        `name + "_mask"` (bool, True on data) beside it; `masks=False` leaves them out.
+        Scalars and strings batch as before. (tf.data's `padded_batch`, first axis only,
+        plus masks: `aioloader.elements.padding` says why.)
+        """
+        op = BatchOp(batch_size, drop_remainder, pad, pad_value, truncate, masks)
+        if isinstance(self.batching, BucketOp):
+            raise ValueError("bucket_by_length() makes the batches: batch() cannot follow it")
         if isinstance(self.batching, PackOp) and self.pack_batch is None:
+            if op.rules is not None:
+                raise ValueError("batch(pad=) after pack(): packed rows all have the length "
+                                 "pack() gave them already; drop pad=")
             return replace(self, pack_batch=op)
         if self.batching is not None:
             raise ValueError("batch() was already applied")
+        return replace(self, batching=op)
+
+    def bucket_by_length(self: _S, length_fn: Callable[[Any], int], boundaries: Sequence[int],
+                         batch_sizes: Sequence[int], *, pad: Any = True, pad_value: Any = 0,
+                         truncate: bool = False, masks: bool = True,
+                         drop_remainder: bool = False) -> _S:
+        """Batches of elements of similar length (tf.data's `bucket_by_sequence_length`).
+
+        An element goes to bucket b, the number of `boundaries` (strictly increasing) at or
+        below `length_fn(element)`: below `boundaries[0]` to bucket 0, at or above the last
+        to the last. Bucket b yields a batch of `batch_sizes[b]` (one size per bucket:
+        `len(boundaries) + 1`) as soon as it holds that many, padded as `batch(pad=...)`
+        pads (`pad`, `pad_value`, `truncate`, `masks`; by default to the longest in the
+        batch, with `name + "_mask"`). At the end of the data the partial buckets follow in
+        bucket order, or are dropped with `drop_remainder`.
+
+        The batches do not depend on the worker count. `get_state()` stays a few integers:
+        where the oldest element still waiting in a bucket is, and per bucket how many from
+        there on were delivered; resuming re-reads the stream from that element (so from
+        far back when a bucket rarely fills) and gives the same batches, bit for bit. A
+        state resumes on the process count it was saved on. `length_fn` runs where the
+        buckets are kept, in the loader's process.
+        """
+        if self.batching is not None:
+            raise ValueError("bucket_by_length() batches: it cannot follow batch() or pack()")
+        op = BucketOp(length_fn, boundaries, batch_sizes,  # type: ignore[arg-type]  # (checked)
+                      pad, pad_value, truncate, masks, drop_remainder)
         return replace(self, batching=op)
 
     def pack(self: _S, length_struct: Mapping[str, int], *, num_packing_bins: int) -> _S:

@@ -7,6 +7,8 @@ task size (`unit`) and the process count it was saved with; the pipeline's finge
 is JSON as `to_json()` writes it (the dict `Loader.get_state()` returns). A pack state also
 says where its open block closed (`until`), and a run resumed on another process count its
 lane (`lane`, `aioloader.index.lanes`): what an elastic move of a stream-mode run needs.
+A bucket_by_length state adds, per bucket, how many of its elements from the position on
+were already delivered (`buckets`, `aioloader.elements.bucketing`).
 
 It comes back from a checkpoint, a file a person may have edited, or another version of the
 code, so `LoaderState.from_json` checks it whole, once, with an error that says which field
@@ -32,6 +34,7 @@ STATE_VERSION = 1
 # Positions index int64 arrays in the samplers; past this they would wrap.
 MAX_POSITION = 2**62
 _COUNTS = ("position", "skip", "rows")
+MAX_BUCKETS = 1 << 16  # more counts than any bucket_by_length() could have
 _OLD_BLOCK_SHUFFLE = re.compile(r"shuffle\(seed=-?\d+, block\)")  # chunk-counted window
 
 
@@ -61,6 +64,17 @@ def _int(state: Mapping[str, Any], key: str, lo: int, default: int | None = None
     if not lo <= value < MAX_POSITION:
         raise StateError(f"loader state {key!r} = {value} is outside [{lo}, 2**62)")
     return value
+
+
+def _buckets(state: Mapping[str, Any]) -> list[int]:
+    """The optional `buckets`: a list of whole numbers >= 0, one per bucket."""
+    raw = state.get("buckets", [])
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_BUCKETS or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool)
+            and 0 <= int(x) < MAX_POSITION for x in raw):
+        raise StateError(f"loader state 'buckets' must be a list of counts >= 0, one per "
+                         f"bucket of bucket_by_length(), got {raw!r:.200}")
+    return [int(x) for x in raw]
 
 
 def check_lane(lane: Any, depth: int = 0) -> None:
@@ -101,6 +115,7 @@ def check_state(state: Any, depth: int = 0) -> dict[str, Any]:
     out["pipeline"] = list(pipeline)
     out["layout"] = _layout(state)
     out["until"] = _int(state, "until", 0, 0)
+    out["buckets"] = _buckets(state)
     out["lane"] = state.get("lane")
     if out["lane"] is not None:
         check_lane(out["lane"], depth)  # checked here, used by the plan
@@ -118,6 +133,8 @@ def _lane_place(d: Any, depth: int) -> dict[str, Any]:
     if not isinstance(d, Mapping):
         raise StateError(f"loader state 'lanes' entry {d!r:.100} is not a dict")
     out: dict[str, Any] = {k: _int(d, k, 0, 0) for k in (*_COUNTS, "until")}
+    if d.get("buckets"):
+        out["buckets"] = _buckets(d)
     if d.get("lane") is not None:
         check_lane(d["lane"], depth)
         out["lane"] = d["lane"]
@@ -146,11 +163,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 raise StateError(f"states 0 and {i} differ in {key!r}: they are not of one run")
     out = dict(states[0])
     out["lanes"] = [{k: s[k] for k in (*_COUNTS, "until")} | (
-        {"lane": s["lane"]} if s["lane"] is not None else {}) for s in checked]
+        {"lane": s["lane"]} if s["lane"] is not None else {}) | (
+        {"buckets": s["buckets"]} if s["buckets"] else {}) for s in checked]
     return out
 
 
-def check_position(state: Mapping[str, int], length: int | None, batch_mode: bool,
+def check_position(state: Mapping[str, Any], length: int | None, batch_mode: bool,
                    cuts: Sequence[int] = ()) -> None:
     """A position the stream can resume at: on a unit (batch or window) boundary (or where
     a leftover lane begins after an elastic move: `cuts`), or at the very end of a finite
@@ -167,7 +185,7 @@ def check_position(state: Mapping[str, int], length: int | None, batch_mode: boo
         what = "batch" if batch_mode else "window"
         raise StateError(f"loader state position {position} is not on a {what} boundary "
                          f"(a multiple of {unit}): states from get_state() always are")
-    if batch_mode and (state["skip"] or state["rows"]):
+    if batch_mode and (state["skip"] or state["rows"] or state.get("buckets")):
         raise StateError("loader state has 'skip'/'rows' set, which only a pipeline with "
                          "filter() or pack() saves: was it saved for another pipeline?")
 
@@ -189,6 +207,8 @@ class LoaderState:
     until: int = 0
     lane: Any = None  # this run's lane after an elastic stream-mode resume (`lanes.to_json`)
     lanes: tuple[dict, ...] = ()  # a merged state: every process's place (`merge_states`)
+    # bucket_by_length: per bucket, its elements from `position` on already delivered
+    buckets: tuple[int, ...] = ()
 
     @classmethod
     def from_json(cls, state: Any) -> LoaderState:
@@ -196,7 +216,7 @@ class LoaderState:
         d = check_state(state)
         return cls(d["position"], d["skip"], d["rows"], d["unit"], d["process_count"],
                    tuple(d["pipeline"]), tuple(d["layout"]), d["until"], d["lane"],
-                   tuple(d["lanes"]))
+                   tuple(d["lanes"]), tuple(d["buckets"]))
 
     def to_json(self) -> dict[str, Any]:
         out = {"version": STATE_VERSION, "position": self.position, "skip": self.skip,
@@ -210,11 +230,15 @@ class LoaderState:
             out["lane"] = self.lane
         if self.lanes:
             out["lanes"] = [dict(d) for d in self.lanes]
+        if any(self.buckets):
+            out["buckets"] = list(self.buckets)
         return out
 
-    def at(self, position: int, skip: int = 0, rows: int = 0, until: int = 0) -> LoaderState:
+    def at(self, position: int, skip: int = 0, rows: int = 0, until: int = 0,
+           buckets: tuple[int, ...] = ()) -> LoaderState:
         """This state moved to another place in the same stream."""
-        return replace(self, position=position, skip=skip, rows=rows, until=until)
+        return replace(self, position=position, skip=skip, rows=rows, until=until,
+                       buckets=buckets)
 
     def resume_as(self, pipeline: Sequence[str], unit: int, process_count: int,
                   batch_mode: bool, process_index: int = 0) -> LoaderState:
@@ -284,7 +308,12 @@ class LoaderState:
             d = self.lanes[process_index]
             return replace(self, pipeline=pipeline, lanes=(), position=d["position"],
                            skip=d["skip"], rows=d["rows"], until=d["until"],
-                           lane=d.get("lane"))
+                           lane=d.get("lane"), buckets=tuple(d.get("buckets", ())))
+        if any(ln.startswith("bucket_by_length(") for ln in pipeline):
+            raise StateError("a bucket_by_length() state cannot move to another process "
+                             "count: each process's buckets hold elements of its own share, "
+                             f"which no other process reads; resume on {self.process_count} "
+                             "processes (or start the epoch afresh)")
         if self.layout:
             raise StateError("a dealt block shuffle with filter, flat_map or pack cannot "
                              "move to another process count; resume on "
@@ -308,4 +337,5 @@ class LoaderState:
         """`check_position` for this state (a `StateError` if the stream cannot resume
         here)."""
         check_position({"position": self.position, "skip": self.skip, "rows": self.rows,
+                        "buckets": self.buckets,
                         "unit": self.unit}, length, batch_mode, cuts)

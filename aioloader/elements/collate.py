@@ -1,6 +1,8 @@
 """Stacking a batch's elements into arrays (`collate`), with errors that name the field and
 the element that does not fit (pure). The batch step of every path runs it: in a worker
 (straight into its shared-memory slot, through `alloc`), inline, or in the stream packer.
+With `pad` rules (`aioloader.elements.padding`) ragged leaves are padded as they are
+stacked, in the same pass, and dict fields get their masks beside them.
 """
 
 from __future__ import annotations
@@ -11,18 +13,25 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollateError
+from .padding import MASK_SUFFIX, PadRule, Rule, child, named, pad_leaf
 
 __all__ = ["CollateError", "collate", "collate_named"]
 
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray | None]
 
-def collate(elements: Sequence[Any], path: str = "element",
-            alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
-            ) -> Any:
+
+def collate(elements: Sequence[Any], path: str = "element", alloc: Alloc | None = None,
+            pad: Rule = None, masks: bool = True) -> Any:
     """Stack a list of same-structured elements into one batch (dicts, tuples, arrays).
 
     Numbers and arrays become stacked NumPy arrays; bytes and str stay lists. `alloc(shape,
-    dtype)` may supply the memory a stacked array is written into (None: allocate).
+    dtype)` may supply the memory a stacked array is written into (None: allocate). `pad`:
+    which leaves are padded, and how (`padding.pad_rules`); `masks`: each padded field of a
+    dict gets `name + "_mask"` beside it.
     """
+    if pad is not None:
+        got = _padded(elements, path, alloc, pad, masks)
+        return _unnamed(got, path, masks)
     first = elements[0]
     # Equal sizes, then indexing that fails: only then is the structure diagnosed (checking
     # every element's keys up front would cost time on every record). Same size and every
@@ -90,12 +99,11 @@ def _stack(elements: Sequence[Any], path: str,
 
 
 def collate_named(elements: Sequence[Any], name: Callable[[int], str],
-                  alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
-                  ) -> Any:
+                  alloc: Alloc | None = None, pad: Rule = None, masks: bool = True) -> Any:
     """`collate`, with a `CollateError` that also says which record the offending element
     is (`name(k)` describes element k: its record index and file, say)."""
     try:
-        return collate(elements, alloc=alloc)
+        return collate(elements, alloc=alloc, pad=pad, masks=masks)
     except CollateError as exc:
         if exc.element is None:
             raise
@@ -121,3 +129,80 @@ def _same_structure(elements: Sequence[Any], path: str, kind: type,
             raise CollateError(f"batch() needs every {path} to have the same {what}: element "
                                f"{k} differs from element 0 ({detail}); make them agree in a "
                                "map() before batch()", k)
+
+
+class _Padded:
+    """A padded leaf on its way up to the dict that names its mask."""
+
+    __slots__ = ("data", "mask")
+
+    def __init__(self, data: np.ndarray, mask: np.ndarray) -> None:
+        self.data, self.mask = data, mask
+
+
+def _unnamed(got: Any, path: str, masks: bool) -> Any:
+    """A collated value that is not a dict's field: a padded leaf has no name for a mask."""
+    if not isinstance(got, _Padded):
+        return got
+    if masks:
+        raise CollateError(f"batch(pad=) pads {path}, which is not a field of a dict, so its "
+                           "mask has no name: make the element a dict in a map() (the mask "
+                           "is then name + '_mask'), or pass masks=False", 0)
+    return got.data
+
+
+def _padded(elements: Sequence[Any], path: str, alloc: Alloc | None, rule: Rule,
+            masks: bool) -> Any:
+    """`collate` under a pad rule: the same structure checks and errors, padded leaves as
+    `_Padded` (their parent dict adds the masks)."""
+    if rule is None:
+        return collate(elements, path, alloc)
+    first = elements[0]
+    for k in named(rule):
+        has = k in first if isinstance(first, Mapping) else (
+            isinstance(first, tuple) and isinstance(k, int) and k < len(first))
+        if not has:
+            raise CollateError(f"batch(pad=) names {path}[{k!r}], which element 0 does not "
+                               "have: check the names in pad= and pad_value=", 0)
+    if isinstance(first, Mapping):
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise KeyError
+            columns = {k: [e[k] for e in elements] for k in first}
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, Mapping, list, "keys")
+            raise
+        out: dict = {}
+        for k, column in columns.items():
+            got = _padded(column, f"{path}[{k!r}]", alloc, child(rule, k), masks)
+            if not isinstance(got, _Padded):
+                out[k] = got
+                continue
+            out[k] = got.data
+            if masks:
+                name = f"{k}{MASK_SUFFIX}" if isinstance(k, str) else None
+                if name is None or name in first:
+                    raise CollateError(
+                        f"batch(pad=) adds a mask for {path}[{k!r}] as "
+                        f"{name!r}, which " + ("the element already has" if name else
+                                               "needs a str key") +
+                        ": rename the field in a map(), or pass masks=False", 0)
+                out[name] = got.mask
+        return out
+    if isinstance(first, tuple) and not hasattr(first, "_fields"):
+        try:
+            if len(set(map(len, elements))) > 1:
+                raise IndexError
+            columns_t = [[e[i] for e in elements] for i in range(len(first))]
+        except (KeyError, TypeError, IndexError):
+            _same_structure(elements, path, tuple, len, "length")
+            raise
+        return tuple(_unnamed(_padded(c, f"{path}[{i}]", alloc, child(rule, i), masks),
+                              f"{path}[{i}]", masks) for i, c in enumerate(columns_t))
+    if isinstance(first, (bytes, str, bytearray, memoryview)) or not isinstance(rule, PadRule):
+        return collate(elements, path, alloc)
+    arrays = [np.asarray(e) for e in elements]
+    ndims = {a.ndim for a in arrays}
+    if ndims == {0} or len(ndims) > 1:  # scalars batch as before; mixed ranks are explained
+        return _stack(elements, path, alloc)
+    return _Padded(*pad_leaf(arrays, path, rule, alloc))

@@ -17,7 +17,7 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -26,6 +26,8 @@ import numpy as np
 from ..arguments import flag, seed, whole
 from ..errors import TransformError
 from .packing import check_pack_config
+from .padding import Rule, pad_rules
+from .padding import describe as describe_padding
 
 
 def dumps_op(op: Any) -> bytes:
@@ -144,16 +146,30 @@ class FlatMapOp:
 
 @dataclass(frozen=True)
 class BatchOp:
+    """`batch()`: `size` elements stacked, ragged leaves padded as `pad` says
+    (`aioloader.elements.padding`; `rules` is what collate follows)."""
+
     size: int
     drop_remainder: bool = False
+    pad: Any = None
+    pad_value: Any = 0
+    truncate: bool = False
+    masks: bool = True
+    rules: Rule = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", whole(self.size, "batch size", 1))
         object.__setattr__(self, "drop_remainder",
                            flag(self.drop_remainder, "batch drop_remainder"))
+        object.__setattr__(self, "truncate", flag(self.truncate, "batch truncate"))
+        object.__setattr__(self, "masks", flag(self.masks, "batch masks"))
+        object.__setattr__(self, "rules", pad_rules(self.pad, self.pad_value, self.truncate))
 
-    def describe(self) -> str:
-        return f"batch({self.size}{', drop_remainder' if self.drop_remainder else ''})"
+    def describe(self, size: str | None = None) -> str:
+        """One line; `size`: shown in place of the size (a global batch's, padded)."""
+        return (f"batch({self.size if size is None else size}"
+                f"{', drop_remainder' if self.drop_remainder else ''}"
+                f"{describe_padding(self.pad, self.pad_value, self.truncate, self.masks)})")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def unindexable(dataset: Dataset) -> str | None:
         return ("a flat_map() makes any number of elements of a record, so position i "
                 "depends on every element before it")
     if dataset.batching is not None:
-        verb = "pack()" if dataset.batching.describe().startswith("pack") else "batch()"
+        verb = dataset.batching.describe().split("(")[0] + "()"
         return (f"{verb} groups elements; index the pipeline before it (the loader yields "
                 "its batches)")
     return None

@@ -26,10 +26,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..elements.bucketing import BucketOp
 from ..elements.transforms import BatchOp, PackOp
 from ..workers.inline import InlineExecutor
 from ..workers.pieces import read
 from .batcher import Batcher, Raise
+from .bucketer import Bucketer
 from .packer import Packer, Stuck
 from .stats import StageStats
 
@@ -42,8 +44,9 @@ class Assembler:
     """Delivers the stream-mode outputs of one run, starting at `start` (a loader state),
     over windows of `window` output positions (0: each task is one window)."""
 
-    def __init__(self, batching: BatchOp | PackOp | None, pack_batch: BatchOp | None,
-                 batch_ops: tuple, start: dict[str, int], next_window: NextWindow,
+    def __init__(self, batching: BatchOp | PackOp | BucketOp | None,
+                 pack_batch: BatchOp | None,
+                 batch_ops: tuple, start: dict[str, Any], next_window: NextWindow,
                  stats: StageStats, window: int = 0,
                  restarts: list[tuple[int, int, int]] | None = None,
                  cuts: list[int] | None = None) -> None:
@@ -60,10 +63,12 @@ class Assembler:
                 rows = start["rows"] if start["skip"] == first[0] else 0
                 self.restarts[start["position"]] = (first[0], max(first[1], rows))
         self.next_window = next_window
-        self._stage: Batcher | Packer | None = None
+        self._stage: Batcher | Packer | Bucketer | None = None
         if isinstance(batching, PackOp):
             self._stage = Packer(batching, pack_batch, batch_ops, start["rows"], stats,
                                  window)
+        elif isinstance(batching, BucketOp):
+            self._stage = Bucketer(batching, batch_ops, tuple(start.get("buckets", ())), stats)
         elif batching is not None:
             self._stage = Batcher(batching, batch_ops, stats)
         self._ready: deque = deque()  # (output, state), or Raise
@@ -74,7 +79,7 @@ class Assembler:
         self._executor: InlineExecutor | None = None
         self._windows: deque = deque()  # elements mode: (pos, elements, next) to deliver
 
-    async def next(self) -> tuple[Any, dict[str, int]]:
+    async def next(self) -> tuple[Any, dict[str, Any]]:
         """The next output and the state after it; StopAsyncIteration at the end."""
         if self._closed:
             raise StopAsyncIteration
@@ -143,7 +148,7 @@ class Assembler:
         self._job = None
         self._ready.extend(outputs)
 
-    async def _next_element(self) -> tuple[Any, dict[str, int]]:
+    async def _next_element(self) -> tuple[Any, dict[str, Any]]:
         while not self._windows or self._windows[0][2] >= len(self._windows[0][1]):
             if self._windows:
                 self._windows.popleft()
@@ -165,7 +170,7 @@ class Assembler:
         return elements[j], {"position": pos, "skip": j + 1, "rows": 0}
 
 
-def _feed(stage: Batcher | Packer, task: tuple, window: int, skip: int,
+def _feed(stage: Batcher | Packer | Bucketer, task: tuple, window: int, skip: int,
           cuts: list[int], restarts: dict[int, tuple[int, int]]) -> list:
     """On the assembler's thread: a task's windows into the stage, in order (`skip`: of
     the first window's elements, those delivered before the run started; `restarts`:

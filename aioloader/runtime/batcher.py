@@ -14,6 +14,7 @@ from typing import Any
 
 from ..elements.collate import collate_named
 from ..elements.columns import concat, rebuild, take
+from ..elements.padding import Rule
 from ..elements.transforms import BatchOp, MapOp, apply_batch_ops
 from ..workers.pieces import Columns, Piece
 from .stats import StageStats
@@ -33,6 +34,7 @@ class Batcher:
 
     def __init__(self, op: BatchOp, batch_ops: tuple[MapOp, ...], stats: StageStats) -> None:
         self.size, self.drop = op.size, op.drop_remainder
+        self.pad, self.masks = op.rules, op.masks
         self.batch_ops = batch_ops
         self.stats = stats
         self._windows: deque[list] = deque()  # [position, piece, next unused, count]
@@ -76,17 +78,19 @@ class Batcher:
         state = {"position": pos, "skip": hi, "rows": 0}
         t0 = self.stats.begin()
         try:
-            return apply_batch_ops(self.batch_ops, _collate(spans)), state
+            return apply_batch_ops(self.batch_ops, _collate(spans, self.pad, self.masks)), state
         except Exception as exc:  # the consumer gets it in this batch's turn
             return Raise(exc)
         finally:
             self.stats.end(t0)
 
 
-def _collate(spans: list[tuple[int, Piece, int, int]]) -> Any:
-    """What `collate` gives over the spans' elements, from columns where it can."""
+def _collate(spans: list[tuple[int, Piece, int, int]], pad: Rule = None,
+             masks: bool = True) -> Any:
+    """What `collate` gives over the spans' elements (padded as `pad` says), from columns
+    where it can."""
     first = spans[0][1]
-    if isinstance(first, Columns) and all(
+    if pad is None and isinstance(first, Columns) and all(
             isinstance(p, Columns) and p.schema == first.schema for _, p, _, _ in spans[1:]):
         parts = [take(p.schema, p.cols, lo, hi) for _, p, lo, hi in spans]  # type: ignore[union-attr]
         return parts[0] if len(parts) == 1 else concat(first.schema, parts)
@@ -97,4 +101,4 @@ def _collate(spans: list[tuple[int, Piece, int, int]]) -> Any:
                         else p[lo:hi])  # type: ignore[index]  # never Packed
         names.extend((pos, j) for j in range(lo, hi))
     return collate_named(elements, lambda k: f"element {names[k][1]} of the window at output "
-                                             f"position {names[k][0]}")
+                                             f"position {names[k][0]}", pad=pad, masks=masks)

@@ -42,7 +42,8 @@ class Run:
         self._ready: collections.deque = collections.deque()  # batch mode: (batch, position)
         self._assembler = None if plan.batch_mode else Assembler(
             dataset.batching, dataset.pack_batch, dataset.batch_ops,
-            {"position": start.position, "skip": start.skip, "rows": start.rows},
+            {"position": start.position, "skip": start.skip, "rows": start.rows,
+             "buckets": start.buckets},
             _next_task(self.scheduler, runner), stats.assemble, plan.unit, plan.restarts,
             plan.cuts)
 
@@ -65,7 +66,7 @@ class Run:
         if self._assembler is not None:
             out, at = await self._assembler.next()
             return out, self.start.at(at["position"], at["skip"], at["rows"],
-                                      at.get("until", 0)), None
+                                      at.get("until", 0), tuple(at.get("buckets", ()))), None
         while not self._ready:
             item = await self.scheduler.next(keep)
             self._opened()

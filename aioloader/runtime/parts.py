@@ -23,6 +23,7 @@ from ..cache.tier import DiskTier
 from ..describe.mixed import opened
 from ..describe.objects import ObjectRecords, ObjectSource
 from ..describe.plan import Plan, Shape, source_meta
+from ..elements.bucketing import BucketOp
 from ..index.blocks import unfit
 from ..index.sampling import Shuffle
 from ..io.storage import Storage
@@ -65,7 +66,10 @@ def worker_pipeline(dataset: Dataset, sh: Shape, verify: str, max_decoded: int) 
         # Whole decoded chunks kept (or, under a horizon, records pulled out of them) by
         # all workers: half the memory budget (256 MiB by default), not a fixed size.
         chunk_cache_bytes=max_decoded // 2,
-        stream=None if sh.batch_mode else dataset.batching,
+        # (buckets take elements, which hold no shared-memory slot while they wait, and
+        # their length_fn runs where they are kept)
+        stream=None if sh.batch_mode or isinstance(dataset.batching, BucketOp)
+        else dataset.batching,
     )
 
 

@@ -146,7 +146,8 @@ class Position:
         if index.length is None:
             return None
         if not plan.batch_mode:
-            raise ValueError("num_batches() needs batch() without filter, flat_map or pack")
+            raise ValueError("num_batches() needs batch() without filter, flat_map, pack or "
+                             "bucket_by_length")
         return plan.batches_from(position, index.length)
 
     def _sized(self, saved: Any = ()) -> Dataset:

@@ -80,8 +80,8 @@ def windows_of(kept: Sequence[int], records: int, window: int, lo: int = 0,
 def window_payload(elements: list, stream: BatchOp | PackOp | None,
                    alloc: SlotAlloc | None) -> tuple | list:
     """The wire form of a task's survivors for the parent's `stream` step."""
-    if elements and stream is not None and not (isinstance(stream, BatchOp)
-                                                and stream.size == 1):
+    if elements and stream is not None and not (isinstance(stream, BatchOp) and (
+            stream.size == 1 or stream.rules is not None)):  # (padded: the parent collates)
         if isinstance(stream, PackOp):
             packed = pack_window(elements, stream.length_struct, alloc)
             if packed is not None:

@@ -43,14 +43,17 @@ class NoRoom(Exception):
 
 def worth_it(pipeline: Any, sizes: np.ndarray, group_size_one: bool, room: int) -> bool:
     """Whether to make a task's batches in pieces: batch mode, records of one-record chunks
-    (each piece decodes its own), record ops that keep every record (map, random_map),
+    (each piece decodes its own), no padding, record ops that keep every record (map,
+    random_map),
     `sizes` (the records' stored bytes) adding up to `MIN_TASK_BYTES` or more, and `room`
     (bytes free in the slot) at least that, and more than a batch of this pipeline found
     too small. (A piece made in vain is not free: at workers=0, whose slots never grow,
     one such piece's records left glibc's heap laid out so that every later batch was
     faulted in afresh, 10x the page faults.)"""
     stored = int(sizes.sum())
-    return (pipeline.batch is not None and group_size_one and pipeline.records is None
+    return (pipeline.batch is not None and pipeline.batch.rules is None  # (padding: the
+            # longest is known only once every piece is made)
+            and group_size_one and pipeline.records is None
             and id(pipeline) not in _whole and room > _too_small.get(id(pipeline), -1)
             and all(type(op) in (MapOp, RandomMapOp) for op in pipeline.record_ops)
             and MIN_TASK_BYTES <= stored <= room)

@@ -290,8 +290,10 @@ def _whole(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: li
         where = f" in {paths[k]}" if paths and paths[k] else ""
         return f"record {indices[k]} (epoch {epochs[k]}){where}"
 
+    pad, masks = pipeline.batch.rules, pipeline.batch.masks
     return [apply_batch_ops(pipeline.batch_ops, collate_named(
-                elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc),  # type: ignore[misc]
+                elements[i : i + size], lambda k, i=i: record(i + k), alloc=alloc,  # type: ignore[misc]
+                pad=pad, masks=masks),
                 times=times, first=len(pipeline.record_ops))
             for i in range(0, len(elements), size)], None, len(elements), decoded
 
