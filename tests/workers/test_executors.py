@@ -1,5 +1,6 @@
 """The same batches whatever runs them: inline (workers=0), processes and threads give the
-same bytes for every kind of pipeline, locally and from a bucket; a state saved under one
+same bytes for every kind of pipeline (shuffle, map, random_map, filter, flat_map, pack, padded
+batches, buckets by length), locally and from a bucket; a state saved under one
 executor resumes under another bit for bit; a transform's error is the same error; closing
 threads stuck in a transform returns after the grace, says so, and leaves no other thread."""
 
@@ -20,6 +21,7 @@ from aioloader.workers import CLOSE_GRACE_S
 from aioloader.workers.kinds import kind_named
 from aioloader.workers.threads import THREADS
 
+from ..runtime.test_bucket_by_length import n_tokens
 from ..runtime.test_pipeline import _write
 from ..support import pipeline_fns as fns
 from ..support.state_fixture import digest
@@ -47,6 +49,10 @@ def pipelines(paths, **kw) -> dict[str, al.Dataset]:
                       .filter(fns.not_k2).random_map(fns.augment).map(fns.id_k_noise).batch(8),
         "pack": ds.shuffle(4).map(fns.decode).map(fns.only_tokens)
                   .pack({"tokens": 50}, num_packing_bins=3).batch(4),
+        "pad": ds.shuffle(6).map(fns.decode).filter(fns.keep_even).random_map(fns.augment)
+                 .batch(8, pad=True),
+        "bucket": ds.shuffle(7).repeat(2).map(fns.decode).map(fns.only_tokens)
+                    .bucket_by_length(n_tokens, [8, 20], [4, 3, 2]),
     }
 
 
@@ -59,7 +65,8 @@ def run(ds, state=None, **kw) -> list:
         return list(it)
 
 
-@pytest.mark.parametrize("name", ["map_random_map_batch", "filter", "flat_map", "pack"])
+@pytest.mark.parametrize("name", ["map_random_map_batch", "filter", "flat_map", "pack", "pad",
+                                  "bucket"])
 def test_every_executor_gives_the_same_bytes(paths, name):
     ds = pipelines(paths)[name]
     got = {json.dumps(kw): sha256(run(ds, **kw)) for kw in RUNS}
