@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
+.PHONY: venv test test-slow test-browser chromium docs-screenshot test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,27 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# What a person looks at, in headless Chromium (not part of `make test`, which checks the
+# report's structure and data without a browser): a small loader's report (every point of its
+# data drawn) and every page of the docs site (no table cut at the right edge; the API page).
+# Installs Debian's chromium if none is found (as root; otherwise it says what to run), or
+# takes the browser named by AIOLOADER_CHROMIUM.
+BROWSER := $(or $(AIOLOADER_CHROMIUM),$(shell command -v chromium || command -v chromium-browser \
+	|| command -v google-chrome))
+test-browser: chromium docs
+	AIOLOADER_BROWSER_TESTS=1 AIOLOADER_SITE=$(CURDIR)/build/site $(PY) -m pytest -q \
+	    -p no:cacheprovider tests/browser
+
+chromium:
+ifeq ($(BROWSER),)
+	@if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+	    echo "make test-browser needs Chromium: run 'sudo apt-get install -y chromium' (Debian," \
+	         "Ubuntu), or set AIOLOADER_CHROMIUM=/path/to/chrome" >&2; exit 1; \
+	fi
+endif
 
 # Google's array-record-beam-sdk as the oracle for `convert` on Beam (issue 18): it needs
 # TensorFlow and pins array-record 0.5.0 (the dev extra pins 0.8.6), so it lives in a venv
@@ -80,6 +101,11 @@ wheels: $(STAMP)
 # The documentation site (build/site), warnings as errors; tests/test_docs.py builds it too.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
+
+# The run report's picture in docs/performance.md: a loader over the local bucket, its report
+# opened in headless Chromium (tests/support/report_screenshot.py).
+docs-screenshot: $(STAMP) chromium
+	$(PY) -m tests.support.report_screenshot docs/images/report.png
 
 docs-serve: $(STAMP)
 	$(PY) -m mkdocs serve

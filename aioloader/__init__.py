@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .runtime.loader import Loader
     from .runtime.warmup import warm_up
     from .source import ArrayRecordSource
+    from .workers.ray import RayExecutor
 
 from ._moved import install as _install_moved
 
@@ -67,6 +68,7 @@ _HOMES = {
     "Dataset": ".describe.dataset",
     "ElementSpec": ".elements.typed",
     "Loader": ".runtime.loader",
+    "RayExecutor": ".workers.ray",
     "merge_states": ".describe.state",
     "warm_up": ".runtime.warmup",
 }
@@ -89,6 +91,7 @@ __all__ = [
     "ObjectChangedError",
     "PrefetchOptions",
     "RandomMap",
+    "RayExecutor",
     "ReadOptions",
     "RetryPolicy",
     "StateError",

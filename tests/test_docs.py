@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import inspect
 import os
 import re
@@ -45,3 +47,26 @@ def test_docs_build_strictly(tmp_path):
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("Dataset", "Loader", "ReadOptions", "ArrayRecordSource", "LoaderSave"):
         assert f'id="aioloader.{name}"' in api or f'id="aioloader.jax.{name}"' in api, name
+    check_dataset_section(api)
+
+
+DATASET_FIELDS = tuple(f.name for f in dataclasses.fields(aioloader.Dataset))
+
+
+def check_dataset_section(api: str) -> None:
+    """The API page's `Dataset` leads with `from_arrayrecord`, shows none of its internal fields
+    (no constructor signature of them, no base class), and lists every public method."""
+    section = api[api.index('id="aioloader.Dataset"'):api.index('id="aioloader.Loader"')]
+    lead = section[:section.index('id="aioloader.Dataset.from_arrayrecord"')]
+    lead = html.unescape(re.sub(r"<[^>]+>", " ", lead))  # what the page shows above it
+    for field in DATASET_FIELDS:  # as a signature shows them: `source: SourceSpec`, `x=()`
+        assert not re.search(rf"\b{field}\s*[:=]", lead), field
+    for internal in ("SourceSpec", "Stages", "index_ops", "batch_ops", "dataclass"):
+        assert not re.search(rf"\b{internal}\b", lead), internal
+    for field in DATASET_FIELDS:
+        assert f'id="aioloader.Dataset.{field}"' not in section, field
+    members = re.findall(r'id="aioloader\.Dataset\.(\w+)"', section)
+    assert members[0] == "from_arrayrecord", members
+    public = {name for name in dir(aioloader.Dataset) if not name.startswith("_")
+              and callable(getattr(aioloader.Dataset, name))}
+    assert set(members) == public, set(members) ^ public  # a new verb is listed in docs/api.md

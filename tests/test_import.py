@@ -83,6 +83,21 @@ report()
     assert len(got["modules"]) <= MOST_MODULES, got["modules"]
 
 
+def test_ray_loads_only_with_the_ray_executor(path):
+    """Only the Ray executor imports ray: not the package, a description naming it, its
+    kind object, nor a loader on processes."""
+    got = _child("""
+import aioloader as al
+kind = al.RayExecutor(num_cpus_per_actor=2)
+ds = al.Dataset.from_arrayrecord(sys.argv[1]).batch(64)
+named = ds.loader(workers=2, executor="ray")
+with ds.loader(workers=2) as it:
+    n = sum(len(b) for b in it)
+report(records=n, ray=[m for m in sys.modules if m.split(".")[0] == "ray"])
+""", path)
+    assert got["records"] == 64 and got["ray"] == []
+
+
 def test_public_names_and_submodules_load_on_first_use():
     got = _child("""
 import aioloader

@@ -27,6 +27,8 @@ ROOT = Path(aioloader.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the ArrayRecord format: bytes in, bytes out (its errors are the package's base errors)
     ("arrayrecord", ("arrayrecord",)),
+    # each format's index and chunk decoding, bytes in and bytes out (Parquet, ...)
+    ("formats", ("formats",)),
     # leaves: error types, typed settings (`RetryPolicy` among them), logging, URL handling,
     # argument checks, and helpers of the standard library only
     ("leaves", ("errors", "options", "logs", "urls", "arguments", "preimport", "_moved")),
@@ -251,7 +253,9 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
 
 def test_errors_is_a_leaf_and_only_jax_py_imports_jax():
     assert GRAPH["aioloader.errors"] <= {"aioloader.arrayrecord.errors",
-                                          "aioloader.arrayrecord", "aioloader.urls"}
+                                          "aioloader.arrayrecord", "aioloader.urls",
+                                          "aioloader.formats.parquet.errors",
+                                          "aioloader.formats.parquet", "aioloader.formats"}
     for mod, path in ((m, ROOT.parent / (m.replace(".", "/") + ".py")) for m in GRAPH):
         if not path.exists() or mod == "aioloader.jax":
             continue

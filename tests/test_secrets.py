@@ -216,6 +216,11 @@ def _pipeline(paths, options):
             .shuffle(7).map(fns.decode).map(fns.only_id_noise_det).batch(1))
 
 
+def _report(loader, tmp_path) -> str:
+    with open(loader.stats().report(tmp_path / "report.html"), encoding="utf-8") as f:
+        return f.read()
+
+
 def _every_surface(ds, tmp_path, monkeypatch, caplog) -> list[int]:
     """Run `ds` to the end with debug logging on, checking every surface; save it half way
     with Orbax, and resume from that checkpoint. Returns the ids seen."""
@@ -240,6 +245,7 @@ def _every_surface(ds, tmp_path, monkeypatch, caplog) -> list[int]:
         ("repr(Loader)", repr(loader)), ("repr(iterator)", repr(it)),
         ("stats()", str(loader.stats())),
         ("stats().as_dict()", json.dumps(loader.stats().as_dict(), default=str)),
+        ("stats().report()", _report(loader, tmp_path)),
         ("get_state()", json.dumps(state)), ("get_state()", json.dumps(loader.get_state())),
         ("the log", caplog.text),
         ("the log (raw records)", "\n".join(f"{r.name} {r.msg} {r.args}"

@@ -2,7 +2,9 @@
 
 The sizes block of a chunk holds one varint per record; decoding it with a Python loop
 would cost a microsecond per record on the hot path, so `decode_varints` does it with a
-handful of NumPy passes (one per byte of the longest varint).
+handful of NumPy passes (one per byte of the longest varint), or one when every varint
+is two bytes long; a few bytes of mixed lengths are looped over (each pass's fixed cost
+would outweigh the loop).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 from .errors import ArrayRecordFormatError
 
 MAX_VARINT64_BYTES = 10
+SMALL_VARINTS = 160  # bytes up to which `decode_varints` loops in Python (see `_decode_small`)
 
 
 def encode_varint(value: int) -> bytes:
@@ -68,6 +71,17 @@ def decode_varints(buf, count: int) -> np.ndarray:
         if arr.max(initial=0) >= 0x80:
             raise ArrayRecordFormatError("varints are truncated")
         return arr.astype(np.uint64)
+    if arr.size == 2 * count:  # every value in [128, 16384) (records of 128 B to 16 KiB)?
+        pairs = arr.view("<u2")
+        if not ((pairs & 0x8080) != 0x0080).any():  # each: a continued byte, then a last
+            return ((pairs & 0x7F) | (pairs >> 8 << 7)).astype(np.uint64)
+    if arr.size <= SMALL_VARINTS:
+        return _decode_small(arr, count)
+    return _decode_passes(arr, count)
+
+
+def _decode_passes(arr: np.ndarray, count: int) -> np.ndarray:
+    """`decode_varints` of bytes `arr`, one NumPy pass per byte of the longest varint."""
     ends = np.flatnonzero(arr < 0x80)
     if ends.size != count or ends[-1] != arr.size - 1:
         raise ArrayRecordFormatError(
@@ -86,6 +100,28 @@ def decode_varints(buf, count: int) -> np.ndarray:
         sel = np.flatnonzero(lengths > k)
         values[sel] |= (arr[starts[sel] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
     return values
+
+
+def _decode_small(arr: np.ndarray, count: int) -> np.ndarray:
+    """`decode_varints` of a few bytes `arr`, with a Python loop: NumPy's passes cost more
+    than the loop here (a group-size-64 chunk's sizes block, decoded once per chunk read)."""
+    out: list[int] = []
+    append = out.append
+    value = shift = 0
+    for byte in arr.tobytes():
+        if byte < 0x80:
+            append((value | byte << shift) & 0xFFFFFFFFFFFFFFFF)
+            value = shift = 0
+        elif shift == 7 * (MAX_VARINT64_BYTES - 1):
+            raise ArrayRecordFormatError("varint longer than 10 bytes")
+        else:
+            value |= (byte & 0x7F) << shift
+            shift += 7
+    if len(out) != count or shift:
+        raise ArrayRecordFormatError(
+            f"expected {count} varints in {arr.size} bytes, found {len(out)}"
+            + (" and a truncated one" if shift else ""))
+    return np.array(out, dtype=np.uint64)
 
 
 def encode_varints(values) -> bytes:

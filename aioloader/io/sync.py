@@ -99,13 +99,16 @@ def on_loop_thread() -> bool:
     return _thread is not None and _thread is threading.current_thread()
 
 
-def close_sync(coro: Coroutine[Any, Any, None]) -> None:
+def close_sync(coro: Coroutine[Any, Any, None], *, wait: bool = True) -> None:
     """Run a closing coroutine on the background loop, from any thread: waited for, except on
     the loop's own thread (a finalizer or the garbage collector ran there), where it is
     started on the loop instead and keeps the loop up until it is done. Nothing here waits
-    or takes a lock on that thread: the collector may have interrupted anything."""
+    or takes a lock on that thread: the collector may have interrupted anything.
+
+    `wait=False` starts it that way from any thread: a finalizer's closing, which the
+    collector may run in a thread the loop itself is waiting on (one it is starting)."""
     loop = _loop
-    if loop is None or loop.is_closed() or not on_loop_thread():
+    if loop is None or loop.is_closed() or (wait and not on_loop_thread()):
         run_sync(coro)
         return
     token = object()

@@ -65,7 +65,8 @@ class Access:
             self.source = ArrayRecordSource(list(spec.paths),
                                             storage_options=spec.storage_options,
                                             verify=spec.verify, resident_bytes=0)
-        self._finalizer = weakref.finalize(self, self.source.close)
+        # Run when the dataset is freed, in whatever thread the collector ran: not waited for.
+        self._finalizer = weakref.finalize(self, _close_soon, self.source)
         meta = source_meta(self.source, spec.verify, whole=False)
         plan = compile(dataset, meta, LoaderOptions(), procs=procs)
         self.index = plan.index
@@ -96,6 +97,13 @@ class Access:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _close_soon(source: ArrayRecordSource | ObjectRecords) -> None:
+    if isinstance(source, ArrayRecordSource):
+        source.close(wait=False)
+    else:
+        source.close()
 
 
 _OPEN: dict[int, Access] = {}  # one Access per live Dataset object (its files stay open)

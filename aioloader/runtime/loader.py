@@ -284,6 +284,7 @@ class Loader:
 
     def stats(self) -> PipelineStats:
         """Per-stage figures so far (`print()` it for a table; `.as_dict()` for machines;
+        `.report("report.html")` for a page with plots over time and the table;
         `.trace("trace.json")` for a Chrome/Perfetto trace, when opened with `trace=`)."""
         return self._stats
 

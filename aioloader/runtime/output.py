@@ -59,7 +59,8 @@ class Run:
         consumer's wait is timed (`PipelineStats.note_batch`)."""
         ready, t0 = self.scheduler.ready, time.perf_counter()
         item = await self._next(keep)
-        self._stats.note_batch(time.perf_counter() - t0, ready)
+        now = time.perf_counter()  # (the stats' clock)
+        self._stats.note_batch(now - t0, ready, now)
         return item
 
     async def _next(self, keep: bool) -> tuple[Any, LoaderState, Callable[[], None] | None]:

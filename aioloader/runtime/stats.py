@@ -12,7 +12,8 @@ The consumer's waiting time says whether the pipeline keeps up (a training loop 
 > 1% of its time is input-bound). `print(it.stats())` gives a table a person can read,
 `.legend()` what its columns and lines mean; `.as_dict()` the same for machines;
 `.trace(path)` the spans behind them as a Chrome/Perfetto trace, when the loader records one
-(`runtime.trace`: each hook hands its span on; the table and legend are in `runtime.table`).
+(`runtime.trace`: each hook hands its span on; the table and legend are in `runtime.table`);
+`.report(path)` a page with plots over time (`runtime.timeline`, `runtime.report`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .report import render_page, write_page
 from .table import legend, render
+from .timeline import Snapshot, Timeline
 from .trace import DEFAULT_EVENTS, Trace
 
 Clock = Callable[[], float]
@@ -221,6 +224,8 @@ class PipelineStats:
         self.stage("fetch")
         self.stage(PROCESS, cores=workers)
         self.stage("assemble")
+        self.timeline = Timeline(self._snapshot)  # the figures over time (`report`)
+        self.timeline.take(0.0)
 
     # -- stages -----------------------------------------------------------------------
 
@@ -282,17 +287,19 @@ class PipelineStats:
 
     # -- the consumer and I/O ---------------------------------------------------------
 
-    def note_batch(self, waited: float, ready: int) -> None:
-        """The consumer got a batch after waiting `waited` s; `ready` were ready on asking."""
+    def note_batch(self, waited: float, ready: int, now: float | None = None) -> None:
+        """The consumer got a batch at `now` (its caller's reading of `clock`, else read here)
+        after waiting `waited` s; `ready` were ready on asking."""
+        now = self.clock() if now is None else now
         self.ready_samples += 1
         self.ready_total += ready
         self.wait_seconds += waited
         if self.tracer is not None:
-            now = self.clock()
             self.tracer.wait(now - waited, now)
         self.batches += 1
         if self.first_batch_seconds is None:
-            self.first_batch_seconds = self.clock() - self.started
+            self.first_batch_seconds = now - self.started
+        self.timeline.tick(now - self.started)  # a snapshot, if one is due
 
     def add_worker_reads(self, reads: int, nbytes: int) -> None:
         """Reads the workers made themselves (of local files), reported in their results."""
@@ -360,6 +367,28 @@ class PipelineStats:
             **({"autotune": self.autotune_source()} if self.autotune_source is not None
                else {}),
         }
+
+    def _snapshot(self, t: float) -> Snapshot:
+        """The counters `timeline` keeps, as they stand now (`t`: the time it is taken at)."""
+        io, cache = self.io, self.cache
+        snap: Snapshot = {"batches": self.batches, "records": self.records,
+                          "wait_s": self.wait_seconds, "reads": io.get("reads", 0),
+                          "bytes": io.get("bytes", 0), "retries": io.get("retries", 0),
+                          "io_busy_s": io.get("busy_seconds", 0.0),
+                          "cache_hits": cache.get("hits", 0),
+                          "cache_misses": cache.get("misses", 0)}
+        for name, st in self.stages.items():
+            snap[f"busy:{name}"] = st.busy_seconds()
+            snap[f"cores:{name}"] = st.cores
+        return snap
+
+    def report(self, path: str | os.PathLike[str]) -> str:
+        """Write a page that opens with no network (`runtime.report`): plots over time
+        (batches/s, the wait, busy per stage, reads in flight, cache hits, retries), the
+        table and its legend, to exactly `path` (a folder is refused); returns the path."""
+        page = render_page(self.as_dict(), self.timeline.samples(self.elapsed), str(self),
+                           list(self.stages))
+        return write_page(page, path)
 
     def _cores_of(self, stage: str, default: int) -> int:
         st = self.stages.get(stage)

@@ -49,6 +49,12 @@ LEGEND: tuple[tuple[str, str], ...] = (
      "and the MB it holds"),
     ("kept in memory", "a remote dataset's bytes held in memory (`resident_bytes`): later "
      "epochs read no bytes; \"in part\" when the dataset is larger"),
+    ("Ray actors", "executor=\"ray\": the actors, the tasks each ran and its time running "
+     "them, tasks run again because their actor died (and actors made in place of dead "
+     "ones), MB of fetched chunks sent with the tasks, and per task the time from being "
+     "sent to starting (queued at the actor, the hop) and from its end to its batch being "
+     "here (the way back through the object store; measured when the actors share this "
+     "host's clock)"),
 )
 
 
@@ -80,6 +86,7 @@ def render(d: dict[str, Any], graph: Sequence[str] = (),
             "" if d["executor"] == "inline" else f", {d['workers']} workers"))
     lines += _table(d, units or {})
     lines += _io_lines(d["io"], d["cache"], elapsed)
+    lines += _actor_lines(d.get("transfers") or {})
     lines.append(FOOTER)
     return "\n".join(lines)
 
@@ -144,6 +151,19 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
                      f"{cache['resident_segments']:,} segments (the whole dataset fits "
                      "resident_bytes; later epochs read no bytes)")
     return lines
+
+
+def _actor_lines(t: dict[str, Any]) -> list[str]:
+    """The Ray executor's line (`workers.ray.RayActors.figures`), when it ran the tasks."""
+    if "actors" not in t:
+        return []
+    n, tasks = t["actors"], max(1, t.get("by_value", 0))
+    each = " / ".join(f"{t.get(f'actor{k}_tasks', 0):,} ({_dur(t.get(f'actor{k}_ms', 0) / 1e3)})"
+                      for k in range(n))
+    return [f"Ray actors: {n}, tasks (time running them) {each}; {t.get('reruns', 0)} reruns "
+            f"({t.get('replaced', 0)} actors replaced), {_mb(t.get('sent_bytes', 0) / 1e6)} MB "
+            f"sent with tasks; per task {_dur(t.get('wait_ms', 0) / 1e3 / tasks)} to start, "
+            f"{_dur(t.get('return_ms', 0) / 1e3 / tasks)} back"]
 
 
 def _busy(fraction: float, cores: int, unit: str) -> str:

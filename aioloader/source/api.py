@@ -6,7 +6,8 @@ memory copy, the raw chunk cache). What it adds is the user's view: records by g
 decoded (`records`: each needed chunk decoded once, multi-record chunks kept decoded).
 
 The sync API (`len`, `src[i]`, `with`) runs the same coroutines on the shared background
-loop (`syncreads`), so it works in scripts and in notebooks that run their own loop.
+loop (`syncreads`), so it works in scripts and in notebooks that run their own loop; a record
+of a local file asked for alone is read in the caller's thread instead (`direct`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..errors import ElementSpecError, ObjectChangedError
 from ..index.planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
 from ..io.storage import Storage, StorageError, is_local, redact
 from ..logs import logger
+from .direct import DirectReads
 from .fetch import Fetcher, Lease
 from .opening import footer_changed, open_table
 from .records import ChunkCache, read_chunks
@@ -117,6 +119,7 @@ class ArrayRecordSource(SyncReads):
                             resident_bytes=resident_bytes)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
+        self._direct: DirectReads | None = None  # `src[i]` without the loop (see `direct`)
         self._open_lock: asyncio.Lock | None = None
         self._used_sync = False
 
@@ -152,6 +155,9 @@ class ArrayRecordSource(SyncReads):
                                         max_merged=self.max_merged,
                                         resident_bytes=self.resident_bytes,
                                         cache_bytes=self.cache_bytes)
+                self._direct = DirectReads(table, self.cache, verify=self.verify,
+                                           max_decoded=self.storage.max_inflight_bytes,
+                                           check_budget=self.storage.check_budget)
                 self._table = table
 
     def _require_open(self) -> None:
@@ -282,12 +288,24 @@ class ArrayRecordSource(SyncReads):
         except (ArrayRecordFormatError, StorageError) as err:
             raise await self.explain(err, set(np.asarray(files).tolist())) from None
 
+    def _record(self, i: int) -> bytes:
+        """Record `i` alone: read in this thread when its file is local or its chunk
+        decoded already (`direct`), with the errors `read` raises; else on the loop."""
+        f, c, j = self.table.locate_one(i)
+        try:
+            got = self._direct.record(f, c, j)  # type: ignore[union-attr]  # open: made
+        except (ArrayRecordFormatError, StorageError) as err:
+            raise self._sync(self.explain(err, {f})) from None
+        return got if got is not None else super()._record(i)
+
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Release this loop's I/O resources (call from the loop you read on)."""
         if self._fetcher is not None:  # read again: record by record, from storage
             await self._fetcher.aclose()
+        if self._direct is not None:
+            self._direct.close()
         if self._owns_storage:
             await self.storage.aclose()
 

@@ -10,6 +10,7 @@ twice). The loader does not come here: its workers decode.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -23,7 +24,8 @@ _DECODE_IN_THREAD_BYTES = 1 << 20  # more than this to decode: off the event loo
 
 
 class ChunkCache:
-    """Decoded chunks, least recently used out first, bounded in bytes."""
+    """Decoded chunks, least recently used out first, bounded in bytes; safe across threads
+    (`src[i]` of local files reads in the caller's thread, `read` on the loop's)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -31,25 +33,28 @@ class ChunkCache:
         self.hits = 0
         self.misses = 0
         self._items: OrderedDict[tuple[int, int], ChunkRecords] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: tuple[int, int]) -> ChunkRecords | None:
-        item = self._items.get(key)
-        if item is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._items.move_to_end(key)
-        return item
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._items.move_to_end(key)
+            return item
 
     def put(self, key: tuple[int, int], records: ChunkRecords) -> None:
         size = len(records.values)
-        if size > self.max_bytes or key in self._items:
-            return
-        self._items[key] = records
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.bytes -= len(old.values)
+        with self._lock:
+            if size > self.max_bytes or key in self._items:
+                return
+            self._items[key] = records
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= len(old.values)
 
 
 async def read_chunks(table: RecordTable, fetcher: Fetcher, cache: ChunkCache, files, chunks,

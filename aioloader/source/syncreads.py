@@ -4,7 +4,8 @@ pickling as its configuration.
 Each runs the source's own coroutines on the shared background loop (`aioloader.io.sync`), so
 it works in scripts and in notebooks that run their own loop; `close` lets the loop go once
 the last source that used it is closed. The async source (`ArrayRecordSource`) provides what
-is read; this class only carries it across.
+is read; this class only carries it across (one record alone goes through `_record`, which a
+source may answer without the loop).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class SyncReads:
         i = int(key)
         if i < 0:
             i += len(self)
+        return self._record(i)
+
+    def _record(self, i: int) -> bytes:
+        """Record `i` alone (a source may read it without the loop)."""
         return self._sync(self.read([i]))[0]
 
     def __getitems__(self, keys: Sequence[int]) -> list[bytes]:
@@ -86,13 +91,14 @@ class SyncReads:
         self._used_sync = True
         return run_sync(coro, user=self)
 
-    def close(self) -> None:
-        """Release the I/O resources the sync API used (and the background loop, if last)."""
+    def close(self, wait: bool = True) -> None:
+        """Release the I/O resources the sync API used (and the background loop, if last);
+        `wait=False` only starts that (a finalizer's close: see `close_sync`)."""
         if not self._used_sync:
             return
         self._used_sync = False
         try:
-            close_sync(self.aclose())
+            close_sync(self.aclose(), wait=wait)
         finally:  # a failed close (or open) still lets the background loop go
             release(self)
 

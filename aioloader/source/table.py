@@ -225,6 +225,22 @@ class RecordTable:
         g = np.searchsorted(rs, idx, side="right") - 1
         return g, idx - rs[g]
 
+    def locate_one(self, index: int) -> tuple[int, int, int]:
+        """`locate` of one record (0 <= index < len), as Python ints: scalar lookups, not
+        array passes (`src[i]` one record at a time)."""
+        n = len(self)
+        if not 0 <= index < n:
+            raise IndexError(f"record {index} out of range: the source has {n} records")
+        if self._base is not None:
+            f = int(self.starts.searchsorted(index, "right")) - 1
+            index = int(self._base[f]) + index - int(self.starts[f])
+        t = self._chunks
+        rs = t.record_starts
+        g = index if rs is None else int(rs.searchsorted(index, "right")) - 1
+        first = t.first_chunk
+        f = 0 if len(first) == 2 else int(first.searchsorted(g, "right")) - 1
+        return f, g - int(first[f]), 0 if rs is None else index - int(rs[g])
+
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Global record indices → (file, chunk, index within chunk), vectorized."""
         g, within = self._chunks_of(indices)

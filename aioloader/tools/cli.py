@@ -194,6 +194,10 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--seconds", type=float, default=0,
                    help="run this long, repeating epochs (default: one epoch)")
     b.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    b.add_argument("--report", metavar="FILE.html",
+                   help="also write the run's report to FILE.html: plots over time (batches/s, "
+                        "the wait, each stage's busy share, reads in flight, cache hits, "
+                        "retries) and the stats table, one page that opens with no network")
     b.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar (there is one only when stderr is a terminal)")
     _add_storage_options(b)

@@ -1,6 +1,6 @@
 """`aioloader bench`: stream a dataset through a typical pipeline and say how fast it went,
-each figure with what it counts. The argument parser is `aioloader.tools.cli`'s; this is what
-the command does with what it parsed.
+each figure with what it counts (and, with --report, the run's page: `runtime.report`). The
+argument parser is `aioloader.tools.cli`'s; this is what the command does with what it parsed.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def _rate(nbytes: float, seconds: float) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..describe.dataset import Dataset
+    from ..runtime.report import check_path
 
+    if args.report:
+        check_path(args.report)  # before the run: a folder is refused now, not after it
     ds = Dataset.from_arrayrecord(args.url, storage_options=args.storage_options)
     ds = ds.shuffle(args.seed)
     if args.seconds:
@@ -86,6 +89,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print("\n".join(_summary(t0 - made, first, waited, records, took, stats.io)))
     print()
     print(stats)
+    if args.report:
+        print(f"\nreport: {stats.report(args.report)} (open it in a browser)")
     return 0
 
 

@@ -10,7 +10,8 @@ chunks into its output, and what they exchange.
   `inline`: workers=0, tasks on one thread of this process; `threads`: the "threads"
   executor, tasks on several threads of this process; `procs`: how the pool's
   processes start (the worker server, `server`, started with the first loader or by
-  `aioloader.warm_up()`) and stop;
+  `aioloader.warm_up()`) and stop; `ray`: tasks on Ray actors (the only module that
+  imports ray);
 - `arena`: the shared-memory slots results (and remote inputs) travel through;
 - `localfiles`, `semnames`: the worker's file reader, and the named-semaphore clean-up the
   pool needs.

@@ -1,5 +1,6 @@
 """A remote task's fetched chunks on their way to a worker: into its slot's input half of the
-arena (each distinct chunk once), or, without a slot, as bytes pickled through the pipe."""
+arena (each distinct chunk once), or, without a slot (or with an executor that has no
+shared memory), as bytes pickled with the task."""
 
 from __future__ import annotations
 
@@ -32,11 +33,22 @@ def ship_inputs(task: Task, arena: Arena, slot: int) -> None:
     spans = arena.place_inputs(slot, raws, keys) if slot >= 0 else None
     if spans is not None:
         task.raw_spans, task.raws = spans, None
-    elif keys is None:
-        task.raws = [bytes(r) for r in raws]
     else:
-        blobs: dict = {}
-        for key, r in zip(keys, raws):
-            if key not in blobs:
-                blobs[key] = bytes(r)
-        task.raws = [blobs[key] for key in keys]
+        as_bytes(task)
+
+
+def as_bytes(task: Task) -> None:
+    """Make a task's fetched chunks bytes that pickle with it (views of this process's
+    buffers do not): a chunk that several of its records share once (pickle sends an
+    object once)."""
+    raws = task.raws
+    assert raws is not None
+    keys = chunk_keys(task.refs)
+    if keys is None:
+        task.raws = [bytes(r) for r in raws]
+        return
+    blobs: dict = {}
+    for key, r in zip(keys, raws):
+        if key not in blobs:
+            blobs[key] = bytes(r)
+    task.raws = [blobs[key] for key in keys]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from aioloader.arrayrecord import ArrayRecordFormatError, ChunkRecords, parse_options
+from aioloader.arrayrecord import ArrayRecordFormatError, ChunkRecords, parse_options, varint
 from aioloader.arrayrecord.chunk import decode_simple, encode_simple
 from aioloader.arrayrecord.codecs import BROTLI, NONE, SNAPPY, ZSTD, Compression, decompress_block
 from aioloader.arrayrecord.layout import (
@@ -50,6 +50,42 @@ def test_varints_wrong_count_or_truncation_is_an_error(values, cut):
     if len(values) > cut:
         with pytest.raises(ArrayRecordFormatError):
             decode_varints(blob, len(values) - cut)
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.lists(u64, max_size=40).map(lambda vs: b"".join(map(encode_varint, vs))),
+                 st.binary(max_size=60)),
+       st.integers(1, 45))
+def test_varints_small_loop_and_numpy_passes_agree(blob, count):
+    """The Python loop for a few bytes and the NumPy passes, on what `decode_varints` hands
+    them (more bytes than varints): the same values, or both an error, for any bytes and
+    count (whole varints, cut ones, over-long ones, noise)."""
+    assume(len(blob) > count)
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    got = []
+    for decode in (varint._decode_small, varint._decode_passes, decode_varints):
+        try:
+            got.append(decode(arr, count).tolist())
+        except ArrayRecordFormatError:
+            got.append("error")
+    assert got[0] == got[1] == got[2]
+
+
+@given(st.lists(st.integers(0, (1 << 14) + 5), min_size=1, max_size=80), st.data())
+def test_varints_of_two_bytes_each_decode_as_any_others(values, data):
+    """Sizes of 128 B to 16 KiB (two bytes each) take one NumPy pass: the same values, or
+    the same refusal once a byte is damaged, as the general passes."""
+    blob = bytearray(b"".join(map(encode_varint, values)))
+    if data.draw(st.booleans()):
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    count = data.draw(st.sampled_from([len(values), max(1, len(blob) // 2)]))
+    got = []
+    for decode in (varint._decode_passes, decode_varints):
+        try:
+            got.append(decode(np.frombuffer(bytes(blob), np.uint8), count).tolist())
+        except ArrayRecordFormatError:
+            got.append("error")
+    assert got[0] == got[1]
 
 
 def test_eleven_byte_varint_is_rejected():

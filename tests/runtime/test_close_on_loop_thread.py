@@ -86,6 +86,26 @@ def test_datasets_collected_on_the_loop_thread_close_their_files(path):
     assert max(got["counts"][10:]) <= max(got["counts"][:10]), got
 
 
+def test_a_dataset_dropped_in_a_thread_the_loop_waits_on(path):
+    """The collector may free a dataset in any thread: one the loop is waiting on too (one it
+    is starting, say). Its files' closing must not wait on the loop there."""
+    got, _ = _run("""
+        import threading
+        before = warm_up()
+        ds = al.Dataset.from_arrayrecord(PATH); ds[0]
+        holder = [ds]; del ds
+
+        def start_and_wait():  # on the loop: a thread in which the dataset is freed
+            t = threading.Thread(target=holder.clear)
+            t.start(); t.join(5)
+            return t.is_alive()
+
+        stuck = on_loop(start_and_wait)
+        print(json.dumps({"stuck": stuck, "before": before, "after": settled(before)}))
+    """, path)
+    assert got == {"stuck": False, "before": got["before"], "after": got["before"]}
+
+
 def test_a_source_closed_from_the_loop_thread(path):
     got, _ = _run("""
         before = warm_up()

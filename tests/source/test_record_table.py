@@ -91,6 +91,8 @@ def _check(table: RecordTable, ref: Reference, draw_idx) -> None:
         assert np.array_equal(files, ref.file[g])
         assert np.array_equal(chunks, g - ref.first[ref.file[g]])
         assert np.array_equal(w, within)
+        assert [table.locate_one(i) for i in idx.tolist()] == \
+            list(zip(files.tolist(), chunks.tolist(), w.tolist()))
         refs = table.chunk_refs(idx)
         assert np.array_equal(refs.ids[refs.file], ref.file[g])
         assert np.array_equal(refs.chunk, g - ref.first[ref.file[g]])
@@ -175,6 +177,8 @@ def test_read_instruction_ranges_number_exactly_their_records(indices, data):
     record = [int(table.indices[f].record_starts[c]) + w
               for f, c, w in zip(files.tolist(), chunks.tolist(), within.tolist())]
     assert list(zip(files.tolist(), record)) == want
+    assert [table.locate_one(i) for i in idx.tolist()] == \
+        list(zip(files.tolist(), chunks.tolist(), within.tolist()))
     first = np.concatenate([[0], np.cumsum([ix.num_chunks for ix in indices])])
     g = first[files] + chunks  # each record's chunk among all chunks
     cs = table.chunk_starts

@@ -251,6 +251,24 @@ def test_bench_says_what_its_figures_count(tmp_path):
     assert "consumer waited" in out.split("pipeline:")[0], out  # and how it meets the table's
 
 
+def test_bench_writes_the_report_it_was_asked_for_and_refuses_a_folder(tmp_path):
+    from tests.support.report_page import read
+
+    path = write(tmp_path / "f.array_record", [bytes(100)] * 400, group_size=8)
+    report = tmp_path / "report.html"
+    out = run("bench", path, "--pipeline", "raw", "--workers", "0", "--batch", "20", "-q",
+              "--report", str(report)).stdout.decode()
+    assert f"report: {report}" in out, out
+    data = read(str(report)).data
+    assert data["summary"]["batches"] == 20 and data["summary"]["records"] == 400
+    assert data["table"].splitlines()[0] in out  # the table it printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.array_record", "report.html"]
+    # a folder is refused before the run, saying what to name
+    proc = run("bench", path, "--pipeline", "raw", "--workers", "0", "-q", "--report",
+               str(tmp_path), ok=False)
+    assert proc.returncode == 1 and b"is a folder" in proc.stderr and not proc.stdout
+
+
 # -- --version -----------------------------------------------------------------------
 
 

@@ -1,0 +1,132 @@
+"""A row group decoded from its fetched column chunks into a pyarrow Table (the columnar
+result batching uses; `rows.py` turns it into elements).
+
+The worker holds the file's parsed footer and a row group's fetched ranges (offset ->
+bytes). Before pyarrow sees a byte, each selected chunk must be wholly among the fetched
+bytes, its page headers must agree with the chunk (`pages.walk_pages`), and what they
+decode to must fit the memory budget (`budget.decoded_bound`); pyarrow then reads the
+chunks through a `FetchedFile`, which refuses any other read. Whatever pyarrow raises on a
+damaged page becomes a `ParquetFormatError` naming the file and row group, as does a
+decoded row count that is not the one declared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .budget import decoded_bound
+from .errors import BUDGET_HINT, CORRUPT_HINT, ParquetFormatError
+from .fetched import FetchedFile, NotFetchedError
+from .footer import pyarrow_parquet
+from .layout import ParquetLayout
+from .pages import PageError, walk_pages
+
+__all__ = ["RowGroupDecoder", "decode_row_group"]
+
+
+def decode_row_group(layout: ParquetLayout, meta: Any, group: int,
+                     fetched: Mapping[int, bytes | memoryview], *,
+                     max_bytes: int) -> Any:
+    """One row group's Table by a fresh `RowGroupDecoder` (a worker keeps one per file)."""
+    return RowGroupDecoder(layout, meta).table(group, fetched, max_bytes=max_bytes)
+
+
+class RowGroupDecoder:
+    """Decodes the row groups of one file. It keeps pyarrow's reader, opened once over a
+    `FetchedFile` whose bytes each call replaces (opening one costs about as much as
+    decoding a thousand short rows), so it is for one thread at a time."""
+
+    def __init__(self, layout: ParquetLayout, meta: Any) -> None:
+        self.layout, self.meta = layout, meta
+        self._file = FetchedFile(layout.path, layout.size, {})
+        self._reader: Any = None
+
+    def table(self, group: int, fetched: Mapping[int, bytes | memoryview], *,
+              max_bytes: int) -> Any:
+        """Row group `group` as a `pyarrow.Table` of the selected columns (in
+        `layout.columns`' order), from `fetched`: offset -> bytes, holding at least the
+        chunks the layout names for it (`ParquetFileIndex.fetch_ranges`). `max_bytes` bounds
+        what the selected chunks may decode to (`budget.decoded_bound`)."""
+        layout = self.layout
+        if not 0 <= group < len(layout.row_groups):
+            raise IndexError(f"{layout.path}: row group {group} of {len(layout.row_groups)}")
+        path, rg = layout.path, layout.row_groups[group]
+        if rg.num_rows == 0:  # no bytes to read: its chunks are empty (`read_layout` checks)
+            return _empty(layout, self.meta)
+        try:
+            self._file.reset(fetched)
+        except ValueError as e:
+            raise ParquetFormatError(str(e), path=path, row_group=group) from None
+        walks = []
+        for c in rg.chunks:
+            try:
+                view = self._file.view(c.offset, c.end)
+                walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes),
+                              view))
+            except NotFetchedError as e:
+                raise ParquetFormatError(f"its bytes [{e.start}, {e.stop}) were not fetched",
+                                         path=path, row_group=group, column=c.path,
+                                         hint="fetch the ranges its index names") from None
+            except PageError as e:
+                raise ParquetFormatError(str(e), path=path, row_group=group, column=c.path,
+                                         offset=c.offset + e.offset,
+                                         hint=BUDGET_HINT if e.budget else CORRUPT_HINT
+                                         ) from None
+        _check_budget(path, group, walks, max_bytes)
+        try:
+            table = self._read(group)
+        finally:
+            self._file.reset({})  # the fetched bytes are not kept past the call
+        if table.num_rows != rg.num_rows:
+            raise ParquetFormatError(f"decodes to {table.num_rows} rows, its footer declares "
+                                     f"{rg.num_rows}", path=path, row_group=group,
+                                     hint=CORRUPT_HINT)
+        return table if list(layout.columns) == table.column_names \
+            else table.select(list(layout.columns))
+
+    def _read(self, group: int) -> Any:
+        pq = pyarrow_parquet()
+        import pyarrow as pa
+
+        layout, file = self.layout, self._file
+        try:
+            if self._reader is None:
+                # pre_buffer off: coalescing would read the gaps between the chunks.
+                self._reader = pq.ParquetFile(file, metadata=self.meta,
+                                              pre_buffer=False).reader
+            return self._reader.read_row_group(group, column_indices=list(layout.leaves),
+                                               use_threads=False)
+        except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as e:
+            if file.misses:  # pyarrow asked for bytes outside the chunks the layout names
+                start, stop = file.misses[0]
+                raise ParquetFormatError(f"decoding it read bytes [{start}, {stop}), which "
+                                         "were not fetched", path=layout.path,
+                                         row_group=group, hint=CORRUPT_HINT) from None
+            raise ParquetFormatError(f"its pages do not decode: {e}", path=layout.path,
+                                     row_group=group, hint=CORRUPT_HINT) from None
+
+
+def _check_budget(path: str, group: int, walks: list, max_bytes: int) -> None:
+    """The chunks' decoded bounds against `max_bytes`: first the cheap ones, then, only if
+    they do not fit, with each dictionary's longest entry read."""
+    bounds = [decoded_bound(c, t, v, exact_dictionary=False) for c, t, v in walks]
+    if sum(bounds) <= max_bytes:
+        return
+    total = 0
+    for c, totals, view in walks:
+        try:
+            total += decoded_bound(c, totals, view, exact_dictionary=True)
+        except PageError as e:
+            raise ParquetFormatError(str(e), path=path, row_group=group, column=c.path,
+                                     offset=c.offset + e.offset, hint=CORRUPT_HINT) from None
+        if total > max_bytes:
+            raise ParquetFormatError(
+                f"its pages decode to more than the {max_bytes} bytes the memory budget "
+                f"allows ({total} bytes with this column's)", path=path, row_group=group,
+                column=c.path, hint=BUDGET_HINT)
+
+
+def _empty(layout: ParquetLayout, meta: Any) -> Any:
+    schema = meta.schema.to_arrow_schema()
+    return schema.empty_table().select(list(layout.columns))

@@ -1,0 +1,377 @@
+"""The "ray" executor: tasks run on Ray actors, one task at a time each, with the code a
+worker process runs (`run_task`), and each finished batch comes back by value through
+Ray's object store (NumPy arrays arrive as read-only views of it: no copy in this process).
+
+`RayExecutor` is the kind (`executor=al.RayExecutor(...)`, or `"ray"` for its defaults);
+`RayActors` the executor it opens. The Ray cluster is the user's when `ray.init()` was
+called before the loader starts; else one is started (or `address` connected to) for this
+process's loaders, and shut down when the last of them closes (`raycluster`). Each actor
+loads the pipeline once (the same per-op pickles a worker process gets, so an op that
+cannot load is named) and keeps its share of the decoded-chunk cache across tasks. The
+bytes of a remote file are fetched here, by the byte path, and travel with the task (each
+chunk once): the actors never talk to the bucket. An actor on this host reads local files
+(and the memory copy of a remote dataset) itself; for one on another node (`read_here`: by
+default, decided per actor from its node), this process reads the task's chunks and sends
+them with it: the nodes need aioloader and the pipeline's code, not the files.
+
+An actor that dies (killed, its node lost, a transform that crashes the interpreter) has
+its tasks run again on a new actor in its place: a task's output is a pure function of the
+task, so nothing is lost and nothing comes twice; a task that has taken down
+`max_reruns + 1` actors fails with a `WorkerError`. No more tasks are at the actors than
+the runtime runs at once (its prefetch window, and with workers="auto" the tuner's gate).
+Ray is imported only here (and by `raycluster`, which keeps a cluster started for the
+loaders), and only when an executor opens: `import aioloader` never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from ..errors import WorkerError
+from ..io.gate import Gate
+from .decode import Decoder
+from .executor import CLOSE_GRACE_S, gate_limit
+from .extract import StashFile
+from .inputs import as_bytes
+from .localfiles import LocalFiles
+from .messages import Pipeline, Result, Task
+from .raycluster import CLUSTER, import_ray
+from .worker import _load_pipeline, _pack_pipeline, _raise_malloc_thresholds, run_task
+
+__all__ = ["RAY", "RayActors", "RayExecutor"]
+
+log = logging.getLogger("aioloader")
+MAX_RERUNS = 2  # actors a task may take down before it fails: a kill is not a crash
+
+
+class RayExecutor:
+    """The "ray" executor kind: `workers` Ray actors of `num_cpus_per_actor` CPUs each, on
+    the cluster at `address` (None: the one `ray.init()` made, else a local one started for
+    the loader); `init_options`: more `ray.init` arguments for a cluster started here;
+    `max_reruns`: actors a task may take down (each death reruns it on a new actor) before
+    it fails; `read_here`: this process reads the chunks of local files (and of a remote
+    dataset's memory copy) and sends them with each task, as it does a bucket's: None (the
+    default) for the actors on other nodes than this one, True for all, False for none (the
+    nodes then share the files' paths)."""
+
+    name = "ray"
+
+    def __init__(self, num_cpus_per_actor: float = 1, address: str | None = None, *,
+                 init_options: dict[str, Any] | None = None,
+                 max_reruns: int = MAX_RERUNS, read_here: bool | None = None) -> None:
+        if not num_cpus_per_actor > 0:
+            raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor!r}")
+        if max_reruns < 0:
+            raise ValueError(f"max_reruns must be >= 0, got {max_reruns!r}")
+        self.num_cpus_per_actor = num_cpus_per_actor
+        self.address = address
+        self.init_options = dict(init_options or {})
+        self.max_reruns = max_reruns
+        self.read_here = read_here
+
+    def prepare(self, dataset: Any) -> None:
+        """A transform that cannot travel to an actor is refused before any starts
+        (`kinds.prepare`; no worker server: the actors are Ray's processes)."""
+        dataset.check_picklable()
+
+    def __repr__(self) -> str:
+        return (f"RayExecutor(num_cpus_per_actor={self.num_cpus_per_actor!r}, "
+                f"address={self.address!r})")
+
+    def open(self, pipeline: Pipeline, workers: int, *, slots: int, slot_size: int,
+             lanes: int | None, first_in_parent: bool) -> RayActors:
+        """Actors are made by `warm_up` (or the first task), off the event loop: starting a
+        local cluster takes seconds. `slots`, `slot_size`, `first_in_parent`: no shared
+        memory is lent, and no task runs in this process."""
+        import_ray()  # the extra's error now, not at the first task
+        return RayActors(self, pipeline, workers, lanes=lanes)
+
+
+class _Actor:
+    """What runs in an actor (made a Ray actor class by `RayActors`): the pipeline, loaded
+    once, and its decoder; `run` is a worker process's `run_task`."""
+
+    def __init__(self, parts: tuple, cache_bytes: int) -> None:
+        _raise_malloc_thresholds()
+        self.decoder = Decoder(cache_bytes)
+        self.pipeline: Pipeline | None = None
+        self.error: str | None = None
+        try:
+            self.pipeline = _load_pipeline(parts)
+        except WorkerError as exc:
+            self.error = str(exc).replace("worker process", "Ray actor")
+        except Exception as exc:
+            self.error = f"a Ray actor could not start ({type(exc).__name__}: {exc})"
+
+    def ready(self) -> tuple[int, str]:
+        """The actor's process and node."""
+        return os.getpid(), import_ray().get_runtime_context().get_node_id()
+
+    def run(self, task: Task) -> Result:
+        if self.pipeline is None:
+            raise WorkerError(self.error)
+        # `sendable`: what is not an array must pickle, with the error a worker gives
+        return run_task(task, self.pipeline, self.decoder, None, True)
+
+
+class RayActors:
+    """Runs tasks on Ray actors (an `Executor`): each task goes to the actor with the
+    fewest tasks queued; results come back by value."""
+
+    def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
+                 lanes: int | None = None) -> None:
+        if workers < 1:
+            raise ValueError("the ray executor has at least one actor (0: `Inline`)")
+        self.kind = kind
+        self.pipeline = pipeline
+        self.workers = workers
+        self.cache_bytes = pipeline.chunk_cache_bytes // workers
+        self.stash = StashFile(pipeline.chunk_cache_bytes)
+        self._gate = None if lanes is None else Gate(gate_limit(lanes, workers))
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._start: threading.Thread | None = None
+        self._started: Future = Future()  # set once the actors are made (or failed)
+        self._closed = False
+        self._own_cluster = False  # joined `CLUSTER` (to leave at close)
+        self._actor_class: Any = None
+        self._parts: Any = None  # the pipeline in the object store, once for all actors
+        self._actors: list[Any] = []
+        self._ready: list[Any] = []  # each actor's first answer (`settled`)
+        self._remote: list[bool | None] = [kind.read_here] * workers  # read_here, per actor
+        self._node: str | None = None  # this process's node
+        self._files: LocalFiles | None = None  # what this process reads for `read_here`
+        self._queued = [0] * workers
+        self._rows: list[dict[str, float]] = [{"tasks": 0, "seconds": 0.0}
+                                              for _ in range(workers)]
+        self.counts = {"by_value": 0, "reruns": 0, "replaced": 0, "sent_bytes": 0,
+                       "wait_ns": 0, "return_ns": 0}
+
+    # -- start ----------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Connect to the cluster (or start a local one) and make the actors, on a thread."""
+        with self._lock:
+            if self._start is None and not self._closed:
+                self._start = threading.Thread(target=self._make, name="aioloader-ray-start",
+                                               daemon=True)
+                self._start.start()
+
+    def _make(self) -> None:
+        """Join the cluster (`CLUSTER`) and make the actors."""
+        try:
+            ray = import_ray()
+            kind = self.kind
+            options = {"include_dashboard": False, **kind.init_options}
+            if kind.address is not None:
+                options["address"] = kind.address
+            self._own_cluster = CLUSTER.join(options)
+            self._node = ray.get_runtime_context().get_node_id()
+            self._actor_class = ray.remote(_Actor)
+            self._parts = ray.put(_pack_pipeline(self.pipeline))
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the ray executor was closed while it started")
+                for _ in range(self.workers):
+                    actor = self._new_actor()
+                    self._actors.append(actor)
+                    self._ready.append(actor.ready.remote())
+            self._started.set_result(None)
+        except BaseException as exc:
+            self._started.set_exception(exc)
+
+    def _new_actor(self) -> Any:
+        return self._actor_class.options(num_cpus=self.kind.num_cpus_per_actor).remote(
+            self._parts, self.cache_bytes)
+
+    async def _wait_started(self) -> None:
+        if not self._started.done():
+            self.warm_up()
+            await asyncio.wrap_future(self._started)
+        self._started.result()
+
+    # -- the Executor interface -----------------------------------------------------
+
+    def admit(self) -> AbstractAsyncContextManager[Any]:
+        return self._gate or contextlib.nullcontext()
+
+    def set_workers(self, workers: int) -> None:
+        if self._gate is not None:  # (0: one task at a time; none runs in this process)
+            self._gate.resize(gate_limit(workers, self.workers))
+
+    def settled(self) -> bool:
+        """Whether every actor has answered once."""
+        if not self._started.done() or self._started.exception() is not None:
+            return False
+        ray = import_ray()
+        done, _ = ray.wait(list(self._ready), num_returns=len(self._ready), timeout=0,
+                           fetch_local=False)
+        return len(done) == len(self._ready)
+
+    def reserve(self, nbytes: int) -> None:
+        pass
+
+    async def run(self, task: Task, describe: str = "") -> Result:
+        """Run `task` on the least busy actor; if that actor dies, again on a new one."""
+        describe = describe or f"task {task.task_id}"
+        await self._wait_started()
+        ray = import_ray()
+        if task.raws is not None:  # (views of this process's buffers do not pickle)
+            self._ship(task)
+        deaths = 0
+        while True:
+            at, actor = self._pick()
+            sent = time.perf_counter_ns()
+            try:
+                if await self._elsewhere(at):
+                    self._read_here(task, describe)
+                ref = actor.run.remote(task)
+                result: Result = await ref
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+                raise
+            except ray.exceptions.RayActorError as exc:
+                deaths += 1
+                self._replace(at, actor)
+                if deaths > self.kind.max_reruns:
+                    raise WorkerError(
+                        f"{describe}: its Ray actor died {deaths} times ({exc}); a transform "
+                        "may crash the interpreter (run with workers=0 to debug), or the "
+                        "cluster lost its nodes") from None
+                self.counts["reruns"] += 1
+                log.warning("a Ray actor died while running %s; it runs again on a new "
+                            "actor", describe)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # raised by the task: as it was
+                cause = exc.cause
+                if isinstance(cause, WorkerError):
+                    raise WorkerError(f"{describe}: {cause}") from None
+                raise cause from None
+            finally:
+                self._queued[at] -= 1
+            self._came_back(at, result, sent)
+            return result
+
+    def _ship(self, task: Task) -> None:
+        """The task's chunk bytes made bytes (once each), and counted as sent."""
+        as_bytes(task)
+        assert task.raws is not None
+        self.counts["sent_bytes"] += sum(len(r) for r in {id(r): r for r in task.raws}
+                                         .values())
+
+    async def _elsewhere(self, at: int) -> bool:
+        """Whether actor `at` is to get its task's bytes from here (`read_here`)."""
+        remote = self._remote[at]
+        if remote is None:  # (asked once an actor: its first answer says its node)
+            _, node = await self._ready[at]
+            remote = self._remote[at] = node != self._node
+        return remote
+
+    def _read_here(self, task: Task, describe: str) -> None:
+        """Read the chunks of a task for an actor that does not share this host's files."""
+        if task.stash is not None or task.fill is not None:
+            raise WorkerError(
+                f"{describe}: an exact shuffle over chunks too large for the workers' caches "
+                "keeps records pulled out of them in a file of this host, which Ray actors on "
+                "other nodes cannot read; use a block shuffle, a larger memory_budget, or "
+                "actors on this host")
+        if task.raws is not None:  # (a bucket's: already here)
+            return
+        if self._files is None:
+            self._files = LocalFiles()
+        task.raws = self._files.read(task.refs)
+        self._ship(task)
+
+    def _pick(self) -> tuple[int, Any]:
+        """The actor with the fewest tasks queued (the first of them)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot run a task after the ray executor was closed")
+            at = min(range(len(self._queued)), key=self._queued.__getitem__)
+            self._queued[at] += 1
+            return at, self._actors[at]
+
+    def _replace(self, at: int, dead: Any) -> None:
+        """A new actor in the place of `dead` (once: its other tasks fail too)."""
+        with self._lock:
+            if self._closed or self._actors[at] is not dead:
+                return
+            self._actors[at] = self._new_actor()
+            self._ready[at] = self._actors[at].ready.remote()
+            self._remote[at] = self.kind.read_here
+            self.counts["replaced"] += 1
+        with contextlib.suppress(Exception):
+            import_ray().kill(dead)
+
+    def _came_back(self, at: int, result: Result, sent: int) -> None:
+        now = time.perf_counter_ns()
+        c, row = self.counts, self._rows[at]
+        c["by_value"] += 1
+        row["tasks"] += 1
+        row["seconds"] += max(0, result.ended_ns - result.began_ns) / 1e9
+        # The clocks compare on one host only (CLOCK_MONOTONIC): elsewhere these stay 0.
+        if result.pid and sent <= result.began_ns <= result.ended_ns <= now:
+            c["wait_ns"] += result.began_ns - sent  # sent to started: the queue, the hop
+            c["return_ns"] += now - result.ended_ns  # finished to here: the way back
+
+    def figures(self) -> dict[str, int]:
+        """`actors`; `by_value` (results, all through the object store); `reruns` (tasks
+        run again after their actor died) and `replaced` (actors made in a dead one's
+        place); `sent_bytes` (fetched chunks sent with tasks); `wait_ms` and `return_ms`
+        (the time tasks spent from here to their start, and from their end back here, on
+        one host); and each actor's `actorN_tasks`, `actorN_ms` (time running tasks)."""
+        c = self.counts
+        out = {"actors": self.workers, "by_value": c["by_value"], "reruns": c["reruns"],
+               "replaced": c["replaced"], "sent_bytes": c["sent_bytes"],
+               "wait_ms": c["wait_ns"] // 1_000_000, "return_ms": c["return_ns"] // 1_000_000}
+        for k, row in enumerate(self._rows):
+            out[f"actor{k}_tasks"] = int(row["tasks"])
+            out[f"actor{k}_ms"] = int(row["seconds"] * 1000)
+        return out
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """Kill the actors (a task running is dropped: the loader is done with it) and, if
+        this executor started the cluster, shut it down. In a forked child only this
+        process's stash is let go: the actors are the parent's."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            start = self._start
+        try:
+            if self._pid == os.getpid() and start is not None:
+                self._started.exception()  # (made, or failed to)
+                self._stop()
+        finally:
+            self.stash.close()
+            if self._files is not None:
+                self._files.close()
+
+    def _stop(self) -> None:
+        if self._start is None:
+            return
+        self._start.join()
+        if import_ray().is_initialized():
+            self._kill_actors()
+        if self._own_cluster:
+            CLUSTER.leave()
+
+    def _kill_actors(self) -> None:
+        ray = import_ray()
+        with self._lock:
+            actors, self._actors, self._ready, self._parts = self._actors, [], [], None
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+
+RAY = RayExecutor()

@@ -1,0 +1,1 @@
+"""Pages checked in headless Chromium: the run report and the documentation site."""

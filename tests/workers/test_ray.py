@@ -1,0 +1,270 @@
+"""The "ray" executor: tasks on Ray actors of a real local cluster give the batches the
+process pool gives, resume from each other's state, survive an actor killed mid-epoch,
+read a bucket's files, and leave no actor behind.
+
+The suite's leak check is this module's own (`no_leaks_but_rays`): the cluster, started
+once for the module, keeps its processes and its connections to this process (its gRPC
+channels) for as long as it runs; what the executor must not leave is actors, and what any
+loader must not leave (threads, shared memory, memory files, other processes, sockets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import aioloader as al  # noqa: E402
+from aioloader.testing import local_gcs  # noqa: E402
+from aioloader.workers.ray import RayExecutor  # noqa: E402
+
+from ..conftest import _snapshot  # noqa: E402
+from ..support import pipeline_fns as fns  # noqa: E402
+from ..support.state_fixture import digest  # noqa: E402
+from .test_worker_decode import batched, collect, files, filtered  # noqa: E402, F401
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.allow_leaks  # (checked here instead: `no_leaks_but_rays`)
+
+
+def _ray_pids() -> set[int]:
+    """The cluster's processes: this one's descendants that Ray started."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        # its workers, raylet, GCS... (not our worker server: its sys.path names ray's)
+        if (line.startswith("ray::") or "/ray/" in line) and "multiprocessing" not in line:
+            out.add(p.pid)
+    return out
+
+
+def _ray_ports() -> set[int]:
+    """Ports the cluster listens on, this process's core worker among them."""
+    ports = set()
+    for pid in (*_ray_pids(), psutil.Process().pid):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        ports |= {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
+def _alive_actors() -> list[str]:
+    from ray._private import state  # the GCS's table (the state API needs the dashboard)
+
+    return [a["ActorID"] for a in state.actors().values() if a["State"] != "DEAD"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks_but_rays(cluster):
+    """The suite's leak check, less the cluster's own processes and connections; and no
+    actor alive after the test."""
+    before = _snapshot()
+    yield
+    deadline = time.monotonic() + 10.0
+    while True:
+        gc.collect()
+        after, ports, rays = _snapshot(), _ray_ports(), _ray_pids()
+        extra = {k: after[k] - before[k] for k in after}
+        extra["children"] -= rays
+        extra["sockets"] = {s for s in extra["sockets"]
+                            if s[1].port not in ports and (not s[2] or s[2].port not in ports)}
+        alive = _alive_actors()
+        if (not any(extra.values()) and not alive) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    names = [t.name for t in threading.enumerate() if t.ident in extra["threads"]]
+    assert not alive, f"actors left alive: {alive}"
+    assert not any(extra.values()), (f"left behind: threads={names}, {extra}")
+
+
+def everything(paths, **kw):
+    """shuffle, map, random_map, filter, batch: every kind of step a worker runs."""
+    return (al.Dataset.from_arrayrecord(paths, **kw).shuffle(7).map(fns.decode)
+            .random_map(fns.augment).filter(fns.keep_even).map(fns.only_id_noise).batch(8))
+
+
+def digests(batches) -> list[str]:
+    return [digest(b) for b in batches]
+
+
+async def take(ds, n=None, **kw):
+    """The first `n` batches (all with None) and the state after them."""
+    async with ds.loader(prefetch=4, **kw) as it:
+        out = []
+        async for b in it:
+            out.append(b)
+            if len(out) == n:
+                break
+        return out, it.get_state(), it.stats().as_dict()
+
+
+@pytest.mark.parametrize("make", [everything, batched, filtered])
+async def test_the_batches_are_those_of_the_process_pool(files, make):  # noqa: F811
+    ds = make(files[8])
+    expected = await collect(ds, workers=2)
+    got, _, stats = await take(ds, workers=2, executor="ray")
+    assert digests(got) == digests(expected)
+    transfers = stats["transfers"]
+    assert transfers["actors"] == 2 and transfers["by_value"] > 0
+    assert transfers["actor0_tasks"] + transfers["actor1_tasks"] == transfers["by_value"]
+
+
+async def test_a_state_resumes_bit_for_bit_across_executors(files):  # noqa: F811
+    ds = everything(files[1])
+    whole = digests((await take(ds, workers=2))[0])
+    head, state, _ = await take(ds, 5, workers=2)  # processes -> ray
+    rest, _, _ = await take(ds, workers=2, executor="ray", state=state)
+    assert digests(head + rest) == whole
+    head, state, _ = await take(ds, 9, workers=1, executor=RayExecutor())  # ray -> processes
+    rest, _, _ = await take(ds, workers=2, state=state)
+    assert digests(head + rest) == whole
+
+
+def _kill_one_actor(it) -> None:
+    actors = it._parts.pool._actors
+    ray.kill(actors[0])
+
+
+async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa: F811
+    ds = batched(files[1])
+    expected = digests(await collect(ds, workers=2))
+    async with ds.loader(workers=2, executor="ray", prefetch=6) as it:
+        got = []
+        async for b in it:
+            got.append(b)
+            if len(got) == 3:
+                _kill_one_actor(it)
+        transfers = it.stats().as_dict()["transfers"]
+    assert digests(got) == expected
+    assert transfers["replaced"] == 1 and transfers["reruns"] >= 1
+
+
+async def test_a_transform_that_raises_gives_the_error_the_process_pool_gives(files):  # noqa: F811
+    ds = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.fail_on_13)
+          .map(fns.only_id_noise_det).batch(8))
+    with pytest.raises(Exception) as pool:
+        await collect(ds, workers=1)
+    with pytest.raises(type(pool.value)) as actors:
+        await collect(ds, workers=1, executor="ray")
+    assert "thirteen is unlucky" in str(actors.value)
+    assert str(actors.value) == str(pool.value)
+
+
+async def test_a_task_that_takes_down_every_actor_fails_naming_it(files):  # noqa: F811
+    ds = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.crash_on_13)
+          .map(fns.only_id_noise_det).batch(8))
+    with pytest.raises(al.WorkerError, match=r"task \d+ .*Ray actor died 2 times"):
+        await collect(ds, workers=1, executor=RayExecutor(max_reruns=1))
+
+
+@pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy
+async def test_a_buckets_files_through_the_actors(files, resident_bytes):  # noqa: F811
+    with local_gcs() as gcs:
+        urls = [gcs.upload(p, f"g8/{p.rsplit('/', 1)[1]}") for p in files[8]]
+        ds = everything(urls, storage_options=gcs.storage_options)
+        expected = digests(await collect(ds, workers=2, resident_bytes=resident_bytes))
+        got, _, stats = await take(ds, workers=2, executor="ray",
+                                   resident_bytes=resident_bytes)
+    assert digests(got) == expected
+    if not resident_bytes:  # the bytes fetched here travel with the tasks
+        assert stats["transfers"]["sent_bytes"] > 0
+
+
+@pytest.mark.parametrize("resident_bytes", [None, 1 << 30])  # local files / a memory copy
+async def test_actors_that_do_not_share_this_hosts_files_get_the_bytes(files,  # noqa: F811
+                                                                       resident_bytes):
+    """read_here=True: what actors on another node get (every actor here shares this host's
+    files, so the default reads there): the chunks of local files and of a remote dataset's
+    memory copy are read here and sent with the tasks, and the batches do not change."""
+    with contextlib.ExitStack() as stack:
+        paths = files[8]
+        kw = {}
+        if resident_bytes:
+            gcs = stack.enter_context(local_gcs())
+            paths = [gcs.upload(p, f"g8/{p.rsplit('/', 1)[1]}") for p in paths]
+            kw = {"storage_options": gcs.storage_options}
+        ds = everything(paths, **kw)
+        opts = {} if resident_bytes is None else {"resident_bytes": resident_bytes}
+        expected = digests(await collect(ds, workers=2, **opts))
+        got, _, stats = await take(ds, workers=2, executor=RayExecutor(read_here=True), **opts)
+    assert digests(got) == expected
+    assert stats["transfers"]["sent_bytes"] > 0
+    if resident_bytes is None:  # all of them: the files' every chunk went from here
+        assert stats["io"].get("worker_reads", 0) == 0
+
+
+async def test_closing_kills_the_actors_of_a_users_cluster(files):  # noqa: F811
+    """(The cluster stays: it is the user's.) No actor is left alive: `no_leaks_but_rays`."""
+    ds = batched(files[1])
+    async with ds.loader(workers=2, executor="ray") as it:
+        async for _ in it:
+            break
+        assert len(_alive_actors()) == 2
+    assert ray.is_initialized() and _alive_actors() == []
+
+
+OWN_CLUSTER = """
+import json, sys, time
+import psutil, ray
+import aioloader as al
+ds = al.Dataset.from_arrayrecord(sys.argv[1]).batch(50)
+kind = al.RayExecutor(init_options={"num_cpus": 2})
+n, started = 0, False
+with ds.loader(workers=1, executor=kind) as train:  # two loaders share the one cluster
+    with ds.loader(workers=1, executor=kind) as evaluate:
+        n += sum(len(b) for b in evaluate)
+    for b in train:  # (the cluster outlives the first to close)
+        n += len(b)
+        started = started or ray.is_initialized()
+def rays():
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+            if ((line.startswith("ray::") or "/ray/" in line) and "multiprocessing" not in line
+                    and p.status() != "zombie"):
+                out.append(line[:80])
+        except psutil.Error:
+            pass
+    return out
+deadline = time.monotonic() + 10  # (Ray's processes take a moment to exit)
+while rays() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(json.dumps({"records": n, "started": started, "still": ray.is_initialized(),
+                  "rays": rays()}))
+"""
+
+
+@pytest.mark.slow  # a whole cluster started and stopped: ~20-50 s on a loaded machine
+def test_a_cluster_started_for_the_loaders_is_shut_down_with_the_last(files):  # noqa: F811
+    out = subprocess.run([sys.executable, "-c", OWN_CLUSTER, files[1][0]], cwd=REPO,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    with al.ArrayRecordSource(files[1][0]) as src:
+        assert got["records"] == 2 * len(src) and got["started"]
+    assert not got["still"] and got["rays"] == []
