@@ -189,3 +189,16 @@ def test_each_thread_decodes_with_its_own_share_of_the_chunk_cache(paths):
     assert 1 <= len(decoders) <= 2 and len({id(d) for d in decoders}) == len(decoders)
     assert shares == {pool.pipeline.chunk_cache_bytes // 2}
     assert sum(caches) > 0  # chunks of 8 records, kept decoded by the thread that read them
+
+
+@pytest.mark.parametrize("executor", ["processes", "ray"])
+def test_a_transform_that_cannot_travel_is_refused_where_it_must_travel(paths, executor):
+    lock = threading.Lock()
+
+    def with_lock(element):
+        with lock:
+            return element
+
+    ds = al.Dataset.from_arrayrecord(paths).map(with_lock).batch(16)
+    with pytest.raises(TypeError, match=r"map\(.*with_lock\) cannot be pickled"):
+        ds.loader(workers=1, executor=executor)  # before any worker or actor starts
