@@ -198,7 +198,8 @@ class ReadOptions:
 class WorkerOptions:
     """How records are decoded and transformed (the decode pool).
 
-    - `workers` (0): worker processes; 0 runs the same code on one thread of this process.
+    - `workers` (0): workers (processes, or threads with `executor="threads"`); 0 runs the
+      same code on one thread of this process.
       "auto" starts with one and adds one while the consumer waits on decoding and a core
       is free (up to the cores this process may use; `aioloader.runtime.autotune`).
     - `slot_size` (32 MiB): bytes of one shared-memory slot to start with, which holds a

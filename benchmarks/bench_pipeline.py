@@ -118,12 +118,14 @@ def _pct(x: float) -> str:
 
 
 def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT,
-              sample_rss: bool = False) -> dict[str, Any]:
+              sample_rss: bool = False, pss: bool = False) -> dict[str, Any]:
     """Run one pipeline in a fresh interpreter (`benchmarks.contenders`); its JSON result.
 
     With `sample_rss`, the RSS of the child's whole process tree (workers included) is sampled
-    every 20 ms: `peak_rss`, and `rss_trace` [(seconds, bytes)]. Raises RuntimeError with the
-    reason when the child fails or runs past `timeout` (it is killed)."""
+    every 20 ms: `peak_rss`, and `rss_trace` [(seconds, bytes)]; with `pss` too, the PSS
+    instead (shared pages split among the processes that map them, so a tree's shared memory
+    counts once; slower to read). Raises RuntimeError with the reason when the child fails or
+    runs past `timeout` (it is killed)."""
     import psutil
 
     env = dict(os.environ)
@@ -145,7 +147,7 @@ def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT,
             try:
                 for p in [top, *top.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
-                        total += p.memory_info().rss
+                        total += p.memory_full_info().pss if pss else p.memory_info().rss
             except psutil.Error:
                 break
             trace.append((time.perf_counter() - t0, total))

@@ -15,7 +15,7 @@ Spec keys: lib ("aioloader" | "grain"), paths, decode (a name in `benchmarks.fns
 shuffle ("exact" | "block" | None), window, limit (first N shuffled positions), epochs,
 batch (0: unbatched; after a pack, rows per batch), filter (aioloader: a predicate's name in
 `benchmarks.fns`), pack (aioloader: {"lengths": {feature: length}, "bins": N}), max_batches,
-max_seconds, step (seconds of simulated training per batch), workers, prefetch,
+max_seconds, step (seconds of simulated training per batch), workers, executor, prefetch,
 io_concurrency, max_gap, memory_budget, resident_bytes, storage_options, verify (aioloader;
 its default if absent), threads (Grain's ReadOptions.num_threads), api ("sync" | "async",
 aioloader).
@@ -136,7 +136,7 @@ def _aio_dataset(spec: dict[str, Any]):
 
 def _aio_options(spec: dict[str, Any]) -> dict[str, Any]:
     keys = ("workers", "prefetch", "io_concurrency", "max_gap", "memory_budget",
-            "resident_bytes")
+            "resident_bytes", "executor")
     return {k: spec[k] for k in keys if spec.get(k) is not None}
 
 

@@ -38,3 +38,14 @@ def text_tokens(record: bytes) -> dict:
     bytes; the length follows the record's pseudo-random label, so it varies like real text)."""
     n = 50 + json.loads(record)["label"] * 951 // 1000
     return {"tokens": np.frombuffer(record, dtype=np.uint8, count=n).astype(np.int32)}
+
+
+def augment_image(record: bytes) -> np.ndarray:
+    """The NumPy-heavy workload: an image decoded, then float work over its pixels (gamma,
+    a mirror, a contrast curve) back to uint8. NumPy releases the GIL inside each of these
+    loops, so threads of one process can run them on several cores at once."""
+    x = np.frombuffer(record, dtype=np.uint8).reshape(IMAGE_SHAPE).astype(np.float32)
+    x = np.power(x * (1.0 / 255.0), 2.2)
+    x = np.sqrt(x[:, ::-1] * 0.8 + 0.1)
+    x = np.tanh(3.0 * (x - 0.5)) * 127.0 + 128.0
+    return x.astype(np.uint8)

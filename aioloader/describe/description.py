@@ -272,7 +272,8 @@ def check_picklable(ds: Described) -> None:
             raise TypeError(
                 f"the source {source.name} cannot be pickled for worker processes "
                 f"({type(exc).__name__}: {exc}): each worker reads records from its own "
-                "copy; use workers=0, or a source that pickles") from None
+                "copy; use workers=0 or executor=\"threads\" (threads of this process read "
+                "the source itself), or a source that pickles") from None
     for op in (*ds.record_ops, *ds.batch_ops):
         try:
             dumps_op(op)
@@ -280,5 +281,6 @@ def check_picklable(ds: Described) -> None:
             raise TypeError(
                 f"{op.describe()} cannot be pickled for worker processes "
                 f"({type(exc).__name__}: {exc}): it holds something that cannot travel to "
-                "another process; create that inside the function, or use workers=0"
+                "another process; create that inside the function, or use workers=0 or "
+                "executor=\"threads\" (threads of this process run it as it is)"
             ) from None

@@ -31,8 +31,8 @@ from ..options import LoaderOptions
 from ..source import ArrayRecordSource
 from ..urls import is_local
 from ..workers import Executor, open_executor
+from ..workers.kinds import kind_named, prepare
 from ..workers.messages import Pipeline
-from ..workers.procs import start_server
 from .autotune import Setting, available_cores
 from .autotune import start as tuning_start
 from .output import Run
@@ -88,12 +88,14 @@ class Parts:
             options.prefetch.resolved(options.worker.workers, self._cores),
             options.read.io_concurrency,
             self._cores, remote=_remote(dataset))
-        if self.setting.workers or "workers" in self.limits.tune:  # (auto: processes may come)
-            dataset.check_picklable()
-            start_server()  # it loads while the files open (`workers.procs`)
+        if self.setting.workers or "workers" in self.limits.tune:  # (auto: workers may come)
+            prepare(options.worker.executor, dataset)  # e.g. the worker server starts
         self.position = Position(dataset, options)
+        tuned = "workers" in self.limits.tune
         self.stats = PipelineStats(workers=self.setting.workers, prefetch=self.setting.prefetch,
-                                   graph=self.position.dataset.describe())  # sizes chosen
+                                   graph=self.position.dataset.describe(),  # sizes chosen
+                                   executor=kind_named(options.worker.executor).name
+                                   if self.setting.workers or tuned else "inline")
         trace = options.trace if options.trace is not None else \
             os.environ.get("AIOLOADER_TRACE") or None
         self._trace_path = trace if isinstance(trace, str) else None  # written at aclose

@@ -189,8 +189,10 @@ class PipelineStats:
     def __init__(self, workers: int = 0, prefetch: int = 0, graph: Sequence[str] = (),
                  io_source: Callable[[], dict[str, Any]] | None = None,
                  cache_source: Callable[[], dict[str, int]] | None = None,
-                 clock: Clock = time.perf_counter) -> None:
+                 clock: Clock = time.perf_counter, executor: str = "processes") -> None:
         self.workers = workers
+        # where tasks run: the executor kind's name ("inline" with workers=0)
+        self.executor = executor
         self.prefetch = prefetch
         self.graph = list(graph)
         self.io_source = io_source
@@ -358,6 +360,7 @@ class PipelineStats:
             "io": self.io,
             "cache": dict(self.cache),
             "workers": self.workers,
+            "executor": self.executor,
             "prefetch": self.prefetch,
             "batches_per_task": self.batches_per_task,
             "transfers": self.transfer_source() if self.transfer_source is not None else {},

@@ -19,6 +19,9 @@ LEGEND: tuple[tuple[str, str], ...] = (
     ("consumer waited", "the time your loop spent waiting for the next batch, and its share "
      "of the time (over 1%: loading holds training back); batches ready: how many of the "
      "`prefetch` batches were ready when you asked, on average"),
+    ("executor", "where the tasks ran (`executor=`): processes (worker processes), threads "
+     "(threads of this process), ray (Ray actors), or inline (workers=0: one thread of this "
+     "process), and how many workers it had (with workers=\"auto\", the tuner's count now)"),
     ("stage", "one row per stage, in pipeline order; a stage that did nothing is left out"),
     ("fetch", "getting the records' bytes to the workers: reads from a bucket (or its "
      "caches) in this process, or waiting for an exact shuffle's records pulled out of large "
@@ -78,6 +81,9 @@ def render(d: dict[str, Any], graph: Sequence[str] = (),
     lines.append(f"consumer waited {d['wait_s']:.2f} s ({100 * d['wait_fraction']:.1f}% "
                  f"of the time); {d['mean_ready_batches']:.1f} of {d['prefetch']} batches "
                  "ready on average")
+    if d.get("executor"):
+        lines.append(f"executor: {d['executor']}" + (
+            "" if d["executor"] == "inline" else f", {d['workers']} workers"))
     lines += _table(d, units or {})
     lines += _io_lines(d["io"], d["cache"], elapsed)
     lines += _actor_lines(d.get("transfers") or {})

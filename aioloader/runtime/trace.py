@@ -57,7 +57,7 @@ class Trace:
         self.recorded = 0  # spans ever recorded (recorded - len(spans) were dropped)
         self._lanes: dict[str, list[float]] = {}  # stage -> each row's last end
         self._rows: dict[tuple[str, int], int] = {}  # (stage, row) -> virtual tid
-        self._workers: dict[int, int] = {}  # pid -> the tid its tasks ran on
+        self._workers: set[tuple[int, int]] = set()  # (pid, tid) of the threads tasks ran on
         self._lock = threading.Lock()  # spans come from the loop and the sync pump
 
     @property
@@ -121,7 +121,7 @@ class Trace:
             spans.append((name, "transform", pid, tid, at, secs, {"batches": items}))
             at += secs
         with self._lock:
-            self._workers.setdefault(pid, tid)
+            self._workers.add((pid, tid))
             self.spans.extend(spans)
             self.recorded += len(spans)
 
@@ -137,7 +137,7 @@ class Trace:
         one complete event ("ph": "X") per span, times in microseconds from `origin`."""
         with self._lock:
             spans = list(self.spans)
-            rows, workers = dict(self._rows), dict(self._workers)
+            rows, workers = dict(self._rows), sorted(self._workers)
         us, origin = 1e6, self.origin
         out: list[dict[str, Any]] = [
             _meta("process_name", self.pid, 0, f"aioloader (pid {self.pid})"),
@@ -147,12 +147,15 @@ class Trace:
         for (stage, row), tid in rows.items():
             what = " (sent to the pool, waiting)" if stage == _POOL_STAGE else ""
             out.append(_meta("thread_name", self.pid, tid, f"{stage} #{row}{what}"))
-        for n, (pid, tid) in enumerate(sorted(workers.items())):
-            if pid != self.pid:
+        named: set[int] = set()
+        for pid, tid in workers:  # (threads of this process: one row each)
+            if pid != self.pid and pid not in named:
                 out.append(_meta("process_name", pid, 0, f"aioloader worker (pid {pid})"))
-                out.append(_meta("process_sort_index", pid, 0, n, key="sort_index"))
+                out.append(_meta("process_sort_index", pid, 0, len(named), key="sort_index"))
+                named.add(pid)
             out.append(_meta("thread_name", pid, tid, "worker" if pid != self.pid else
-                             "tasks run in this process (workers=0, or while workers start)"))
+                             "tasks run in this process (workers=0, threads, or while "
+                             "workers start)"))
         for name, cat, pid, tid, start, dur, args in spans:
             ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
                   "ts": round((start - origin) * us, 3), "dur": round(max(dur, 0.0) * us, 3)}

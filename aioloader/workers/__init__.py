@@ -1,5 +1,5 @@
-"""Where tasks run: processes (or, with workers=0, one thread) that turn a task's chunks into
-its output, and what they exchange.
+"""Where tasks run: processes or threads (with workers=0, one thread) that turn a task's
+chunks into its output, and what they exchange.
 
 - `messages`: what the parent and a worker exchange (`Pipeline`, `Task`, `Result`);
 - `worker`: what a worker process runs; `decode`: its chunk decoder and cache;
@@ -7,7 +7,8 @@ its output, and what they exchange.
   and what its implementations share; `kinds`: what `executor=` names, and
   `open_executor`, which opens one;
 - `pool`: the process pool, the parent's side, which sends tasks and hands results on;
-  `inline`: workers=0, tasks on one thread of this process; `procs`: how the pool's
+  `inline`: workers=0, tasks on one thread of this process; `threads`: the "threads"
+  executor, tasks on several threads of this process; `procs`: how the pool's
   processes start (the worker server, `server`, started with the first loader or by
   `aioloader.warm_up()`) and stop; `ray`: tasks on Ray actors (the only module that
   imports ray);

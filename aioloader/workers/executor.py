@@ -1,7 +1,7 @@
 """Where a task runs, as one interface: `Executor` (submit a task, get its result or its error;
-how many run at once; close; the figures it reports), and `SlotExecutor`, what its two
-implementations today share: the process pool (`workers.pool`) and workers=0 on one thread
-(`workers.inline`).
+how many run at once; close; the figures it reports), and `SlotExecutor`, what its
+implementations here share: the process pool (`workers.pool`), threads of this process
+(`workers.threads`) and workers=0 on one thread (`workers.inline`).
 
 The runtime holds an `Executor` and never asks which it is: the tuner's worker count goes
 to `set_workers` (the pool then runs tasks in this process at 0), and an executor that is
@@ -86,7 +86,7 @@ def _retrieve(fut: asyncio.Future) -> None:
 
 
 class SlotExecutor:
-    """What the executors of today share: the arena slots results come back in, the stash,
+    """What the executors here share: the arena slots results come back in, the stash,
     the decoder of tasks run in this process, the worker gate, and the rerun of a task
     whose output outgrew its slot. A subclass says how a task is submitted (`_submit`)."""
 

@@ -1,5 +1,6 @@
 """The inline worker (`workers=0`): tasks run one at a time on a daemon thread of this process
-(`Inline`, an `Executor`; the pool runs tasks in this process on the same kind of thread).
+(`Inline`, an `Executor`; the pool runs tasks in this process on the same kind of thread, and
+the threads executor, `workers.threads`, on several that share one queue: `InlineExecutor`).
 
 Not a `ThreadPoolExecutor`: concurrent.futures joins its threads at interpreter exit, so a
 transform that never returns would keep the process from ever exiting, whatever Ctrl-C does.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -25,28 +27,50 @@ log = logging.getLogger("aioloader")
 
 
 class InlineExecutor:
-    """Runs submitted calls in order on one daemon thread (started on the first submit)."""
+    """Runs submitted calls on `threads` daemon threads that take them in order from one
+    queue (started on the first submit, or by `start`): with one thread, one at a time."""
 
-    def __init__(self, name: str = "aioloader-inline") -> None:
+    def __init__(self, name: str = "aioloader-inline", threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError(f"an inline executor has at least one thread, got {threads}")
         self._name = name
+        self._count = threads
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._closed = False
-        self.running: str | None = None  # the label of the call being run, if any
+        self._running: dict[int, str] = {}  # a thread's ident -> the label of its call
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads started (none before the first submit or `start`)."""
+        return list(self._threads)
+
+    def start(self) -> None:
+        """Start the threads now (a no-op once started, or after `close`)."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        if self._threads or self._closed:
+            return
+        for k in range(self._count):
+            name = self._name if self._count == 1 else f"{self._name}-{k}"
+            thread = threading.Thread(target=self._work, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, label: str = "") -> Future:
         fut: Future = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a task after the inline worker was closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                self._thread.start()
+            self._start()
             self._queue.put((fut, fn, args, label))
         return fut
 
     def _work(self) -> None:
+        me = threading.get_ident()
         while True:
             item = self._queue.get()
             if item is None:
@@ -54,22 +78,23 @@ class InlineExecutor:
             fut, fn, args, label = item
             del item
             if fut.set_running_or_notify_cancel():
-                self.running = label
+                self._running[me] = label
                 try:
                     fut.set_result(fn(*args))
                 except BaseException as exc:  # the caller's to see, as from an executor
                     fut.set_exception(exc)
                 finally:
-                    self.running = None
+                    del self._running[me]
             del fut, fn, args
 
     def close(self, grace: float) -> str | None:
-        """Cancel the calls not started and wait up to `grace` s for the running one; None
-        when the thread ended, else the label of the call it is still running (the thread
-        is left behind: a daemon, it does not hold up the interpreter's exit)."""
+        """Cancel the calls not started and wait up to `grace` s (for all threads together)
+        for the running ones; None when every thread ended, else the labels of the calls
+        still running (their threads are left behind: daemons, they do not hold up the
+        interpreter's exit)."""
         with self._lock:
             self._closed = True
-            thread = self._thread
+            threads = list(self._threads)
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -77,11 +102,13 @@ class InlineExecutor:
                 break
             if item is not None:
                 item[0].cancel()
-        if thread is None:
-            return None
-        self._queue.put(None)
-        thread.join(grace)
-        return (self.running or "a task") if thread.is_alive() else None
+        for _ in threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [self._running.get(t.ident or 0) or "a task" for t in threads if t.is_alive()]
+        return ", ".join(stuck) if stuck else None
 
 
 class Inline(SlotExecutor):

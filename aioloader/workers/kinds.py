@@ -7,22 +7,31 @@ the executor it gets and never asks which kind made it. A name ("processes", "th
 loads none of them (and never Ray); a kind object given by the user (one configured with
 options of its own, say) is used as it is. workers=0 runs tasks on one thread of this
 process (`Inline`) whatever kind is named: there is nothing to place elsewhere.
+
+A kind may also say what it needs done when a loader that will use it is made, before its
+files open (`prepare`): processes check that the transforms pickle and start the worker
+server; threads need nothing. A kind without a `prepare` needs nothing either.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Protocol
+from typing import Any, Protocol
 
 from .executor import Executor
 from .inline import Inline
 from .messages import Pipeline
 
-__all__ = ["KINDS", "ExecutorKind", "kind_named", "open_executor"]
+__all__ = ["KINDS", "ExecutorKind", "kind_named", "open_executor", "prepare"]
 
 
 class ExecutorKind(Protocol):
-    """Opens executors of one kind (processes, threads, Ray actors...)."""
+    """Opens executors of one kind (processes, threads, Ray actors...).
+
+    A kind may also have `prepare(dataset)`, called when a loader that will use it is made,
+    before its files open (processes check that the transforms pickle and start their
+    worker server there); a kind without one needs nothing done early.
+    """
 
     name: str  # shown in the loader's graph and stats
 
@@ -50,6 +59,15 @@ def kind_named(kind: str | ExecutorKind) -> ExecutorKind:
                          f"{', '.join(map(repr, KINDS))}") from None
     found: ExecutorKind = getattr(importlib.import_module(module, __package__), attr)
     return found
+
+
+def prepare(kind: str | ExecutorKind, dataset: Any) -> None:
+    """Before `dataset`'s loader opens its files: what `kind` needs done early (its optional
+    `prepare(dataset)`: processes raise a clear error for a transform that cannot be pickled,
+    and start the worker server, which loads while the files open)."""
+    early = getattr(kind_named(kind), "prepare", None)
+    if early is not None:
+        early(dataset)
 
 
 def open_executor(pipeline: Pipeline, workers: int, *, slots: int, slot_size: int = 32 << 20,

@@ -42,7 +42,7 @@ from .executor import CLOSE_GRACE_S, SlotExecutor
 from .inline import InlineExecutor
 from .inputs import input_bytes, ship_inputs
 from .messages import Pipeline, Task
-from .procs import context, stop, track
+from .procs import context, start_server, stop, track
 from .semnames import forget_names, pool_semaphores
 from .worker import _init_worker, _pack_pipeline, run_task
 
@@ -55,6 +55,12 @@ class Processes:
     """The "processes" executor kind (`aioloader.workers.kinds`): a `Pool`."""
 
     name = "processes"
+
+    def prepare(self, dataset: Any) -> None:
+        """A transform that cannot travel to a worker process is refused before any starts;
+        the worker server starts loading now (`procs.start_server`)."""
+        dataset.check_picklable()
+        start_server()
 
     def open(self, pipeline: Pipeline, workers: int, *, slots: int, slot_size: int,
              lanes: int | None, first_in_parent: bool) -> Pool:

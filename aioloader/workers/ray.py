@@ -77,6 +77,11 @@ class RayExecutor:
         self.max_reruns = max_reruns
         self.read_here = read_here
 
+    def prepare(self, dataset: Any) -> None:
+        """A transform that cannot travel to an actor is refused before any starts
+        (`kinds.prepare`; no worker server: the actors are Ray's processes)."""
+        dataset.check_picklable()
+
     def __repr__(self) -> str:
         return (f"RayExecutor(num_cpus_per_actor={self.num_cpus_per_actor!r}, "
                 f"address={self.address!r})")

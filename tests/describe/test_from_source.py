@@ -155,9 +155,11 @@ def test_a_source_that_cannot_travel_is_refused_at_start_by_name():
 
     ds = al.Dataset.from_source(Locked(records())).map(parse)
     with pytest.raises(TypeError, match=r"the source <.*Locked> cannot be pickled.*lock.*"
-                                        r"workers=0"):
+                                        r"workers=0 or executor=\"threads\""):
         ds.loader(workers=1)
     assert list(ds.loader(workers=0)) == list(range(N))
+    # threads of this process read the one object (it must bear calls from several at once)
+    assert list(ds.loader(workers=2, executor="threads")) == list(range(N))
 
 
 NOTEBOOK = """

@@ -204,16 +204,17 @@ def small_chunks_count_as_large(monkeypatch):
     monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers, executor", [(0, "processes"), (2, "processes"),
+                                               (2, "threads")])
 def test_an_exact_shuffle_over_more_chunks_than_the_cache_takes_the_horizon_path(
-        tmp_path, workers, small_chunks_count_as_large):
+        tmp_path, workers, executor, small_chunks_count_as_large):
     path = _write(tmp_path)
     ds = al.Dataset.from_arrayrecord(path).shuffle(3).repeat(2).batch(64)
     # The cache holds all 6 chunks (~0.5 MB decoded): whole chunks decoded and cached.
     want = [_ids(b) for b in ds.loader(workers=0)]
     assert sorted(i for b in want for i in b) == sorted(list(range(3000)) * 2)
     # A budget whose cache share holds one chunk: records pulled out per horizon.
-    assert _on_horizons_then_resumed(ds, 41, workers=workers) == want
+    assert _on_horizons_then_resumed(ds, 41, workers=workers, executor=executor) == want
 
 
 def _on_horizons_then_resumed(ds, k: int, **options) -> list[list[int]]:
@@ -269,9 +270,10 @@ def test_small_chunks_are_decoded_by_each_task_as_before(tmp_path):
     assert sorted(ids) == list(range(3000))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers, executor", [(0, "processes"), (2, "processes"),
+                                               (2, "threads")])
 def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
-        tmp_path, workers, small_chunks_count_as_large):
+        tmp_path, workers, executor, small_chunks_count_as_large):
     """Chunks fetched from gs:// (raw bytes in the fetch stage's cache, handed to the fill
     jobs and the tasks as refs, not file paths) give the same batches, and resume."""
     from aioloader.testing import local_gcs
@@ -283,13 +285,15 @@ def test_the_horizon_path_from_a_bucket_gives_the_local_batches(
         url = gcs.upload(path, "h/big.array_record")
         ds = al.Dataset.from_arrayrecord(url, storage_options=gcs.storage_options) \
             .shuffle(3).batch(64)
-        got = _on_horizons_then_resumed(ds, 21, workers=workers, resident_bytes=0)
+        got = _on_horizons_then_resumed(ds, 21, workers=workers, executor=executor,
+                                        resident_bytes=0)
     assert got == want
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("workers, executor", [(0, "processes"), (1, "processes"),
+                                               (2, "processes"), (2, "threads")])
 def test_chunks_each_worker_cannot_hold_are_decoded_about_once_an_epoch(
-        tmp_path, workers, small_chunks_count_as_large):
+        tmp_path, workers, executor, small_chunks_count_as_large):
     """The cache of all workers holds the 6 chunks (~0.6 MB cached) but each of 2 workers'
     shares does not: the decision follows what one decoding process holds, so 2 workers
     decode no more chunks an epoch than a small multiple of the chunk count, as 0 do
@@ -297,7 +301,7 @@ def test_chunks_each_worker_cannot_hold_are_decoded_about_once_an_epoch(
     path = _write(tmp_path)
     ds = al.Dataset.from_arrayrecord(path).shuffle(4).repeat(2).batch(32)
     want = [_ids(b) for b in ds.loader(workers=0)]
-    with ds.loader(workers=workers, memory_budget=1_400_000) as loader:
+    with ds.loader(workers=workers, executor=executor, memory_budget=1_400_000) as loader:
         got = [_ids(b) for b in loader]
         decoded = loader._parts.runner.chunks_decoded
     assert decoded <= 3 * 6 * 2  # (6 chunks, 2 epochs; one per task: ~90)

@@ -202,9 +202,11 @@ def test_a_transform_that_cannot_travel_is_refused_before_workers_start(data):
             return record
 
     ds = al.Dataset.from_arrayrecord(data).map(guarded)
-    with pytest.raises(TypeError, match=r"map\(.*guarded\) cannot be pickled.*lock.*workers=0"):
+    with pytest.raises(TypeError, match=r"map\(.*guarded\) cannot be pickled.*lock.*workers=0"
+                                        r".*executor=\"threads\""):
         ds.loader(workers=1)
     assert len(list(ds.loader(workers=0))) == N
+    assert len(list(ds.loader(workers=2, executor="threads"))) == N  # nothing is pickled
 
 
 NOTEBOOK = """

@@ -131,8 +131,9 @@ def test_as_dict_keeps_every_key_and_adds_transforms(clock):
     d = _run(clock).as_dict()
     assert {"records", "batches", "elements", "wait_fraction", "wait_s", "io", "cache",
             "stages", "time_to_first_batch_s", "records_per_s", "mean_ready_batches",
-            "workers", "prefetch", "elapsed_s", "transforms"} <= set(d)
+            "workers", "prefetch", "elapsed_s", "transforms", "executor"} <= set(d)
     assert (d["records"], d["elements"], d["batches"], d["workers"]) == (256, 256, 4, 2)
+    assert d["executor"] == "processes"
     assert d["elapsed_s"] == pytest.approx(2.0) and d["records_per_s"] == pytest.approx(128)
     assert d["wait_s"] == pytest.approx(0.04) and d["wait_fraction"] == pytest.approx(0.02)
     assert d["time_to_first_batch_s"] == pytest.approx(0.5)
@@ -174,6 +175,7 @@ def test_the_table(clock):
     assert lines[0] == "pipeline: source(a.array_record) -> map(f) -> batch(64)"
     assert "4 batches, 256 records in 2.00 s (128 records/s); first batch after 0.500 s" in text
     assert "consumer waited 0.04 s (2.0% of the time); 2.0 of 4 batches ready" in text
+    assert "executor: processes, 2 workers" in lines
     header = next(ln for ln in lines if ln.startswith("stage"))
     for col in ("items", "total s", "per item", "max call", "busy", "peak in flight"):
         assert col in header
@@ -233,7 +235,7 @@ def test_the_legend_explains_every_column_row_and_line_the_table_prints(clock):
             if ln and not ln.startswith((" ", "-", "stage ")) and ln.split()[0] in ps.stages]
     assert rows == ["fetch", "decode+transform"]
     lines = [ln.split(":")[0] for ln in text.splitlines() if re.match(r"^[A-Za-z/ ]+: ", ln)]
-    assert {"pipeline", "I/O", "chunk cache"} <= set(lines)
+    assert {"pipeline", "executor", "I/O", "chunk cache"} <= set(lines)
     for label in [*columns, *rows, *lines, *ps.stages, "  transform"]:
         assert _explained(legend, label.strip()), label
     for words in ("first batch after", "consumer waited", "batches ready", "records per read",

@@ -118,6 +118,24 @@ def test_workers_0_traces_the_inline_thread(files, tmp_path):
     assert _names(trace)[(parent, tasks[0]["tid"])].startswith("tasks run in this process")
 
 
+def test_the_threads_executor_traces_a_named_row_per_thread(files, tmp_path):
+    path = tmp_path / "t.json"
+    with _pipeline(files).loader(workers=2, executor="threads", prefetch=8,
+                                 trace=str(path)) as it:
+        for _ in it:
+            pass
+        parent = it.pool._pid
+    trace = json.loads(path.read_text())
+    spans, names = _spans(trace), _names(trace)
+    tasks = [e for e in spans if e["cat"] == "task"]
+    assert tasks and {e["pid"] for e in tasks} == {parent}
+    threads = {e["tid"] for e in tasks}
+    assert 1 <= len(threads) <= 2
+    for tid in threads:
+        assert names[(parent, tid)].startswith("tasks run in this process"), tid
+    _no_overlap_on_a_row(spans, "task")
+
+
 def test_tracing_is_off_unless_asked(files, tmp_path, monkeypatch):
     monkeypatch.delenv("AIOLOADER_TRACE", raising=False)
     with _pipeline(files).loader() as it:

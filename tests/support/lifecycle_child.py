@@ -129,17 +129,19 @@ def fork(paths: list[str]) -> int:
     return 0
 
 
-def hang(n: int, paths: list[str]) -> int:
+def hang(n: int, paths: list[str], executor: str = "processes") -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
     ds = rc.pipeline(paths, batch=8).map(never_returns)
-    loader = ds.loader(workers=n, prefetch=2)
+    loader = ds.loader(workers=n, prefetch=2, executor=executor)
     loader.start_prefetch()
     me = __import__("psutil").Process()
     deadline = time.monotonic() + 30
     workers: set[int] = set()
-    if n == 0:  # the inline thread is in the transform
+    in_process = n == 0 or executor == "threads"
+    if in_process:  # the inline thread (or a thread of the executor) is in the transform
         _STUCK.wait(30)
-    while n and time.monotonic() < deadline:  # the worker is up, and (after 0.5 s) in it
+    # else: the worker is up, and (after 0.5 s) in it
+    while not in_process and time.monotonic() < deadline:
         workers = {p for p in worker_pids(me) if "forkserver" in " ".join(
             __import__("psutil").Process(p).cmdline())}
         if workers:
@@ -203,6 +205,8 @@ def main(argv: list[str]) -> int:
             return fork(args)
         if mode == "hang":
             return hang(int(args[0]), args[1:])
+        if mode == "hang-threads":
+            return hang(int(args[0]), args[1:], executor="threads")
         if mode == "slow":
             return slow(int(args[0]), args[1:])
         if mode == "run":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 
 import numpy as np
 
@@ -145,3 +146,17 @@ def same_batches(a, b) -> None:
         assert x.keys() == y.keys()
         for k in x:
             np.testing.assert_array_equal(x[k], y[k])
+
+
+ENTERED = threading.Event()  # set when `stuck_on_0` is entered (in this process)
+RELEASE = threading.Event()  # set by a test to let a `stuck_on_0` left on a thread go
+
+
+def stuck_on_0(element: dict) -> dict:
+    """A transform that does not return on record 0 until `RELEASE` is set (in a worker
+    process, never: the pool terminates it)."""
+    if int(element["id"]) == 0:
+        ENTERED.set()
+        RELEASE.wait(60)
+    return element
+

@@ -127,13 +127,14 @@ def test_a_forked_child_gets_a_fresh_loop_and_never_hangs(paths):
 
 
 @pytest.mark.parametrize("presses", [1, 2])
-@pytest.mark.parametrize("workers", [0, 1])
-def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, workers,
+@pytest.mark.parametrize("mode, workers", [("hang", 0), ("hang", 1), ("hang-threads", 2)])
+def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, mode, workers,
                                                            terminal_sigint):
-    proc = _child("hang", str(workers), *paths, start_new_session=True)
+    proc = _child(mode, str(workers), *paths, start_new_session=True)
+    threads = mode == "hang-threads"
     try:
         info = _ready(proc)
-        assert len(info["workers"]) == workers
+        assert len(info["workers"]) == (0 if threads else workers)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole group
         if presses == 2:
@@ -152,7 +153,7 @@ def test_ctrl_c_ends_a_loader_whose_transform_never_returns(paths, presses, work
     assert "KeyboardInterrupt" in err, err[-3000:]
     # the 2 s grace for a busy worker (or the stuck inline thread), then out: not a hang
     assert took < 5 * CLOSE_GRACE_S, f"{took:.1f} s to exit"
-    if workers == 0:  # the stuck inline thread is left behind, and said so
+    if workers == 0 or threads:  # the stuck thread is left behind, and said so
         assert "map(never_returns)" in err and "still running" in err, err[-3000:]
     for pid in info["workers"]:
         deadline = time.monotonic() + 10
