@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .hedge import Watch
 
 __all__ = ["Backend", "FsspecBackend", "LocalBackend", "ObjectInfo", "StreamingBackend",
-           "Tail", "close_session", "file_info", "listed_files", "local_version"]
+           "Tail", "close_session", "file_info", "listed_files", "local_ident", "local_version"]
 
 
 class ObjectInfo(NamedTuple):
@@ -116,6 +116,14 @@ def local_version(st: os.stat_result) -> str:
     and `rsync -a` restore it); ctime cannot be set back, and a file replaced by a rename
     has another inode. (A chmod changes ctime too: a needless miss, not a wrong read.)"""
     return f"{st.st_mtime_ns}.{st.st_ctime_ns}.{st.st_dev}.{st.st_ino}"
+
+
+def local_ident(version: str) -> tuple[int, int] | None:
+    """The device and inode of a local file's `local_version` (None: not such a version)."""
+    parts = version.split(".")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[2:]):
+        return None
+    return int(parts[2]), int(parts[3])
 
 
 def _list_files(pattern: str) -> list[ObjectInfo]:

@@ -240,9 +240,12 @@ class FileSet:
     may hold at once (`limit`: a quarter of the cap, so that a few readers of one process
     holding their most at once stay within it)."""
 
-    def __init__(self, descriptors: Descriptors | None = None) -> None:
+    def __init__(self, descriptors: Descriptors | None = None,
+                 pins: dict[str, tuple[int, int]] | None = None) -> None:
+        """`pins`: files already pinned (path -> device and inode), e.g. those a dataset
+        opened, so that this reader reads them or refuses, never another file there now."""
         self._fds = descriptors if descriptors is not None else shared()
-        self._pins: dict[str, tuple[int, int]] = {}
+        self._pins: dict[str, tuple[int, int]] = dict(pins or {})
 
     @property
     def limit(self) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..arrayrecord.index import decode_chunk, decode_records
+from ..io.backends import local_ident
 from ..io.descriptors import FileSet
 from ..io.shortread import short_read_error
 from ..urls import is_local
@@ -44,7 +45,11 @@ class DirectReads:
         self.local = [is_local(u) for u in urls]
         self._paths = [u.removeprefix("file://") for u in urls]
         self._grouped = table.grouped.tolist()
-        self._files = FileSet()
+        # Pinned to the files the table opened (their versions name device and inode): a
+        # file replaced at its path since (a rename) is refused, never read.
+        pins = {path: ident for path, info, local in zip(self._paths, table.files, self.local)
+                if local and (ident := local_ident(info.version)) is not None}
+        self._files = FileSet(pins=pins)
 
     def record(self, file: int, chunk: int, within: int) -> bytes | None:
         """Record `within` of chunk `chunk` of file `file` (as `locate_one` gives); None

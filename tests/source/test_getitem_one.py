@@ -213,3 +213,27 @@ def test_read_instructions_one_at_a_time(datasets):
     want = _theirs(paths)
     with al.ArrayRecordSource(paths) as src:
         assert [src[i] for i in range(-len(want), len(want))] == want + want
+
+
+@pytest.mark.parametrize("group", [1, 64])
+@pytest.mark.parametrize("first", ["one", "list"])
+def test_a_file_replaced_by_a_rename_after_open_is_never_read(tmp_path, group, first):
+    """A dataset rebuilt with `mv` (another inode at the path, the same layout): one record
+    at a time reads the file that was opened, as a list does, or both refuse it."""
+    (path,) = _write(tmp_path, "zstd:3", group)[:1]
+    old = _theirs([path])
+    new = tmp_path / "new.ar"
+    write_theirs(str(new), [b"NEW-" + r[4:] for r in old], f"group_size:{group}")
+    with al.ArrayRecordSource(path, cache_bytes=0 if group > 1 else 256 << 20) as src:
+        len(src)
+        os.replace(new, path)
+        keys = (5, [5]) if first == "one" else ([5], 5)
+        got = []
+        for key in keys:
+            try:
+                value = src[key]
+                got.append(value if isinstance(key, int) else value[0])
+            except ObjectChangedError:
+                got.append("changed")
+        assert b"NEW-" + old[5][4:] not in got
+        assert got[0] == got[1]
