@@ -18,7 +18,7 @@ import html
 import json
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -171,12 +171,15 @@ def write_page(page: str, path: str | os.PathLike[str]) -> str:
     whose folder does not exist."""
     path = check_path(path)
     folder = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=".aioloader-report-", suffix=".tmp", dir=folder)
+    mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else None
+    # A new page gets the mode any new file gets (0o666 less the umask), as `open` would.
+    tmp = os.path.join(folder, f".aioloader-report-{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(page)
-        os.chmod(tmp, mode)
+        if mode is not None:  # a page written over keeps that file's mode
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

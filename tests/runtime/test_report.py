@@ -11,7 +11,7 @@ import time
 import pytest
 
 import aioloader as al
-from aioloader.runtime.report import DATA_ID
+from aioloader.runtime.report import DATA_ID, write_page
 from aioloader.runtime.stats import PipelineStats
 from aioloader.runtime.table import LEGEND
 from aioloader.runtime.timeline import rates
@@ -162,3 +162,18 @@ def test_a_real_run_reports_what_it_did(tmp_path):
     assert data["samples"][-1]["batches"] == 40
     # the table as printed then, bar the clock's figures
     assert data["table"].splitlines()[0] == table.splitlines()[0]
+
+
+def test_a_new_page_gets_the_mode_the_umask_gives_and_an_old_one_keeps_its_own(tmp_path):
+    old = os.umask(0o077)
+    try:
+        new = write_page("<html></html>", tmp_path / "new.html")
+    finally:
+        os.umask(old)
+    assert os.stat(new).st_mode & 0o777 == 0o600
+    kept = tmp_path / "kept.html"
+    kept.write_text("old")
+    os.chmod(kept, 0o640)
+    write_page("<html></html>", kept)
+    assert os.stat(kept).st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
