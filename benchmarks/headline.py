@@ -492,7 +492,8 @@ def render(lines: Sequence[Line], meta: dict[str, Any]) -> str:
         peer = "—" if x.peer is None and not x.peer_name else \
             f"{x.peer_name}: {_figure(x.peer, x.unit)}"
         limit = "—" if x.limit is None else f"{_ratio(x.limit, bold=False)} of {x.limit_name}"
-        out.append(f"| {x.workload} | {_figure(x.ours, x.unit)} | {peer} | {_ratio(x.ratio)} "
+        workload = x.workload + (" (**--quick**: not a claim)" if x.size == "quick" else "")
+        out.append(f"| {workload} | {_figure(x.ours, x.unit)} | {peer} | {_ratio(x.ratio)} "
                    f"| {limit} | `{x.command}` | {x.commit} | {machine_label(x.cores, x.load)} |")
     notes = [textwrap.fill(f"- {x.workload}: {x.note}", WIDTH, subsequent_indent="  ",
                            break_on_hyphens=False, break_long_words=False)

@@ -82,7 +82,10 @@ def test_render_has_one_row_per_line_with_the_ratios_command_commit_and_machine(
 
 def test_render_marks_quick_rows_as_a_smoke_test():
     quick = Line(**{**_line().__dict__, "size": "quick"})
-    assert "not claims" in render([quick], META)
+    block = render([quick, _line("loop", "training loop")], META)
+    assert "not claims" in block
+    assert "| text 1 KiB (**--quick**: not a claim) |" in block
+    assert "| training loop |" in block
 
 
 def test_replace_block_inserts_after_the_intro_with_a_history_heading():
