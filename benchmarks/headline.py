@@ -543,6 +543,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the file --write updates (default benchmarks/RESULTS.md)")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
                         help="timed repeats per row (default: each benchmark's own)")
+    parser.add_argument("--aio-workers", type=int, default=None, metavar="W",
+                        help="aioloader's workers in the loop row (default: the text row's "
+                             "winner in the same run, else 1)")
+    parser.add_argument("--grain-threads", type=int, default=None, metavar="N",
+                        help="Grain's threads in the loop row (default: the text row's winner "
+                             "in the same run, else 1)")
     parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                         help="where generated datasets are cached (default benchmarks/data)")
 
