@@ -391,8 +391,13 @@ ROWS: dict[str, Callable[[Any], list[Line]]] = {
 }
 
 
-def rerun_command(key: str, quick: bool) -> str:
-    return "python -m benchmarks headline --only " + key + (" --quick" if quick else "")
+def rerun_command(key: str, args: Any) -> str:
+    cmd = "python -m benchmarks headline --only " + key + (" --quick" if args.quick else "")
+    if key == "loop":
+        for flag in ("aio_workers", "grain_threads"):
+            if getattr(args, flag, None) is not None:
+                cmd += f" --{flag.replace('_', '-')} {getattr(args, flag)}"
+    return cmd
 
 
 def measure(args: Any) -> list[Line]:
@@ -409,7 +414,7 @@ def measure(args: Any) -> list[Line]:
                 got = [Line(key, key, "", None, "", None, None, note=f"failed: {exc}")]
         for line in got:
             lines.append(dataclasses.replace(
-                line, command=rerun_command(key, args.quick), commit=head, cores=cores(),
+                line, command=rerun_command(key, args), commit=head, cores=cores(),
                 load=load.mean, size="quick" if args.quick else "full"))
     return lines
 
