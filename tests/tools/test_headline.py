@@ -18,6 +18,7 @@ from benchmarks.headline import (
     from_json,
     machine_label,
     merge,
+    merge_runs,
     paired,
     render,
     replace_block,
@@ -83,7 +84,7 @@ def test_render_has_one_row_per_line_with_the_ratios_command_commit_and_machine(
 def test_render_marks_quick_rows_as_a_smoke_test():
     quick = Line(**{**_line().__dict__, "size": "quick"})
     block = render([quick, _line("loop", "training loop")], META)
-    assert "not claims" in block
+    assert "not claims" in block.replace("\n", " ")
     assert "| text 1 KiB (**--quick**: not a claim) |" in block
     assert "| training loop |" in block
 
@@ -120,6 +121,26 @@ def test_merge_replaces_the_rerun_rows_and_keeps_the_others_in_table_order():
     assert [x.workload for x in merged] == ["text 1 KiB", "open again", "loop"]
 
 
+def test_merge_runs_keeps_each_row_with_the_run_that_measured_it():
+    first = ([_line("text"), _line("open", "open")],
+             {"command": "headline", "date": "d1", "machine": "m1"})
+    second = ([_line("open", "open again")],
+              {"machine": "m2", "runs": [{"command": "headline --only open", "date": "d2",
+                                          "keys": ["open"]}]})
+    lines, meta = merge_runs(first, second)
+    assert [x.workload for x in lines] == ["text 1 KiB", "open again"]
+    assert meta == {"machine": "m2", "runs": [
+        {"command": "headline", "date": "d1", "keys": ["text"]},
+        {"command": "headline --only open", "date": "d2", "keys": ["open"]}]}
+    block = render(lines, meta)
+    assert "Rows from these runs: `headline` (d1; rows: text); `headline --only open` (d2; " \
+           "rows: open)." in block.replace("\n", " ")
+    # a rerun of every row of a run drops that run
+    _, meta = merge_runs((lines, meta), ([_line("text")], {"machine": "m3", "runs": [
+        {"command": "c", "date": "d3", "keys": ["text"]}]}))
+    assert [r["date"] for r in meta["runs"]] == ["d2", "d3"]
+
+
 def test_from_json_write_renders_a_saved_run_into_the_file(tmp_path: Path, capsys):
     saved = tmp_path / "run.json"
     saved.write_text(to_json([_line()], META))
@@ -131,6 +152,8 @@ def test_from_json_write_renders_a_saved_run_into_the_file(tmp_path: Path, capsy
     assert run(parser.parse_args(argv), argv) == 0
     first = results.read_text()
     assert "| text 1 KiB | 50k rec/s" in first and first.endswith(HISTORY_TEXT)
+    assert (tmp_path / "headline.json").exists()  # saved beside the file written
+    argv = ["--from-json", str(tmp_path / "headline.json"), "--write", "--results", str(results)]
     assert run(parser.parse_args(argv), argv) == 0
     assert results.read_text() == first
     assert MARK_START in capsys.readouterr().out
