@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick bench-headline clean
+.PHONY: venv test test-slow test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,7 @@ bench-quick: $(STAMP)
 
 # The headline table at the top of benchmarks/RESULTS.md, measured and written in place
 # (full size; `$(PY) -m benchmarks headline --quick` for a smoke test that writes nothing).
+.PHONY: bench-headline
 bench-headline: $(STAMP)
 	$(PY) -m benchmarks headline --write
 
