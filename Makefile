@@ -116,5 +116,11 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks run --quick
 
+# The headline table at the top of benchmarks/RESULTS.md, measured and written in place
+# (full size; `$(PY) -m benchmarks headline --quick` for a smoke test that writes nothing).
+.PHONY: bench-headline
+bench-headline: $(STAMP)
+	$(PY) -m benchmarks headline --write
+
 clean:
 	rm -rf $(VENV) $(DEMO) $(INTEROP) build dist *.egg-info .mypy_cache aioloader/arrayrecord/*.so

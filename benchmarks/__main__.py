@@ -1,5 +1,8 @@
 """`python -m benchmarks run [--quick] [--only NAME]`: run the registered benchmarks, print tables.
 
+`python -m benchmarks headline [--quick] [--write] [--from-json FILE]`: the headline table at the
+top of RESULTS.md (benchmarks/headline.py).
+
 One entry point so every figure in RESULTS.md comes from a command anyone can rerun
 (`make bench`, `make bench-quick`). Progress goes to stderr; the machine line and the markdown
 tables go to stdout (and to --output, if given).
@@ -38,7 +41,8 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
         epilog="benchmarks: " + ", ".join(names) + "\n\nexamples:\n"
                "  python -m benchmarks run --quick             # everything, small (< 10 min)\n"
                "  python -m benchmarks run --only format       # one benchmark, full size\n"
-               "  python -m benchmarks run --output results.md # also write the tables",
+               "  python -m benchmarks run --output results.md # also write the tables\n"
+               "  python -m benchmarks headline --write         # RESULTS.md's headline table",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run benchmarks and print their tables",
@@ -66,6 +70,13 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
                      help="also write every row's figures to FILE as JSON (for "
                           "benchmarks/compare_trees.py)")
     sub.add_parser("list", help="list the registered benchmarks")
+    from .headline import add_arguments
+
+    headline = sub.add_parser(
+        "headline", help="the headline table of RESULTS.md (one row per headline workload)",
+        description="Run the headline workloads side by side and print RESULTS.md's headline "
+                    "table; --write puts it at the top of RESULTS.md.")
+    add_arguments(headline)
     return parser
 
 
@@ -73,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     registry = load_all()
     from . import bench_scale  # noqa: F401  (registers "scale", issue 15's acceptance, last)
     args = build_parser(sorted(registry)).parse_args(argv)
+    if args.command == "headline":
+        from .headline import run as run_headline
+
+        return run_headline(args, sys.argv[1:] if argv is None else argv)
     if args.command == "list":
         for bench in registry.values():
             print(f"{bench.name:12} {bench.description} (peer: {bench.peer})")

@@ -65,6 +65,9 @@ SIZES = {  # records, resident_bytes, record-by-record cap (s), GETs for the CPU
 }
 CHILD_TIMEOUT = 600.0
 TARGETS = {"block": 0.8, "disk2": 0.8, "disk1_vs_record": 4.0}
+#: The last `measure` call's raw runs per spec name and its records per epoch, for callers that
+#: pair rows per repeat themselves (`benchmarks.headline`).
+LAST_RUN: dict[str, Any] = {}
 
 
 # -- feature detection (the measured tree may predate them) ---------------------------------
@@ -267,6 +270,9 @@ def measure(args: Any) -> list[Row]:
     base = {"kind": "pipeline", "records_per_epoch": n, "resident_bytes": resident,
             "shuffle": "exact"}
     reps = getattr(args, "repeats", None) or (2 if args.quick else 3)
+    only = set(getattr(args, "scale_only", None) or ())  # spec names; the others are skipped
+    if only:
+        have = {k: v and k in only for k, v in have.items()}  # rows of skipped specs: n/a
     res: dict[str, list[dict[str, Any]]] = {k: [] for k in
                                             ("local", "local_block", "record", "block",
                                              "disk", "cpu")}
@@ -295,7 +301,8 @@ def measure(args: Any) -> list[Row]:
         for k in range(reps):
             for name, spec in specs.items():
                 if (name in ("block", "local_block") and not have["block"]) or (
-                        name == "disk" and not have["disk"]):
+                        name == "disk" and not have["disk"]) or (
+                        only and name not in only):
                     continue
                 log(f"scale: repeat {k + 1}/{reps}: {name}")
                 with tempfile.TemporaryDirectory(prefix="scale-cache-") as cache:
@@ -305,6 +312,8 @@ def measure(args: Any) -> list[Row]:
                     log(f"scale: {name} failed: {out['error']}")
                 res[name].append(out)
 
+    LAST_RUN.clear()
+    LAST_RUN.update(res=res, records=n, file_bytes=file_bytes, resident=resident, cap_s=cap_s)
     local = [_rate(r, n) for r in res["local"]]
     record = [_rate(r, n) for r in res["record"]]
     what = (f"{n:,} × 1 KiB JSON, {SHARDS} shards, {file_bytes / 1e6:.0f} MB = "
