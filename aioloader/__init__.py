@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     )
     from .runtime.loader import Loader
     from .runtime.warmup import warm_up
-    from .source import ArrayRecordSource
+    from .source import ArrayRecordSource, TFRecordSource
 
 from ._moved import install as _install_moved
 
@@ -63,6 +63,7 @@ _HOMES = {
                      "WorkerOptions"], ".options"),
     **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".elements.transforms"),
     "ArrayRecordSource": ".source",
+    "TFRecordSource": ".source",
     "ArrayRecordWriter": ".arrayrecord",
     "Dataset": ".describe.dataset",
     "ElementSpec": ".elements.typed",
@@ -94,6 +95,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "StoreUnavailableError",
+    "TFRecordSource",
     "TransformError",
     "WorkerError",
     "WorkerOptions",

@@ -27,6 +27,9 @@ ROOT = Path(aioloader.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the ArrayRecord format: bytes in, bytes out (its errors are the package's base errors)
     ("arrayrecord", ("arrayrecord",)),
+    # record formats over it (ArrayRecord's adapter, TFRecord, ...): each format's index and
+    # chunk decoding, bytes in and out; they import only the ArrayRecord layer
+    ("formats", ("formats",)),
     # leaves: error types, typed settings (`RetryPolicy` among them), logging, URL handling,
     # argument checks, and helpers of the standard library only
     ("leaves", ("errors", "options", "logs", "urls", "arguments", "preimport", "_moved")),
@@ -234,6 +237,13 @@ def test_the_format_layer_imports_nothing_above_it():
     for mod, deps in GRAPH.items():
         if mod.startswith("aioloader.arrayrecord"):
             assert all(d.startswith("aioloader.arrayrecord") for d in deps), (mod, deps)
+
+
+def test_the_formats_import_only_the_arrayrecord_layer():
+    for mod, deps in GRAPH.items():
+        if mod.startswith("aioloader.formats"):
+            assert all(d.startswith(("aioloader.arrayrecord", "aioloader.formats"))
+                       for d in deps), (mod, deps)
 
 
 def test_pure_algorithms_and_descriptions_import_no_runtime():

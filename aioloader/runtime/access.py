@@ -64,7 +64,8 @@ class Access:
         else:
             self.source = ArrayRecordSource(list(spec.paths),
                                             storage_options=spec.storage_options,
-                                            verify=spec.verify, resident_bytes=0)
+                                            verify=spec.verify, resident_bytes=0,
+                                            format=spec.format)
         self._finalizer = weakref.finalize(self, self.source.close)
         meta = source_meta(self.source, spec.verify, whole=False)
         plan = compile(dataset, meta, LoaderOptions(), procs=procs)
