@@ -31,6 +31,15 @@ NAMES: tuple[str, ...] = tuple(_HOMES)
 _LOADED: dict[str, RecordFormat] = {}
 
 
+def guess(path: str) -> str:
+    """The format a file's name suggests: TFRecord for `*.tfrecord(s)` and TFDS's
+    `*.tfrecord-00000-of-00008`, ArrayRecord otherwise (for tools; pipelines say it)."""
+    name = path.rsplit("/", 1)[-1].lower().split("[", 1)[0]
+    if any(name.endswith(s) or f"{s}-" in name for s in (".tfrecord", ".tfrecords")):
+        return "tfrecord"
+    return ARRAYRECORD
+
+
 def check(name: str) -> str:
     """`name` if it names a format; ValueError naming the formats otherwise."""
     if name not in _HOMES:
