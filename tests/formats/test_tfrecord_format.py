@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from aioloader import formats
 from aioloader.arrayrecord import ArrayRecordFormatError
-from aioloader.formats.tfrecord import OVERHEAD, TFRecordFormatError, frame, masked_crc, scan
+from aioloader.formats.tfrecord import (
+    OVERHEAD,
+    TFRecordFormatError,
+    _masked_crc_8,
+    frame,
+    masked_crc,
+    scan,
+)
 
 TF = formats.get("tfrecord")
 
@@ -66,6 +73,13 @@ def test_a_record_longer_than_a_window_is_skipped_not_read():
     index = _index(data, window=1 << 16, reads=reads)
     assert index.num_records == 3
     assert sum(n for _, n in reads) < 3 << 16  # the big payload was never read
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.binary(min_size=8, max_size=8), min_size=1, max_size=50))
+def test_the_vectorized_header_checksum_is_the_c_implementations(rows):
+    got = _masked_crc_8(np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(-1, 8))
+    assert got.tolist() == [masked_crc(r) for r in rows]
 
 
 def test_the_masked_crc_is_tensorflows():
