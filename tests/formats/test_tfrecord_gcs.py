@@ -98,3 +98,14 @@ def test_a_damaged_object_names_its_url_and_record(gcs):
     ds = al.Dataset.from_tfrecord(url, storage_options=gcs.storage_options)
     with pytest.raises(TFRecordFormatError, match=r"bad\.tfrecord, record 5, byte 110"):
         list(ds.loader(workers=0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_disk_and_memory_tiers_serve_tfrecord(gcs, tmp_path, workers):
+    ds = al.Dataset.from_tfrecord(gcs.url("tf/part-*.tfrecord"),
+                                  storage_options=gcs.storage_options).shuffle(seed=1).repeat(2)
+    want = [r for rs in RECORDS for r in rs]
+    for kw in ({"cache_dir": tmp_path / f"disk{workers}", "resident_bytes": 0},
+               {"resident_bytes": 64 << 20}):
+        got = list(ds.loader(workers=workers, **kw))
+        assert sorted(got[:1200]) == sorted(got[1200:]) == sorted(want)
