@@ -235,3 +235,10 @@ def test_hostile_files_fail_at_open_naming_the_file(tmp_path):
     with pytest.raises(TFRecordFormatError, match=r"cut.tfrecord, record 9, byte \d+"), \
             al.TFRecordSource(str(cut)) as src:
         len(src)
+
+
+def test_random_access_gives_what_the_loader_yields(files):
+    ds = al.Dataset.from_tfrecord(files["glob"]).shuffle(seed=6)
+    every = list(ds.loader(workers=0))
+    assert len(ds) == N
+    assert ds[[0, 17, N - 1]] == [every[0], every[17], every[N - 1]]
