@@ -49,7 +49,8 @@ _U32 = struct.Struct("<I")
 CORRUPT_HINT = ("the file is corrupted or was not fully written, or is not TFRecord; "
                 "re-create or re-upload it")
 COMPRESSED_HINT = ("a GZIP- or ZLIB-compressed TFRecord file has no random access: convert "
-                   "it once with `aioloader convert --from tfrecord IN OUT`")
+                   "it once with `aioloader convert --from tfrecord IN.gz OUT_PREFIX` (GZIP "
+                   "files named *.gz; decompress a ZLIB file first), or decompress it")
 
 
 class TFRecordFormatError(ArrayRecordFormatError):
