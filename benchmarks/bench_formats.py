@@ -1,6 +1,6 @@
 """`formats`: the text workload read from TFRecord files against the same records as
-ArrayRecord files, and against Grain over the ArrayRecord copy; and what TFRecord's first
-scan costs.
+ArrayRecord files, and against Grain over the ArrayRecord copy; `formats-scan`: what
+TFRecord's first scan costs.
 
 - rates: global shuffle → json.loads → batch 256 over 20 shards, each contender the best of
   workers 1 and 2 per repeat (Grain: threads 1 and 4); TFRecord's files are opened through
@@ -127,7 +127,17 @@ def run_formats(args: Any) -> list[Row]:
                        _runs(tf_best), _runs(grain_best), 1.0, "rec/s", TEXT_BYTES,
                        "Grain best of threads 1/4 per repeat"),
     ]
-    rows.append(_scan_row("local files (page cache)", tf, ar, max(r, 3)))
+    return rows
+
+
+@register("formats-scan", "what TFRecord's first scan costs, locally and from a bucket",
+          peer="ArrayRecord footers")
+def run_formats_scan(args: Any) -> list[Row]:
+    n = sizes(args)["text"]
+    ar = sharded_dataset(args, "text", n, SHARDS)
+    tf = tfrecord_shards(args, n, SHARDS)
+    r = reps(args)
+    rows = [_scan_row("local files (page cache)", tf, ar, max(r, 3))]
     from aioloader.testing import local_gcs
 
     few = slice(0, 4)  # (the emulator holds them in memory)
