@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         TransformError,
         WorkerError,
     )
+    from .formats.tfrecord import TFRecordFormatError
     from .options import (
         LoaderOptions,
         PrefetchOptions,
@@ -64,6 +65,7 @@ _HOMES = {
     **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".elements.transforms"),
     "ArrayRecordSource": ".source",
     "TFRecordSource": ".source",
+    "TFRecordFormatError": ".formats.tfrecord",
     "ArrayRecordWriter": ".arrayrecord",
     "Dataset": ".describe.dataset",
     "ElementSpec": ".elements.typed",
@@ -95,6 +97,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "StoreUnavailableError",
+    "TFRecordFormatError",
     "TFRecordSource",
     "TransformError",
     "WorkerError",
