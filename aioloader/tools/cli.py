@@ -24,8 +24,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-# Light modules only: `--version` and `--help` load none of the runtime; each command loads
-# its own module when it runs (`_command`).
 from ..arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
 from ..errors import (
     ArrayRecordFormatError,
@@ -34,6 +32,10 @@ from ..errors import (
     MissingExtraError,
     StorageError,
 )
+
+# Light modules only: `--version` and `--help` load none of the runtime; each command loads
+# its own module when it runs (`_command`).
+from ..formats import NAMES as RECORD_FORMATS
 from ..urls import redact
 from .cli_common import fix_negative_values, scrub, storage_options
 
@@ -100,7 +102,7 @@ def _add_inspect(sub: Any) -> None:
 
 
 def _add_record_format(p: Any) -> None:
-    p.add_argument("--from", dest="record_format", choices=("arrayrecord", "tfrecord"),
+    p.add_argument("--from", dest="record_format", choices=RECORD_FORMATS,
                    help="the files' record format (default: by the name: tfrecord for "
                         "*.tfrecord, *.tfrecords and *.tfrecord-NNNNN-of-NNNNN, else "
                         "arrayrecord)")
