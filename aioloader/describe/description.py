@@ -61,25 +61,26 @@ class SourceSpec:
         numpy array of names); it is kept as a tuple of str. A set is refused: its order,
         so the records' numbering, would differ between processes."""
         paths: Any = self.paths
+        verb = f"from_{self.format}()" if isinstance(self.format, str) else "the source's"
         if isinstance(paths, (str, os.PathLike)):
             paths = (paths,)
         if isinstance(paths, (set, frozenset, Mapping)):
-            raise TypeError("from_arrayrecord() paths must be in an order the same in every "
+            raise TypeError(f"{verb} paths must be in an order the same in every "
                             "process (a list, or sorted(...)), not a "
                             f"{type(paths).__name__}")
         if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Sequence)):
             paths = tuple(paths)
         if isinstance(paths, bytes) or not isinstance(paths, Sequence) or not paths or \
                 not all(isinstance(p, (str, os.PathLike)) for p in paths):
-            raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
+            raise TypeError(f"{verb} paths must be a path or URL, or a non-empty "
                             f"list of them (str or os.PathLike), got {redact(repr(paths))}")
         object.__setattr__(self, "paths", tuple(str(os.fspath(p)) for p in paths))
         if not isinstance(self.storage_options, Mapping):
-            raise TypeError(f"from_arrayrecord() storage_options must be a dict, got "
+            raise TypeError(f"{verb} storage_options must be a dict, got "
                             f"{type(self.storage_options).__name__}")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
         if self.verify not in VERIFY_LEVELS:
-            raise ValueError(f"from_arrayrecord() verify must be one of {VERIFY_LEVELS}, got "
+            raise ValueError(f"{verb} verify must be one of {VERIFY_LEVELS}, got "
                              f"{self.verify!r}")
         kinds = self.format
         if not isinstance(kinds, str):
@@ -188,7 +189,7 @@ class MixSpec:
         leaves = list(self.leaves())
         objects = [isinstance(s, ObjectSource) for s in leaves]
         if any(objects) and not all(objects):
-            raise ValueError(f"{verb}() cannot combine from_source() datasets with ArrayRecord "
+            raise ValueError(f"{verb}() cannot combine from_source() datasets with record "
                              "files: write the objects' records to ArrayRecord files, or mix "
                              "only from_source() datasets")
         if not any(objects):
