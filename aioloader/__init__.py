@@ -35,6 +35,8 @@ if TYPE_CHECKING:
         TransformError,
         WorkerError,
     )
+    from .formats.parquet.errors import ParquetFormatError
+    from .formats.tfrecord import TFRecordFormatError
     from .options import (
         LoaderOptions,
         PrefetchOptions,
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     )
     from .runtime.loader import Loader
     from .runtime.warmup import warm_up
-    from .source import ArrayRecordSource
+    from .source import ArrayRecordSource, TFRecordSource
     from .workers.ray import RayExecutor
 
 from ._moved import install as _install_moved
@@ -64,6 +66,9 @@ _HOMES = {
                      "WorkerOptions"], ".options"),
     **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".elements.transforms"),
     "ArrayRecordSource": ".source",
+    "TFRecordSource": ".source",
+    "TFRecordFormatError": ".formats.tfrecord",
+    "ParquetFormatError": ".formats.parquet.errors",
     "ArrayRecordWriter": ".arrayrecord",
     "Dataset": ".describe.dataset",
     "ElementSpec": ".elements.typed",
@@ -89,6 +94,7 @@ __all__ = [
     "Map",
     "MissingExtraError",
     "ObjectChangedError",
+    "ParquetFormatError",
     "PrefetchOptions",
     "RandomMap",
     "RayExecutor",
@@ -97,6 +103,8 @@ __all__ = [
     "StateError",
     "StorageError",
     "StoreUnavailableError",
+    "TFRecordFormatError",
+    "TFRecordSource",
     "TransformError",
     "WorkerError",
     "WorkerOptions",

@@ -1,11 +1,11 @@
 """Every public error type aioloader raises, in one leaf module.
 
 A leaf so that any layer can raise these without importing a higher one: it imports nothing
-from aioloader but `ArrayRecordFormatError` and `ParquetFormatError`, which live with the
-format layers below (`aioloader.arrayrecord.errors`, `aioloader.formats.parquet.errors`)
-because those layers must not depend on this package. `ParquetFormatError` is loaded on
-first use (`__getattr__`), so that importing this module does not load the Parquet layer. The
-modules that raise an error also re-export it under its old name (`aioloader.storage.
+from aioloader but `ArrayRecordFormatError`, which lives with the format layer below
+(`aioloader.arrayrecord.errors`) because that layer must not depend on this package. The
+other formats' errors (`TFRecordFormatError`, `ParquetFormatError`) live with their formats
+(`aioloader.formats`) and are public names of the package (`aioloader.ParquetFormatError`).
+The modules that raise an error also re-export it under its old name (`aioloader.storage.
 StorageError`, `aioloader.describe.state.StateError`, ...), so either import works.
 
 Each subclasses the built-in error a caller would already catch for the same failure:
@@ -14,12 +14,7 @@ Each subclasses the built-in error a caller would already catch for the same fai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .arrayrecord.errors import ArrayRecordFormatError
-
-if TYPE_CHECKING:
-    from .formats.parquet.errors import ParquetFormatError
 
 __all__ = [
     "ArrayRecordFormatError",
@@ -28,7 +23,6 @@ __all__ = [
     "ElementSpecError",
     "MissingExtraError",
     "ObjectChangedError",
-    "ParquetFormatError",
     "StateError",
     "StorageError",
     "StoreUnavailableError",
@@ -114,11 +108,3 @@ class Unreachable(Transient):
     """Internal: an attempt that could not connect at all (no such host, connection refused,
     no route). Retried briefly only: these rarely heal within a read's deadline, and waiting
     hides the cause."""
-
-
-def __getattr__(name: str) -> type:
-    if name == "ParquetFormatError":
-        from .formats.parquet.errors import ParquetFormatError
-
-        return ParquetFormatError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,8 @@ batch (0: unbatched; after a pack, rows per batch), filter (aioloader: a predica
 max_seconds, step (seconds of simulated training per batch), workers, executor, prefetch,
 io_concurrency, max_gap, memory_budget, resident_bytes, storage_options, verify (aioloader;
 its default if absent), threads (Grain's ReadOptions.num_threads), api ("sync" | "async",
-aioloader).
+aioloader), format ("tfrecord": aioloader reads `paths` as TFRecord files), index_cache_dir
+(aioloader).
 """
 
 from __future__ import annotations
@@ -112,9 +113,9 @@ def _aio_dataset(spec: dict[str, Any]):
     import aioloader as al
 
     verify = {"verify": spec["verify"]} if spec.get("verify") else {}
-    ds = al.Dataset.from_arrayrecord(spec["paths"],
-                                     storage_options=spec.get("storage_options") or None,
-                                     **verify)
+    source = al.Dataset.from_tfrecord if spec.get("format") == "tfrecord" else \
+        al.Dataset.from_arrayrecord
+    ds = source(spec["paths"], storage_options=spec.get("storage_options") or None, **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":
         ds = ds.shuffle(spec.get("seed", 0), strategy="block",
@@ -136,7 +137,7 @@ def _aio_dataset(spec: dict[str, Any]):
 
 def _aio_options(spec: dict[str, Any]) -> dict[str, Any]:
     keys = ("workers", "prefetch", "io_concurrency", "max_gap", "memory_budget",
-            "resident_bytes", "executor")
+            "resident_bytes", "executor", "index_cache_dir")
     return {k: spec[k] for k in keys if spec.get(k) is not None}
 
 

@@ -27,7 +27,8 @@ ROOT = Path(aioloader.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the ArrayRecord format: bytes in, bytes out (its errors are the package's base errors)
     ("arrayrecord", ("arrayrecord",)),
-    # each format's index and chunk decoding, bytes in and bytes out (Parquet, ...)
+    # record formats over it (ArrayRecord's adapter, TFRecord, ...): each format's index and
+    # chunk decoding, bytes in and out; they import only the ArrayRecord layer
     ("formats", ("formats",)),
     # leaves: error types, typed settings (`RetryPolicy` among them), logging, URL handling,
     # argument checks, and helpers of the standard library only
@@ -238,6 +239,13 @@ def test_the_format_layer_imports_nothing_above_it():
             assert all(d.startswith("aioloader.arrayrecord") for d in deps), (mod, deps)
 
 
+def test_the_formats_import_only_the_arrayrecord_layer():
+    for mod, deps in GRAPH.items():
+        if mod.startswith("aioloader.formats"):
+            assert all(d.startswith(("aioloader.arrayrecord", "aioloader.formats"))
+                       for d in deps), (mod, deps)
+
+
 def test_pure_algorithms_and_descriptions_import_no_runtime():
     """Describe, plan, schedule and execute stay apart: nothing below the runtime reaches it
     but through the Dataset's lazy start, and the pure modules reach no I/O, event loop or
@@ -253,9 +261,7 @@ def test_pure_algorithms_and_descriptions_import_no_runtime():
 
 def test_errors_is_a_leaf_and_only_jax_py_imports_jax():
     assert GRAPH["aioloader.errors"] <= {"aioloader.arrayrecord.errors",
-                                          "aioloader.arrayrecord", "aioloader.urls",
-                                          "aioloader.formats.parquet.errors",
-                                          "aioloader.formats.parquet", "aioloader.formats"}
+                                          "aioloader.arrayrecord", "aioloader.urls"}
     for mod, path in ((m, ROOT.parent / (m.replace(".", "/") + ".py")) for m in GRAPH):
         if not path.exists() or mod == "aioloader.jax":
             continue

@@ -27,9 +27,16 @@ files and is intact:
   This catches damage and edits; it is not a signature (whoever can write the directory can
   recompute it), which is why the directory must be private;
 - sane: what any real index satisfies, checked vectorized over the table: per file, chunk
-  offsets increasing from byte 64 to below the footer, footer inside the file, record counts
-  at least 1 and at most the chunk's bytes; arrays inside the entry; an entry no larger than
-  its files.
+  offsets increasing from the first its format allows (ArrayRecord: byte 64) to below the
+  footer, footer inside the file (as its format bounds it: `RecordFormat.index_limits`),
+  record counts at least 1 and at most the chunk's bytes; arrays inside the entry; an
+  entry no larger than its files.
+
+Files of any record format go in (`aioloader.formats`): a TFRecord file's index is the scan of
+its length headers, ending at its size rather than at a footer; its "footer head" is the
+last HEAD_BYTES bytes of the file (`RecordFormat.proof_offset`). A file's format is part of
+the entry's name and key (ArrayRecord's adds nothing, so its entries keep their names) and is
+stored beside it.
 
 An entry that fails a check is ignored with a warning on the "aioloader" logger and rebuilt.
 A record read through a cached table that fails as corrupt drops the entry too, and the
@@ -63,6 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord import FileIndex
 from ..io.storage import ObjectInfo, is_local, redact
 from .privatedir import open_private_dir
@@ -110,9 +118,11 @@ class IndexCache:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         os.close(self._open_dir())  # refuse an unsafe directory now, not at first use
 
-    def load(self, infos: Sequence[ObjectInfo]) -> CachedTable | None:
-        """The cached table of these files, or None (missing, or failed a check: warned)."""
-        key, name = _key(infos), _name(infos)
+    def load(self, infos: Sequence[ObjectInfo],
+             kinds: Sequence[str] | None = None) -> CachedTable | None:
+        """The cached table of these files (of formats `kinds`, default all ArrayRecord),
+        or None (missing, or failed a check: warned)."""
+        key, name = _key(infos, kinds), _name(infos, kinds)
         try:
             dir_fd = self._open_dir()
         except PermissionError as err:
@@ -129,9 +139,9 @@ class IndexCache:
         finally:
             os.close(dir_fd)
         try:
-            return _read(fd, key, infos)
+            return _read(fd, key, infos, kinds)
         except StaleEntry as err:
-            self.drop(infos, str(err))
+            self.drop(infos, str(err), kinds)
             return None
         except Exception as err:  # whatever is wrong with it, it is only a miss
             self._warn(name, str(err) if isinstance(err, CacheEntryError) else
@@ -140,9 +150,10 @@ class IndexCache:
         finally:
             os.close(fd)
 
-    def drop(self, infos: Sequence[ObjectInfo], why: str) -> None:
+    def drop(self, infos: Sequence[ObjectInfo], why: str,
+             kinds: Sequence[str] | None = None) -> None:
         """Remove the entry of these files (stale: `why`); the next open rebuilds it."""
-        name = _name(infos)
+        name = _name(infos, kinds)
         try:
             dir_fd = self._open_dir()
         except PermissionError:
@@ -158,11 +169,11 @@ class IndexCache:
             os.close(dir_fd)
 
     def store(self, infos: Sequence[ObjectInfo], indices: Sequence[FileIndex],
-              heads: np.ndarray) -> None:
+              heads: np.ndarray, kinds: Sequence[str] | None = None) -> None:
         """Write the files' table and footer heads (`heads[k]`: file k's first HEAD_BYTES
-        bytes at its footer offset, where `checked`): a private temporary, renamed over the
-        entry."""
-        key, name = _key(infos), _name(infos)
+        bytes at its format's proof offset, where `checked`): a private temporary, renamed
+        over the entry."""
+        key, name = _key(infos, kinds), _name(infos, kinds)
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         try:
             dir_fd = self._open_dir()
@@ -174,7 +185,7 @@ class IndexCache:
                          | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    _write(f, key, _name(infos), indices, heads)
+                    _write(f, key, name, indices, heads, kinds)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -198,18 +209,33 @@ class IndexCache:
         return open_private_dir(self.directory, "index_cache_dir", "index entries")
 
 
-def _name(infos: Sequence[ObjectInfo]) -> str:
-    """An entry's name: a hash of the files' URLs, so a new version replaces the old."""
+def _kinds(infos: Sequence[ObjectInfo], kinds: Sequence[str] | None) -> list[str]:
+    """Each file's record format (default ArrayRecord)."""
+    if kinds is None:
+        return [fmts.ARRAYRECORD] * len(infos)
+    if len(kinds) != len(infos):
+        raise ValueError("one record format per file")
+    return list(kinds)
+
+
+def _tag(kind: str) -> str:
+    """What a file's format adds to the name and key (ArrayRecord: nothing)."""
+    return "" if kind == fmts.ARRAYRECORD else f"\0format={kind}"
+
+
+def _name(infos: Sequence[ObjectInfo], kinds: Sequence[str] | None = None) -> str:
+    """An entry's name: a hash of the files' URLs (and formats), so a new version replaces
+    the old."""
     h = hashlib.sha256(_FORMAT.encode())
-    for info in infos:
-        h.update(f"\0{info.url}".encode())
+    for info, kind in zip(infos, _kinds(infos, kinds)):
+        h.update(f"\0{info.url}{_tag(kind)}".encode())
     return h.hexdigest()[:32] + _SUFFIX
 
 
-def _key(infos: Sequence[ObjectInfo]) -> str:
+def _key(infos: Sequence[ObjectInfo], kinds: Sequence[str] | None = None) -> str:
     h = hashlib.sha256(_FORMAT.encode())
-    for info in infos:
-        h.update(f"\0{info.url}\0{info.size}\0{info.version}".encode())
+    for info, kind in zip(infos, _kinds(infos, kinds)):
+        h.update(f"\0{info.url}\0{info.size}\0{info.version}{_tag(kind)}".encode())
     return h.hexdigest()
 
 
@@ -223,9 +249,12 @@ def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np.ndarray) -> None:
+def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np.ndarray,
+           kinds: Sequence[str] | None = None) -> None:
+    # per file: footer offset, chunks, counts stored?, options, spec[, format unless ArrayRecord]
     files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
-              ix.writer_options, ix.element_spec] for ix in indices]
+              ix.writer_options, ix.element_spec, *([kind] if _tag(kind) else [])]
+             for ix, kind in zip(indices, kinds or [fmts.ARRAYRECORD] * len(indices))]
     bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
     at = 0
     for ix in indices:
@@ -255,7 +284,8 @@ def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np
         f.write(b"\0" * (-a.nbytes % _ALIGN))
 
 
-def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
+def _read(fd: int, key: str, infos: Sequence[ObjectInfo],
+          kinds: Sequence[str] | None = None) -> CachedTable:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         raise CacheEntryError("it is not a plain file of ours")
@@ -268,7 +298,7 @@ def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
     if n > min(_MAX_HEADER, st.st_size - 16):
         raise CacheEntryError("its header runs past its end")
     header = json.loads(os.pread(fd, n, 16))
-    if header.get("name") != _name(infos):
+    if header.get("name") != _name(infos, kinds):
         raise CacheEntryError("it belongs to other files")
     if header.get("key") != key:
         raise StaleEntry("the files changed since it was written (size or version)")
@@ -288,11 +318,11 @@ def _read(fd: int, key: str, infos: Sequence[ObjectInfo]) -> CachedTable:
         arrays[name] = np.frombuffer(mm, dtype=dtype, count=length, offset=body + at)
     if header.get("digest") != _digest(key, files, arrays):
         raise CacheEntryError("its checksum does not match its content (edited or damaged)")
-    return _indices(files, arrays, infos)
+    return _indices(files, arrays, infos, _kinds(infos, kinds))
 
 
-def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectInfo]
-             ) -> CachedTable:
+def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectInfo],
+             kinds: Sequence[str]) -> CachedTable:
     """The files' indices as views of the entry's arrays, after the checks any real index
     passes (a digest alone would pass a buggy writer's entry)."""
     bounds, decoded, counts = arrays["bounds"], arrays["decoded"], arrays["counts"]
@@ -300,18 +330,24 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
         raise CacheEntryError("its footer heads do not match its files")
     chunks = np.array([f[1] for f in files], dtype=np.int64)
     footers = np.array([f[0] for f in files], dtype=np.int64)
-    sizes = np.array([i.size for i in infos], dtype=np.int64)
     if (chunks < 0).any() or len(bounds) != int(chunks.sum()) + len(files) or \
             len(decoded) != int(chunks.sum()):
         raise CacheEntryError("its arrays do not hold its files' chunks")
     ends = np.cumsum(chunks + 1)  # one past each file's footer offset in bounds
     firsts = ends - chunks - 1
-    if (bounds[ends - 1] != footers).any() or (footers <= 0).any() or (footers >= sizes).any():
+    if any((f[5] if len(f) > 5 else fmts.ARRAYRECORD) != kind
+           for f, kind in zip(files, kinds)):
+        raise CacheEntryError("it holds files of another record format")
+    limits = np.array([fmts.get(kind).index_limits(i.size) for kind, i in zip(kinds, infos)],
+                      dtype=np.int64).reshape(len(files), 2)
+    if (bounds[ends - 1] != footers).any() or (footers <= 0).any() or \
+            (footers > limits[:, 1]).any():
         raise CacheEntryError("its footer offsets are outside their files")
     steps = np.diff(bounds)
     ok = steps > 0
     ok[ends[:-1] - 1] = True  # from one file's footer to the next file's first chunk: any
-    if len(bounds) and (not ok.all() or (bounds[firsts[chunks > 0]] < 64).any()):
+    if len(bounds) and (not ok.all() or
+                        (bounds[firsts[chunks > 0]] < limits[chunks > 0, 0]).any()):
         raise CacheEntryError("its chunk offsets are not increasing within the files")
     if (decoded.dtype == np.int64 and len(decoded) and decoded.min() < 0):
         raise CacheEntryError("its decoded sizes are out of range")
@@ -319,7 +355,7 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
     if len(counts) != int(chunks[stored].sum()):
         raise CacheEntryError("its record counts do not match its files' chunks")
     out, c_at, d_at = [], 0, 0
-    for k, (footer, n, has_counts, options, spec) in enumerate(files):
+    for k, (footer, n, has_counts, options, spec, *_) in enumerate(files):
         lo = int(firsts[k])
         if has_counts:
             rec = counts[c_at : c_at + n]

@@ -128,7 +128,8 @@ class DiskTier:
                          within=refs.within, names=names,
                          shift=[self._shift[r] for r in u], count=refs.count,
                          ids=file.astype(np.int64),
-                         idents=[self._known[r] for r in u])  # type: ignore[misc]  # all proved
+                         idents=[self._known[r] for r in u],  # type: ignore[misc]  # all proved
+                         format=refs.format)
 
     async def fetch_refs(self, refs: ChunkRefs, fetch: Any) -> list[Any]:
         """The physical bytes of each record's chunk: from the segment files for those on
@@ -293,4 +294,5 @@ def _subset(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
     """Records `idx` of `refs` (naming the same files)."""
     return ChunkRefs(refs.paths, refs.file[idx], refs.chunk[idx], refs.start[idx],
                      refs.end[idx], refs.within[idx], refs.names, refs.shift,
-                     refs.count[idx] if refs.count is not None else None, refs.ids)
+                     refs.count[idx] if refs.count is not None else None, refs.ids,
+                     format=refs.format[idx] if refs.format is not None else None)

@@ -44,7 +44,8 @@ class Dataset(Stages):
     """An immutable, picklable description of a pipeline: source → index ops → record ops →
     batching.
 
-    Build one with `from_arrayrecord`, `from_source`, `mix` or `concatenate`, chain verbs
+    Build one with `from_arrayrecord`, `from_tfrecord`, `from_source`, `mix` or
+    `concatenate`, chain verbs
     (`shuffle`, `repeat`, `shard`, `shard_by_jax_process`, slicing, `map`, `random_map`,
     `flat_map`, `filter`, `pack`, `batch`, `bucket_by_length`), each returning a new
     `Dataset`, and run it with
@@ -98,6 +99,37 @@ class Dataset(Stages):
         return cls(source, record_ops=(MapOp(Decode(spec)),))
 
     @classmethod
+    def from_tfrecord(
+        cls,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        compression: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        verify: str = DEFAULT_VERIFY,
+    ) -> Dataset:
+        """Records of TFRecord files (each record's payload, as bytes): a path, URL, glob,
+        or a list of them, as `from_arrayrecord` takes (`[start:end]` included).
+
+        TFRecord files have no index: the loader scans each file once when it opens it (a
+        sequential read of the whole file; keep the result with `index_cache_dir`), then
+        reads every record by its own byte range, so every verb works as over ArrayRecord
+        files (see docs/formats.md). `compression` must be None: GZIP/ZLIB-compressed
+        files have no random access (convert them with `aioloader convert`). `verify`:
+        "all" checks each record's payload checksum, "headers" only its length's, "none"
+        neither.
+        """
+        from ..formats.tfrecord import check_compression
+
+        check_compression(compression)
+        source = SourceSpec(paths, storage_options or {}, verify,  # type: ignore[arg-type]
+                            "tfrecord")
+        if any(is_gcs(p) and has_glob(p) for p in source.paths):
+            from ..preimport import import_started
+
+            import_started("gcsfs")
+        return cls(source)
+
+    @classmethod
     def from_source(cls, source: Any) -> Dataset:
         """Records of any object with `__len__` and `__getitem__`: a Grain data source, a
         list of records, ours.
@@ -109,10 +141,10 @@ class Dataset(Stages):
         """
         from ..source import ArrayRecordSource  # describing a pipeline imports no I/O
 
-        if isinstance(source, ArrayRecordSource):
+        if isinstance(source, ArrayRecordSource):  # (TFRecordSource too: its format kept)
             config = source._config  # what a copy of it reopens: its paths and options
-            return cls.from_arrayrecord(config["paths"], verify=config["verify"],
-                                        storage_options=config["storage_options"])
+            return cls(SourceSpec(config["paths"], dict(config["storage_options"] or {}),
+                                  config["verify"], tuple(source.formats)))
         check_source(source)
         return cls(ObjectSource(source))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
+from .. import formats as fmts
 from ..arguments import flag, maybe_seed
 from ..arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
 from ..elements.transforms import dumps_op
@@ -52,38 +53,58 @@ class SourceSpec:
     paths: tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     verify: str = DEFAULT_VERIFY
+    # the record format of every path (`aioloader.formats`), or of each (a mix of formats)
+    format: str | tuple[str, ...] = fmts.ARRAYRECORD
 
     def __post_init__(self) -> None:
         """`paths` may be one path or any ordered iterable of them (a list, `Path.glob`, a
         numpy array of names); it is kept as a tuple of str. A set is refused: its order,
         so the records' numbering, would differ between processes."""
         paths: Any = self.paths
+        verb = f"from_{self.format}()" if isinstance(self.format, str) else "the source's"
         if isinstance(paths, (str, os.PathLike)):
             paths = (paths,)
         if isinstance(paths, (set, frozenset, Mapping)):
-            raise TypeError("from_arrayrecord() paths must be in an order the same in every "
+            raise TypeError(f"{verb} paths must be in an order the same in every "
                             "process (a list, or sorted(...)), not a "
                             f"{type(paths).__name__}")
         if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Sequence)):
             paths = tuple(paths)
         if isinstance(paths, bytes) or not isinstance(paths, Sequence) or not paths or \
                 not all(isinstance(p, (str, os.PathLike)) for p in paths):
-            raise TypeError(f"from_arrayrecord() paths must be a path or URL, or a non-empty "
+            raise TypeError(f"{verb} paths must be a path or URL, or a non-empty "
                             f"list of them (str or os.PathLike), got {redact(repr(paths))}")
         object.__setattr__(self, "paths", tuple(str(os.fspath(p)) for p in paths))
         if not isinstance(self.storage_options, Mapping):
-            raise TypeError(f"from_arrayrecord() storage_options must be a dict, got "
+            raise TypeError(f"{verb} storage_options must be a dict, got "
                             f"{type(self.storage_options).__name__}")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
         if self.verify not in VERIFY_LEVELS:
-            raise ValueError(f"from_arrayrecord() verify must be one of {VERIFY_LEVELS}, got "
+            raise ValueError(f"{verb} verify must be one of {VERIFY_LEVELS}, got "
                              f"{self.verify!r}")
+        kinds = self.format
+        if not isinstance(kinds, str):
+            kinds = tuple(kinds)
+            if len(kinds) != len(self.paths):
+                raise ValueError("a source's formats name one format per path")
+            if len(set(kinds)) == 1:
+                kinds = kinds[0]
+            object.__setattr__(self, "format", kinds)
+        for kind in self.formats:
+            fmts.check(kind)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The record format of each path, in order."""
+        kinds = self.format
+        return (kinds,) * len(self.paths) if isinstance(kinds, str) else kinds
 
     def __repr__(self) -> str:
         """Paths redacted, and the options' names only: their values hold credentials."""
+        kind = "" if self.format == fmts.ARRAYRECORD else f", format={self.format!r}"
         return (f"SourceSpec(paths={tuple(redact(p) for p in self.paths)!r}, "
                 f"storage_options=<{', '.join(map(str, self.storage_options)) or 'none'}>, "
-                f"verify={self.verify!r})")
+                f"verify={self.verify!r}{kind})")
 
 
 @dataclass(frozen=True)
@@ -168,7 +189,7 @@ class MixSpec:
         leaves = list(self.leaves())
         objects = [isinstance(s, ObjectSource) for s in leaves]
         if any(objects) and not all(objects):
-            raise ValueError(f"{verb}() cannot combine from_source() datasets with ArrayRecord "
+            raise ValueError(f"{verb}() cannot combine from_source() datasets with record "
                              "files: write the objects' records to ArrayRecord files, or mix "
                              "only from_source() datasets")
         if not any(objects):
@@ -206,7 +227,8 @@ class MixSpec:
         leaves = list(self.leaves())
         if isinstance(leaves[0], ObjectSource):
             return ObjectSource(Concatenated([s.obj for s in leaves]))  # type: ignore[union-attr]
-        return SourceSpec(self.paths, dict(self.storage_options), self.verify)
+        return SourceSpec(self.paths, dict(self.storage_options), self.verify,
+                          tuple(k for s in leaves for k in s.formats))  # type: ignore[union-attr]
 
     def describe(self) -> str:
         """One line (the pipeline's first step in fingerprints and graphs)."""
@@ -250,7 +272,7 @@ def stage_lines(ds: Described) -> list[str]:
     else:
         paths = source.paths
         more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
-        lines = [f"source({redact(paths[0])}{more})"]
+        lines = [f"{source_verb(source)}({redact(paths[0])}{more})"]
     lines += [op.describe() for op in ds.index_ops]
     lines += [op.describe() for op in ds.record_ops]
     if ds.batching is not None:
@@ -259,6 +281,15 @@ def stage_lines(ds: Described) -> list[str]:
         lines.append(ds.pack_batch.describe())
     lines += [op.describe() + " [per batch]" for op in ds.batch_ops]
     return lines
+
+
+def source_verb(source: Any) -> str:
+    """What a source's stage is called: "source" for ArrayRecord files (and objects), the
+    format's name for others ("tfrecord"), the formats' for several ("tfrecord+arrayrecord")."""
+    kinds = getattr(source, "formats", (fmts.ARRAYRECORD,))
+    if all(k == fmts.ARRAYRECORD for k in kinds):
+        return "source"
+    return "+".join(dict.fromkeys(kinds))
 
 
 def check_picklable(ds: Described) -> None:

@@ -59,7 +59,8 @@ class ChunkRefs:
     `names` (default: `paths`) are what errors call the files when `paths` are copies, and
     `shift[f]` (default 0) is where file f's byte 0 sits in its copy. `ids[f]` is file f's
     number in its source (`ArrayRecordSource.urls`): the parent fetches by it, so a file is
-    never looked up again by its URL; workers read by `paths`.
+    never looked up again by its URL; workers read by `paths`. `format[i]` is record i's
+    format code (`aioloader.formats`), which the workers decode it by.
     """
 
     paths: list[str]
@@ -75,6 +76,8 @@ class ChunkRefs:
     # (dev, inode) of each of `paths` as the parent proved it (disk tier entries: see
     # aioloader.workers.localfiles); None for files read as they are
     idents: list[tuple[int, int]] | None = None
+    # each record's format code (`aioloader.formats.code`); None: every record ArrayRecord
+    format: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.file)
@@ -93,7 +96,8 @@ class ChunkRefs:
                          [self.shift[f] for f in u] if self.shift is not None else None,
                          self.count[lo:hi] if self.count is not None else None,
                          self.ids[used] if self.ids is not None else None,
-                         [self.idents[f] for f in u] if self.idents is not None else None)
+                         [self.idents[f] for f in u] if self.idents is not None else None,
+                         self.format[lo:hi] if self.format is not None else None)
 
     def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
         """The same records, read from copies of the files (file f's byte 0 at `shift[f]`

@@ -64,7 +64,8 @@ class Access:
         else:
             self.source = ArrayRecordSource(list(spec.paths),
                                             storage_options=spec.storage_options,
-                                            verify=spec.verify, resident_bytes=0)
+                                            verify=spec.verify, resident_bytes=0,
+                                            format=spec.format)
         # Run when the dataset is freed, in whatever thread the collector ran: not waited for.
         self._finalizer = weakref.finalize(self, _close_soon, self.source)
         meta = source_meta(self.source, spec.verify, whole=False)

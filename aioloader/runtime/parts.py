@@ -145,7 +145,7 @@ class Parts:
         src = self.source = ArrayRecordSource(
             list(spec.paths), storage=storage, verify=spec.verify,
             max_gap=read.max_gap, resident_bytes=read.resident_bytes,
-            index_cache_dir=read.index_cache_dir)
+            index_cache_dir=read.index_cache_dir, format=spec.format)
         self.stats.io_source = storage.stats.as_dict
         self.stats.cache_source = self._cache_figures
         await src.aopen()

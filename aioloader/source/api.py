@@ -1,4 +1,6 @@
-"""`ArrayRecordSource`: a set of ArrayRecord files as one indexed record space, for users.
+"""`ArrayRecordSource`: a set of record files (ArrayRecord, or any format of
+`aioloader.formats`, each pattern its own) as one indexed record space, for users;
+`TFRecordSource` is the same over TFRecord files.
 
 A thin facade over the two stages the loader uses directly: `table` (`RecordTable`, where each
 record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range reads, the
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord import DEFAULT_VERIFY, ArrayRecordFormatError, ChunkRecords, FileIndex
 from ..cache import SegmentStore
 from ..cache.index_cache import IndexCache
@@ -52,10 +55,9 @@ def _kinds(values: list[str]) -> str:
 def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
     """What the INFO line at open says: (where, files, records, bytes, codecs, group sizes)."""
     codecs, groups = [], []
-    for ix in table.indices:
-        c = ix.options.compression if ix.options is not None else None
-        codecs.append("unknown" if c is None else c.name if c.level is None or c.name not in
-                      ("zstd", "brotli") else f"{c.name}:{c.level}")
+    for ix, kind in zip(table.indices, table.formats):
+        codec = fmts.get(kind).codec(ix)
+        codecs.append(codec if kind == fmts.ARRAYRECORD else f"{kind} ({codec})")
         groups.append(str(ix.group_size))
     urls = table.urls
     where = redact(urls[0] if len(urls) == 1 else f"{urls[0]} .. {urls[-1]}") if urls else "-"
@@ -92,11 +94,20 @@ class ArrayRecordSource(SyncReads):
         max_merged: int = DEFAULT_MAX_MERGED,
         index_cache_dir: str | os.PathLike | None = None,
         resident_bytes: int = 0,
+        format: str | Sequence[str] = fmts.ARRAYRECORD,
     ) -> None:
         self._patterns = ([os.fspath(paths)] if isinstance(paths, (str, os.PathLike))
                           else [os.fspath(p) for p in paths])
         if not self._patterns:
-            raise ValueError("ArrayRecordSource needs at least one path")
+            raise ValueError(f"{type(self).__name__} needs at least one path")
+        # Each pattern's record format (`aioloader.formats`): one for all, or one each.
+        self.formats = ([format] * len(self._patterns) if isinstance(format, str)
+                        else list(format))
+        if len(self.formats) != len(self._patterns):
+            raise ValueError(f"format names {len(self.formats)} formats for "
+                             f"{len(self._patterns)} paths: give one, or one per path")
+        for kind in self.formats:
+            fmts.check(kind)
         self.verify = verify
         self._owns_storage = storage is None
         self.storage = storage or Storage(storage_options=storage_options)
@@ -116,7 +127,7 @@ class ArrayRecordSource(SyncReads):
         self._config = dict(paths=self._patterns, storage_options=self.storage.storage_options,
                             verify=verify, cache_bytes=cache_bytes, max_gap=max_gap,
                             max_merged=max_merged, index_cache_dir=self.index_cache_dir,
-                            resident_bytes=resident_bytes)
+                            resident_bytes=resident_bytes, format=format)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
         self._direct: DirectReads | None = None  # `src[i]` without the loop (see `direct`)
@@ -146,7 +157,7 @@ class ArrayRecordSource(SyncReads):
             if self._table is None:
                 t0 = time.perf_counter()
                 table = await open_table(self._patterns, self.storage, verify=self.verify,
-                                         index_cache=self._index_cache)
+                                         index_cache=self._index_cache, formats=self.formats)
                 if log.isEnabledFor(logging.INFO):
                     log.info("opened %s: %d files, %d records, %.1f MB; codec %s, group "
                              "size %s (%.2f s)", *describe_table(table),
@@ -258,10 +269,11 @@ class ArrayRecordSource(SyncReads):
         if (isinstance(err, ArrayRecordFormatError) and cache is not None
                 and table is not None and table.from_index_cache):
             table.from_index_cache = False
-            cache.drop(table.files, f"a record read through it failed ({err})")
+            cache.drop(table.files, f"a record read through it failed ({err})", table.formats)
             for f in sorted(files):
                 info = table.files[f]
-                if await footer_changed(self.storage, info, table.indices[f], self.verify):
+                if await footer_changed(self.storage, info, table.indices[f], self.verify,
+                                        table.formats[f]):
                     return ObjectChangedError(
                         f"{redact(info.url)} was rewritten after its index was cached in "
                         f"{cache.directory} (its size and mtime kept), so the cached index "
@@ -324,7 +336,29 @@ class ArrayRecordSource(SyncReads):
         t = self._table
         state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
         more = ", ..." if len(self._patterns) > 1 else ""
-        return f"ArrayRecordSource({redact(self._patterns[0])!r}{more}; {state})"
+        return f"{type(self).__name__}({redact(self._patterns[0])!r}{more}; {state})"
+
+
+class TFRecordSource(ArrayRecordSource):
+    """Random access to the records of one or more TFRecord files: `ArrayRecordSource`'s API
+    and options over files that have no index of their own.
+
+    Opening scans each file once (`aioloader.formats.tfrecord`): a sequential read of all of
+    it, checking every length header; with `index_cache_dir` the scan is kept for that
+    version of the file. Each record is then read by its own byte range, as a group_size-1
+    ArrayRecord file's. `verify` ("all"): "all" checks each record's payload checksum too,
+    "headers" only the length headers, "none" neither. `compression` must be None: a
+    GZIP/ZLIB-compressed file has no random access (convert it with `aioloader convert`).
+    """
+
+    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+                 compression: str | None = None, **kw: Any) -> None:
+        from ..formats.tfrecord import check_compression
+
+        check_compression(compression)
+        if kw.setdefault("format", "tfrecord") != "tfrecord":
+            raise ValueError("TFRecordSource reads TFRecord files (format='tfrecord')")
+        super().__init__(paths, **kw)
 
 
 def recorded_spec(paths: Sequence[str], storage_options: Any = None,

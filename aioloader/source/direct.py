@@ -4,10 +4,10 @@ Grain's samplers, and many users, ask for one record at a time. Through `read` e
 call pays a round trip to the background loop and a hop to its read threads, which costs
 far more than what the record needs: a page-cache `pread` of its chunk and a decode. Here
 the chunk is located with scalar lookups (`RecordTable.locate_one`), read with one `pread`
-on a descriptor of the process's shared set (`aioloader.io.descriptors`: pinned, as the
-storage backend pins, to the file first opened under its path), and decoded by the same
-`arrayrecord` decoding the batched path uses, with its checks: the byte budget before the
-read, a short read, the footer's record count, the chunk filling its range, the hashes
+on a descriptor of the process's shared set (`aioloader.io.descriptors`: pinned to the
+file the source opened under its path), and decoded by the decoding of its file's format
+(`aioloader.formats`) that the batched path uses, with its checks: the byte budget before
+the read, a short read, the footer's record count, the chunk filling its range, the hashes
 `verify` asks for. Multi-record chunks go through the source's decoded-chunk cache, shared
 with `read`, so a chunk is decoded once whichever way its records are asked for.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..arrayrecord.index import decode_chunk, decode_records
+from .. import formats as fmts
 from ..io.backends import local_ident
 from ..io.descriptors import FileSet
 from ..io.shortread import short_read_error
@@ -45,6 +45,7 @@ class DirectReads:
         self.local = [is_local(u) for u in urls]
         self._paths = [u.removeprefix("file://") for u in urls]
         self._grouped = table.grouped.tolist()
+        self._formats = [fmts.get(name) for name in table.formats]  # each file's decoding
         # Pinned to the files the table opened (their versions name device and inode): a
         # file replaced at its path since (a rename) is refused, never read.
         pins = {path: ident for path, info, local in zip(self._paths, table.files, self.local)
@@ -69,13 +70,14 @@ class DirectReads:
         raw = self._files.pread(self._paths[file], end - start, start)
         if len(raw) != end - start:
             raise short_read_error(url, start, end, len(raw))
+        fmt = self._formats[file]
         if not grouped:  # one-record chunks: the inline decoder (not cached, as in `read`)
-            return decode_records([raw], [start], [within], verify=self.verify,
-                                  paths=[index.path], chunks=[chunk], counts=[count],
-                                  max_decoded=self.max_decoded)[0]
-        _, records = decode_chunk(raw, start, verify=self.verify, path=index.path, chunk=chunk,
-                                  expected_records=count, max_decoded=self.max_decoded,
-                                  whole_range=True)
+            return fmt.decode_records([raw], [start], [within], verify=self.verify,
+                                      paths=[index.path], chunks=[chunk], counts=[count],
+                                      max_decoded=self.max_decoded)[0]
+        records = fmt.decode_chunk(raw, start, verify=self.verify, path=index.path,
+                                   chunk=chunk, expected_records=count,
+                                   max_decoded=self.max_decoded)
         self.cache.put((file, chunk), records)
         return records.record(within)
 

@@ -185,7 +185,7 @@ class Fetcher:
         kept.hits += len(refs)
         out = ChunkRefs([kept.worker_path] * len(places), inverse.astype(np.int64).ravel(),
                         refs.chunk, refs.start, refs.end, refs.within, names,
-                        places.tolist(), refs.count, files[first])
+                        places.tolist(), refs.count, files[first], format=refs.format)
         return Lease(out, lambda: kept.release(need))
 
     # -- by (file, chunk) and by byte range ---------------------------------------------

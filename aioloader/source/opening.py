@@ -1,5 +1,9 @@
 """Opening: list the files, read and parse every file's footer, build the `RecordTable`.
 
+Each pattern names files of one record format (`aioloader.formats`; ArrayRecord unless
+said): a file's index is whatever its format's `open_index` reads (ArrayRecord: its footer,
+as below; TFRecord: one sequential scan of the whole file), driven here the same way.
+
 Opening lists the files (one listing for a glob), then reads every file's footer, all files
 in parallel: local files in a few batched thread-pool jobs, by small reads of what they
 declare (the postscript's head, then the footer); remote files, as many in flight as the
@@ -25,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrayrecord import FileIndex, open_index
+from .. import formats as fmts
+from ..arrayrecord import FileIndex
 from ..arrayrecord.index import POSTSCRIPT_PROBE
 from ..arrayrecord.layout import BLOCK_SIZE
 from ..cache.index_cache import HEAD_BYTES, IndexCache, checked
@@ -58,34 +63,44 @@ async def gather_all(coros) -> list[Any]:
 
 
 async def open_table(patterns: Sequence[str], storage: Storage, *, verify: str,
-                     index_cache: IndexCache | None) -> RecordTable:
-    """List and index the files `patterns` name, in order, all at once. With an index
+                     index_cache: IndexCache | None,
+                     formats: Sequence[str] | None = None) -> RecordTable:
+    """List and index the files `patterns` name, in order, all at once; `formats[k]` is
+    the record format of pattern k's files (default: all ArrayRecord). With an index
     cache: list, then map the files' cached table, or index them and store it."""
+    kinds = list(formats) if formats is not None else [fmts.ARRAYRECORD] * len(patterns)
+    if len(kinds) != len(patterns):
+        raise ValueError("formats must name one format per pattern")
     opener = _Opener(storage, verify)
     names = await gather_all(opener.resolve(p) for p in patterns)
     if index_cache is not None:
         listed = await gather_all(opener.list_pattern(p, glob) for p, glob, _ in names)
         infos = [i for group in listed for i in group]
+        kinds = [k for k, group in zip(kinds, listed) for _ in group]
         ranges = _ranges(names, listed)
-        cached = index_cache.load(infos)
+        cached = index_cache.load(infos, kinds)
         if cached is not None:
-            if np.array_equal(await footer_heads(storage, infos, cached.indices),
+            if np.array_equal(await footer_heads(storage, infos, cached.indices, kinds),
                               cached.heads):
-                table = RecordTable(infos, cached.indices, cached.bounds, ranges=ranges)
+                table = RecordTable(infos, cached.indices, cached.bounds, ranges=ranges,
+                                    formats=kinds)
                 table.pattern_files = [len(g) for g in listed]
                 table.from_index_cache = True
                 return table
             index_cache.drop(infos, "a file's footer is not the one it holds (the file was "
-                                    "rewritten, its size and mtime kept)")
-        indices = await opener.open_files(infos)
-        index_cache.store(infos, indices, await footer_heads(storage, infos, indices))
-        table = RecordTable(infos, indices, ranges=ranges)
+                                    "rewritten, its size and mtime kept)", kinds)
+        indices = await opener.open_files(infos, kinds)
+        index_cache.store(infos, indices, await footer_heads(storage, infos, indices, kinds),
+                          kinds)
+        table = RecordTable(infos, indices, ranges=ranges, formats=kinds)
         table.pattern_files = [len(g) for g in listed]
         return await _trimmed(table)
-    groups = await gather_all(opener.open_pattern(p, glob) for p, glob, _ in names)
+    groups = await gather_all(opener.open_pattern(p, glob, kind)
+                              for (p, glob, _), kind in zip(names, kinds))
     table = RecordTable([info for group in groups for info, _ in group],
                         [index for group in groups for _, index in group],
-                        ranges=_ranges(names, groups))
+                        ranges=_ranges(names, groups),
+                        formats=[k for k, group in zip(kinds, groups) for _ in group])
     table.pattern_files = [len(g) for g in groups]
     del groups  # the parsed columns, now copied into the table: free them before trimming
     return await _trimmed(table)
@@ -101,11 +116,11 @@ def _ranges(names: list[tuple[str, bool, tuple[int, int] | None]],
 
 
 async def footer_changed(storage: Storage, info: ObjectInfo, index: FileIndex,
-                         verify: str) -> bool:
-    """Whether the file's footer, read again now, gives another index than `index` (False
-    when it cannot be read: nothing is known then)."""
+                         verify: str, kind: str = fmts.ARRAYRECORD) -> bool:
+    """Whether the file's footer (its index, of format `kind`), read again now, gives
+    another index than `index` (False when it cannot be read: nothing is known then)."""
     try:
-        now = await _Opener(storage, verify)._open_file(info)
+        now = await _Opener(storage, verify)._open_file(info, kind)
     except Exception:
         return False
     return not (now.footer_offset == index.footer_offset
@@ -115,12 +130,13 @@ async def footer_changed(storage: Storage, info: ObjectInfo, index: FileIndex,
 
 
 async def footer_heads(storage: Storage, infos: Sequence[ObjectInfo],
-                       indices: Sequence[FileIndex]) -> np.ndarray:
-    """Each file's first HEAD_BYTES bytes at its footer offset where the index cache checks
-    them (`index_cache.checked`: one small read per local file), else zeros."""
+                       indices: Sequence[FileIndex], kinds: Sequence[str]) -> np.ndarray:
+    """Each file's first HEAD_BYTES bytes at its format's proof offset (ArrayRecord: its
+    footer's) where the index cache checks them (`index_cache.checked`: one small read per
+    local file), else zeros."""
     out = np.zeros((len(infos), HEAD_BYTES), dtype=np.uint8)
     ks = [k for k, info in enumerate(infos) if checked(info)]
-    at = [indices[k].footer_offset for k in ks]
+    at = [fmts.get(kinds[k]).proof_offset(indices[k]) for k in ks]
     datas = await storage.read_many([(infos[k].url, a, a + HEAD_BYTES) for k, a in zip(ks, at)])
     for k, data in zip(ks, datas):
         out[k, : len(data)] = np.frombuffer(data, dtype=np.uint8)[:HEAD_BYTES]
@@ -167,7 +183,8 @@ class _Opener:
     def learn(self, index: FileIndex) -> None:
         """Size later files' first reads to hold a footer as large as this one's, wherever
         its padding ends (see FIRST_SPAN)."""
-        took = index.size - BLOCK_SIZE - index.footer_offset  # footer and padding
+        took = index.size - BLOCK_SIZE - index.footer_offset  # footer and padding (an
+        # index without a footer, as a scanned TFRecord file's, takes none)
         self.span = max(self.span, min(CLOUD_SPAN, took + BLOCK_SIZE + PAD_SLACK))
 
     async def resolve(self, pattern: str) -> tuple[str, bool, tuple[int, int] | None]:
@@ -198,8 +215,8 @@ class _Opener:
         self.storage.pin(info)
         return [info]
 
-    async def open_pattern(self, pattern: str,
-                           glob: bool) -> list[tuple[ObjectInfo, FileIndex]]:
+    async def open_pattern(self, pattern: str, glob: bool,
+                           kind: str = fmts.ARRAYRECORD) -> list[tuple[ObjectInfo, FileIndex]]:
         """Open the files `pattern` names, in order, each pinned to the version first seen.
 
         A glob is one listing (sizes and generations included), then one tail read per file.
@@ -209,13 +226,14 @@ class _Opener:
         """
         if glob:
             files = await self._list(pattern)
-            return list(zip(files, await self.open_files(files)))
+            return list(zip(files, await self.open_files(files, [kind] * len(files))))
         span = self._span()  # the same for the suffix GET and the parse: one request
         info, tail = await self.storage.read_tail(pattern, BLOCK_SIZE + span)
         self.storage.pin(info)
-        return [(info, await self._open_file(info, tail, span))]
+        return [(info, await self._open_file(info, kind, tail, span))]
 
-    async def open_files(self, files: list[ObjectInfo]) -> list[FileIndex]:
+    async def open_files(self, files: list[ObjectInfo],
+                         kinds: Sequence[str]) -> list[FileIndex]:
         """Index many files at once. Remote files: as many tail reads in flight as the
         storage allows, each parsed as it lands (`_open_remote`). Local files: every
         parser's next read goes out in one `read_many` (a few batched thread-pool jobs, not
@@ -224,15 +242,16 @@ class _Opener:
         out: list[FileIndex | None] = [None] * len(files)
         if len(local) < len(files):
             remote = [k for k in range(len(files)) if not is_local(files[k].url)]
-            for k, index in zip(remote, await self._open_remote([files[k] for k in remote])):
+            for k, index in zip(remote, await self._open_remote([files[k] for k in remote],
+                                                                [kinds[k] for k in remote])):
                 out[k] = index
         steps: dict[int, Generator[tuple[int, int], bytes | memoryview, FileIndex]] = {}
         wanted: dict[int, tuple[int, int]] = {}
         for k in local:
             info = files[k]
-            steps[k] = open_index(info.size, path=redact(info.url), verify=self.verify,
-                                  max_decoded=self.storage.max_inflight_bytes,
-                                  small_reads=True)
+            steps[k] = fmts.get(kinds[k]).open_index(
+                info.size, path=redact(info.url), verify=self.verify,
+                max_decoded=self.storage.max_inflight_bytes, local=True)
             wanted[k] = next(steps[k])
         wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
         while wanted:
@@ -253,7 +272,8 @@ class _Opener:
                     out[k] = done.value
         return out  # type: ignore[return-value]
 
-    async def _open_remote(self, files: list[ObjectInfo]) -> list[FileIndex]:
+    async def _open_remote(self, files: list[ObjectInfo],
+                           kinds: Sequence[str]) -> list[FileIndex]:
         """Index remote files, at most `storage.limit` at once: that many tasks take the next
         file as each finishes. Handing the storage every tail at once would queue the rest
         on its slots, and a read's deadline runs from when it is issued: opening thousands
@@ -264,7 +284,7 @@ class _Opener:
 
         async def opener() -> None:
             for k in todo:  # shared: each file is taken by one task
-                out[k] = await self._open_file(files[k])
+                out[k] = await self._open_file(files[k], kinds[k])
 
         await gather_all(opener() for _ in range(min(len(files), max(1, self.storage.limit))))
         return out  # type: ignore[return-value]
@@ -280,16 +300,18 @@ class _Opener:
             self.storage.pin(info)
         return found
 
-    async def _open_file(self, info: ObjectInfo, tail: bytes | None = None,
-                         span: int | None = None) -> FileIndex:
-        """Index one file; `tail`, when given, is its last `len(tail)` bytes, already read.
-        A local file by small reads; a remote one by one read of its footer's likely span
-        (`span`, default `_span()`) and its postscript's head (`open_index`'s `span`),
-        learning from each file."""
+    async def _open_file(self, info: ObjectInfo, kind: str = fmts.ARRAYRECORD,
+                         tail: bytes | None = None, span: int | None = None) -> FileIndex:
+        """Index one file of format `kind`; `tail`, when given, is its last `len(tail)`
+        bytes, already read. ArrayRecord: a local file by small reads; a remote one by one
+        read of its footer's likely span (`span`, default `_span()`) and its postscript's
+        head (`open_index`'s `span`), learning from each file."""
         local = is_local(info.url)
-        steps = open_index(info.size, path=redact(info.url), verify=self.verify,
-                           max_decoded=self.storage.max_inflight_bytes, small_reads=local,
-                           span=None if local else span if span is not None else self._span())
+        fmt = fmts.get(kind)
+        steps = fmt.open_index(info.size, path=redact(info.url), verify=self.verify,
+                               max_decoded=self.storage.max_inflight_bytes, local=local,
+                               span=None if local else span if span is not None
+                               else self._span())
         tail_at = info.size - len(tail) if tail is not None else info.size
         try:
             offset, length = next(steps)

@@ -15,8 +15,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord import ChunkRecords
-from ..arrayrecord.index import decode_chunk
 from .fetch import Fetcher
 from .table import RecordTable
 
@@ -79,9 +79,9 @@ async def read_chunks(table: RecordTable, fetcher: Fetcher, cache: ChunkCache, f
         decoded = []
         for (f, c), data, start in work:
             index = table.indices[f]
-            _, records = decode_chunk(data, start, verify=verify, path=index.path, chunk=c,
-                                      expected_records=int(index.chunk_records[c]),
-                                      max_decoded=max_decoded, whole_range=True)
+            records = fmts.get(table.formats[f]).decode_chunk(
+                data, start, verify=verify, path=index.path, chunk=c,
+                expected_records=int(index.chunk_records[c]), max_decoded=max_decoded)
             decoded.append(records)
         return decoded
 

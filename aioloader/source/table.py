@@ -4,6 +4,10 @@ A `RecordTable` (built by `opening.open_table`) is what the rest of the source a
 is record i?": file numbers (a file's place in `urls`) are the ids every later stage uses;
 URLs are only for reading and for errors. It fetches nothing after opening.
 
+Each file has a record format (`formats`, `aioloader.formats`): the table does not care
+which, as every format's index is a chunk table; the chunk refs it hands out carry each
+record's format code, which the workers decode by.
+
 A file opened by a read instruction (`path[start:end]`) is indexed whole; the table then
 numbers only its records start..end-1 (`ranges`). Chunks, runs and `locate` stay in the
 files' own numbering, so nothing below the table knows of it; the record boundaries the
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord import FileIndex
 from ..index.planning import ChunkRefs, Runs, cut_runs
 from ..io.storage import ObjectInfo, is_local, redact
@@ -94,12 +99,22 @@ class RecordTable:
 
     def __init__(self, files: list[ObjectInfo], indices: list[FileIndex],
                  bounds: np.ndarray | None = None, *,
-                 ranges: Sequence[tuple[int, int] | None] | None = None) -> None:
+                 ranges: Sequence[tuple[int, int] | None] | None = None,
+                 formats: Sequence[str] | None = None) -> None:
         """`bounds`, when given, is the table of chunk boundaries the indices are already
         views of (an index cache's mapped entry: see `_Chunks`). `ranges[f]`, when given and
         not None, is the records `[start, end)` of file f the table numbers (a read
-        instruction); ValueError if it runs past the file's end."""
+        instruction); ValueError if it runs past the file's end. `formats[f]` is file f's
+        record format (`aioloader.formats`; default ArrayRecord)."""
         self.files = files
+        self.formats = list(formats) if formats is not None else \
+            [fmts.ARRAYRECORD] * len(files)
+        if len(self.formats) != len(files):
+            raise ValueError("formats must name one format per file")
+        # Each file's format code, for the chunk refs of tasks (None: all ArrayRecord).
+        self._codes: np.ndarray | None = None
+        if any(k != fmts.ARRAYRECORD for k in self.formats):
+            self._codes = np.array([fmts.code(k) for k in self.formats], dtype=np.uint8)
         counts = np.array([ix.num_records for ix in indices], dtype=np.int64)
         whole = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.urls = [f.url for f in files]
@@ -262,4 +277,5 @@ class RecordTable:
         return ChunkRefs(paths=[self.urls[f] for f in u], file=local_file.astype(np.int64),
                          chunk=g - t.first_chunk[files], start=t.bounds[at],
                          end=t.bounds[at + 1], within=within, count=count,
-                         names=[self.indices[f].path for f in u], ids=used.astype(np.int64))
+                         names=[self.indices[f].path for f in u], ids=used.astype(np.int64),
+                         format=None if self._codes is None else self._codes[files])

@@ -24,8 +24,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-# Light modules only: `--version` and `--help` load none of the runtime; each command loads
-# its own module when it runs (`_command`).
 from ..arrayrecord.levels import DEFAULT_VERIFY, VERIFY_LEVELS
 from ..errors import (
     ArrayRecordFormatError,
@@ -34,6 +32,10 @@ from ..errors import (
     MissingExtraError,
     StorageError,
 )
+
+# Light modules only: `--version` and `--help` load none of the runtime; each command loads
+# its own module when it runs (`_command`).
+from ..formats import NAMES as RECORD_FORMATS
 from ..urls import redact
 from .cli_common import fix_negative_values, scrub, storage_options
 
@@ -88,13 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_inspect(sub: Any) -> None:
     s = sub.add_parser("inspect", help="summarise files: records, chunks, codec, options",
-                       description="Summarise ArrayRecord files: records, chunks, group "
-                                   "size, codec, the stored writer options, bytes per record.")
+                       description="Summarise ArrayRecord or TFRecord files: records, "
+                                   "chunks, group size, codec, the stored writer options, "
+                                   "bytes per record.")
     s.add_argument("paths", nargs="+", metavar="PATH",
                    help="local path or fsspec URL, or a quoted glob (every file it matches)")
     s.add_argument("--json", action="store_true", help="print JSON for machines")
+    _add_record_format(s)
     _add_storage_options(s)
     s.set_defaults(func=_command("cli_inspect", "cmd_inspect"))
+
+
+def _add_record_format(p: Any) -> None:
+    p.add_argument("--from", dest="record_format", choices=RECORD_FORMATS,
+                   help="the files' record format (default: by the name: tfrecord for "
+                        "*.tfrecord, *.tfrecords and *.tfrecord-NNNNN-of-NNNNN, else "
+                        "arrayrecord)")
 
 
 def _add_cat(sub: Any) -> None:
@@ -127,6 +138,7 @@ def _add_cat(sub: Any) -> None:
                    help="hash checks: all: every hash, chunk data included, as Google's reader "
                         "(default); headers: headers only (a flipped bit in a record is "
                         "not noticed); none")
+    _add_record_format(c)
     _add_storage_options(c)
     c.set_defaults(func=_command("cli_cat", "cmd_cat"))
 

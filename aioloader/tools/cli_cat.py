@@ -1,4 +1,5 @@
-"""`aioloader cat`: records of a file (or a glob's files, numbered across them) to stdout, as
+"""`aioloader cat`: records of a file (ArrayRecord or TFRecord; or a glob's files, numbered
+across them) to stdout, as
 raw bytes (nothing added unless `--separator` says), hex or JSON lines, or one .npy array; and
 opening one file for the CLI's commands. The argument parser is `aioloader.tools.cli`'s; this
 is what the command does with what it parsed. Output goes to stdout's descriptor in a loop, so
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .. import formats as fmts
 from ..arrayrecord import DEFAULT_VERIFY
 from ..source import ArrayRecordSource
 from .cli_npy import write_npy
@@ -28,9 +30,12 @@ _ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "0": b"\0", "\\": b"\\"}
 
 
 def open_one(path: str, verify: str = DEFAULT_VERIFY,
-             storage_options: dict[str, Any] | None = None) -> ArrayRecordSource:
-    """One file (local path or URL) as a source; errors name the file."""
-    src = ArrayRecordSource(path, verify=verify, storage_options=storage_options)
+             storage_options: dict[str, Any] | None = None,
+             record_format: str | None = None) -> ArrayRecordSource:
+    """One file (local path or URL) as a source, of `record_format` (default: as its name
+    suggests, `formats.guess`); errors name the file."""
+    src = ArrayRecordSource(path, verify=verify, storage_options=storage_options,
+                            format=record_format or fmts.guess(path))
     len(src)  # open now, so errors surface here
     return src
 
@@ -109,7 +114,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
     sep = _SEPARATORS.get(args.format, b"") if args.separator is None else \
         parse_separator(args.separator)
     with open_one(args.path, verify=args.verify,
-                  storage_options=getattr(args, "storage_options", None)) as src:
+                  storage_options=getattr(args, "storage_options", None),
+                  record_format=getattr(args, "record_format", None)) as src:
         if args.format == "npy":
             _write_all(write_npy(src, _records(src, args)))
         else:

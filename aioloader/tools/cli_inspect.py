@@ -1,5 +1,5 @@
-"""`aioloader inspect`: what ArrayRecord files hold (records, chunks, codec, the stored writer
-options, bytes per record), as a table or JSON. The argument parser is
+"""`aioloader inspect`: what ArrayRecord (or TFRecord) files hold (records, chunks, codec,
+the stored writer options, bytes per record), as a table or JSON. The argument parser is
 `aioloader.tools.cli`'s; this is what the command does with what it parsed.
 """
 
@@ -9,6 +9,7 @@ import argparse
 import json
 from typing import Any
 
+from ..formats import ARRAYRECORD, get
 from ..urls import redact
 from .cli_cat import open_one
 
@@ -23,23 +24,25 @@ def _human(n: float) -> str:
     raise AssertionError
 
 
-def _describe(path: str, options: dict[str, Any]) -> list[dict]:
+def _describe(path: str, options: dict[str, Any], kind: str | None = None) -> list[dict]:
     """One summary per file `path` names (a glob names several, in sorted order)."""
-    with open_one(path, storage_options=options) as src:
-        return [_summary(url, index) for url, index in zip(src.urls, src.file_indices)]
+    with open_one(path, storage_options=options, record_format=kind) as src:
+        return [_summary(url, index, k) for url, index, k in
+                zip(src.urls, src.file_indices, src.table.formats)]
 
 
-def _summary(url: str, index: Any) -> dict:
+def _summary(url: str, index: Any, kind: str) -> dict:
     opts = index.options
     n = index.num_records
     decoded = int(index.chunk_decoded_sizes.sum())
     return {
         "path": redact(url),
+        "format": kind,
         "file_size": index.size,
         "records": n,
         "chunks": index.num_chunks,
         "group_size": index.group_size,
-        "compression": opts.compression.name if opts else "unknown",
+        "compression": opts.compression.name if opts else get(kind).codec(index),
         "compression_level": opts.compression.level if opts else None,
         "window_log": opts.compression.window_log if opts else None,
         "transpose": opts.transpose if opts else None,
@@ -54,7 +57,8 @@ def _summary(url: str, index: Any) -> dict:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     options = args.storage_options
-    infos = [info for p in args.paths for info in _describe(p, options)]
+    kind = getattr(args, "record_format", None)
+    infos = [info for p in args.paths for info in _describe(p, options, kind)]
     if args.json:
         print(json.dumps(infos if len(infos) > 1 else infos[0], indent=2))
         return 0
@@ -68,13 +72,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             codec += f" (window_log {info['window_log']})"
         rows = [
             ("path", info["path"]),
+            ("format", info["format"]),
             ("file size", f"{_human(info['file_size'])} ({info['file_size']:,} bytes)"),
             ("records", f"{info['records']:,}"),
             ("chunks", f"{info['chunks']:,}"),
             ("group size", f"{info['group_size']:,}"),
             ("compression", codec),
-            ("options", info["options"] or "(none stored: written before 2022)"),
         ]
+        if info["format"] == ARRAYRECORD:  # (other formats store no writer options)
+            rows.append(("options", info["options"] or "(none stored: written before 2022)"))
         if info["element_spec"]:
             rows.append(("element spec", info["element_spec"]))
         if info["records"]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord import ArrayRecordFormatError, ChunkRecords
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
 from ..arrayrecord.errors import CORRUPT_HINT
@@ -101,7 +102,8 @@ def _pick(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
     return dataclasses.replace(
         refs, file=refs.file[idx], chunk=refs.chunk[idx], start=refs.start[idx],
         end=refs.end[idx], within=refs.within[idx],
-        count=refs.count[idx] if refs.count is not None else None)
+        count=refs.count[idx] if refs.count is not None else None,
+        format=refs.format[idx] if refs.format is not None else None)
 
 
 def _check_within(refs: ChunkRefs, names: list[str]) -> None:
@@ -129,6 +131,9 @@ class Decoder:
         self.hits = 0
         self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
+        # How records of each format are decoded here (by format code): ArrayRecord by its
+        # own paths below; any other by `_by_format`, its format's `decode_records`.
+        self._readers = {fmts.code(fmts.ARRAYRECORD): self._arrayrecord}
 
     def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = DEFAULT_VERIFY,
                 max_decoded: int = DEFAULT_MAX_DECODED,
@@ -141,8 +146,48 @@ class Decoder:
         here. `paths` names each record's file in errors (group size 1; otherwise the
         names come from `refs`). `stash`: where the task's horizon keeps what it wants of
         each large chunk (`workers.extract`); the chunks are then not decoded whole.
+        Records of several formats (a mix) are decoded by format, then put back in order.
         """
         self.decoded = self.hits = 0
+        kinds = refs.format
+        codes = [fmts.code(fmts.ARRAYRECORD)] if kinds is None or not len(kinds) else \
+            np.unique(kinds).tolist()
+        if len(codes) == 1:
+            return self._reader(codes[0])(refs, raws, verify, max_decoded, paths, stash)
+        out: list[Any] = [None] * len(refs)
+        for c in codes:
+            idx = np.flatnonzero(kinds == c)
+            got = self._reader(c)(_pick(refs, idx),
+                                  None if raws is None else [raws[i] for i in idx.tolist()],
+                                  verify, max_decoded,
+                                  None if paths is None else [paths[i] for i in idx.tolist()],
+                                  stash)
+            for i, record in zip(idx.tolist(), got):
+                out[i] = record
+        return out
+
+    def _reader(self, code: int) -> Any:
+        return self._readers.get(code, self._by_format)
+
+    def _by_format(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
+                   max_decoded: int, paths: Sequence[str] | None,
+                   stash: StashRef | None) -> list[bytes]:
+        """Records of one format's chunks by its `decode_records` (local files read here)."""
+        fmt = fmts.by_code(int(refs.format[0]))  # type: ignore[index]  # set for these
+        if raws is None:
+            raws = self.files.read(refs)
+        names = list(paths) if paths is not None else \
+            [refs.name(f) for f in refs.file.tolist()]
+        return fmt.decode_records(raws, refs.start.tolist(), refs.within.tolist(),
+                                  verify=verify, paths=names, chunks=refs.chunk.tolist(),
+                                  counts=None if refs.count is None else refs.count.tolist(),
+                                  max_decoded=max_decoded)
+
+    def _arrayrecord(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
+                     max_decoded: int, paths: Sequence[str] | None,
+                     stash: StashRef | None) -> list[bytes]:
+        """Records of ArrayRecord chunks: one call for one-record chunks (read in place from
+        local files), each shared chunk decoded once, large ones through the stash."""
         keys = chunk_keys(refs)
         if keys is None:  # group size 1: one call decodes them all
             if raws is None and refs.shift is None and PREADV is not None:

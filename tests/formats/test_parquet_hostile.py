@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aioloader.errors import ParquetFormatError
+from aioloader import ParquetFormatError
 from aioloader.formats.parquet import (
     RowGroupDecoder,
     decode_row_group,

@@ -9,10 +9,10 @@ import os
 import pytest
 
 import aioloader as al
+from aioloader import formats
 from aioloader.io.gcs.client import GcsfsBackend
 from aioloader.io.storage import Storage
 from aioloader.options import GCS_CLIENTS
-from aioloader.source import opening as source_table
 from aioloader.testing import local_gcs
 
 
@@ -48,7 +48,7 @@ def test_a_loader_with_index_cache_dir_fills_the_cache_then_opens_from_it(
     def no_footer_reads(*args, **kw):
         raise AssertionError("a filled index cache should spare every footer read")
 
-    monkeypatch.setattr(source_table, "open_index", no_footer_reads)
+    monkeypatch.setattr(formats.get("arrayrecord"), "open_index", no_footer_reads)
     read = al.ReadOptions(index_cache_dir=cache)
     assert _records(ds.loader(read=read)) == first
     assert os.listdir(cache) == entries

@@ -198,3 +198,22 @@ def test_cat_writes_every_byte_to_a_pipe_that_takes_only_part(tmp_path, unbuffer
         os.close(r)
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"".join(chunks) == b"".join(records)  # raw: the bytes, nothing added
+
+
+def test_inspect_and_cat_read_tfrecord(tmp_path):
+    from aioloader.formats.tfrecord import frame
+
+    path = tmp_path / "train.tfrecord-00000-of-00001"  # TFDS's names: found by the name
+    path.write_bytes(b"".join(frame(r) for r in RECORDS))
+    info = json.loads(run("inspect", "--json", str(path)).stdout)
+    assert info["format"] == "tfrecord" and info["records"] == len(RECORDS)
+    assert info["chunks"] == len(RECORDS) and info["group_size"] == 1
+    assert info["compression"] == "none" and info["file_size"] == path.stat().st_size
+    assert "tfrecord" in run("inspect", str(path)).stdout.decode()
+    out = run("cat", str(path), "--format", "hex").stdout.decode().split("\n")[:-1]
+    assert [bytes.fromhex(x) for x in out] == RECORDS
+    other = tmp_path / "data.bin"  # any name, with --from
+    other.write_bytes(path.read_bytes())
+    assert run("cat", str(other), "--from", "tfrecord", "--index", "1").stdout == RECORDS[1]
+    proc = run("cat", str(other), ok=False)  # read as ArrayRecord: an error, not records
+    assert b"data.bin" in proc.stderr and b"Traceback" not in proc.stderr

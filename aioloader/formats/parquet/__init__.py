@@ -20,7 +20,7 @@ How it plugs into the formats seam:
   worker parses a file's footer once and keeps one decoder per file (and thread) for that
   file's row groups; `decode_row_group` is the one-off form.
 
-Errors are `ParquetFormatError` (also `aioloader.errors.ParquetFormatError`), naming the
+Errors are `ParquetFormatError` (also `aioloader.ParquetFormatError`), naming the
 file, row group and column.
 """
 
