@@ -35,6 +35,8 @@ from .describe.description import JaxProcessShard
 from .describe.plan import needs_processes
 from .describe.state import merge_states
 from .elements.bucketing import BucketOp
+from .elements.padding import pads_to_longest
+from .elements.transforms import BatchOp
 from .errors import MissingExtraError
 from .index.dataslices import shard_of, table_of
 
@@ -110,6 +112,24 @@ def _pad(batch: Any, rows: int) -> Any:
     return out
 
 
+def multi_process_refusal(batching: Any) -> str | None:
+    """Why batches of `batching` cannot be global arrays on a multi-process run (None if
+    they can): `make_array_from_process_local_data` needs every process's batch to have
+    one shape, step for step."""
+    fixed = ("pad to a fixed length instead, pad={'tokens': 128} (per field) or pad=128, "
+             "with truncate=True to cut longer elements")
+    if isinstance(batching, BucketOp):
+        return ("bucket_by_length() yields its buckets' batches, each process as its own "
+                "share fills them: their number and shapes differ between processes, so "
+                "multi-process steps cannot stay in lockstep; use batch(n, pad=...) with "
+                f"fixed lengths ({fixed}), or bucket on one process")
+    if isinstance(batching, BatchOp) and pads_to_longest(batching.rules):
+        return ("batch(pad=True) pads to the longest element of each process's own batch, "
+                "so processes can have batches of different shapes, which a multi-process "
+                f"global array cannot hold: {fixed}")
+    return None
+
+
 class Placement:
     """What the placement thread runs: padding, lockstep fillers, `put_batch`. It holds no
     reference to the iterator it serves, so an iterator dropped unclosed is collected (and
@@ -133,12 +153,9 @@ class Placement:
         multi = jax.process_count() > 1
         batching = self.loader.dataset.batching
         drop = getattr(batching, "drop_remainder", False)
-        if multi and isinstance(batching, BucketOp):
-            raise ValueError(
-                "bucket_by_length() yields its buckets' batches, each process as its own "
-                "share fills them: their number and sizes differ between processes, so "
-                "multi-process steps cannot stay in lockstep; use batch(..., pad=...) "
-                "(fixed lengths keep shapes fixed) or bucket on one process")
+        why = multi_process_refusal(batching) if multi else None
+        if why is not None:
+            raise ValueError(why)
         if self.pad_final:
             self.steps = await self.loader.num_batches(longest_shard=True)
             self.size = batching.size

@@ -75,8 +75,8 @@ class Stages:
 
     def _index(self: _S, op: IndexOp | JaxProcessShard) -> _S:
         if self.batching is not None:
-            raise ValueError(f"{type(op).__name__.lower()}() must come before batch()/pack(): "
-                             "it reorders records, not batches")
+            raise ValueError(f"{type(op).__name__.lower()}() must come before "
+                             f"{self._batching_verb()}: it reorders records, not batches")
         return replace(self, index_ops=(*self.index_ops, op))
 
     def shuffle(self: _S, seed: int, *, strategy: str = "exact", block_bytes: int | None = None,
@@ -136,14 +136,18 @@ class Stages:
         here; on several processes, a loader with neither refuses to start."""
         return self._index(jax_process_shard(drop_remainder, sharding))
 
+    def _batching_verb(self) -> str:
+        """The step that batches, as its errors name it."""
+        return "bucket_by_length()" if isinstance(self.batching, BucketOp) else "batch()/pack()"
+
     # -- record ops -------------------------------------------------------------------
 
     def _record(self: _S, op: RecordOp) -> _S:
         if self.batching is not None:
             if isinstance(op, MapOp):
                 return replace(self, batch_ops=(*self.batch_ops, op))
-            raise ValueError(f"{type(op).__name__} after batch()/pack() is not supported; "
-                             "apply it before batching")
+            raise ValueError(f"{type(op).__name__} after {self._batching_verb()} is not "
+                             "supported; apply it before batching")
         return replace(self, record_ops=(*self.record_ops, op))
 
     def map(self: _S, fn: Callable[[Any], Any]) -> _S:
@@ -233,6 +237,9 @@ class Stages:
 
         Yields packed rows; follow with `.batch(n)` to stack them.
         """
+        if isinstance(self.batching, BucketOp):
+            raise ValueError("pack() cannot follow bucket_by_length(): both make the batches, "
+                             "use one of them")
         if self.batching is not None:
             raise ValueError("pack() must come before batch()")
         return replace(self, batching=PackOp(length_struct, num_packing_bins))

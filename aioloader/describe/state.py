@@ -263,6 +263,10 @@ class LoaderState:
             raise StateError(redact("this state was saved by a different pipeline:\n  "
                                     + " -> ".join(self.pipeline) + "\nis not\n  "
                                     + " -> ".join(pipeline)))
+        buckets = any(ln.startswith("bucket_by_length(") for ln in pipeline)
+        if not buckets and (self.buckets or any(d.get("buckets") for d in self.lanes)):
+            raise StateError("loader state has 'buckets', which only a pipeline with "
+                             "bucket_by_length() saves: was it saved for another pipeline?")
         if not batch_mode:
             return self._stream_as(tuple(pipeline), process_count, process_index)
         moved = replace(self, lanes=())  # process 0's place is every process's
@@ -295,7 +299,14 @@ class LoaderState:
                    process_index: int) -> LoaderState:
         """Stream mode (the state's window is kept): a merged state gives this process its
         place, or, on another process count, is moved (the plan makes the lanes)."""
+        buckets = any(ln.startswith("bucket_by_length(") for ln in pipeline)
         if not self.lanes:
+            if self.process_count != process_count and buckets:
+                raise StateError(
+                    f"a bucket_by_length() state from {self.process_count} processes cannot "
+                    f"resume on {process_count}: each process's buckets hold elements of its "
+                    f"own share, so it resumes only on the same process count; resume on "
+                    f"{self.process_count} processes (or start the epoch afresh)")
             if self.process_count != process_count:
                 raise StateError(
                     f"state from {self.process_count} processes cannot resume on "
@@ -309,7 +320,7 @@ class LoaderState:
             return replace(self, pipeline=pipeline, lanes=(), position=d["position"],
                            skip=d["skip"], rows=d["rows"], until=d["until"],
                            lane=d.get("lane"), buckets=tuple(d.get("buckets", ())))
-        if any(ln.startswith("bucket_by_length(") for ln in pipeline):
+        if buckets:
             raise StateError("a bucket_by_length() state cannot move to another process "
                              "count: each process's buckets hold elements of its own share, "
                              f"which no other process reads; resume on {self.process_count} "

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..arguments import flag, whole
 from ..errors import StateError
 from .padding import Rule, pad_rules
@@ -76,10 +78,8 @@ class BucketOp:
 def check_buckets(boundaries: Any, batch_sizes: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`boundaries` (whole numbers >= 1, strictly increasing) and `batch_sizes` (one more,
     each >= 1) as tuples, or an error naming the argument."""
-    for name, value in (("boundaries", boundaries), ("batch_sizes", batch_sizes)):
-        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise TypeError(f"bucket_by_length() {name} must be a list of integers, got "
-                            f"{type(value).__name__}")
+    boundaries, batch_sizes = (_listed(v, name) for v, name in (
+        (boundaries, "boundaries"), (batch_sizes, "batch_sizes")))
     bounds = tuple(whole(b, f"bucket_by_length() boundaries[{i}]", 1)
                    for i, b in enumerate(boundaries))
     if not bounds:
@@ -98,6 +98,17 @@ def check_buckets(boundaries: Any, batch_sizes: Any) -> tuple[tuple[int, ...], t
     return bounds, sizes
 
 
+def _listed(value: Any, name: str) -> list:
+    """`value`, a 1-D sequence (a list, a tuple, a NumPy array...), as a list."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return value.tolist() if value.dtype.kind in "iu" else list(value)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"bucket_by_length() {name} must be a list of integers (or a 1-D "
+                        f"array), got {type(value).__name__}"
+                        + (f" of shape {value.shape}" if isinstance(value, np.ndarray) else ""))
+    return list(value)
+
+
 def bucket_of(length: int, boundaries: Sequence[int]) -> int:
     """The bucket of an element of `length`: how many boundaries are at or below it."""
     return bisect.bisect_right(boundaries, length)
@@ -110,7 +121,15 @@ class Buckets:
     """The buckets' decisions over a stream of items (see the module docstring): `add`
     each item with its tag, its bucket and the tag just after it; `finish` at the end.
     Each returns the batches it emits as `(bucket, items, place)`, `place` being where a
-    replay resumes after that batch (`Buckets(..., skips=place[1])` fed from `place[0]`)."""
+    replay resumes after that batch (`Buckets(..., skips=place[1])` fed from `place[0]`).
+
+    A pending item costs its own entry, however many buckets there are: a bucket emits all
+    it holds at once, so the earliest pending item is always the first of some bucket (its
+    head), and only heads need the per-bucket counts at their place. The earliest head's
+    counts are kept whole (`_base`); every later head keeps only what was given to each
+    bucket since the head before it, sparse (at most one entry per bucket given any), as
+    the stream after the last head does (`_since`).
+    """
 
     def __init__(self, batch_sizes: Sequence[int], drop_remainder: bool = False,
                  skips: Sequence[int] = ()) -> None:
@@ -122,31 +141,44 @@ class Buckets:
             raise StateError(f"loader state 'buckets' has {len(self.skips)} counts, but "
                              f"bucket_by_length() has {n} buckets: was it saved for another "
                              "pipeline?")
+        self._owed = sum(self.skips)  # skips still to come
         self.seen = [0] * n  # items given to each bucket (skipped ones included)
         self.emitted = [0] * n  # items each bucket emitted (skipped ones included)
-        self._pending: list[deque] = [deque() for _ in range(n)]  # (seq, item, tag, seen)
-        self._seq = 0
+        self._pending: list[deque] = [deque() for _ in range(n)]  # (item, tag)
+        self._base = [0] * n  # `seen` just before the earliest head (or now, none pending)
+        self._since: dict[int, int] = {}  # given per bucket since the last head's place
+        # a later head's counts: what was given to each bucket since the head before it
+        self._delta: list[dict[int, int] | None] = [None] * n
+        self._prev: list[int] = [-1] * n  # heads in stream order, linked both ways
+        self._next: list[int] = [-1] * n
+        self._first = self._last = -1
 
     @property
     def pending(self) -> int:
         return sum(map(len, self._pending))
 
     def add(self, item: Any, tag: Any, bucket: int, after: Any) -> list[tuple[int, list, Place]]:
-        seen = tuple(self.seen)
-        self.seen[bucket] += 1
         if self.skips[bucket]:  # emitted before the place this run resumed at
+            self._count(bucket)
             self.skips[bucket] -= 1
+            self._owed -= 1
             self.emitted[bucket] += 1
             return []
         queue = self._pending[bucket]
-        queue.append((self._seq, item, tag, seen))
-        self._seq += 1
+        if not queue:
+            self._push_head(bucket)
+        self._count(bucket)
+        queue.append((item, tag))
         if len(queue) < self.sizes[bucket]:
             return []
+        if self._owed:  # a replay fills no bucket before the place it resumed at
+            raise StateError(self._unconsumed(f"bucket {bucket} fills before them"))
         return [self._emit(bucket, after)]
 
     def finish(self, after: Any) -> list[tuple[int, list, Place]]:
         """The partial buckets, in bucket order (none with drop_remainder)."""
+        if self._owed:
+            raise StateError(self._unconsumed("the data ends before them"))
         if self.drop:
             return []
         return [self._emit(b, after) for b, q in enumerate(self._pending) if q]
@@ -155,18 +187,79 @@ class Buckets:
         for q in self._pending:
             q.clear()
 
+    def _unconsumed(self, why: str) -> str:
+        left = {b: k for b, k in enumerate(self.skips) if k}
+        return (f"loader state 'buckets' says {sum(left.values())} more elements of buckets "
+                f"{sorted(left)[:8]} were delivered, but {why}: the state was edited or "
+                "saved for other data; resume from a state get_state() returned")
+
+    def _count(self, bucket: int) -> None:
+        self.seen[bucket] += 1
+        self._since[bucket] = self._since.get(bucket, 0) + 1
+
+    def _push_head(self, bucket: int) -> None:
+        """`bucket`'s next item is its first pending one: it becomes the latest head."""
+        if self._last < 0:
+            _fold(self._base, self._since)
+            self._first = bucket
+        else:
+            self._delta[bucket] = self._since
+            self._next[self._last] = bucket
+            self._prev[bucket] = self._last
+        self._since = {}
+        self._last = bucket
+
+    def _pop_head(self, bucket: int) -> None:
+        """`bucket` emitted all it held: its head goes, its counts to the head after it."""
+        prev, nxt = self._prev[bucket], self._next[bucket]
+        delta = self._delta[bucket] or {}
+        self._prev[bucket] = self._next[bucket] = -1
+        self._delta[bucket] = None
+        if prev < 0:  # the earliest: the next head's place is the new base
+            later = self._delta[nxt] if nxt >= 0 else self._since
+            _fold(self._base, later or {})
+            if nxt >= 0:
+                self._delta[nxt] = None
+            else:
+                self._since = {}
+            self._first = nxt
+        else:
+            self._next[prev] = nxt
+            if nxt >= 0:
+                self._delta[nxt] = _merged(delta, self._delta[nxt] or {})
+            else:
+                self._since = _merged(delta, self._since)
+        if nxt >= 0:
+            self._prev[nxt] = prev
+        else:
+            self._last = prev
+
     def _emit(self, bucket: int, after: Any) -> tuple[int, list, Place]:
         queue = self._pending[bucket]
-        items = [x[1] for x in queue]
+        items = [x[0] for x in queue]
         self.emitted[bucket] += len(queue)
         queue.clear()
+        self._pop_head(bucket)
         return bucket, items, self.place(after)
 
     def place(self, after: Any) -> Place:
         """Where a replay resumes now: the earliest pending item's tag and the skips from
         there (`after` and the skips still to come, none pending)."""
-        heads = [q[0] for q in self._pending if q]
-        if not heads:
+        if self._first < 0:
             return after, tuple(self.skips)
-        _, _, tag, seen = min(heads, key=lambda h: h[0])
-        return tag, tuple(e - s + k for e, s, k in zip(self.emitted, seen, self.skips))
+        tag = self._pending[self._first][0][1]
+        return tag, tuple(e - s + k for e, s, k in zip(self.emitted, self._base, self.skips))
+
+
+def _fold(base: list[int], counts: dict[int, int]) -> None:
+    for b, k in counts.items():
+        base[b] += k
+
+
+def _merged(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    """The sum of two sparse counts (the smaller added into the larger)."""
+    if len(a) > len(b):
+        a, b = b, a
+    for k, v in a.items():
+        b[k] = b.get(k, 0) + v
+    return b

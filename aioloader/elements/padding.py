@@ -23,6 +23,7 @@ pipeline is built); `child` walks it beside the element; `pad_leaf` pads one lea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,15 @@ def pad_rules(pad: Any, pad_value: Any = 0, truncate: bool = False, where: str =
     return rules
 
 
+def pads_to_longest(rule: Rule) -> bool:
+    """Whether `rule` pads some leaf to the longest in its batch (a shape that varies)."""
+    if isinstance(rule, PadRule):
+        return rule.length is None
+    if isinstance(rule, Fields):
+        return pads_to_longest(rule.rest) or any(pads_to_longest(r) for _, r in rule.children)
+    return False
+
+
 def _has_fixed(rule: Rule) -> bool:
     if isinstance(rule, PadRule):
         return rule.length is not None
@@ -110,6 +120,12 @@ def _merge(pad: Any, value: Any, truncate: bool, where: str, ppath: str, vpath: 
                 if k not in keys:
                     raise ValueError(f"{where}() {vpath}[{k!r}] is given, but {ppath} does not "
                                      f"pad {k!r}: add it to {ppath}, or drop it")
+                given, padded = _at(value, k), _at(pad, k)
+                if (padded is None or padded is False or padded is np.False_) and not (
+                        isinstance(given, (int, float)) and given == 0):
+                    raise ValueError(f"{where}() {vpath}[{k!r}] = {given!r} is given, but "
+                                     f"{ppath}[{k!r}] is {padded!r}, so nothing there is "
+                                     f"padded: pad it in {ppath}, or drop its pad_value")
             return _fields([(k, _merge(_at(pad, k), _at(value, k, 0), truncate, where,
                                        f"{ppath}[{k!r}]", f"{vpath}[{k!r}]")) for k in keys])
         if pad is None or pad is False:
@@ -196,8 +212,8 @@ class _Shown(str):
 
 
 def pad_leaf(arrays: Sequence[np.ndarray], path: str, rule: PadRule,
-             alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None
-             ) -> tuple[np.ndarray, np.ndarray]:
+             alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
+             verb: str = "batch") -> tuple[np.ndarray, np.ndarray]:
     """Arrays of one leaf (ndim >= 1) padded along their first axis into one `(n, length,
     *trailing)` array, and the mask `(n, length)`; a `CollateError` naming `path` and the
     element that does not fit (another trailing shape or kind of dtype, longer than a fixed
@@ -210,21 +226,21 @@ def pad_leaf(arrays: Sequence[np.ndarray], path: str, rule: PadRule,
             k = next(i for i, b in enumerate(arrays) if b is a)
             what = (f"trailing shape {a.shape[1:]}, element 0's {trailing}"
                     if a.shape[1:] != trailing else f"dtype {a.dtype}, not {full[0].dtype}")
-            raise CollateError(f"batch(pad=) pads {path} along its first axis only, and element "
+            raise CollateError(f"{verb}(pad=) pads {path} along its first axis only, and element "
                                f"{k} has {what}: make them agree in a map() before batching",
                                k)
     if kind:
-        raise CollateError(f"batch(pad=) pads numbers, and {path} is {full[0].dtype}: leave "
+        raise CollateError(f"{verb}(pad=) pads numbers, and {path} is {full[0].dtype}: leave "
                            "it out of pad=, or encode it as numbers in a map()", 0)
     longest = int(lengths.max(initial=0))
     length = longest if rule.length is None else rule.length
     if longest > length and not rule.truncate:
         k = int(np.argmax(lengths))
-        raise CollateError(f"batch(pad=) pads {path} to {length}, but element {k} has "
+        raise CollateError(f"{verb}(pad=) pads {path} to {length}, but element {k} has "
                            f"{longest}: raise the length in pad=, or pass truncate=True to "
                            "cut longer elements", k)
     dtype = np.result_type(*(a.dtype for a in full))
-    fill = _fill_value(rule.value, dtype, path)
+    fill = _fill_value(rule.value, dtype, path, verb)
     n = len(arrays)
     out = alloc((n, length, *trailing), dtype) if alloc is not None else None
     if out is None:
@@ -247,15 +263,29 @@ def pad_leaf(arrays: Sequence[np.ndarray], path: str, rule: PadRule,
     return out, mask
 
 
-def _fill_value(value: Any, dtype: np.dtype, path: str) -> np.ndarray:
+def _fill_value(value: Any, dtype: np.dtype, path: str, verb: str) -> np.ndarray:
     """`value` as a `dtype` scalar, or a `CollateError` if `dtype` cannot hold it."""
     with np.errstate(all="ignore"):
         try:
             cast = np.array(value).astype(dtype)
-        except (OverflowError, ValueError):
+        except (OverflowError, ValueError, TypeError):
             cast = None
-        same = cast is not None and (cast == value or (cast != cast and value != value))
-    if not same:
-        raise CollateError(f"batch(pad=) pads {path} ({dtype}) with pad_value={value!r}, "
-                           f"which {dtype} cannot hold: give a pad_value for it that can")
+    if cast is None or not _holds(cast.item(), value, dtype):
+        raise CollateError(f"{verb}(pad=) pads {path} ({dtype}) with pad_value={value!r}, "
+                           f"which {dtype} cannot hold" + (f" (it would be {cast.item()!r})"
+                                                         if cast is not None else "")
+                           + ": give a pad_value for it that it can")
     return cast  # type: ignore[return-value]
+
+
+def _holds(got: Any, value: Any, dtype: np.dtype) -> bool:
+    """Whether `got`, `value` cast to `dtype` and back, is `value`: exactly, or for a float
+    with a fraction (0.1) into a float dtype, rounded to the nearest it has (not to 0, not
+    past its range). Python compares ints and floats exactly, so 2**24 + 1 in float32 fails."""
+    if got == value or (got != got and value != value):
+        return True
+    if type(value) is not float or dtype.kind != "f" or value.is_integer() or \
+            not math.isfinite(value) or type(got) is not float or not math.isfinite(got):
+        return False
+    info = np.finfo(dtype)
+    return abs(value) >= float(info.tiny) and abs(got - value) <= abs(value) * float(info.eps)

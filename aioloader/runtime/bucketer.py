@@ -22,7 +22,7 @@ from ..elements.bucketing import BucketOp, Buckets, bucket_of
 from ..elements.collate import collate_named
 from ..elements.columns import rebuild
 from ..elements.transforms import MapOp, apply_batch_ops
-from ..errors import TransformError
+from ..errors import StateError, TransformError
 from ..workers.pieces import Columns, Piece
 from .batcher import Raise
 from .packer import Stuck
@@ -58,7 +58,7 @@ class Bucketer:
                                                         (pos, j + 1)):
                     out.append(self._batch(b, items, place))
         except Exception as exc:
-            self._failed = _named(exc, self.op, pos, j)
+            self._failed = exc if isinstance(exc, StateError) else _named(exc, self.op, pos, j)
             self.buckets.clear()
             out.append(Stuck(self._failed))
             return out
@@ -87,7 +87,7 @@ class Bucketer:
                 [e for _, _, e in items],
                 lambda k: f"element {items[k][1]} of the window at output position "
                           f"{items[k][0]} (bucket {bucket})",
-                pad=self.op.rules, masks=self.op.masks)
+                pad=self.op.rules, masks=self.op.masks, verb="bucket_by_length")
             return apply_batch_ops(self.batch_ops, batch), state
         except Exception as exc:  # the consumer gets it in this batch's turn
             return Raise(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import aioloader as al
 from ..support import pipeline_fns as fns
 
 jax = pytest.importorskip("jax")
+from aioloader.jax import multi_process_refusal  # noqa: E402  (needs jax)
+
 NamedSharding = jax.sharding.NamedSharding
 P = jax.sharding.PartitionSpec
 
@@ -97,3 +100,21 @@ def test_orbax_saves_and_restores_the_loader_beside_the_model(tmp_path, data):
     np.testing.assert_array_equal(restored["state"]["w"], params["w"])
     rest = [np.asarray(b["id"]).tolist() for b in fresh]
     assert seen + rest == full
+
+
+@pytest.mark.parametrize("make, refused", [
+    (lambda ds: ds.batch(8, drop_remainder=True, pad=True), r"batch\(pad=True\) pads to the "
+                                                            r"longest"),
+    (lambda ds: ds.batch(8, drop_remainder=True, pad={"t": True, "u": 4}), "batch.pad=True"),
+    (lambda ds: ds.bucket_by_length(len, [4], [2, 2], pad={"t": 8}), "bucket_by_length"),
+    (lambda ds: ds.batch(8, drop_remainder=True, pad={"t": 16}), None),
+    (lambda ds: ds.batch(8, drop_remainder=True, pad=16, truncate=True), None),
+    (lambda ds: ds.batch(8, drop_remainder=True), None),
+])
+def test_multi_process_runs_refuse_shapes_that_vary_between_processes(make, refused):
+    why = multi_process_refusal(make(al.Dataset.from_source([b"x"])).batching)
+    if refused is None:
+        assert why is None
+        return
+    assert why is not None and re.search(refused, why), why
+    assert "pad={'tokens': 128} (per field) or pad=128" in why  # the fixed-length form

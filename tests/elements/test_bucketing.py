@@ -3,6 +3,9 @@ integers from which a replay gives the same batches."""
 
 from __future__ import annotations
 
+import tracemalloc
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -96,6 +99,17 @@ def test_bad_arguments_are_refused_naming_them(args, kw, error, match):
         ds.bucket_by_length(len, *args, **kw)
 
 
+def test_boundaries_and_sizes_may_be_numpy_arrays():
+    ds = al.Dataset.from_source([b"x"])
+    op = ds.bucket_by_length(len, np.array([4, 8]), np.array([8, 4, 2], np.int32)).batching
+    assert op.boundaries == (4, 8) and op.batch_sizes == (8, 4, 2)
+    assert all(type(x) is int for x in op.boundaries + op.batch_sizes)
+    with pytest.raises(TypeError, match=r"boundaries\[0\] must be an integer"):
+        ds.bucket_by_length(len, np.array([4.5]), [1, 2])
+    with pytest.raises(TypeError, match=r"boundaries must be a list .* of shape \(1, 1\)"):
+        ds.bucket_by_length(len, np.array([[4]]), [1, 2])
+
+
 def test_it_is_the_batching_step():
     ds = al.Dataset.from_source([b"x"])
     with pytest.raises(TypeError, match="length_fn must be a function"):
@@ -104,7 +118,42 @@ def test_it_is_the_batching_step():
         ds.batch(2).bucket_by_length(len, [4], [1, 2])
     with pytest.raises(ValueError, match="batch\\(\\) cannot follow it"):
         ds.bucket_by_length(len, [4], [1, 2]).batch(2)
+    bucketed = ds.bucket_by_length(len, [4], [1, 2])
+    with pytest.raises(ValueError, match=r"shuffle\(\) must come before bucket_by_length\(\)"):
+        bucketed.shuffle(1)
+    with pytest.raises(ValueError, match=r"FilterOp after bucket_by_length\(\) is not supported"):
+        bucketed.filter(bool)
+    with pytest.raises(ValueError, match=r"pack\(\) cannot follow bucket_by_length\(\)"):
+        bucketed.pack({"t": 4}, num_packing_bins=2)
     assert ds.bucket_by_length(len, [4, 8], [8, 4, 2], drop_remainder=True, pad={"t": 16},
                                pad_value=-1).describe()[-1] == (
         "bucket_by_length(len, boundaries=[4, 8], batch_sizes=[8, 4, 2], drop_remainder, "
         "pad={'t': 16}, pad_value=-1)")
+
+
+@pytest.mark.parametrize("skips, lengths, why", [
+    ((0, 10**6, 0), [1, 6, 1, 1], "bucket 0 fills before them"),  # more than it can have given
+    ((0, 3, 0), [6, 6], "the data ends before them"),  # still owed at the end
+    ((0, 0, 1), [], "the data ends before them"),
+])
+def test_buckets_counts_that_cannot_be_consumed_are_refused(skips, lengths, why):
+    with pytest.raises(StateError, match=rf"'buckets' says .* were delivered, but {why}"):
+        run([4, 8], [2, 2, 2], lengths, False, 0, skips)
+    with pytest.raises(StateError, match="'buckets'"):  # dropped remainders are no excuse
+        run([4, 8], [2, 2, 2], lengths, True, 0, skips)
+
+
+def test_the_bookkeeping_is_linear_in_the_pending_items_and_buckets():
+    buckets, each = 1000, 20
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        b = Buckets([each + 1] * buckets)
+        for i in range(buckets * each):  # every bucket holds some: none fills
+            assert b.add(None, i, i % buckets, i + 1) == []
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert b.pending == buckets * each
+    assert used < 4 << 20, used
+    assert b.place(0) == (0, (0,) * buckets)

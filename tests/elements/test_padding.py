@@ -135,6 +135,10 @@ def test_the_record_is_named():
     ({"pad": None, "pad_value": {"u": 1}}, ValueError, r"pad_value is given, but pad pads"),
     ({"pad": {"t": True}, "pad_value": {"t": "x"}}, TypeError, r"pad_value for pad\['t'\]"),
     ({"pad": True, "masks": "no"}, TypeError, "batch masks must be True or False"),
+    ({"pad": {"t": True, "u": False}, "pad_value": {"u": -1}}, ValueError,
+     r"pad_value\['u'\] = -1 is given, but pad\['u'\] is False"),
+    (({"pad": (True, None), "pad_value": (0, 7)}), ValueError, r"pad_value\[1\] = 7 is given"),
+    ({"pad": {"t": True, "u": False}, "pad_value": {"t": 1, "u": 0}}, None, None),
 ])
 def test_bad_arguments_are_refused_by_the_verb_naming_them(kw, error, match):
     ds = al.Dataset.from_source([b"x"])
@@ -156,3 +160,43 @@ def test_the_description_shows_the_padding():
     assert ds.batch(4).describe()[-1] == "batch(4)"
     assert ds.batch(4, pad={"t": 8}, pad_value=-1, truncate=True).describe()[-1] == \
         "batch(4, pad={'t': 8}, pad_value=-1, truncate)"
+
+
+@pytest.mark.parametrize("dtype, value", [
+    (np.float16, 1e5),  # would be inf
+    (np.float16, 1e-9),  # would be 0
+    (np.float32, 16777217),  # would be 16777216
+    (np.float32, 16777217.0),
+    (np.int32, 0.5),
+    (np.int8, 300),
+    (np.uint8, -1),
+    (np.int64, 2**70),
+    (np.bool_, 2),
+])
+def test_a_pad_value_the_dtype_cannot_hold_is_refused(dtype, value):
+    els = [{"t": np.zeros(n, dtype)} for n in (1, 3)]
+    with pytest.raises(CollateError, match=rf"element\['t'\] \({np.dtype(dtype)}\) with "
+                                           rf"pad_value={value!r}.*cannot hold"):
+        collate(els, pad=pad_rules({"t": True}, {"t": value}))
+
+
+@pytest.mark.parametrize("dtype, value, want", [
+    (np.float16, 65504.0, 65504.0), (np.float32, 16777216, 16777216.0),
+    (np.float32, 0.1, np.float32(0.1)), (np.float16, -0.5, -0.5),
+    (np.float32, float("nan"), np.nan), (np.float32, float("-inf"), -np.inf),
+    (np.int8, -128, -128), (np.uint8, True, 1), (np.bool_, 1, True), (np.float64, 1e-300, 1e-300),
+])
+def test_a_pad_value_the_dtype_holds_pads(dtype, value, want):
+    got = collate([{"t": np.zeros(n, dtype)} for n in (1, 3)],
+                  pad=pad_rules({"t": True}, {"t": value}))
+    assert got["t"].dtype == dtype
+    np.testing.assert_array_equal(got["t"][0, 1:], np.array([want, want], dtype))
+
+
+def test_bucket_by_length_errors_name_it():
+    els = [{"t": np.zeros(n, np.uint8), "u": np.zeros(n)} for n in (1, 3)]
+    with pytest.raises(CollateError, match=r"^bucket_by_length\(pad=\) pads element\['t'\] "):
+        collate(els, pad=pad_rules({"t": True}, -1), verb="bucket_by_length")
+    with pytest.raises(CollateError, match=r"^bucket_by_length\(\) needs element\['u'\] to "
+                                           r"have one shape.*before bucket_by_length\(\)"):
+        collate(els, pad=pad_rules({"t": True}), verb="bucket_by_length")

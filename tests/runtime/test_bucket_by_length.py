@@ -99,9 +99,28 @@ def test_a_state_does_not_move_to_another_process_count(paths):
         moved.resume_as(state["pipeline"], state["unit"], 3, False, 0)
 
 
+def test_a_single_process_state_resumes_only_on_its_own_process_count(paths):
+    state = outputs(pipelines(paths)["buckets"], workers=0)[3][1]
+    with pytest.raises(StateError, match=r"bucket_by_length\(\) state from 1 processes cannot "
+                                         r"resume on 2: .* only on the same process count"):
+        LoaderState.from_json(state).resume_as(state["pipeline"], state["unit"], 2, False, 0)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_stray_buckets_field_is_refused_without_buckets(paths, batch):
+    ds = al.Dataset.from_arrayrecord(paths).map(fns.decode)
+    ds = (ds if batch else ds.filter(fns.keep_even)).batch(4, pad=True)
+    state = {**outputs(ds, workers=0)[3][1], "buckets": [0, 2, 0]}
+    with pytest.raises(StateError, match="'buckets', which only a pipeline with "
+                                         r"bucket_by_length\(\) saves"), \
+            ds.loader(workers=0, state=state) as it:
+        next(iter(it))
+
+
 @pytest.mark.parametrize("buckets, match", [
     ("x", "'buckets' must be a list"), ([1, -1, 0], "'buckets' must be a list"),
     ([1, 2], "'buckets' has 2 counts, but bucket_by_length"),
+    ([0, 10**6, 0], r"'buckets' says \d+ more elements of buckets \[1\] were delivered"),
 ])
 def test_a_bad_buckets_field_is_refused(paths, buckets, match):
     ds = pipelines(paths)["buckets"]
