@@ -111,10 +111,8 @@ def scan(size: int, *, path: str | None, verify: str, window: int) -> IndexSteps
     in the file), then its headers' checksums are checked at once (`_crc32c_8`); a length
     that does not fit is reported as a bad checksum when its header's checksum fails, so a
     damaged header is named as such, not as the lie it tells."""
-    if size <= 0:
-        raise TFRecordFormatError(
-            "the file is empty (0 bytes): it holds no TFRecord record", path=path,
-            hint="leave it out of the paths, or re-create it if it should hold records")
+    # An empty file is a TFRecord file of no records (TensorFlow and Beam write empty
+    # shards): the loop below finds none.
     window = max(window, 1 << 16)
     check = verify != "none"
     offsets: list[np.ndarray] = []

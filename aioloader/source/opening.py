@@ -252,7 +252,10 @@ class _Opener:
             steps[k] = fmts.get(kinds[k]).open_index(
                 info.size, path=redact(info.url), verify=self.verify,
                 max_decoded=self.storage.max_inflight_bytes, local=True)
-            wanted[k] = next(steps[k])
+            try:
+                wanted[k] = next(steps[k])
+            except StopIteration as done:  # an index that needs no read (an empty file)
+                out[k] = done.value
         wave_bytes = max(1, self.storage.max_inflight_bytes // 2)
         while wanted:
             keys: list[int] = []

@@ -98,9 +98,8 @@ def _error(data: bytes, **kw) -> TFRecordFormatError:
     return got.value
 
 
-def test_a_zero_length_file_is_refused():
-    err = _error(b"")
-    assert "empty" in str(err)
+def test_a_zero_length_file_holds_no_records():
+    assert _index(b"").num_records == 0
 
 
 @pytest.mark.parametrize("cut", [1, 5, 11, 12, 13, 20, 25])
