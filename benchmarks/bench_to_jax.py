@@ -212,9 +212,9 @@ def ceiling(host: list[np.ndarray], sharding: Any, n: int, in_flight: int,
 
 
 def host_feed(ds: Any, workers: int, prefetch: int | None, warmup: int, n: int,
-              ) -> tuple[float, float]:
+              executor: str = "processes") -> tuple[float, float]:
     """Batches/s of the loader alone (numpy batches, nothing sent to the device); cores busy."""
-    with ds.loader(workers=workers, prefetch=prefetch) as ld:
+    with ds.loader(workers=workers, prefetch=prefetch, executor=executor) as ld:
         it = iter(ld)
         for _ in range(warmup + 1):
             next(it)
@@ -278,12 +278,13 @@ class _PutTimer:
 
 
 def loader_run(ds: Any, sharding: Any, step: Any, w: Any, k: int, workers: int,
-               prefetch: int | None, depth: int, warmup: int, n: int) -> dict[str, Any]:
+               prefetch: int | None, depth: int, warmup: int, n: int,
+               executor: str = "processes") -> dict[str, Any]:
     """One loader: time to first batch, warm-up, the training loop, then the feed rate."""
     import jax
 
     t0 = time.perf_counter()
-    ld = ds.loader(workers=workers, prefetch=prefetch)
+    ld = ds.loader(workers=workers, prefetch=prefetch, executor=executor)
     used = ld.prefetch  # the loader's default when prefetch is None
     it = ld.to_jax(sharding, prefetch_to_device=depth)
     try:
@@ -413,6 +414,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workloads", default="text,image", help="comma-separated: text, image")
     p.add_argument("--workers", default="0,2,4,8", help="comma-separated worker counts")
+    p.add_argument("--executor", default="processes", choices=("processes", "threads"),
+                   help="where the workers run (ds.loader(executor=...))")
     p.add_argument("--loader-prefetch", default="default",
                    help="comma-separated ds.loader(prefetch=...) values (tasks in flight); "
                    "'default': not given (the loader's default for the worker count)")
@@ -481,7 +484,7 @@ def one_repeat(s: dict[str, Any], w: Any, sharding: Any, args: argparse.Namespac
     for workers, prefetch in ((int(x), None if p == "default" else int(p))
                               for x in args.workers.split(",")
                               for p in args.loader_prefetch.split(",")):
-        rate, busy = host_feed(s["ds"], workers, prefetch, args.warmup, n)
+        rate, busy = host_feed(s["ds"], workers, prefetch, args.warmup, n, args.executor)
         name = "default" if prefetch is None else prefetch
         h = r["host_feed"].setdefault(f"{workers},{name}",
                                       {"batches_per_s": [], "cores_busy": []})
@@ -489,7 +492,7 @@ def one_repeat(s: dict[str, Any], w: Any, sharding: Any, args: argparse.Namespac
         h["cores_busy"].append(busy)
         for depth in (int(x) for x in args.prefetch_to_device.split(",")):
             c = loader_run(s["ds"], sharding, step, w, k, workers, prefetch, depth, args.warmup,
-                           n)
+                           n, args.executor)
             print(f"  {json.dumps({a: _rounded(b) for a, b in c.items()})}", flush=True)
             key = (workers, name, depth)
             found = [x for x in r["configs"]
@@ -516,6 +519,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "numpy": np.__version__, "aioloader": os.path.dirname(aioloader.__file__),
         "backend": jax.default_backend(), "devices": [d.device_kind for d in devices],
         "cpu_count": os.cpu_count(), "dim": args.dim, "repeats": args.repeats,
+        "executor": args.executor,
         "workloads": {},
     }
     print(f"jax {jax.__version__} on {res['backend']}: {res['devices']}; "
