@@ -62,8 +62,8 @@ class RowGroupDecoder:
         for c in rg.chunks:
             try:
                 view = self._file.view(c.offset, c.end)
-                walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes),
-                              view))
+                walks.append((c, walk_pages(view, c.num_values, max_decompressed=max_bytes,
+                                                 width=c.width), view))
             except NotFetchedError as e:
                 raise ParquetFormatError(f"its bytes [{e.start}, {e.stop}) were not fetched",
                                          path=path, row_group=group, column=c.path,
@@ -82,6 +82,7 @@ class RowGroupDecoder:
             raise ParquetFormatError(f"decodes to {table.num_rows} rows, its footer declares "
                                      f"{rg.num_rows}", path=path, row_group=group,
                                      hint=CORRUPT_HINT)
+        _check_valid(path, group, table)
         return table if list(layout.columns) == table.column_names \
             else table.select(list(layout.columns))
 
@@ -105,6 +106,20 @@ class RowGroupDecoder:
                                          row_group=group, hint=CORRUPT_HINT) from None
             raise ParquetFormatError(f"its pages do not decode: {e}", path=layout.path,
                                      row_group=group, hint=CORRUPT_HINT) from None
+
+
+def _check_valid(path: str, group: int, table: Any) -> None:
+    """pyarrow's reader does not check that strings are UTF-8: a damaged string page would
+    fail later, in whatever converts it, naming no file."""
+    import pyarrow as pa
+
+    for name, column in zip(table.column_names, table.columns):
+        try:
+            column.validate(full=True)
+        except (pa.ArrowException, ValueError) as e:
+            raise ParquetFormatError(f"its values do not decode to valid data: {e}",
+                                     path=path, row_group=group, column=name,
+                                     hint=CORRUPT_HINT) from None
 
 
 def _check_budget(path: str, group: int, walks: list, max_bytes: int) -> None:
