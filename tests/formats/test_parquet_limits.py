@@ -5,6 +5,7 @@ chunks that share bytes, strings that are not UTF-8, names that repeat. Each end
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -48,10 +49,62 @@ def test_delta_byte_array_values_past_the_budget(compression):
 
 
 @pytest.mark.parametrize("encoding", ["DELTA_BYTE_ARRAY", "DELTA_LENGTH_BYTE_ARRAY"])
-def test_delta_strings_within_the_budget_read(encoding):
-    table = pa.table({"s": [f"key-{j:05d}" for j in range(1000)]})
-    data = write(table, use_dictionary=False, column_encoding={"s": encoding})
-    assert read_all(data, max_bytes=4 << 20).equals(table)
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_delta_strings_within_the_budget_read(encoding, version):
+    """Their bound (1000 values, each as long as all the suffixes) passes the budget: they
+    decode in batches, counted, and read whole."""
+    table = pa.table({"s": [None if j % 7 == 0 else f"key-{j:05d}" for j in range(1000)],
+                      "i": np.arange(1000)})
+    data = write(table, use_dictionary=False, column_encoding={"s": encoding},
+                 data_page_version=version, data_page_size=2000)
+    assert read_all(data, max_bytes=1 << 20).equals(table)
+    assert read_all(data, ["s"], max_bytes=1 << 20).equals(table.select(["s"]))
+
+
+def test_repeated_delta_strings_past_the_bound_are_refused():
+    """A row may hold any number of a list's values: no batch of rows bounds them."""
+    table = pa.table({"l": [[f"key-{j:05d}"] * 2 for j in range(1000)]})
+    data = write(table, use_dictionary=False, column_encoding={"l.list.element":
+                                                               "DELTA_BYTE_ARRAY"})
+    assert read_all(data, max_bytes=1 << 30).equals(table)
+    with pytest.raises(ParquetFormatError, match="memory budget"):
+        read_all(data, max_bytes=1 << 20)
+
+
+CHILD = """
+import json, resource, sys
+from tests.support.parquet_files import open_file, fetch
+from aioloader import ParquetFormatError
+from aioloader.formats.parquet import decode_row_group
+data = open(sys.argv[2], "rb").read()
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+meta, layout, index = open_file(data, max_bytes=4 << 20)
+try:
+    decode_row_group(layout, meta, 0, fetch(data, index, 0), max_bytes=4 << 20)
+    verdict = "read"
+except ParquetFormatError as e:
+    verdict = str(e)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"verdict": verdict, "grew_kib": after - before}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS, ru_maxrss in KiB: Linux")
+def test_delta_byte_array_past_the_budget_in_bounded_memory(tmp_path):
+    """A few hundred bytes that decode to 100 MB: refused, and the child's peak RSS grows
+    by less than 32 MiB."""
+    table = pa.table({"s": pa.array([b"x" * 100_000] * 1000, pa.binary())})
+    path = tmp_path / "delta.parquet"
+    path.write_bytes(write(table, use_dictionary=False, compression="zstd",
+                           column_encoding={"s": "DELTA_BYTE_ARRAY"}))
+    del table
+    out = subprocess.run([sys.executable, "-c", CHILD, str(3 << 30), str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "memory budget" in got["verdict"], got
+    assert got["grew_kib"] < 32 << 10, got
 
 
 def _deep(depth: int) -> bytes:

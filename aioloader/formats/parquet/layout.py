@@ -50,6 +50,7 @@ class ColumnChunk:
     uncompressed: int  #: its declared decompressed size
     codec: str = "UNCOMPRESSED"  #: its compression, as the footer names it
     width: int = 0     #: bytes a decoded value takes, or 0 for variable-length (BYTE_ARRAY)
+    repeated: bool = False  #: a row may hold any number of its values
 
     @property
     def end(self) -> int:
@@ -176,7 +177,7 @@ def _chunk(path: str, g: int, rows: int, col: ChunkMeta, leaf: int, name: str,
         raise bad(f"declares {col.num_values} values for {rows} rows")
     length += min(padding, size - start - length)
     return ColumnChunk(leaf, name, start, length, col.num_values, col.uncompressed,
-                       col.codec, width)
+                       col.codec, width, repeated)
 
 
 def _check_disjoint(path: str, spans: list[tuple[int, int, int, str]]) -> None:

@@ -42,6 +42,8 @@ class PageTotals:
     #: at most how many bytes the DELTA_BYTE_ARRAY pages' values take: each page's values
     #: times those pages' decompressed bytes so far
     delta_bound: int = 0
+    #: the DELTA_BYTE_ARRAY pages' decompressed bytes: the longest such value may take
+    delta_longest: int = 0
 
 
 def _counts(t: ThriftReader, encoding_field: int) -> tuple[int, int]:
@@ -132,4 +134,5 @@ def walk_pages(data: bytes | memoryview, num_values: int, *, max_decompressed: i
     if seen != num_values:
         raise PageError(f"its data pages hold {seen} values, the chunk declares {num_values}",
                         pos)
-    return PageTotals(pages, seen, decompressed, indices, dictionary, delta_bound)
+    return PageTotals(pages, seen, decompressed, indices, dictionary, delta_bound,
+                      delta_bytes)
