@@ -8,13 +8,14 @@ or, for strings and binaries, as the longest dictionary entry: a first bound tak
 dictionary page's whole size for that, and only when it does not fit the budget is the
 dictionary page decompressed and its entries' lengths read for the true longest (a loop
 over the entries, so it is done only when needed). Every value also counts `VALUE_COST`
-bytes of levels, offsets and validity.
+bytes of levels, offsets and validity. DELTA_BYTE_ARRAY values (each a prefix of an earlier
+value and a suffix) count as long as the suffixes before them (`PageTotals.delta_bound`).
 """
 
 from __future__ import annotations
 
 from .layout import VALUE_COST, ColumnChunk
-from .pages import PageError, PageTotals
+from .pages import LENGTH, PageError, PageTotals
 
 __all__ = ["decoded_bound"]
 
@@ -22,7 +23,6 @@ __all__ = ["decoded_bound"]
 #: framed in ways it does not: their dictionaries keep the first bound)
 CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd",
           "LZ4_RAW": "lz4_raw"}
-LENGTH = 4  # a PLAIN byte array's length prefix
 
 
 def decoded_bound(chunk: ColumnChunk, totals: PageTotals, data: bytes | memoryview, *,
@@ -30,7 +30,7 @@ def decoded_bound(chunk: ColumnChunk, totals: PageTotals, data: bytes | memoryvi
     """At most how many bytes `chunk` (its fetched bytes: `data`) decodes to, given its page
     walk; `exact_dictionary` reads the dictionary's longest entry instead of taking its
     page's size. Raises `PageError` on a dictionary page that does not decode."""
-    bound = totals.decompressed + VALUE_COST * totals.values
+    bound = totals.decompressed + VALUE_COST * totals.values + totals.delta_bound
     if not totals.dictionary_values:
         return bound
     if chunk.width:

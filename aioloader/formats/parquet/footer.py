@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import CORRUPT_HINT, ParquetFormatError
-from .metadata import FooterMeta, read_footer_meta
+from .metadata import FooterMeta, SchemaTooDeep, read_footer_meta
 from .thrift import ThriftError
 
 if TYPE_CHECKING:
@@ -126,6 +126,9 @@ def parse_footer(path: str, size: int, footer: bytes, *, max_bytes: int) -> Parq
         raise ValueError(f"{path}: the footer is {length} bytes, {len(footer)} were given")
     try:
         figures = read_footer_meta(footer)
+    except SchemaTooDeep as e:
+        raise ParquetFormatError(str(e), path=path, offset=offset + e.offset,
+                                 hint="flatten the schema's nesting") from None
     except ThriftError as e:
         raise ParquetFormatError(f"its footer's thrift does not parse: {e}", path=path,
                                  offset=offset + e.offset, hint=CORRUPT_HINT) from None

@@ -16,6 +16,7 @@ their type) fit `max_bytes`. A lie is a
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class ColumnChunk:
     uncompressed: int  #: its declared decompressed size
     codec: str = "UNCOMPRESSED"  #: its compression, as the footer names it
     width: int = 0     #: bytes a decoded value takes, or 0 for variable-length (BYTE_ARRAY)
+    repeated: bool = False  #: a row may hold any number of its values
 
     @property
     def end(self) -> int:
@@ -86,6 +88,10 @@ def read_layout(path: str, size: int, footer: ParquetFooter,
     decompressed, with values at least as wide as their type, plus `VALUE_COST` per value):
     the memory one decoded row group may take.
     """
+    if columns is not None and len(set(columns)) != len(columns):
+        twice = sorted({c for c in columns if list(columns).count(c) > 1})
+        raise ValueError(f"{path}: the columns argument names {twice} more than once: "
+                         f"{list(columns)}")
     footer_offset = size - len(footer.data)
     if not TRAILER <= len(footer.data) <= size - len(MAGIC):
         raise ValueError(f"{path}: a footer of {len(footer.data)} bytes in a file of {size}")
@@ -105,6 +111,7 @@ def read_layout(path: str, size: int, footer: ParquetFooter,
                                  hint=CORRUPT_HINT) from None
     padding = OLD_WRITER_PADDING if _old_writer(figures.created_by) else 0
     groups, total = [], 0
+    spans: list[tuple[int, int, int, str]] = []  # each chunk's bytes, without padding
     for g, rg in enumerate(figures.row_groups):
         rows = rg.num_rows
         if rows < 0:
@@ -123,6 +130,9 @@ def read_layout(path: str, size: int, footer: ParquetFooter,
                               widths[i], footer_offset, size, padding) for i in leaves)
         _check_budget(path, g, rows, chunks, max_bytes)
         groups.append(RowGroupLayout(rows, chunks))
+        spans.extend((c.offset, c.offset + rg.columns[c.leaf].compressed, g, c.path)
+                     for c in chunks if c.length)
+    _check_disjoint(path, spans)
     if total != figures.num_rows:
         raise ParquetFormatError(f"its row groups hold {total} rows, its footer declares "
                                  f"{figures.num_rows}", path=path, hint=CORRUPT_HINT)
@@ -167,7 +177,18 @@ def _chunk(path: str, g: int, rows: int, col: ChunkMeta, leaf: int, name: str,
         raise bad(f"declares {col.num_values} values for {rows} rows")
     length += min(padding, size - start - length)
     return ColumnChunk(leaf, name, start, length, col.num_values, col.uncompressed,
-                       col.codec, width)
+                       col.codec, width, repeated)
+
+
+def _check_disjoint(path: str, spans: list[tuple[int, int, int, str]]) -> None:
+    """Two column chunks sharing bytes would decode one's pages as the other's values."""
+    spans.sort()
+    for (_, end, g0, name0), (start, _, g, name) in itertools.pairwise(spans):
+        if start < end:
+            raise ParquetFormatError(
+                f"its bytes from {start} are also those of column {name0!r} in row group "
+                f"{g0}", path=path, row_group=g, column=name, offset=start,
+                hint=CORRUPT_HINT)
 
 
 def _check_budget(path: str, g: int, rows: int, chunks: tuple[ColumnChunk, ...],
@@ -202,8 +223,13 @@ def _select(path: str, meta: Any, columns: Sequence[str] | None
         raise ParquetFormatError(f"its schema has {first} leaf columns, its footer "
                                  f"{meta.num_columns}", path=path, hint=CORRUPT_HINT)
     names = tuple(schema.names) if columns is None else tuple(columns)
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: a column is selected twice in {list(names)}")
+    if columns is None and len(spans) != len(names):
+        twice = sorted(n for n, found in spans.items() if len(found) > 1)
+        raise ParquetFormatError(
+            f"has more than one top-level column named {twice[0]!r}, and a row holds one "
+            "value per name", path=path,
+            hint=f"pass columns= with names that are not repeated (its columns are "
+                 f"{schema.names})")
     leaves: list[int] = []
     for name in names:
         found = spans.get(name, [])
@@ -216,19 +242,26 @@ def _select(path: str, meta: Any, columns: Sequence[str] | None
 
 
 def _leaves(t: Any) -> int:
+    """The leaf columns under an Arrow type: a loop, not recursion (the footer's reader
+    bounds the depth, but a deep type must not reach Python's recursion limit)."""
     import pyarrow as pa
 
-    if isinstance(t, pa.ExtensionType):
-        return _leaves(t.storage_type)
-    if isinstance(t, pa.StructType):
-        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
-    if isinstance(t, pa.MapType):
-        return _leaves(t.key_type) + _leaves(t.item_type)
     lists = (pa.ListType, pa.LargeListType, pa.FixedSizeListType,
              *(getattr(pa, n) for n in ("ListViewType", "LargeListViewType") if hasattr(pa, n)))
-    if isinstance(t, lists):
-        return _leaves(t.value_type)
-    return 1
+    count, todo = 0, [t]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, pa.ExtensionType):
+            todo.append(t.storage_type)
+        elif isinstance(t, pa.StructType):
+            todo.extend(t.field(i).type for i in range(t.num_fields))
+        elif isinstance(t, pa.MapType):
+            todo.extend((t.key_type, t.item_type))
+        elif isinstance(t, lists):
+            todo.append(t.value_type)
+        else:
+            count += 1
+    return count
 
 
 def _old_writer(created_by: str | None) -> bool:

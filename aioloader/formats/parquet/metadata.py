@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 from .thrift import BINARY, I32, I64, LIST, STRUCT, ThriftError, ThriftReader
 
-__all__ = ["ChunkMeta", "FooterMeta", "RowGroupMeta", "read_footer_meta"]
+__all__ = ["MAX_SCHEMA_DEPTH", "ChunkMeta", "FooterMeta", "RowGroupMeta", "SchemaTooDeep",
+           "read_footer_meta"]
+
+#: the deepest schema read. Real schemas nest a few levels (a list of structs of lists...);
+#: Arrow's schema conversion recurses once per level on the C stack, so a few thousand
+#: single-child groups crash the process. 64 levels is far past any real schema and far
+#: below where any recursion (Arrow's or ours) runs short.
+MAX_SCHEMA_DEPTH = 64
 
 #: Parquet's codec enum, as pyarrow names the codecs
 CODECS = ("UNCOMPRESSED", "SNAPPY", "GZIP", "LZO", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW")
@@ -55,7 +62,9 @@ def read_footer_meta(footer: bytes | memoryview) -> FooterMeta:
     t = ThriftReader(view, 0, max(len(view) - 8, 0))
     num_rows, created_by, groups = None, "", []
     for fid, kind in t.fields():
-        if fid == 3 and kind == I64:
+        if fid == 2 and kind == LIST:
+            _check_schema(t)
+        elif fid == 3 and kind == I64:
             num_rows = t.integer()
         elif fid == 4 and kind == LIST:
             groups = [_row_group(t) for _ in _structs(t)]
@@ -73,6 +82,40 @@ def _structs(t: ThriftReader) -> range:
     if elem != STRUCT and count:
         raise ThriftError(f"a list of thrift type {elem} where structs belong", t.pos)
     return range(count)
+
+
+class SchemaTooDeep(ThriftError):
+    """A schema that parses but nests deeper than `MAX_SCHEMA_DEPTH`."""
+
+
+def _check_schema(t: ThriftReader) -> None:
+    """Walks the flattened schema (each group element followed by its `num_children`
+    children, depth first): every count must fit the elements there, and the nesting
+    must stay within `MAX_SCHEMA_DEPTH`, before pyarrow converts it."""
+    open_children: list[int] = []  # per open group, the children still to come
+    for i in _structs(t):
+        start, children = t.pos, 0
+        for fid, kind in t.fields():
+            if fid == 5 and kind == I32:
+                children = t.integer()
+            else:
+                t.skip(kind, 1)
+        if children < 0:
+            raise ThriftError(f"schema element {i} declares {children} children", start)
+        if open_children:
+            open_children[-1] -= 1
+        elif i:
+            raise ThriftError(f"schema element {i} lies outside the root's children", start)
+        if children or not i:
+            open_children.append(children)
+            if len(open_children) > MAX_SCHEMA_DEPTH + 1:
+                raise SchemaTooDeep(f"its schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                    "levels, which is not supported", start)
+        while open_children and open_children[-1] == 0:
+            open_children.pop()
+    if open_children:
+        raise ThriftError(f"the schema's groups declare {sum(open_children)} more children "
+                          "than it holds", t.pos)
 
 
 def _row_group(t: ThriftReader) -> RowGroupMeta:

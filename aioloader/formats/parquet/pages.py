@@ -22,6 +22,13 @@ PageError = ThriftError
 
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY: values are dictionary indices
+#: each value the start of an earlier one (of any earlier page: some writers carry it over)
+#: and a suffix: a value is at most as long as the suffixes so far, which the pages' bytes
+#: hold, but its length is not bounded by its own page's. DELTA_LENGTH_BYTE_ARRAY and the
+#: other encodings store each value's bytes (or decode to at most `VALUE_COST` a value).
+DELTA_BYTE_ARRAY = 7
+#: a PLAIN byte array's length prefix: the fewest bytes a dictionary entry of one takes
+LENGTH = 4
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,11 @@ class PageTotals:
     dictionary_values: int = 0  #: values of data pages holding dictionary indices
     #: (offset of its bytes in the chunk, compressed, decompressed size) of the dictionary page
     dictionary: tuple[int, int, int] | None = None
+    #: at most how many bytes the DELTA_BYTE_ARRAY pages' values take: each page's values
+    #: times those pages' decompressed bytes so far
+    delta_bound: int = 0
+    #: the DELTA_BYTE_ARRAY pages' decompressed bytes: the longest such value may take
+    delta_longest: int = 0
 
 
 def _counts(t: ThriftReader, encoding_field: int) -> tuple[int, int]:
@@ -74,14 +86,16 @@ def _header(t: ThriftReader) -> tuple[int, int, int, int, int]:
     return kind, decompressed, compressed, values, encoding
 
 
-def walk_pages(data: bytes | memoryview, num_values: int, *,
-               max_decompressed: int) -> PageTotals:
+def walk_pages(data: bytes | memoryview, num_values: int, *, max_decompressed: int,
+               width: int | None = None) -> PageTotals:
     """The page headers of one column chunk (`data`: its bytes from its first page on),
     up to the data page that completes its `num_values`. Raises `PageError` when a header
-    does not parse, a page runs past `data`, the values disagree with `num_values`, or the
-    pages' decompressed sizes pass `max_decompressed`."""
+    does not parse, a page runs past `data`, the values disagree with `num_values`, the
+    dictionary page declares more entries than its bytes hold (`width`: bytes a value
+    takes, 0 for byte arrays, 1 for booleans as well; None: not checked), or the pages'
+    decompressed sizes pass `max_decompressed`."""
     view = memoryview(data)
-    pos = pages = seen = decompressed = indices = 0
+    pos = pages = seen = decompressed = indices = delta_bytes = delta_bound = 0
     dictionary = None
     while seen < num_values:
         if pos >= len(view):
@@ -104,11 +118,21 @@ def walk_pages(data: bytes | memoryview, num_values: int, *,
             seen += values
             if encoding in DICTIONARY_ENCODINGS:
                 indices += values
+            elif encoding == DELTA_BYTE_ARRAY:
+                delta_bytes += size
+                delta_bound += values * delta_bytes
         elif kind == DICTIONARY_PAGE and dictionary is None:
+            # pyarrow sizes the dictionary from its count before it reads an entry
+            least = 0 if width is None else values * LENGTH if not width \
+                else -(-values // 8) if width == 1 else values * width
+            if least > size:
+                raise PageError(f"the dictionary page declares {values} entries, more than "
+                                f"its {size} bytes hold", pos)
             dictionary = (t.pos, compressed, size)
         pages += 1
         pos = t.pos + compressed
     if seen != num_values:
         raise PageError(f"its data pages hold {seen} values, the chunk declares {num_values}",
                         pos)
-    return PageTotals(pages, seen, decompressed, indices, dictionary)
+    return PageTotals(pages, seen, decompressed, indices, dictionary, delta_bound,
+                      delta_bytes)
