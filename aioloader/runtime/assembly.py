@@ -33,7 +33,7 @@ from ..workers.pieces import read
 from .batcher import Batcher, Raise
 from .bucketer import Bucketer
 from .packer import Packer, Stuck
-from .stats import StageStats
+from .stagestats import StageStats
 
 # A task's output positions [lo, hi), what its worker sent and where in the task each
 # survivor was (`workers.pieces`): `(lo, hi, payload, survivors)`, or None after the last

@@ -17,7 +17,7 @@ from ..elements.columns import concat, rebuild, take
 from ..elements.padding import Rule
 from ..elements.transforms import BatchOp, MapOp, apply_batch_ops
 from ..workers.pieces import Columns, Piece
-from .stats import StageStats
+from .stagestats import StageStats
 
 
 class Raise:

@@ -26,7 +26,7 @@ from ..errors import StateError, TransformError
 from ..workers.pieces import Columns, Piece
 from .batcher import Raise
 from .packer import Stuck
-from .stats import StageStats
+from .stagestats import StageStats
 
 
 class Bucketer:

@@ -25,7 +25,7 @@ from ..elements.packing import FirstFit, assemble, check_pack_config, pack_first
 from ..elements.transforms import BatchOp, MapOp, PackOp, apply_batch_ops
 from ..workers.pieces import Packed, Piece
 from .batcher import Raise
-from .stats import StageStats
+from .stagestats import StageStats
 
 
 class Stuck(Raise):

@@ -8,7 +8,8 @@ import re
 import pytest
 
 import aioloader as al
-from aioloader.runtime.stats import PipelineStats, StageStats
+from aioloader.runtime.stagestats import StageStats
+from aioloader.runtime.stats import PipelineStats
 from aioloader.runtime.table import FOOTER
 
 

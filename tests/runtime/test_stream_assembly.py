@@ -19,7 +19,7 @@ from aioloader.elements.columns import concat, rebuild, stack, take
 from aioloader.elements.packing import FirstFit, assemble
 from aioloader.elements.transforms import BatchOp, MapOp, PackOp
 from aioloader.runtime.assembly import Assembler
-from aioloader.runtime.stats import StageStats
+from aioloader.runtime.stagestats import StageStats
 from aioloader.workers.arena import ShmRef, SlotAlloc, replace_leaves
 from aioloader.workers.pieces import Columns, has_arrays, read, window_payload, windows_of
 from tests.support import stream_reference

@@ -13,7 +13,7 @@ import numpy as np
 from aioloader.elements.collate import collate, collate_named
 from aioloader.elements.packing import pack_first_fit
 from aioloader.elements.transforms import BatchOp, PackOp, apply_batch_ops
-from aioloader.runtime.stats import StageStats
+from aioloader.runtime.stagestats import StageStats
 
 # (window position, surviving elements), or None after the last window
 NextWindow = Callable[[], Awaitable["tuple[int, list[Any]] | None"]]
