@@ -111,6 +111,16 @@ class InlineExecutor:
         return ", ".join(stuck) if stuck else None
 
 
+def warn_stuck(who: str, stuck: str, grace: float, pipeline: Pipeline) -> None:
+    """Say that `who`, a thread of this process, is still running task `stuck` `grace` s
+    after close, and which transforms it runs: it is left behind (a thread cannot be
+    stopped)."""
+    ops = [op.describe() for op in (*pipeline.record_ops, *pipeline.batch_ops)]
+    log.warning("%s is still running %s %.0f s after close: a transform (%s) does not "
+                "return; its thread is left behind (a daemon thread: it does not keep the "
+                "process from exiting)", who, stuck, grace, " -> ".join(ops) or "none")
+
+
 class Inline(SlotExecutor):
     """workers=0: every task runs on one daemon thread of this process, with the code a worker
     runs (`run_task`), its output stacked in an arena slot as a worker's would be. `close`
@@ -134,10 +144,4 @@ class Inline(SlotExecutor):
         # the map alive (close is then a no-op), and a closed map refuses access with
         # ValueError in that thread, never a crash.
         if stuck is not None:
-            ops = [op.describe() for op in (*self.pipeline.record_ops,
-                                            *self.pipeline.batch_ops)]
-            log.warning(
-                "the inline worker (workers=0) is still running %s %.0f s after close: "
-                "a transform (%s) does not return; its thread is left behind (a daemon "
-                "thread: it does not keep the process from exiting)", stuck, grace,
-                " -> ".join(ops) or "none")
+            warn_stuck("the inline worker (workers=0)", stuck, grace, self.pipeline)

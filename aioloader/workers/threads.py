@@ -22,20 +22,18 @@ for the tasks running and then leaves a thread stuck in a transform behind, nami
 
 from __future__ import annotations
 
-import logging
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 from .decode import Decoder
 from .executor import SlotExecutor
-from .inline import InlineExecutor
+from .inline import InlineExecutor, warn_stuck
 from .messages import Pipeline, Result, Task
 from .worker import _raise_malloc_thresholds, run_task
 
 __all__ = ["THREADS", "Threads", "ThreadsKind"]
 
-log = logging.getLogger("aioloader")
 
 
 class ThreadsKind:
@@ -97,13 +95,7 @@ class Threads(SlotExecutor):
         for decoder in decoders:
             decoder.close()
         if stuck is not None:
-            ops = [op.describe() for op in (*self.pipeline.record_ops,
-                                            *self.pipeline.batch_ops)]
-            log.warning(
-                "a thread of the threads executor is still running %s %.0f s after close: "
-                "a transform (%s) does not return; its thread is left behind (a daemon "
-                "thread: it does not keep the process from exiting)", stuck, grace,
-                " -> ".join(ops) or "none")
+            warn_stuck("a thread of the threads executor", stuck, grace, self.pipeline)
 
 
 THREADS = ThreadsKind()
