@@ -340,8 +340,10 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
         raise CacheEntryError("it holds files of another record format")
     limits = np.array([fmts.get(kind).index_limits(i.size) for kind, i in zip(kinds, infos)],
                       dtype=np.int64).reshape(len(files), 2)
-    if (bounds[ends - 1] != footers).any() or (footers <= 0).any() or \
-            (footers > limits[:, 1]).any():
+    sizes = np.array([i.size for i in infos], dtype=np.int64)
+    # (a footer offset of 0 only in an empty file: a TFRecord file of no records)
+    if (bounds[ends - 1] != footers).any() or ((footers <= 0) & (sizes > 0)).any() or \
+            (footers < 0).any() or (footers > limits[:, 1]).any():
         raise CacheEntryError("its footer offsets are outside their files")
     steps = np.diff(bounds)
     ok = steps > 0

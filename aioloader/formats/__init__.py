@@ -15,6 +15,7 @@ Modules load on first use: naming a format loads nothing but this module.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ _LOADED: dict[str, RecordFormat] = {}
 def guess(path: str) -> str:
     """The format a file's name suggests: TFRecord for `*.tfrecord(s)` and TFDS's
     `*.tfrecord-00000-of-00008`, ArrayRecord otherwise (for tools; pipelines say it)."""
-    name = path.rsplit("/", 1)[-1].lower().split("[", 1)[0]
+    # (a read instruction, `[start:end]`, is cut off; a glob's `[0-9]` is part of the name)
+    name = re.sub(r"\[-?\d*:-?\d*\]$", "", path.rsplit("/", 1)[-1].lower())
     if any(name.endswith(s) or f"{s}-" in name for s in (".tfrecord", ".tfrecords")):
         return "tfrecord"
     return ARRAYRECORD

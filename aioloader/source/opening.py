@@ -137,7 +137,9 @@ async def footer_heads(storage: Storage, infos: Sequence[ObjectInfo],
     out = np.zeros((len(infos), HEAD_BYTES), dtype=np.uint8)
     ks = [k for k, info in enumerate(infos) if checked(info)]
     at = [fmts.get(kinds[k]).proof_offset(indices[k]) for k in ks]
-    datas = await storage.read_many([(infos[k].url, a, a + HEAD_BYTES) for k, a in zip(ks, at)])
+    # (cut at the file's end: a file may be shorter than HEAD_BYTES, or empty)
+    datas = await storage.read_many([(infos[k].url, a, min(a + HEAD_BYTES, infos[k].size))
+                                     for k, a in zip(ks, at)])
     for k, data in zip(ks, datas):
         out[k, : len(data)] = np.frombuffer(data, dtype=np.uint8)[:HEAD_BYTES]
     return out

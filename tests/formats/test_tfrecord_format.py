@@ -205,3 +205,15 @@ def test_a_file_cut_anywhere_is_an_error_or_its_whole_records(sizes, data):
     else:
         with pytest.raises(TFRecordFormatError, match=r"f\.tfrecord"):
             _index(good[:cut])
+
+
+@pytest.mark.parametrize("path,kind", [
+    ("d/train.tfrecord", "tfrecord"), ("d/train.tfrecord-00001-of-00008", "tfrecord"),
+    ("d/train.tfrecord[10:20]", "tfrecord"), ("d/train-[0-9].tfrecord", "tfrecord"),
+    ("gs://b/x/*.TFRecords", "tfrecord"), ("d/train-[0-9].array_record", "arrayrecord"),
+    ("d/a.array_record[0:5]", "arrayrecord"),
+])
+def test_a_files_name_suggests_its_format_globs_and_read_instructions_included(path, kind):
+    from aioloader.formats import guess
+
+    assert guess(path) == kind

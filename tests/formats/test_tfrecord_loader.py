@@ -248,3 +248,15 @@ def test_random_access_gives_what_the_loader_yields(files):
     every = list(ds.loader(workers=0))
     assert len(ds) == N
     assert ds[[0, 17, N - 1]] == [every[0], every[17], every[N - 1]]
+
+
+def test_small_and_empty_shards_take_the_index_cache(tmp_path):
+    (tmp_path / "t-0.tfrecord").write_bytes(b"".join(frame(b"r%d" % i) for i in range(10)))
+    (tmp_path / "t-1.tfrecord").write_bytes(b"")  # an empty shard
+    (tmp_path / "t-2.tfrecord").write_bytes(frame(b"tiny"))  # shorter than a head's read
+    cache = tmp_path / "idx"
+    want = [b"r%d" % i for i in range(10)] + [b"tiny"]
+    for hit in (False, True):
+        with al.TFRecordSource(str(tmp_path / "t-*.tfrecord"), index_cache_dir=cache) as src:
+            assert src.table.from_index_cache is hit
+            assert list(src) == want
