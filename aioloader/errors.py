@@ -1,4 +1,4 @@
-"""Every public error type aioloader raises, in one leaf module.
+"""The public error types aioloader raises, in one leaf module (the formats' own: see below).
 
 A leaf so that any layer can raise these without importing a higher one: it imports nothing
 from aioloader but `ArrayRecordFormatError`, which lives with the format layer below

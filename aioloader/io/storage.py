@@ -232,7 +232,8 @@ class Storage:
             raise StorageError(
                 f"{redact(url)}: one read of bytes [{start}, {end}) ({end - start:,} bytes) is "
                 f"larger than the memory budget ({self.max_inflight_bytes:,} bytes); raise "
-                "memory_budget, or rewrite the file with a smaller group_size"
+                "memory_budget, or rewrite the file in smaller chunks (an ArrayRecord "
+                "file: a smaller group_size; a TFRecord file: smaller records)"
             )
 
     async def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
