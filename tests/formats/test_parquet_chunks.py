@@ -1,0 +1,64 @@
+"""A Parquet chunk's records (`formats.parquetchunks`): a file opened through the seam's
+index step, each chunk's range cut from the file's bytes and decoded, gives every row as
+the Parquet layer's `rows` gives it from pyarrow's own read of the row group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aioloader.formats.parquet import ParquetFormatError, rows
+from aioloader.formats.parquet.footer import footer_range
+from aioloader.formats.parquetchunks import ParquetChunks
+from aioloader.formats.parquetrows import row_from_bytes
+from tests.formats.test_parquet_index import _drive
+from tests.formats.test_parquet_rowbytes import _same
+
+BUDGET = 64 << 20
+
+
+def _table(n: int) -> pa.Table:
+    return pa.table({"a": pa.array(np.arange(n)),
+                     "b": [None if j % 3 == 0 else f"b{j}" for j in range(n)],
+                     "v": [None if j % 4 == 0 else [j, j + 1] for j in range(n)],
+                     "c": pa.array(np.arange(n) * 0.5)})
+
+
+def _open(path, columns=None):
+    data = path.read_bytes()
+    index, _ = _drive(path, columns=columns)
+    off, length = footer_range(str(path), len(data), data[-8:], max_bytes=BUDGET)
+    chunks = ParquetChunks(str(path), len(data), data[off:off + length], columns,
+                           max_decoded=BUDGET)
+    return data, index, chunks
+
+
+@pytest.mark.parametrize("rows_per_group", [1, 13, 200])
+@pytest.mark.parametrize("columns", [None, ["c", "b"], ["v"]])
+def test_every_row_as_pyarrow_reads_it(tmp_path, rows_per_group, columns):
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(200), path, row_group_size=rows_per_group)
+    data, index, chunks = _open(path, columns)
+    f = pq.ParquetFile(path)
+    ends = index.chunk_ends
+    for g in range(index.num_chunks):
+        start, end = int(index.chunk_offsets[g]), int(ends[g])
+        n = int(index.chunk_records[g])
+        got = [row_from_bytes(b) for b in chunks.records(
+            data[start:end], start, range(n), max_decoded=BUDGET, expected_records=n)]
+        _same(got, rows(f.read_row_group(g, columns=columns)))
+
+
+def test_a_damaged_chunk_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(_table(100), path, row_group_size=50)
+    data, index, chunks = _open(path)
+    start, end = int(index.chunk_offsets[1]), int(index.chunk_ends[1])
+    with pytest.raises(ParquetFormatError, match=r"bad\.parquet"):
+        chunks.records(data[start:end - 10], start, [0], max_decoded=BUDGET)
+    with pytest.raises(ParquetFormatError, match=r"bad\.parquet"):
+        chunks.records(data[start:end], start + 1, [0], max_decoded=BUDGET)
+    with pytest.raises(ParquetFormatError, match="index has 7"):
+        chunks.records(data[start:end], start, [0], max_decoded=BUDGET, expected_records=7)
