@@ -9,7 +9,12 @@ from __future__ import annotations
 
 
 class ArrayRecordFormatError(ValueError):
-    """Malformed, truncated or unsupported ArrayRecord data."""
+    """Malformed, truncated or unsupported ArrayRecord data.
+
+    The other formats' errors subclass it (every layer that handles a damaged file then
+    handles theirs), naming their own unit where ArrayRecord says "chunk" (`UNIT`)."""
+
+    UNIT = "chunk"
 
     def __init__(
         self,
@@ -27,37 +32,44 @@ class ArrayRecordFormatError(ValueError):
         self.hint = hint
         super().__init__(self._render())
 
-    def _render(self) -> str:
+    def _where(self) -> list[str]:
+        """Where the problem is, most general first."""
         where = []
         if self.path is not None:
             where.append(str(self.path))
         if self.chunk is not None:
-            where.append(f"chunk {self.chunk}")
+            where.append(f"{self.UNIT} {self.chunk}")
         if self.offset is not None:
             where.append(f"byte {self.offset}")
+        return where
+
+    def _render(self) -> str:
+        where = self._where()
         text = f"{', '.join(where)}: {self.what}" if where else self.what
         if self.hint:
             text += f" ({self.hint})"
         return text
 
+    def _fields(self) -> dict:
+        return {"path": self.path, "offset": self.offset, "chunk": self.chunk,
+                "hint": self.hint}
+
     def located(
         self, *, path: str | None = None, chunk: int | None = None
     ) -> ArrayRecordFormatError:
         """Return a copy with the file (and chunk) filled in where they were unknown."""
-        return ArrayRecordFormatError(
-            self.what,
-            path=self.path if self.path is not None else path,
-            offset=self.offset,
-            chunk=self.chunk if self.chunk is not None else chunk,
-            hint=self.hint,
-        )
+        fields = self._fields()
+        fields["path"] = self.path if self.path is not None else path
+        fields["chunk"] = self.chunk if self.chunk is not None else chunk
+        return type(self)(self.what, **fields)
 
-    def __reduce__(self):  # keep the fields across process boundaries
-        return (_rebuild, (self.what, self.path, self.offset, self.chunk, self.hint))
+    def __reduce__(self):  # keep the type and the fields across process boundaries
+        return (_rebuild, (type(self), self.what, self._fields()))
 
 
-def _rebuild(what, path, offset, chunk, hint) -> ArrayRecordFormatError:
-    return ArrayRecordFormatError(what, path=path, offset=offset, chunk=chunk, hint=hint)
+def _rebuild(cls: type[ArrayRecordFormatError], what: str,
+             fields: dict) -> ArrayRecordFormatError:
+    return cls(what, **fields)
 
 
 CORRUPT_HINT = "the file is corrupted or was not fully written; re-create or re-upload it"

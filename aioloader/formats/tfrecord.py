@@ -57,28 +57,7 @@ class TFRecordFormatError(ArrayRecordFormatError):
     """Malformed, truncated or unsupported TFRecord data (an `ArrayRecordFormatError`, so
     every layer that handles a damaged file handles it; its "chunk" is the record)."""
 
-    def _render(self) -> str:
-        where = [str(self.path)] if self.path is not None else []
-        if self.chunk is not None:
-            where.append(f"record {self.chunk}")
-        if self.offset is not None:
-            where.append(f"byte {self.offset}")
-        text = f"{', '.join(where)}: {self.what}" if where else self.what
-        return f"{text} ({self.hint})" if self.hint else text
-
-    def located(self, *, path: str | None = None,
-                chunk: int | None = None) -> TFRecordFormatError:
-        return TFRecordFormatError(self.what, path=self.path if self.path is not None else path,
-                                   offset=self.offset,
-                                   chunk=self.chunk if self.chunk is not None else chunk,
-                                   hint=self.hint)
-
-    def __reduce__(self):  # keep the type and the fields across process boundaries
-        return (_rebuild, (self.what, self.path, self.offset, self.chunk, self.hint))
-
-
-def _rebuild(what, path, offset, chunk, hint) -> TFRecordFormatError:
-    return TFRecordFormatError(what, path=path, offset=offset, chunk=chunk, hint=hint)
+    UNIT = "record"
 
 
 def masked_crc(data: bytes) -> int:
