@@ -33,6 +33,7 @@ import fsspec
 from ..arrayrecord import ArrayRecordWriter
 from ..elements.typed import ElementSpec
 from ..errors import ConvertError, ElementSpecError, MissingExtraError
+from ..formats.tfrecord import frame, masked_crc
 from ..urls import has_glob, has_query, is_local, redact
 from .staged import Staged, sweep_leftovers
 
@@ -51,13 +52,6 @@ def guess_format(path: str) -> str:
     raise ConvertError(f"{path}: cannot tell the input format from the name; pass --from")
 
 
-def _masked_crc(data: bytes) -> int:
-    import google_crc32c
-
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def read_tfrecord(f: IO[bytes], path: str, verify: bool = True,
                   size: int | None = None) -> Iterator[bytes]:
     """Records of one TFRecord stream, checksums verified. A declared length is checked
@@ -71,7 +65,7 @@ def read_tfrecord(f: IO[bytes], path: str, verify: bool = True,
         if len(head) < 12:
             raise ConvertError(f"{path}: truncated record header at byte {offset}")
         length, length_crc = struct.unpack("<QI", head)
-        if verify and _masked_crc(head[:8]) != length_crc:
+        if verify and masked_crc(head[:8]) != length_crc:
             raise ConvertError(f"{path}: length checksum mismatch at byte {offset} (corrupted "
                                "file, or not TFRecord)")
         left = None if size is None else size - offset - 12
@@ -84,7 +78,7 @@ def read_tfrecord(f: IO[bytes], path: str, verify: bool = True,
         if len(data) < length or len(tail) < 4:
             raise ConvertError(f"{path}: the record at byte {offset} is truncated: it declares "
                                f"{length:,} bytes, only {len(data):,} follow")
-        if verify and _masked_crc(data) != struct.unpack("<I", tail)[0]:
+        if verify and masked_crc(data) != struct.unpack("<I", tail)[0]:
             raise ConvertError(f"{path}: data checksum mismatch in the record at byte {offset}")
         offset += 16 + length
         yield data
@@ -107,9 +101,7 @@ def _read_at_most(f: IO[bytes], n: int) -> bytes:
 def write_tfrecord(f: IO[bytes], records: Sequence[bytes]) -> None:
     """Write TFRecord framing (tests and users preparing fixtures)."""
     for r in records:
-        head = struct.pack("<Q", len(r))
-        f.write(head + struct.pack("<I", _masked_crc(head)) + r
-                + struct.pack("<I", _masked_crc(r)))
+        f.write(frame(r))
 
 
 def _read_jsonl(f: IO[bytes], path: str) -> Iterator[bytes]:

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from aioloader.tools.convert import ConvertError, _masked_crc, read_records, write_tfrecord
+from aioloader.formats.tfrecord import masked_crc as _masked_crc
+from aioloader.tools.convert import ConvertError, read_records, write_tfrecord
 
 from ..support.arrayrecord_util import read_theirs
 
