@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -184,9 +184,15 @@ class RayActors:
                     actor = self._new_actor()
                     self._actors.append(actor)
                     self._ready.append(actor.ready.remote())
-            self._started.set_result(None)
+            outcome: BaseException | None = None
         except BaseException as exc:
-            self._started.set_exception(exc)
+            outcome = exc
+        # (a done future: one a caller cancelled before the shield; `close` joins this thread)
+        with contextlib.suppress(InvalidStateError):
+            if outcome is None:
+                self._started.set_result(None)
+            else:
+                self._started.set_exception(outcome)
 
     def _new_actor(self) -> Any:
         return self._actor_class.options(num_cpus=self.kind.num_cpus_per_actor).remote(
@@ -195,7 +201,11 @@ class RayActors:
     async def _wait_started(self) -> None:
         if not self._started.done():
             self.warm_up()
-            await asyncio.wrap_future(self._started)
+            # shielded: a cancelled caller must not cancel the start every caller shares
+            # (and a failed start is the callers' to raise: not logged as never retrieved)
+            waiter = asyncio.wrap_future(self._started)
+            waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+            await asyncio.shield(waiter)
         self._started.result()
 
     # -- the Executor interface -----------------------------------------------------
@@ -209,7 +219,8 @@ class RayActors:
 
     def settled(self) -> bool:
         """Whether every actor has answered once."""
-        if not self._started.done() or self._started.exception() is not None:
+        if not self._started.done() or self._started.cancelled() \
+                or self._started.exception() is not None:
             return False
         ray = import_ray()
         done, _ = ray.wait(list(self._ready), num_returns=len(self._ready), timeout=0,
@@ -349,8 +360,7 @@ class RayActors:
             start = self._start
         try:
             if self._pid == os.getpid() and start is not None:
-                self._started.exception()  # (made, or failed to)
-                self._stop()
+                self._stop()  # (whatever the start came to: made, failed, or still going)
         finally:
             self.stash.close()
             if self._files is not None:
