@@ -299,3 +299,16 @@ async def test_a_task_cancelled_while_the_actors_start_leaves_the_executor_whole
         go.set()
         first = await asyncio.wait_for(it.__anext__(), 60)
     assert digests([first]) == digests(expected)
+
+
+@pytest.mark.parametrize("workers", [3, "auto"])
+async def test_more_actors_than_the_cluster_can_place_do_not_hang_the_loader(
+        files, workers):  # noqa: F811
+    """The module's cluster has 2 CPUs: a third actor waits for resources and gets no
+    task; workers="auto" makes no more actors than the cluster's free CPUs hold."""
+    ds = batched(files[8])
+    expected = await collect(ds, workers=2)
+    got, _, stats = await asyncio.wait_for(take(ds, workers=workers, executor="ray"), 60)
+    assert digests(got) == digests(expected)
+    if workers == "auto":
+        assert stats["transfers"]["actors"] <= 2
