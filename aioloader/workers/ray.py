@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -44,6 +44,7 @@ from .inputs import as_bytes
 from .localfiles import LocalFiles
 from .messages import Pipeline, Result, Task
 from .raycluster import CLUSTER, import_ray
+from .rayplace import Placement
 from .worker import _load_pipeline, _pack_pipeline, _raise_malloc_thresholds, run_task
 
 __all__ = ["RAY", "RayActors", "RayExecutor"]
@@ -92,7 +93,7 @@ class RayExecutor:
         local cluster takes seconds. `slots`, `slot_size`, `first_in_parent`: no shared
         memory is lent, and no task runs in this process."""
         import_ray()  # the extra's error now, not at the first task
-        return RayActors(self, pipeline, workers, lanes=lanes)
+        return RayActors(self, pipeline, workers, lanes=lanes, auto=lanes is not None)
 
 
 class _Actor:
@@ -122,12 +123,48 @@ class _Actor:
         return run_task(task, self.pipeline, self.decoder, None, True)
 
 
+class _Tally:
+    """The Ray executor's figures: its counts, and each actor's tasks and time."""
+
+    def __init__(self, workers: int) -> None:
+        self.rows: list[dict[str, float]] = [{"tasks": 0, "seconds": 0.0}
+                                             for _ in range(workers)]
+        self.counts = {"by_value": 0, "reruns": 0, "replaced": 0, "sent_bytes": 0,
+                       "wait_ns": 0, "return_ns": 0}
+
+    def came_back(self, at: int, result: Result, sent: int) -> None:
+        now = time.perf_counter_ns()
+        c, row = self.counts, self.rows[at]
+        c["by_value"] += 1
+        row["tasks"] += 1
+        row["seconds"] += max(0, result.ended_ns - result.began_ns) / 1e9
+        # The clocks compare on one host only (CLOCK_MONOTONIC): elsewhere these stay 0.
+        if result.pid and sent <= result.began_ns <= result.ended_ns <= now:
+            c["wait_ns"] += result.began_ns - sent  # sent to started: the queue, the hop
+            c["return_ns"] += now - result.ended_ns  # finished to here: the way back
+
+    def figures(self, actors: int) -> dict[str, int]:
+        """`actors`; `by_value` (results, all through the object store); `reruns` (tasks
+        run again after their actor died) and `replaced` (actors made in a dead one's
+        place); `sent_bytes` (fetched chunks sent with tasks); `wait_ms` and `return_ms`
+        (the time tasks spent from here to their start, and from their end back here, on
+        one host); and each actor's `actorN_tasks`, `actorN_ms` (time running tasks)."""
+        c = self.counts
+        out = {"actors": actors, "by_value": c["by_value"], "reruns": c["reruns"],
+               "replaced": c["replaced"], "sent_bytes": c["sent_bytes"],
+               "wait_ms": c["wait_ns"] // 1_000_000, "return_ms": c["return_ns"] // 1_000_000}
+        for k, row in enumerate(self.rows):
+            out[f"actor{k}_tasks"] = int(row["tasks"])
+            out[f"actor{k}_ms"] = int(row["seconds"] * 1000)
+        return out
+
+
 class RayActors:
     """Runs tasks on Ray actors (an `Executor`): each task goes to the actor with the
     fewest tasks queued; results come back by value."""
 
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
-                 lanes: int | None = None) -> None:
+                 lanes: int | None = None, auto: bool = False) -> None:
         if workers < 1:
             raise ValueError("the ray executor has at least one actor (0: `Inline`)")
         self.kind = kind
@@ -137,6 +174,7 @@ class RayActors:
         self.stash = StashFile(pipeline.chunk_cache_bytes)
         self._gate = None if lanes is None else Gate(gate_limit(lanes, workers))
         self._pid = os.getpid()
+        self._auto = auto  # workers="auto": no more actors than the cluster's CPUs hold
         self._lock = threading.Lock()
         self._start: threading.Thread | None = None
         self._started: Future = Future()  # set once the actors are made (or failed)
@@ -145,15 +183,13 @@ class RayActors:
         self._actor_class: Any = None
         self._parts: Any = None  # the pipeline in the object store, once for all actors
         self._actors: list[Any] = []
-        self._ready: list[Any] = []  # each actor's first answer (`settled`)
+        self._placed = Placement(kind.num_cpus_per_actor)  # which actors have started
         self._remote: list[bool | None] = [kind.read_here] * workers  # read_here, per actor
         self._node: str | None = None  # this process's node
         self._files: LocalFiles | None = None  # what this process reads for `read_here`
         self._queued = [0] * workers
-        self._rows: list[dict[str, float]] = [{"tasks": 0, "seconds": 0.0}
-                                              for _ in range(workers)]
-        self.counts = {"by_value": 0, "reruns": 0, "replaced": 0, "sent_bytes": 0,
-                       "wait_ns": 0, "return_ns": 0}
+        self.tally = _Tally(workers)
+        self.counts = self.tally.counts
 
     # -- start ----------------------------------------------------------------------
 
@@ -177,16 +213,32 @@ class RayActors:
             self._node = ray.get_runtime_context().get_node_id()
             self._actor_class = ray.remote(_Actor)
             self._parts = ray.put(_pack_pipeline(self.pipeline))
+            if self._auto:
+                free = ray.available_resources().get("CPU", 0)
+                self._fewer(max(1, int(free // kind.num_cpus_per_actor)))
             with self._lock:
                 if self._closed:
                     raise RuntimeError("the ray executor was closed while it started")
                 for _ in range(self.workers):
                     actor = self._new_actor()
                     self._actors.append(actor)
-                    self._ready.append(actor.ready.remote())
-            self._started.set_result(None)
+                    self._placed.add(actor.ready.remote())
+            outcome: BaseException | None = None
         except BaseException as exc:
-            self._started.set_exception(exc)
+            outcome = exc
+        # (a done future: one a caller cancelled before the shield; `close` joins this thread)
+        with contextlib.suppress(InvalidStateError):
+            if outcome is None:
+                self._started.set_result(None)
+            else:
+                self._started.set_exception(outcome)
+
+    def _fewer(self, workers: int) -> None:
+        """At most `workers` actors (before any is made), each with its share of the cache."""
+        if workers < self.workers:
+            self.workers = workers
+            self.cache_bytes = self.pipeline.chunk_cache_bytes // workers
+            del self._remote[workers:], self._queued[workers:], self.tally.rows[workers:]
 
     def _new_actor(self) -> Any:
         return self._actor_class.options(num_cpus=self.kind.num_cpus_per_actor).remote(
@@ -195,7 +247,11 @@ class RayActors:
     async def _wait_started(self) -> None:
         if not self._started.done():
             self.warm_up()
-            await asyncio.wrap_future(self._started)
+            # shielded: a cancelled caller must not cancel the start every caller shares
+            # (and a failed start is the callers' to raise: not logged as never retrieved)
+            waiter = asyncio.wrap_future(self._started)
+            waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+            await asyncio.shield(waiter)
         self._started.result()
 
     # -- the Executor interface -----------------------------------------------------
@@ -209,12 +265,10 @@ class RayActors:
 
     def settled(self) -> bool:
         """Whether every actor has answered once."""
-        if not self._started.done() or self._started.exception() is not None:
+        if not self._started.done() or self._started.cancelled() \
+                or self._started.exception() is not None:
             return False
-        ray = import_ray()
-        done, _ = ray.wait(list(self._ready), num_returns=len(self._ready), timeout=0,
-                           fetch_local=False)
-        return len(done) == len(self._ready)
+        return self._placed.all_up()
 
     def reserve(self, nbytes: int) -> None:
         pass
@@ -228,7 +282,7 @@ class RayActors:
             self._ship(task)
         deaths = 0
         while True:
-            at, actor = self._pick()
+            at, actor = self._pick(await self._placed.started())
             sent = time.perf_counter_ns()
             try:
                 if await self._elsewhere(at):
@@ -258,7 +312,7 @@ class RayActors:
                 raise cause from None
             finally:
                 self._queued[at] -= 1
-            self._came_back(at, result, sent)
+            self.tally.came_back(at, result, sent)
             return result
 
     def _ship(self, task: Task) -> None:
@@ -272,7 +326,7 @@ class RayActors:
         """Whether actor `at` is to get its task's bytes from here (`read_here`)."""
         remote = self._remote[at]
         if remote is None:  # (asked once an actor: its first answer says its node)
-            _, node = await self._ready[at]
+            _, node = await self._placed.ready[at]
             remote = self._remote[at] = node != self._node
         return remote
 
@@ -291,12 +345,12 @@ class RayActors:
         task.raws = self._files.read(task.refs)
         self._ship(task)
 
-    def _pick(self) -> tuple[int, Any]:
-        """The actor with the fewest tasks queued (the first of them)."""
+    def _pick(self, up: list[int]) -> tuple[int, Any]:
+        """Of the actors `up` (started), the one with the fewest tasks queued."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a task after the ray executor was closed")
-            at = min(range(len(self._queued)), key=self._queued.__getitem__)
+            at = min(up, key=self._queued.__getitem__)
             self._queued[at] += 1
             return at, self._actors[at]
 
@@ -306,37 +360,14 @@ class RayActors:
             if self._closed or self._actors[at] is not dead:
                 return
             self._actors[at] = self._new_actor()
-            self._ready[at] = self._actors[at].ready.remote()
+            self._placed.reset(at, self._actors[at].ready.remote())
             self._remote[at] = self.kind.read_here
             self.counts["replaced"] += 1
         with contextlib.suppress(Exception):
             import_ray().kill(dead)
 
-    def _came_back(self, at: int, result: Result, sent: int) -> None:
-        now = time.perf_counter_ns()
-        c, row = self.counts, self._rows[at]
-        c["by_value"] += 1
-        row["tasks"] += 1
-        row["seconds"] += max(0, result.ended_ns - result.began_ns) / 1e9
-        # The clocks compare on one host only (CLOCK_MONOTONIC): elsewhere these stay 0.
-        if result.pid and sent <= result.began_ns <= result.ended_ns <= now:
-            c["wait_ns"] += result.began_ns - sent  # sent to started: the queue, the hop
-            c["return_ns"] += now - result.ended_ns  # finished to here: the way back
-
     def figures(self) -> dict[str, int]:
-        """`actors`; `by_value` (results, all through the object store); `reruns` (tasks
-        run again after their actor died) and `replaced` (actors made in a dead one's
-        place); `sent_bytes` (fetched chunks sent with tasks); `wait_ms` and `return_ms`
-        (the time tasks spent from here to their start, and from their end back here, on
-        one host); and each actor's `actorN_tasks`, `actorN_ms` (time running tasks)."""
-        c = self.counts
-        out = {"actors": self.workers, "by_value": c["by_value"], "reruns": c["reruns"],
-               "replaced": c["replaced"], "sent_bytes": c["sent_bytes"],
-               "wait_ms": c["wait_ns"] // 1_000_000, "return_ms": c["return_ns"] // 1_000_000}
-        for k, row in enumerate(self._rows):
-            out[f"actor{k}_tasks"] = int(row["tasks"])
-            out[f"actor{k}_ms"] = int(row["seconds"] * 1000)
-        return out
+        return self.tally.figures(self.workers)
 
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """Kill the actors (a task running is dropped: the loader is done with it) and, if
@@ -349,8 +380,7 @@ class RayActors:
             start = self._start
         try:
             if self._pid == os.getpid() and start is not None:
-                self._started.exception()  # (made, or failed to)
-                self._stop()
+                self._stop()  # (whatever the start came to: made, failed, or still going)
         finally:
             self.stash.close()
             if self._files is not None:
@@ -368,7 +398,8 @@ class RayActors:
     def _kill_actors(self) -> None:
         ray = import_ray()
         with self._lock:
-            actors, self._actors, self._ready, self._parts = self._actors, [], [], None
+            actors, self._actors, self._parts = self._actors, [], None
+            self._placed.clear()
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)

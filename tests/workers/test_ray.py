@@ -10,6 +10,7 @@ loader must not leave (threads, shared memory, memory files, other processes, so
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -268,3 +269,46 @@ def test_a_cluster_started_for_the_loaders_is_shut_down_with_the_last(files):  #
     with al.ArrayRecordSource(files[1][0]) as src:
         assert got["records"] == 2 * len(src) and got["started"]
     assert not got["still"] and got["rays"] == []
+
+
+async def test_a_task_cancelled_while_the_actors_start_leaves_the_executor_whole(
+        files, monkeypatch):  # noqa: F811
+    """A caller that gives up while the actors are still being made (a timeout, a rewind)
+    does not cancel the start the other callers share: the loader goes on, and its close
+    kills the actors (`no_leaks_but_rays`)."""
+    from aioloader.workers import ray as ray_executor
+
+    made, go = threading.Event(), threading.Event()
+    real = ray_executor._pack_pipeline
+
+    def slow(pipeline):  # the start held until the caller has given up
+        made.set()
+        go.wait(30)
+        return real(pipeline)
+
+    monkeypatch.setattr(ray_executor, "_pack_pipeline", slow)
+    ds = batched(files[8])
+    expected, _, _ = await take(ds, n=1, workers=0)
+    async with ds.loader(workers=2, executor="ray") as it:
+        s0 = it.get_state()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(it.__anext__(), 0.3)
+        assert made.is_set()
+        it.set_state(s0)  # (the run's tasks, all waiting on the start, are cancelled)
+        await asyncio.sleep(0.2)
+        go.set()
+        first = await asyncio.wait_for(it.__anext__(), 60)
+    assert digests([first]) == digests(expected)
+
+
+@pytest.mark.parametrize("workers", [3, "auto"])
+async def test_more_actors_than_the_cluster_can_place_do_not_hang_the_loader(
+        files, workers):  # noqa: F811
+    """The module's cluster has 2 CPUs: a third actor waits for resources and gets no
+    task; workers="auto" makes no more actors than the cluster's free CPUs hold."""
+    ds = batched(files[8])
+    expected = await collect(ds, workers=2)
+    got, _, stats = await asyncio.wait_for(take(ds, workers=workers, executor="ray"), 60)
+    assert digests(got) == digests(expected)
+    if workers == "auto":
+        assert stats["transfers"]["actors"] <= 2
