@@ -43,6 +43,10 @@ class Placement:
     def all_up(self) -> bool:
         return bool(self._up) and all(self._poll())
 
+    def up(self) -> list[int]:
+        """The actors that have answered."""
+        return [k for k, u in enumerate(self._poll()) if u]
+
     def _poll(self) -> list[bool]:
         waiting = [r for r, up in zip(self.ready, self._up) if not up]
         if waiting:
@@ -55,7 +59,7 @@ class Placement:
     async def started(self) -> list[int]:
         """The actors that have answered (waiting for one if none has yet)."""
         while True:
-            up = [k for k, u in enumerate(self._poll()) if u]
+            up = self.up()
             if up:
                 self._tell(up)
                 return up
