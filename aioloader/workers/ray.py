@@ -369,6 +369,7 @@ class RayActors:
         with self._lock:
             actors, self._actors, self._parts = self._actors, [], None
             self._placed.clear()
+            self._calls.forget()
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)

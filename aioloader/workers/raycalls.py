@@ -88,6 +88,10 @@ class Calls:
     def fewer(self, workers: int) -> None:
         del self.lines[workers:]
 
+    def forget(self) -> None:
+        """The actors are gone: their first answers are not waited for."""
+        self._watched.clear()
+
     async def run(self, task: Task, describe: str) -> Result:
         """Queue `task`, send what can go, and wait for its result."""
         loop = self._loop = asyncio.get_running_loop()
@@ -122,13 +126,18 @@ class Calls:
             at = self._free()
             if at is None:
                 return
+            try:
+                remote = owner.elsewhere(at)
+            except owner.ray.exceptions.RayActorError:  # it died before its first answer
+                self._lost(at, owner.actors[at])
+                continue
             entries: list[Entry] = []
             while self.pending and len(entries) < self.tasks_per_call:
                 entry = self.pending.popleft()
                 if not entry.future.done():  # (a cancelled caller's)
                     entries.append(entry)
             if entries:
-                self._send(at, entries)
+                self._send(at, entries, remote)
 
     def _free(self) -> int | None:
         """Of the actors up, the one with the fewest calls, if it has room; else None (and
@@ -155,9 +164,17 @@ class Calls:
             with contextlib.suppress(RuntimeError):  # (a loop closed meanwhile)
                 loop.call_soon_threadsafe(fn, *args)
 
-    def _send(self, at: int, entries: list[Entry]) -> None:
+    def _lost(self, at: int, actor: Any) -> None:
+        """Actor `at` died: a new one in its place, with calls of its own."""
+        if self.owner.closed:  # (its actors killed: none made again)
+            return
+        if self.owner.actors[at] is actor:
+            self.lines[at] = []
+        self.owner.replace(at, actor)
+
+    def _send(self, at: int, entries: list[Entry], remote: bool) -> None:
         owner = self.owner
-        if owner.elsewhere(at):  # the actor is to get the bytes from here
+        if remote:  # the actor is to get the bytes from here
             kept = []
             for e in entries:
                 try:
@@ -185,9 +202,7 @@ class Calls:
             got = done.result()
         except ray.exceptions.RayActorError as exc:
             call.outcome, call.error = "died", exc
-            if self.lines[call.at] is call.line:  # the actor made in its place: a new line
-                self.lines[call.at] = []
-            self.owner.replace(call.at, call.actor)
+            self._lost(call.at, call.actor)
             self._judge(call)
         except BaseException as exc:  # raised by the call itself (e.g. no pipeline loaded)
             call.outcome = "back"
@@ -204,6 +219,8 @@ class Calls:
                 else:
                     self.owner.tally.came_back(call.at, result, call.sent)
                     e.future.set_result(result)
+        if call.outcome == "back":  # (decided: the calls ahead of it and its tasks go)
+            call.ahead, call.entries = [], []
         for waiting in call.waiters:
             self._judge(waiting)
         call.waiters = []
@@ -218,9 +235,10 @@ class Calls:
             undecided.waiters.append(call)
             return
         charged = all(a.outcome == "back" for a in call.ahead)
+        entries, call.ahead, call.entries = call.entries, [], []  # (decided)
         again = []
         owner = self.owner
-        for e in call.entries:
+        for e in entries:
             if e.future.done():
                 continue
             e.deaths += charged
