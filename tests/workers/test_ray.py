@@ -239,10 +239,12 @@ async def test_actors_that_do_not_share_this_hosts_files_get_the_bytes(files,  #
 async def test_closing_kills_the_actors_of_a_users_cluster(files):  # noqa: F811
     """(The cluster stays: it is the user's.) No actor is left alive: `no_leaks_but_rays`."""
     ds = batched(files[1])
-    async with ds.loader(workers=2, executor="ray") as it:
+    async with ds.loader(workers=2, executor="ray", prefetch=3) as it:
         async for _ in it:
             break
         assert len(_alive_actors()) == 2
+        # tasks go two to a call: twice the tasks in flight, as many calls as prefetch
+        assert it._parts.run.scheduler.depth == 3 * 2
     assert ray.is_initialized() and _alive_actors() == []
 
 
