@@ -349,6 +349,9 @@ def main() -> None:
     ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     ap.add_argument("--records", default="50000,200000,1000000", help="groups: file sizes")
     ap.add_argument("--shuffles", default="exact,block", help="groups: shuffle strategies")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="groups: read only the first this many positions of the epoch "
+                         "(0: all but the last batch)")
     ap.add_argument("--budgets", default="0",
                     help="groups: memory_budget values in MiB (0: the default)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/aioloader-bench-big-work"),
@@ -386,7 +389,8 @@ def main() -> None:
                     for w in map(int, a.workers.split(",")):
                         configs.append((f"{n} {shuffle} w={w}" + (f" {mib}MiB" if mib else ""), {
                             "kind": "text", "paths": [path], "workers": w, "shuffle": shuffle,
-                            "batches": n // 256, "epochs": 1, "breakdown": False,
+                            "batches": min(n, a.limit or n) // 256, "epochs": 1,
+                            "breakdown": False,
                             "budget": mib << 20}))
     else:
         paths = text_shards(a.data)
