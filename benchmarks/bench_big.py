@@ -277,6 +277,7 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
                 1 << 20 if kind == "mib" else int(np.prod(IMG224)))).nbytes / 1e6,
             "decoded": stats.get("cache", {}).get("decoded", 0),
             "horizons": stats.get("cache", {}).get("horizons_per_epoch", 0),
+            "horizon_records": stats.get("cache", {}).get("horizon_records", 0),
             "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")},
             **({"peak_by": peak["by"]} if "by" in peak else {})}
 
@@ -321,7 +322,7 @@ def run_child(mode: str, spec: dict[str, Any], tree: Path, workdir: Path) -> dic
     env.pop("PYTHONSAFEPATH", None)
     out = subprocess.run([sys.executable, "-m", "benchmarks.bench_big", "child", mode,
                           json.dumps(spec)], cwd=workdir, env=env, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=1800)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -414,7 +415,8 @@ def main() -> None:
     for (name, t), runs in res.items():
         cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
                 else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"]
-                + (["decoded", "horizons"] if a.mode == "groups" else []))
+                + (["decoded", "horizons", "horizon_records"] if a.mode == "groups"
+                   else []))
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 
 

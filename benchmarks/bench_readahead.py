@@ -13,9 +13,10 @@ shuffle (`--cases default`: a block shuffle with every size left unset); then, f
 every row once, the order reversed on odd repeats (ABBA); each bucket row's ratio is to the
 local row of the same pipeline in the same repeat; the parent's own CPU (all its threads,
 not the workers') is a column. `--profile DIR`: each row once more under py-spy, its
-functions by samples (the parent only). Every child imports aioloader from its own
-tree (this script's copy of the benchmarks is run from a neutral directory, so that `python
--m` finds no aioloader in the current directory).
+functions by samples (the parent only, the thread holding the GIL: Python's work, not
+C code that lets the GIL go, nor threads that wait); `--repeats 0` profiles only. Every
+child imports aioloader from its own tree (this script's copy of the benchmarks is run from
+a neutral directory, so that `python -m` finds no aioloader in the current directory).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def _child(tree: Path, workdir: Path, spec: dict[str, Any],
     cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", json.dumps(spec)]
     if profile is not None:  # the parent alone, sampled (its workers are not followed)
         spy = Path(sys.executable).with_name("py-spy")
-        cmd = [str(spy), "record", "-r", "200", "--format", "raw", "-o", str(profile),
-               "--", *cmd]
+        # (--gil: the thread holding the GIL, so that threads waiting are not counted)
+        cmd = [str(spy), "record", "-r", "200", "--gil", "--format", "raw", "-o",
+               str(profile), "--", *cmd]
     try:
         proc = subprocess.run(cmd, capture_output=True, env=env, cwd=workdir, timeout=600)
     except subprocess.TimeoutExpired:
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"profile {name}:\n{summary}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if not res:  # --repeats 0: profiles only
+        return 0
     print(f"\n{n:,} records, {file_bytes / 1e6:.0f} MB = {file_bytes / resident:.1f}× "
           f"resident_bytes {resident >> 20} MiB; block {block_bytes >> 20} MiB, window "
           f"{window_bytes >> 20} MiB; {args.repeats} repeats\n")

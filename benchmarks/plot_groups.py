@@ -1,8 +1,8 @@
 """The picture of an exact shuffle's cost over large groups in docs/performance.md, drawn
-from `bench_big groups` tables (its stdout: one `| name | tree | rate | ... |` row a run).
+from `bench_big groups` runs (its stderr: one line a run), and the table behind it.
 
-    python -m benchmarks.plot_groups --curve curve.out [curve5m.out ...] \\
-        --sweep sweep.out -o docs/images/exact-shuffle-cpu.png
+    python -m benchmarks.plot_groups --curve curve.err [curve5m.err ...] \\
+        --sweep sweep.err -o docs/images/exact-shuffle-cpu.png
 
 Left: CPU µs a record (parent and workers, medians) against the records in the file, one
 line per shuffle × workers. Right: one file at several `memory_budget`s, CPU µs a record
@@ -12,28 +12,33 @@ against the horizons an epoch needs (records ÷ half the budget), workers=0.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
+import statistics
 from pathlib import Path
 
-ROW = re.compile(r"^\| (\d+) (exact|block) w=(\d+)(?: (\d+)MiB)? \| (\w+) \| (.*) \|$")
-COLUMNS = ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us", "decoded", "horizons"]
+RUN = re.compile(r"^\[[\d:]+\] (\d+) (exact|block) w=(\d+)(?: (\d+)MiB)? (\w+): (\{.*\})$")
 
 
 def rows(paths: list[Path]) -> list[dict]:
-    """Each table row of `paths` as {records, shuffle, workers, budget_mib, tree, column:
-    median}."""
-    out = []
+    """The runs in `paths` (`bench_big groups`' stderr: one `[time] name tree: {...}` line
+    a run; several files and rounds pooled), one row per records × shuffle × workers ×
+    budget: its figures' medians and how many runs."""
+    runs: dict[tuple, list[dict]] = {}
     for path in paths:
         for line in path.read_text().splitlines():
-            m = ROW.match(line.strip())
-            if not m:
-                continue
-            cells = [c.strip().split(" [")[0] for c in m.group(6).split("|")]
-            row = {"records": int(m.group(1)), "shuffle": m.group(2),
-                   "workers": int(m.group(3)), "budget_mib": int(m.group(4) or 512),
-                   "tree": m.group(5)}
-            row.update({k: float(v) for k, v in zip(COLUMNS, cells)})
-            out.append(row)
+            m = RUN.match(line.strip())
+            if m:
+                key = (int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4) or 512))
+                runs.setdefault(key, []).append(ast.literal_eval(m.group(6)))
+    out = []
+    for (n, shuffle, w, mib), got in sorted(runs.items()):
+        row: dict = {"records": n, "shuffle": shuffle, "workers": w, "budget_mib": mib,
+                     "runs": len(got)}
+        for k in got[0]:
+            if isinstance(got[0][k], int | float):
+                row[k] = statistics.median(g[k] for g in got)
+        out.append(row)
     return out
 
 
@@ -81,6 +86,10 @@ def main() -> None:
         ax.set_ylim(bottom=0)
         ax.set_title(f"exact shuffle, {n:,} records, workers=0", fontsize=10)
         ax.grid(alpha=0.3)
+    for r in curve + sweep:  # the table (medians), as RESULTS.md has it
+        print(f"| {r['records']:,} | {r['shuffle']} | {r['workers']} | {r['budget_mib']} | "
+              f"{r['cpu_us']:.1f} | {r['rate'] / 1e3:.1f}k | {r['decoded']:.0f} | "
+              f"{r.get('horizons', 0):.0f} | {r['pss_mb']:.0f} | {r['runs']} |")
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=80)
