@@ -74,11 +74,13 @@ def main() -> None:
     ax.grid(alpha=0.3)
     if sweep:
         ax = axes[0][1]
-        pts = sorted((r["horizons"] or 1, r["cpu_us"], r["budget_mib"]) for r in sweep)
+        pts = sorted((r["horizons"] or 1, r["cpu_us"],
+                      f"{r['budget_mib']} MiB" + ("" if r["horizons"] else " (cache)"))
+                     for r in sweep)
         ax.plot([h for h, _, _ in pts], [c for _, c, _ in pts], "-", marker="o",
                 color="tab:blue")
         for h, c, mib in pts:
-            ax.annotate(f"{mib} MiB", (h, c), textcoords="offset points", xytext=(4, -12),
+            ax.annotate(mib, (h, c), textcoords="offset points", xytext=(4, -12),
                         fontsize=8)
         n = sweep[0]["records"]
         ax.set_xlabel("horizons an epoch (records ÷ half of memory_budget)")
