@@ -310,6 +310,8 @@ class Parts:
         out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
+        if runner is not None:  # an exact shuffle's horizons over large chunks, if any
+            out.update(runner.horizons.figures())
         if kept is not None and kept.fetched:
             out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
             if not kept.whole:  # the bounded tier: what it held, fetched, evicted, served

@@ -138,6 +138,11 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
     if cache.get("hits", 0) or cache.get("misses", 0):
         lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
                      f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
+    if cache.get("horizons_per_epoch", 0) > 1:
+        lines.append(f"exact shuffle over large chunks: {cache['horizons_per_epoch']} horizons "
+                     f"an epoch of {cache['horizon_records']:,} records "
+                     f"({cache['horizons']:,} filled), each chunk decoded once per horizon: "
+                     "raise memory_budget for fewer, or use a block shuffle")
     if cache.get("tier_fetched"):
         lines.append(f"kept in memory (in part: the dataset is larger than resident_bytes, "
                      f"{cache['tier_capacity'] / 1e6:,.1f} MB): "
