@@ -105,9 +105,9 @@ class RayExecutor:
     def open(self, pipeline: Pipeline, workers: int, *, slots: int, slot_size: int,
              lanes: int | None, first_in_parent: bool) -> RayActors:
         """Actors are made by `warm_up` (or the first task), off the event loop: starting a
-        local cluster takes seconds. `slots` (times `tasks_per_call`: the runtime's window
-        is) of `slot_size` bytes for the actors on this host; `first_in_parent`: no task
-        runs in this process."""
+        local cluster takes seconds. The actors on this host get `slots × tasks_per_call`
+        slots of `slot_size` bytes (the runtime's window scales by `tasks_per_call`);
+        `first_in_parent`: no task runs in this process."""
         import_ray()  # the extra's error now, not at the first task
         return RayActors(self, pipeline, workers, lanes=lanes, auto=lanes is not None,
                          slots=RaySlots(slots * self.tasks_per_call, slot_size))
