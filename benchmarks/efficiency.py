@@ -176,18 +176,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(neutral, ignore_errors=True)
     print(f"Machine: {machine_info()}; 1-min load average during the run "
           f"{min(loads):.1f}–{max(loads):.1f} ({os.cpu_count()} cores)\n")
+    first = next(iter(trees))
     print("| workload | tree | workers | rec per CPU-s (steady) | ÷ bare loop, per round | "
-          "÷ bare, start-up incl. |")
-    print("|---|---|---:|---:|---:|---:|")
+          f"÷ bare, start-up incl. | ÷ {first}, per round |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for kind in rates:
         b = rates[kind]["bare"]
-        print(f"| {kind} | bare loop | — | {statistics.median(b):,.0f} | 1 | — |")
+        print(f"| {kind} | bare loop | — | {statistics.median(b):,.0f} | 1 | — | — |")
         for name in trees:
             for w in args.workers:
+                versus = [a / z for a, z in zip(rates[kind][(name, w)],
+                                                rates[kind][(first, w)])]
                 print(f"| {kind} | {name} | {w} | "
                       f"{statistics.median(rates[kind][(name, w)]):,.0f} | "
                       f"**{_fmt(ratios[kind][(name, w)])}** | "
-                      f"{_fmt(whole[kind][(name, w)])} |")
+                      f"{_fmt(whole[kind][(name, w)])} | {_fmt(versus)} |")
     return 0
 
 
