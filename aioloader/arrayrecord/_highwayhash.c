@@ -21,6 +21,8 @@
  *   hash64_pair(a, b, /) -> (int, int)  two hash64s in lockstep (faster with AVX2)
  *   hash64_key(key32, data, /) -> int   any 32-byte key
  *   hash64_impl(impl, key32, data, /) -> int   one named implementation (for tests)
+ *   hash64_update(state, data, /)       feed whole packets into a 128-byte state
+ *   hash64_final(state, tail, /) -> int the hash of all fed, then a tail under 32 bytes
  *   IMPL                                the implementation in use: "avx2" or "portable"
  *   IMPLS                               the implementations this build and CPU can run
  *
@@ -509,12 +511,108 @@ static PyObject *hh_hash64_impl(PyObject *module, PyObject *const *args, Py_ssiz
     return hash_buffer(chosen, key, args[2]);
 }
 
+/* ------------------------------------------------------------------ */
+/* A hash over data that arrives in pieces (a footer read in windows). */
+
+PyDoc_STRVAR(hash64_update_doc,
+"hash64_update(state, data, /) -> None\n"
+"\n"
+"Feed whole 32-byte packets of `data` (its length a multiple of 32) into `state`, a\n"
+"writable buffer of 128 bytes; a state of all zero bytes is taken as fresh (Riegeli's\n"
+"key). `hash64_final(state, tail)` then gives hash64 of everything fed and `tail`.");
+
+static int get_state(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) return -1;
+    if (view->len != (Py_ssize_t)sizeof(hh_state)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "state must be a writable buffer of 128 bytes");
+        return -1;
+    }
+    hh_state s;
+    memcpy(&s, view->buf, sizeof s);
+    int fresh = 1;
+    for (int i = 0; i < 4; i++) fresh &= s.mul0[i] == 0 && s.mul1[i] == 0;
+    if (fresh) {
+        hh_init(&s, RIEGELI_KEY);
+        memcpy(view->buf, &s, sizeof s);
+    }
+    return 0;
+}
+
+static PyObject *hh_hash64_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "hash64_update() takes exactly 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    Py_buffer sview, dview;
+    if (get_state(args[0], &sview) < 0) return NULL;
+    if (get_contiguous(args[1], &dview, "data") < 0) {
+        PyBuffer_Release(&sview);
+        return NULL;
+    }
+    if (dview.len % 32) {
+        PyBuffer_Release(&dview);
+        PyBuffer_Release(&sview);
+        PyErr_SetString(PyExc_ValueError, "hash64_update() takes whole 32-byte packets");
+        return NULL;
+    }
+    hh_state s;
+    memcpy(&s, sview.buf, sizeof s);
+    const uint8_t *p = (const uint8_t *)dview.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < dview.len; i += 32) hh_update_packet(&s, p + i);
+    Py_END_ALLOW_THREADS
+    memcpy(sview.buf, &s, sizeof s);
+    PyBuffer_Release(&dview);
+    PyBuffer_Release(&sview);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hash64_final_doc,
+"hash64_final(state, tail, /) -> int\n"
+"\n"
+"hash64 of what `hash64_update` fed into `state`, then `tail` (under 32 bytes).");
+
+static PyObject *hh_hash64_final(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "hash64_final() takes exactly 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    Py_buffer sview, tview;
+    if (get_state(args[0], &sview) < 0) return NULL;
+    if (get_contiguous(args[1], &tview, "tail") < 0) {
+        PyBuffer_Release(&sview);
+        return NULL;
+    }
+    if (tview.len >= 32) {
+        PyBuffer_Release(&tview);
+        PyBuffer_Release(&sview);
+        PyErr_SetString(PyExc_ValueError, "hash64_final() takes a tail of under 32 bytes");
+        return NULL;
+    }
+    hh_state s;
+    memcpy(&s, sview.buf, sizeof s);
+    if (tview.len) hh_update_remainder(&s, (const uint8_t *)tview.buf, (size_t)tview.len);
+    uint64_t h = hh_finalize64(&s);
+    PyBuffer_Release(&tview);
+    PyBuffer_Release(&sview);
+    return PyLong_FromUnsignedLongLong((unsigned long long)h);
+}
+
 static PyMethodDef hh_methods[] = {
     {"hash64", (PyCFunction)(void (*)(void))hh_hash64, METH_FASTCALL, hash64_doc},
     {"hash64_pair", (PyCFunction)(void (*)(void))hh_hash64_pair, METH_FASTCALL, hash64_pair_doc},
     {"hash64_key", (PyCFunction)(void (*)(void))hh_hash64_key, METH_FASTCALL, hash64_key_doc},
     {"hash64_impl", (PyCFunction)(void (*)(void))hh_hash64_impl, METH_FASTCALL,
      hash64_impl_doc},
+    {"hash64_update", (PyCFunction)(void (*)(void))hh_hash64_update, METH_FASTCALL,
+     hash64_update_doc},
+    {"hash64_final", (PyCFunction)(void (*)(void))hh_hash64_final, METH_FASTCALL,
+     hash64_final_doc},
     {NULL, NULL, 0, NULL},
 };
 
