@@ -263,7 +263,7 @@ class _Block:
     `exact`. A zstd block is `varint(decoded length) || frame`."""
 
     def __init__(self, codec: int, length: int, at_least: int, at_most: int,
-                 sink: Callable[[memoryview], None], exact: bool = False) -> None:
+                 sink: Callable[[memoryview], object], exact: bool = False) -> None:
         self.codec, self.sink = codec, sink
         self.at_least, self.at_most = (at_most if exact else at_least), at_most
         self.prefix = b""
@@ -286,7 +286,7 @@ class _Block:
                 return
             if not self.at_least <= self.declared <= self.at_most:
                 raise _Refused
-            self.writer = _ZSTD.stream_writer(self, write_size=_PIECE)
+            self.writer = _ZSTD.stream_writer(self, write_size=_PIECE)  # type: ignore[arg-type]
             piece = memoryview(piece)[used - had :]
         try:
             self.writer.write(piece)

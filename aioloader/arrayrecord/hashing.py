@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["HAVE_NATIVE", "HashStream", "NATIVE_IMPL", "RIEGELI_KEY", "highwayhash64", "highwayhash64_pair",
-           "highwayhash64_py"]
+__all__ = ["HAVE_NATIVE", "NATIVE_IMPL", "RIEGELI_KEY", "HashStream", "highwayhash64",
+           "highwayhash64_pair", "highwayhash64_py"]
 
 #: Riegeli's fixed key: these 32 bytes, read as four little-endian u64.
 RIEGELI_KEY = b"Riegeli/records\nRiegeli/records\n"
