@@ -14,11 +14,11 @@ metadata's size from its first varint; two hashes and parses the values block; t
 every record size against the length of the entry parsed into that row, which proves the
 delimiting. The columns are returned only once the data hash matches.
 
-Streamed are the footers writers make: uncompressed or zstd (decompressed by a stream writer
-in bounded pieces, so a crafted ratio costs no memory), canonical entries. Anything else (an
-other codec, an odd entry, a damaged byte) makes `stream_footer` return None, and the caller
-reads the footer whole, as for a small one, which parses what is valid and names what is not:
-errors read the same either way. Like `index`, this is sans-I/O (it yields read requests).
+Streamed are the footers writers make: uncompressed or zstd (decompressed by a stream
+writer in bounded pieces, so a crafted ratio costs no memory), canonical entries. Anything
+else (another codec, an odd entry, a damaged byte) makes `stream_footer` return None, and
+the caller reads the footer whole, as for a small one, which parses what is valid and names
+what is not: errors read the same either way. Sans-I/O, as `index` is.
 """
 
 from __future__ import annotations
@@ -125,11 +125,9 @@ def _layout(header: ChunkHeader, logical, footer_offset: int, post_at: int) -> t
     for a chunk this path does not take."""
     n = header.num_records
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1  # a chunk header per data chunk
-    if header.chunk_type != CHUNK_SIMPLE or not 2 <= n <= most or header.data_size < 2 or \
-            chunk_end(footer_offset, header.data_size, n) > post_at:
-        raise _Refused
     stop = chunk_end(footer_offset, header.data_size, n)
-    if stop != post_at and post_at != stop + padding_length(stop):
+    if header.chunk_type != CHUNK_SIMPLE or not 2 <= n <= most or header.data_size < 2 or \
+            (stop != post_at and post_at != stop + padding_length(stop)):
         raise _Refused
     head = bytes(logical[CHUNK_HEADER_SIZE : CHUNK_HEADER_SIZE + header.data_size])
     if head[0] not in (NONE, ZSTD):
