@@ -59,7 +59,6 @@ KEPT_PER_ENTRY = 12
 _WITH_COUNTS = 20  # ... and its record count (int64), when chunks hold more than one
 _META_MAX = 1 << 20  # the metadata record (writer options, element spec): a few KiB
 _PIECE = 1 << 16  # zstd's output, handed on in pieces of this size
-_ZSTD = zstandard.ZstdDecompressor(max_window_size=1 << 31)
 
 ReadRequest = tuple[int, int]
 Steps = Generator[ReadRequest, "bytes | memoryview", "FooterData | None"]
@@ -284,7 +283,9 @@ class _Block:
                 return
             if not self.at_least <= self.declared <= self.at_most:
                 raise _Refused
-            self.writer = _ZSTD.stream_writer(self, write_size=_PIECE)  # type: ignore[arg-type]
+            zstd = zstandard.ZstdDecompressor(max_window_size=1 << 31)  # (one a block: a
+            # decompressor is not to be shared between threads)
+            self.writer = zstd.stream_writer(self, write_size=_PIECE)  # type: ignore[arg-type]
             piece = memoryview(piece)[used - had :]
         try:
             self.writer.write(piece)
