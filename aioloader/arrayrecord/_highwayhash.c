@@ -285,6 +285,22 @@ HH_AVX2 static uint64_t hh_avx2(const uint64_t key[4], const uint8_t *data, size
     return hh_avx2_finish(&s, data, size, 0);
 }
 
+/* Whole packets into a portable state (the same lane layout), for hash64_update. */
+HH_AVX2 static void hh_avx2_packets(hh_state *st, const uint8_t *data, size_t size) {
+    hh_avx2_state s;
+    s.v0 = _mm256_loadu_si256((const __m256i *)st->v0);
+    s.v1 = _mm256_loadu_si256((const __m256i *)st->v1);
+    s.mul0 = _mm256_loadu_si256((const __m256i *)st->mul0);
+    s.mul1 = _mm256_loadu_si256((const __m256i *)st->mul1);
+    for (size_t i = 0; i < size; i += 32) {
+        hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)(data + i)));
+    }
+    _mm256_storeu_si256((__m256i *)st->v0, s.v0);
+    _mm256_storeu_si256((__m256i *)st->v1, s.v1);
+    _mm256_storeu_si256((__m256i *)st->mul0, s.mul0);
+    _mm256_storeu_si256((__m256i *)st->mul1, s.mul1);
+}
+
 /* Two inputs in lockstep: a packet's update is a chain of dependent multiplies and
  * shuffles, so one hash leaves most of the core idle; two independent chains fill it. */
 HH_AVX2 static void hh_avx2_pair(const uint64_t key[4], const uint8_t *a, size_t na,
@@ -316,6 +332,12 @@ static void hh_portable_pair(const uint64_t key[4], const uint8_t *a, size_t na,
     out[1] = hh_portable(key, b, nb);
 }
 
+static void hh_portable_packets(hh_state *s, const uint8_t *data, size_t size) {
+    for (size_t i = 0; i < size; i += 32) hh_update_packet(s, data + i);
+}
+
+typedef void (*hh_packets_fn)(hh_state *s, const uint8_t *data, size_t size);
+static hh_packets_fn hh_packets = hh_portable_packets;
 static hh_fn highwayhash64 = hh_portable;
 static hh_pair_fn highwayhash64_pair = hh_portable_pair;
 static const char *hh_impl_name = "portable";
@@ -326,6 +348,7 @@ static void hh_choose(void) {
     if (__builtin_cpu_supports("avx2")) {
         highwayhash64 = hh_avx2;
         highwayhash64_pair = hh_avx2_pair;
+        hh_packets = hh_avx2_packets;
         hh_impl_name = "avx2";
     }
 #endif
@@ -562,7 +585,7 @@ static PyObject *hh_hash64_update(PyObject *module, PyObject *const *args, Py_ss
     memcpy(&s, sview.buf, sizeof s);
     const uint8_t *p = (const uint8_t *)dview.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < dview.len; i += 32) hh_update_packet(&s, p + i);
+    hh_packets(&s, p, (size_t)dview.len);
     Py_END_ALLOW_THREADS
     memcpy(sview.buf, &s, sizeof s);
     PyBuffer_Release(&dview);
