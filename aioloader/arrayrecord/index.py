@@ -7,7 +7,9 @@ tail read covers postscript and footer in one round trip for typical files; a se
 issued only when the footer starts before the tail. Where round trips are cheap (a local
 pread), `small_reads` reads instead by what the file declares: the postscript's first bytes,
 then the footer chunk and its padding chunk's header — a few KiB, not the whole 128 KiB of a
-small file's tail, most of it padding — with every check the tail read makes.
+small file's tail, most of it padding — with every check the tail read makes. A footer too
+large to hold twice (over `footerstream.STREAM_FROM`) is read in windows instead, whichever
+way the open began (`footerstream`).
 
 What this module owns is the opening: the read requests and the checks of the footer. The
 postscript's parse lives in `postscript`; the `FileIndex` it returns in `fileindex`; decoding
