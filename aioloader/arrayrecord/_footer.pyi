@@ -1,5 +1,6 @@
 """Types of the C extension `_footer.c` (ArrayRecord footer entries, parsed in C)."""
 
+from collections.abc import Callable
 from typing import Any
 
 from numpy.typing import NDArray
@@ -16,3 +17,9 @@ def stream_entries(values: _Buf, footer_offset: int, offsets: _Buf, decoded: _Bu
                    records: _Buf | None, state: _Buf, /) -> int: ...
 def stream_sizes(sizes: _Buf, offsets: _Buf, decoded: _Buf, records: _Buf | None,
                  state: _Buf, /) -> int: ...
+def postscript(head: _Buf, post_at: int, size: int, verify: bool,
+               hash64: Callable[[Any], int], /) -> int | None: ...
+def small_footer(raw: _Buf, footer_offset: int, have: int, max_decoded: int, verify: bool,
+                 hash64: Callable[[Any], int], decompress: Callable[..., Any], /
+                 ) -> tuple[bytearray, bytearray, bool, bytearray | None, bytes, bytes, int,
+                            int, int] | None: ...

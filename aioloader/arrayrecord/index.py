@@ -24,7 +24,7 @@ from typing import cast
 
 import numpy as np
 
-from . import footerstream, postscript
+from . import footerstream, postscript, quickopen
 from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
@@ -208,6 +208,9 @@ def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_d
     want = min(span, FOOTER_PROBE)
     raw = yield (footer_offset, want)
     _check_length(raw, want, footer_offset, path)
+    quick = quickopen.footer_index(raw, footer_offset, size, verify, path, max_decoded, post_at)
+    if quick is not None:  # the usual footer, within the first read
+        return quick
     need = _footer_needs(raw, footer_offset, post_at)
     if need is not None and want < need <= min(span, max_decoded):
         want = need
@@ -285,6 +288,10 @@ def read_index(
 
 def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None,
                   max_decoded: int = DEFAULT_MAX_DECODED, range_end: int | None = None):
+    quick = quickopen.footer_index(raw, footer_offset, size, verify, path, max_decoded,
+                                   footer_offset + len(raw) if range_end is None else range_end)
+    if quick is not None:  # the usual footer, in one native call with the same checks
+        return quick
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
