@@ -277,7 +277,7 @@ def _register() -> None:
                                 Stats.of(hogged), Stats.of(quiet),
                                 Stats.of(max(q, 0.05) / max(h, 0.05)
                                          for q, h in zip(quiet, hogged)),
-                                note=f"load {loads(res, [1])}"))
+                                note=loads(res, [0, 1])))
         return rows
 
 
