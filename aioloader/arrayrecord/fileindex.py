@@ -35,6 +35,10 @@ class FileIndex:
     chunk_decoded_sizes: np.ndarray  # int64 or uint32
     writer_options: str
     element_spec: str = ""  # aioloader's element spec (JSON), if the writer recorded one
+    # What decoding this file's chunks needs besides their bytes, opaque here: its record
+    # format fills and reads it (`aioloader.formats`; a Parquet file's footer). Empty for
+    # formats whose chunks describe themselves.
+    context: bytes = b""
 
     @cached_property
     def chunk_ends(self) -> np.ndarray:
@@ -93,7 +97,7 @@ class FileIndex:
             raise ValueError("bounds are not this index's chunk offsets and footer offset")
         out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
                         self.chunk_records, self.chunk_decoded_sizes, self.writer_options,
-                        self.element_spec)
+                        self.element_spec, self.context)
         known = {k: v for k, v in vars(self).items() if k in _KEPT}
         vars(out).update(known, chunk_ends=bounds[1:], num_records=self.num_records)
         return out

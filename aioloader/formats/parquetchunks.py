@@ -8,10 +8,21 @@ the selected columns (what opening read), parses them once, and keeps one
 by its start offset, which must be a row group's (`parquetindex.chunk_table`); its rows
 are checked against the count the index holds, and every declared size by the Parquet
 layer before pyarrow decodes a byte.
+
+What opening hands the workers for a file is its *context* (`pack_context`): the file's
+size, the selected columns and the footer's bytes, a few KiB that go into the index (and
+the index cache) once; a worker builds its `ParquetChunks` from it once per file
+(`from_context`). A decoding process asks one row group for many rows in turn: the last
+few decoded row groups are kept (`KEEP_BYTES` of them at most, and always the last one),
+so the rows of one row group that a task or the next few ask for cost one decode.
 """
 
 from __future__ import annotations
 
+import json
+import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +32,37 @@ from .parquet.footer import parse_footer
 from .parquet.layout import read_layout
 from .parquetrows import rows_as_bytes
 
-__all__ = ["ParquetChunks"]
+__all__ = ["ParquetChunks", "pack_context", "unpack_context"]
+
+_MAGIC = b"PQX1"
+_HEAD = struct.Struct("<4sQI")  # magic, the file's size, the columns' JSON length
+KEEP_BYTES = 64 << 20  # decoded row groups a file's decoder keeps, at most (the last always)
+
+
+def pack_context(size: int, columns: Sequence[str], footer: bytes) -> bytes:
+    """A file's context: its size, the selected columns and its footer's bytes (the
+    footer's thrift, its length and the closing magic, as `parse_footer` takes them)."""
+    names = json.dumps(list(columns)).encode()
+    return _HEAD.pack(_MAGIC, size, len(names)) + names + footer
+
+
+def unpack_context(path: str, context: bytes | memoryview
+                   ) -> tuple[int, tuple[str, ...], bytes]:
+    """(size, columns, footer) of a context `pack_context` made; a `ParquetFormatError`
+    naming `path` for bytes that are not one."""
+    data = bytes(context)
+    try:
+        magic, size, n = _HEAD.unpack_from(data)
+        if magic != _MAGIC or _HEAD.size + n > len(data):
+            raise ValueError("not a Parquet file's context")
+        columns = json.loads(data[_HEAD.size : _HEAD.size + n])
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise ValueError("its columns are not a list of names")
+    except (struct.error, ValueError) as e:
+        raise ParquetFormatError(f"the index's context does not decode ({e})", path=path,
+                                 hint="re-open the file (remove its index cache entry)"
+                                 ) from None
+    return size, tuple(columns), data[_HEAD.size + n :]
 
 
 class ParquetChunks:
@@ -36,6 +77,59 @@ class ParquetChunks:
         self._groups = {min(c.offset for c in rg.chunks if c.length): g
                         for g, rg in enumerate(self.layout.row_groups)
                         if any(c.length for c in rg.chunks)}
+        self._lock = threading.Lock()  # (a source's reads may come from several threads)
+        self._kept: OrderedDict[int, Any] = OrderedDict()  # start -> decoded Table
+        self._kept_bytes = 0
+        self.decoded = 0  # row groups decoded (not found kept)
+
+    @classmethod
+    def from_context(cls, path: str, context: bytes | memoryview, *,
+                     max_decoded: int) -> ParquetChunks:
+        """The decoder of the file whose context (`pack_context`) is `context`."""
+        size, columns, footer = unpack_context(path, context)
+        return cls(path, size, footer, columns, max_decoded=max_decoded)
+
+    def kept_table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,
+                   expected_records: int | None = None) -> Any:
+        """`table`, or the one kept from an earlier call for the same row group."""
+        with self._lock:
+            return self._kept_table(raw, start, max_decoded, expected_records)
+
+    def _kept_table(self, raw: bytes | memoryview, start: int, max_decoded: int,
+                    expected_records: int | None) -> Any:
+        table = self._kept.get(start)
+        if table is not None:
+            self._kept.move_to_end(start)
+            if expected_records is not None and expected_records != table.num_rows:
+                raise ParquetFormatError(f"holds {table.num_rows} rows where its index has "
+                                         f"{expected_records}", path=self.layout.path,
+                                         row_group=self._groups.get(start), hint=CORRUPT_HINT)
+            return table
+        table = self.table(raw, start, max_decoded=max_decoded,
+                           expected_records=expected_records)
+        self.decoded += 1
+        self._kept[start] = table
+        self._kept_bytes += table.nbytes
+        while len(self._kept) > 1 and self._kept_bytes > min(KEEP_BYTES, max_decoded // 4):
+            _, old = self._kept.popitem(last=False)
+            self._kept_bytes -= old.nbytes
+        return table
+
+    def rows(self, raw: bytes | memoryview, start: int, within: Sequence[int], *,
+             max_decoded: int, expected_records: int | None = None) -> list[dict[str, Any]]:
+        """Rows `within` (any order, repeats allowed) of that row group, as elements."""
+        from .parquet.rows import take_rows
+
+        table = self.kept_table(raw, start, max_decoded=max_decoded,
+                                expected_records=expected_records)
+        try:
+            return take_rows(table, within)
+        except IndexError:
+            bad = next(int(j) for j in within if not 0 <= int(j) < table.num_rows)
+            raise ParquetFormatError(f"row {bad} asked of a row group of {table.num_rows}",
+                                     path=self.layout.path,
+                                     row_group=self._groups.get(start),
+                                     hint=CORRUPT_HINT) from None
 
     def table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,
               expected_records: int | None = None) -> Any:

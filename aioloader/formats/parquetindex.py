@@ -12,6 +12,9 @@ the footer starts). With every column selected that range is exactly the row gro
 bytes; with some selected it also holds the unselected columns after the first selected
 one (read, not decoded). The decoded size is the selected chunks' declared decompressed
 bytes. Row groups must lie in file order; a file whose row groups do not is refused.
+
+The index's `context` is the footer's bytes and the selected columns
+(`parquetchunks.pack_context`): what a worker decodes the file's chunks by.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..arrayrecord.fileindex import FileIndex, compact_sizes
 from .parquet.errors import CORRUPT_HINT, ParquetFormatError
 from .parquet.footer import footer_from_tail, footer_range, parse_footer, tail_range
 from .parquet.layout import ParquetLayout, read_layout
+from .parquetchunks import pack_context
 
 if TYPE_CHECKING:
     from .base import IndexSteps
@@ -52,11 +56,13 @@ def open_index(size: int, *, path: str | None, max_decoded: int,
     layout = read_layout(name, size, parsed, columns,
                          max_rows=max_decoded if max_rows is None else max_rows,
                          max_bytes=max_decoded)
-    return chunk_table(layout, path=path)
+    return chunk_table(layout, path=path,
+                       context=pack_context(size, layout.columns, bytes(footer)))
 
 
-def chunk_table(layout: ParquetLayout, *, path: str | None) -> FileIndex:
-    """The `FileIndex` of `layout`: a chunk per row group that holds selected bytes."""
+def chunk_table(layout: ParquetLayout, *, path: str | None, context: bytes = b"") -> FileIndex:
+    """The `FileIndex` of `layout`: a chunk per row group that holds selected bytes, with
+    `context` (`parquetchunks.pack_context`: what its workers decode the chunks by)."""
     offsets: list[int] = []
     rows: list[int] = []
     sizes: list[int] = []
@@ -81,7 +87,7 @@ def chunk_table(layout: ParquetLayout, *, path: str | None) -> FileIndex:
                      chunk_offsets=np.asarray(offsets, dtype=np.int64),
                      chunk_records=np.asarray(rows, dtype=np.int64),
                      chunk_decoded_sizes=compact_sizes(np.asarray(sizes, dtype=np.int64)),
-                     writer_options="")
+                     writer_options="", context=context)
 
 
 def _check_read(path: str, offset: int, length: int, got) -> None:

@@ -1,6 +1,6 @@
 """`ArrayRecordSource`: a set of record files (ArrayRecord, or any format of
-`aioloader.formats`, each pattern its own) as one indexed record space, for users;
-`TFRecordSource` is the same over TFRecord files.
+`aioloader.formats`, each pattern its own) as one indexed record space, for users
+(`formatsources` holds the same over TFRecord and Parquet files).
 
 A thin facade over the two stages the loader uses directly: `table` (`RecordTable`, where each
 record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range reads, the
@@ -57,7 +57,9 @@ def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
     codecs, groups = [], []
     for ix, kind in zip(table.indices, table.formats):
         codec = fmts.get(kind).codec(ix)
-        codecs.append(codec if kind == fmts.ARRAYRECORD else f"{kind} ({codec})")
+        name = fmts.base(kind)
+        codecs.append(codec if name == fmts.ARRAYRECORD or codec == name
+                      else f"{name} ({codec})")
         groups.append(str(ix.group_size))
     urls = table.urls
     where = redact(urls[0] if len(urls) == 1 else f"{urls[0]} .. {urls[-1]}") if urls else "-"
@@ -337,28 +339,6 @@ class ArrayRecordSource(SyncReads):
         state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
         more = ", ..." if len(self._patterns) > 1 else ""
         return f"{type(self).__name__}({redact(self._patterns[0])!r}{more}; {state})"
-
-
-class TFRecordSource(ArrayRecordSource):
-    """Random access to the records of one or more TFRecord files: `ArrayRecordSource`'s API
-    and options over files that have no index of their own.
-
-    Opening scans each file once (`aioloader.formats.tfrecord`): a sequential read of all of
-    it, checking every length header; with `index_cache_dir` the scan is kept for that
-    version of the file. Each record is then read by its own byte range, as a group_size-1
-    ArrayRecord file's. `verify` ("all"): "all" checks each record's payload checksum too,
-    "headers" only the length headers, "none" neither. `compression` must be None: a
-    GZIP/ZLIB-compressed file has no random access (convert it with `aioloader convert`).
-    """
-
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-                 compression: str | None = None, **kw: Any) -> None:
-        from ..formats.tfrecord import check_compression
-
-        check_compression(compression)
-        if kw.setdefault("format", "tfrecord") != "tfrecord":
-            raise ValueError("TFRecordSource reads TFRecord files (format='tfrecord')")
-        super().__init__(paths, **kw)
 
 
 def recorded_spec(paths: Sequence[str], storage_options: Any = None,
