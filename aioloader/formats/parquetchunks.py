@@ -73,6 +73,7 @@ class ParquetChunks:
         parsed = parse_footer(path, size, footer, max_bytes=max_decoded)
         self.layout = read_layout(path, size, parsed, columns, max_rows=max_decoded,
                                   max_bytes=max_decoded)
+        self.meta = parsed.meta  # (pyarrow's FileMetaData: codecs, statistics)
         self._decoder = RowGroupDecoder(self.layout, parsed.meta)
         self._groups = {min(c.offset for c in rg.chunks if c.length): g
                         for g, rg in enumerate(self.layout.row_groups)

@@ -39,6 +39,9 @@ class RowGroupRecords:
         self._chunks, self.table = chunks, table
         self.values = range(table.nbytes)  # (only its length is used: the bytes it holds)
 
+    def __len__(self) -> int:
+        return self.table.num_rows
+
     def record(self, j: int) -> dict[str, Any]:
         from .parquet.rows import take_rows
 
@@ -110,7 +113,15 @@ class ParquetFormat:
         return max(0, index.size - _PROOF)  # the footer's end, its length and magic
 
     def codec(self, index: FileIndex) -> str:
-        return "parquet"  # (per column chunk: `aioloader inspect` lists them)
+        """The selected column chunks' codecs ("snappy", "zstd+gzip"), from the footer."""
+        if not index.context or not index.num_chunks:
+            return "none"
+        state = self.prepare(index.context, path=index.path, max_decoded=1 << 62)
+        leaves = state.layout.leaves
+        meta = state.meta
+        names = {meta.row_group(g).column(c).compression.lower()
+                 for g in range(meta.num_row_groups) for c in leaves}
+        return "+".join(sorted(names)).replace("uncompressed", "none") or "none"
 
 
 FORMAT = ParquetFormat()
