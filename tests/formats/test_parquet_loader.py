@@ -19,6 +19,8 @@ import pytest
 
 import aioloader as al
 from aioloader.formats.tfrecord import frame
+from tests.formats.test_parquet_hostile import CASES as HOSTILE
+from tests.formats.test_parquet_hostile import _good
 
 N = 240  # rows in the glob's files together
 
@@ -262,3 +264,30 @@ def test_the_index_cache_is_kept_per_column_selection(files, tmp_path):
     ds = al.Dataset.from_parquet(files["glob"], columns=["id", "text"]).shuffle(seed=2)
     got = [plain(r) for r in ds.loader(workers=2, index_cache_dir=cache)]
     assert sorted(got, key=lambda r: r["id"]) == want
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_file_through_the_loader_is_an_error_naming_it(tmp_path, case):
+    make, words = HOSTILE[case]
+    path = tmp_path / "hostile.parquet"
+    path.write_bytes(make(_good()))
+    with pytest.raises(al.ParquetFormatError, match=r"hostile\.parquet") as got:
+        list(al.Dataset.from_parquet(str(path)).shuffle(seed=1).loader(
+            workers=0, memory_budget=64 << 20))
+    assert words in str(got.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_data_page_names_the_file_and_row_group(tmp_path, workers):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"s": [f"value {i} " * 5 for i in range(300)]}), path,
+                   row_group_size=100, compression="snappy", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    with al.ParquetSource(str(path)) as src:
+        ix = src.file_indices[0]
+        start, end = int(ix.chunk_offsets[1]), int(ix.chunk_ends[1])
+    for at in range(start + 40, end, 7):  # the page's compressed values, not its header
+        data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
+        list(al.Dataset.from_parquet(str(path)).loader(workers=workers))
