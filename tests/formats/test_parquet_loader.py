@@ -126,7 +126,7 @@ def test_files_pandas_and_duckdb_write(tmp_path):
     duckdb = pytest.importorskip("duckdb")
     out = tmp_path / "duck.parquet"
     duckdb.sql("SELECT range AS id, 'd' || range::VARCHAR AS name, [range, range * 2] AS v "
-               f"FROM range(300)").write_parquet(str(out), row_group_size=64)
+               "FROM range(300)").write_parquet(str(out), row_group_size=64)
     paths.append(str(out))
     for p in paths:
         got = [plain(r) for r in al.Dataset.from_parquet(p).loader(workers=0)]
