@@ -328,7 +328,7 @@ def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths
         t0 = time.perf_counter_ns()
         records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
                                   verify=pipeline.verify, max_decoded=pipeline.max_decoded,
-                                  paths=paths[a:b], stash=task.stash)
+                                  paths=paths[a:b], stash=task.stash, table=task.table)
         spent += time.perf_counter_ns() - t0
         return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
                                 paths[a:b], times=times)
