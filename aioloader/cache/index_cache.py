@@ -378,10 +378,12 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
             rec = counts[c_at : c_at + n]
             c_at += n
             spans = bounds[lo + 1 : lo + n + 1] - bounds[lo : lo + n]
-            # (a row of a columnar format may take less than a byte: a run of equal values)
+            # (a row of a columnar format may take less than a byte, a run of equal values;
+            # and its chunks of no rows cover the bytes no selected column has)
+            least = 1
             if fmts.base(kinds[k]) in fmts.COLUMNAR:
-                spans = np.iinfo(np.int64).max
-            if n and ((rec < 1).any() or (rec > spans).any()):
+                spans, least = np.iinfo(np.int64).max, 0
+            if n and ((rec < least).any() or (rec > spans).any()):
                 raise CacheEntryError("its record counts are out of range")
         else:
             rec = np.broadcast_to(np.int64(1), (n,))

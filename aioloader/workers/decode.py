@@ -186,7 +186,8 @@ class Decoder:
                 raise ValueError("a task's records decode by files' contexts this process "
                                  "was not given (`FileStates.lacking` not asked)")
         if raws is None:
-            raws = self.files.read(refs)
+            raws = self.files.read(refs) if chunk_keys(refs) is None else \
+                _ChunkReads(self, refs)
         names = list(paths) if paths is not None else \
             [refs.name(f) for f in refs.file.tolist()]
         return fmt.decode_records(raws, refs.start.tolist(), refs.within.tolist(),
@@ -344,6 +345,28 @@ class Decoder:
     def close(self) -> None:
         self.files.close()
         self._unmap()
+
+
+class _ChunkReads(Sequence):
+    """The bytes of each record's chunk (`refs`) of local files, read when first asked for
+    and once per distinct chunk: a format that keeps its decoded chunks (Parquet's row
+    groups) asks only for those it lacks."""
+
+    def __init__(self, decoder: Decoder, refs: ChunkRefs) -> None:
+        self._decoder, self._refs = decoder, refs
+        self._keys = list(zip(refs.file.tolist(), refs.start.tolist()))
+        self._read: dict[tuple[int, int], Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i):  # type: ignore[override]  # (ints only)
+        key = self._keys[i]
+        raw = self._read.get(key)
+        if raw is None:
+            one = _pick(self._refs, np.asarray([i], dtype=np.int64))
+            raw = self._read[key] = self._decoder.files.read(one)[0]
+        return raw
 
 
 def _fill(out: list, idx: np.ndarray, pos: np.ndarray, entry: Any) -> None:

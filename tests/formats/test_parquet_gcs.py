@@ -103,3 +103,29 @@ def test_a_damaged_object_names_its_url(gcs):
     with pytest.raises(al.ParquetFormatError, match=r"cut\.parquet"):
         list(al.Dataset.from_parquet(url, storage_options=gcs.storage_options)
              .loader(workers=0))
+
+
+def test_only_the_selected_columns_bytes_are_fetched(gcs):
+    rng = np.random.default_rng(0)
+    table = pa.table({"id": np.arange(400),
+                      "text": [rng.bytes(1000).hex() for _ in range(400)],  # ~800 KB
+                      "score": rng.random(400)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=100)
+    data = buf.getvalue()
+    gcs.upload_bytes(data, "pq/wide.parquet")
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    for columns, leaves in ((["id"], [0]), (["score"], [2])):
+        selected = sum(meta.row_group(g).column(c).total_compressed_size
+                       for g in range(meta.num_row_groups) for c in leaves)
+        ds = al.Dataset.from_parquet(gcs.url("pq/wide*.parquet"), columns=columns,
+                                     storage_options=gcs.storage_options)
+        before = gcs.proxy_stats
+        got = [plain(r) for r in ds.shuffle(seed=1).loader(workers=0, resident_bytes=0)]
+        took = _delta(before, gcs.proxy_stats)
+        assert sorted(got, key=lambda r: r[columns[0]]) == \
+            sorted(table.select(columns).to_pylist(), key=lambda r: r[columns[0]])
+        # a glob: a listing, the tail read (64 KiB, the footer in it), then the selected
+        # column chunks only (a name alone opens with one larger speculative read)
+        assert took["bytes_down"] < selected + 64 * 1024 + 16 * 1024, columns
+        assert took["bytes_down"] < len(data) // 5
