@@ -23,8 +23,8 @@ import json
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 from .parquet.decode import RowGroupDecoder
 from .parquet.errors import CORRUPT_HINT, ParquetFormatError
@@ -65,6 +65,21 @@ def unpack_context(path: str, context: bytes | memoryview
     return size, tuple(columns), data[_HEAD.size + n :]
 
 
+Raw: TypeAlias = bytes | memoryview | Callable[[], bytes | memoryview]  # (bytes, or how)
+VALUE_BYTES = 64  # what a row's value costs kept as a Python object, besides its data
+
+
+class _Kept:
+    """A decoded row group kept: its Table, its columns as values once rows were taken
+    (`values`), and what it is counted as (`cost`)."""
+
+    __slots__ = ("cost", "table", "values")
+
+    def __init__(self, table: Any) -> None:
+        self.table, self.cost = table, table.nbytes
+        self.values: list[list[Any]] | None = None
+
+
 class ParquetChunks:
     """The row groups of one Parquet file, decoded from their chunks' bytes."""
 
@@ -79,7 +94,7 @@ class ParquetChunks:
                         for g, rg in enumerate(self.layout.row_groups)
                         if any(c.length for c in rg.chunks)}
         self._lock = threading.Lock()  # (a source's reads may come from several threads)
-        self._kept: OrderedDict[int, Any] = OrderedDict()  # start -> decoded Table
+        self._kept: OrderedDict[int, _Kept] = OrderedDict()  # start -> its row group
         self._kept_bytes = 0
         self.decoded = 0  # row groups decoded (not found kept)
 
@@ -90,47 +105,64 @@ class ParquetChunks:
         size, columns, footer = unpack_context(path, context)
         return cls(path, size, footer, columns, max_decoded=max_decoded)
 
-    def kept_table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,
+    def kept_table(self, raw: Raw, start: int, *, max_decoded: int,
                    expected_records: int | None = None) -> Any:
-        """`table`, or the one kept from an earlier call for the same row group."""
+        """`table`, or the one kept from an earlier call for the same row group. `raw` may
+        be a function that gives the bytes: called only when the row group is not kept."""
         with self._lock:
-            return self._kept_table(raw, start, max_decoded, expected_records)
+            return self._kept_one(raw, start, max_decoded, expected_records).table
 
-    def _kept_table(self, raw: bytes | memoryview, start: int, max_decoded: int,
-                    expected_records: int | None) -> Any:
-        table = self._kept.get(start)
-        if table is not None:
+    def rows(self, raw: Raw, start: int, within: Sequence[int], *, max_decoded: int,
+             expected_records: int | None = None) -> list[dict[str, Any]]:
+        """Rows `within` (any order, repeats allowed) of that row group, as elements: the
+        kept row group's columns are converted to values once (`parquet.rows`), and each
+        row is then a dict of them."""
+        with self._lock:
+            kept = self._kept_one(raw, start, max_decoded, expected_records)
+            if kept.values is None:
+                from .parquet.rows import column_values
+
+                kept.values = [column_values(c) for c in kept.table.columns]
+                grown = kept.table.nbytes + VALUE_BYTES * kept.table.num_rows * \
+                    max(1, kept.table.num_columns)
+                kept.cost += grown
+                self._kept_bytes += grown
+                self._trim(max_decoded)
+            names, values, n = kept.table.column_names, kept.values, kept.table.num_rows
+        out = []
+        for j in within:
+            j = int(j)
+            if not 0 <= j < n:
+                raise ParquetFormatError(f"row {j} asked of a row group of {n}",
+                                         path=self.layout.path,
+                                         row_group=self._groups.get(start), hint=CORRUPT_HINT)
+            out.append(dict(zip(names, [v[j] for v in values])))
+        return out
+
+    def _kept_one(self, raw: Raw, start: int, max_decoded: int,
+                  expected_records: int | None) -> _Kept:
+        kept = self._kept.get(start)
+        if kept is not None:
             self._kept.move_to_end(start)
-            if expected_records is not None and expected_records != table.num_rows:
-                raise ParquetFormatError(f"holds {table.num_rows} rows where its index has "
+            rows = kept.table.num_rows
+            if expected_records is not None and expected_records != rows:
+                raise ParquetFormatError(f"holds {rows} rows where its index has "
                                          f"{expected_records}", path=self.layout.path,
                                          row_group=self._groups.get(start), hint=CORRUPT_HINT)
-            return table
-        table = self.table(raw, start, max_decoded=max_decoded,
+            return kept
+        table = self.table(raw() if callable(raw) else raw, start, max_decoded=max_decoded,
                            expected_records=expected_records)
         self.decoded += 1
-        self._kept[start] = table
-        self._kept_bytes += table.nbytes
+        kept = self._kept[start] = _Kept(table)
+        self._kept_bytes += kept.cost
+        self._trim(max_decoded)
+        return kept
+
+    def _trim(self, max_decoded: int) -> None:
+        """The least recently used row groups out, past the bound (the last one stays)."""
         while len(self._kept) > 1 and self._kept_bytes > min(KEEP_BYTES, max_decoded // 4):
             _, old = self._kept.popitem(last=False)
-            self._kept_bytes -= old.nbytes
-        return table
-
-    def rows(self, raw: bytes | memoryview, start: int, within: Sequence[int], *,
-             max_decoded: int, expected_records: int | None = None) -> list[dict[str, Any]]:
-        """Rows `within` (any order, repeats allowed) of that row group, as elements."""
-        from .parquet.rows import take_rows
-
-        table = self.kept_table(raw, start, max_decoded=max_decoded,
-                                expected_records=expected_records)
-        try:
-            return take_rows(table, within)
-        except IndexError:
-            bad = next(int(j) for j in within if not 0 <= int(j) < table.num_rows)
-            raise ParquetFormatError(f"row {bad} asked of a row group of {table.num_rows}",
-                                     path=self.layout.path,
-                                     row_group=self._groups.get(start),
-                                     hint=CORRUPT_HINT) from None
+            self._kept_bytes -= old.cost
 
     def table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,
               expected_records: int | None = None) -> Any:

@@ -90,7 +90,7 @@ class ParquetFormat:
         out: list[Any] = [None] * len(raws)
         for idx in groups.values():
             i = idx[0]
-            got = states[i].rows(raws[i], starts[i], [within[k] for k in idx],
+            got = states[i].rows(lambda i=i: raws[i], starts[i], [within[k] for k in idx],
                                  max_decoded=max_decoded,
                                  expected_records=None if counts is None else counts[i])
             for k, row in zip(idx, got):
