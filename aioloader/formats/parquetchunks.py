@@ -12,13 +12,15 @@ layer before pyarrow decodes a byte.
 What opening hands the workers for a file is its *context* (`pack_context`): the file's
 size, the selected columns and the footer's bytes, a few KiB that go into the index (and
 the index cache) once; a worker builds its `ParquetChunks` from it once per file
-(`from_context`). A decoding process asks one row group for many rows in turn: the last
-few decoded row groups are kept (`KEEP_BYTES` of them at most, and always the last one),
-so the rows of one row group that a task or the next few ask for cost one decode.
+(`from_context`). A decoding process asks one row group for many rows in turn: the row
+groups it decoded last are kept, with their columns as values once rows were taken (`KEPT`:
+one bound for the process, all files together, a quarter of the memory budget; always the
+last one), so the rows of one row group that a task or the next few ask for cost one decode.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import threading
@@ -36,7 +38,6 @@ __all__ = ["ParquetChunks", "pack_context", "unpack_context"]
 
 _MAGIC = b"PQX1"
 _HEAD = struct.Struct("<4sQI")  # magic, the file's size, the columns' JSON length
-KEEP_BYTES = 64 << 20  # decoded row groups a file's decoder keeps, at most (the last always)
 
 
 def pack_context(size: int, columns: Sequence[str], footer: bytes) -> bytes:
@@ -80,6 +81,43 @@ class _Kept:
         self.values: list[list[Any]] | None = None
 
 
+class KeptRowGroups:
+    """Decoded row groups of every file of this process by (file's decoder, start), least
+    recently used out past the bound (the last one put stays)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[int, int], _Kept] = OrderedDict()
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> _Kept | None:
+        with self._lock:
+            kept = self._items.get(key)
+            if kept is not None:
+                self._items.move_to_end(key)
+            return kept
+
+    def put(self, key: tuple[int, int], kept: _Kept, grown: int, max_bytes: int) -> None:
+        """`kept` (new, or `grown` bytes more than when it was put) in, then the oldest
+        out until the bound holds."""
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = kept
+            self.bytes += grown
+            while len(self._items) > 1 and self.bytes > max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= old.cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
+
+
+KEPT = KeptRowGroups()
+_IDS = itertools.count()
+
+
 class ParquetChunks:
     """The row groups of one Parquet file, decoded from their chunks' bytes."""
 
@@ -94,8 +132,7 @@ class ParquetChunks:
                         for g, rg in enumerate(self.layout.row_groups)
                         if any(c.length for c in rg.chunks)}
         self._lock = threading.Lock()  # (a source's reads may come from several threads)
-        self._kept: OrderedDict[int, _Kept] = OrderedDict()  # start -> its row group
-        self._kept_bytes = 0
+        self._id = next(_IDS)  # this decoder's row groups in `KEPT`
         self.decoded = 0  # row groups decoded (not found kept)
 
     @classmethod
@@ -126,8 +163,7 @@ class ParquetChunks:
                 grown = kept.table.nbytes + VALUE_BYTES * kept.table.num_rows * \
                     max(1, kept.table.num_columns)
                 kept.cost += grown
-                self._kept_bytes += grown
-                self._trim(max_decoded)
+                KEPT.put((self._id, start), kept, grown, max_decoded // 4)
             names, values, n = kept.table.column_names, kept.values, kept.table.num_rows
         out = []
         for j in within:
@@ -141,9 +177,8 @@ class ParquetChunks:
 
     def _kept_one(self, raw: Raw, start: int, max_decoded: int,
                   expected_records: int | None) -> _Kept:
-        kept = self._kept.get(start)
+        kept = KEPT.get((self._id, start))
         if kept is not None:
-            self._kept.move_to_end(start)
             rows = kept.table.num_rows
             if expected_records is not None and expected_records != rows:
                 raise ParquetFormatError(f"holds {rows} rows where its index has "
@@ -153,16 +188,9 @@ class ParquetChunks:
         table = self.table(raw() if callable(raw) else raw, start, max_decoded=max_decoded,
                            expected_records=expected_records)
         self.decoded += 1
-        kept = self._kept[start] = _Kept(table)
-        self._kept_bytes += kept.cost
-        self._trim(max_decoded)
+        kept = _Kept(table)
+        KEPT.put((self._id, start), kept, kept.cost, max_decoded // 4)
         return kept
-
-    def _trim(self, max_decoded: int) -> None:
-        """The least recently used row groups out, past the bound (the last one stays)."""
-        while len(self._kept) > 1 and self._kept_bytes > min(KEEP_BYTES, max_decoded // 4):
-            _, old = self._kept.popitem(last=False)
-            self._kept_bytes -= old.cost
 
     def table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,
               expected_records: int | None = None) -> Any:
