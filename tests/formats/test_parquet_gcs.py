@@ -129,3 +129,14 @@ def test_only_the_selected_columns_bytes_are_fetched(gcs):
         # column chunks only (a name alone opens with one larger speculative read)
         assert took["bytes_down"] < selected + 64 * 1024 + 16 * 1024, columns
         assert took["bytes_down"] < len(data) // 5
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_disk_and_memory_tiers_serve_parquet(gcs, tmp_path, workers):
+    ds = al.Dataset.from_parquet(gcs.url("pq/part-*.parquet"), columns=["id", "text"],
+                                 storage_options=gcs.storage_options).shuffle(seed=1).repeat(2)
+    want = sorted(range(FILES * ROWS))
+    for kw in ({"cache_dir": tmp_path / f"disk{workers}", "resident_bytes": 0},
+               {"resident_bytes": 64 << 20}):
+        got = [int(r["id"]) for r in ds.loader(workers=workers, **kw)]
+        assert sorted(got[:FILES * ROWS]) == sorted(got[FILES * ROWS:]) == want
