@@ -35,6 +35,10 @@ class FileIndex:
     chunk_decoded_sizes: np.ndarray  # int64 or uint32
     writer_options: str
     element_spec: str = ""  # aioloader's element spec (JSON), if the writer recorded one
+    # What decoding this file's chunks needs besides their bytes, opaque here: its record
+    # format fills and reads it (`aioloader.formats`; a Parquet file's footer). Empty for
+    # formats whose chunks describe themselves.
+    context: bytes = b""
 
     @cached_property
     def chunk_ends(self) -> np.ndarray:
@@ -132,7 +136,7 @@ class FileIndex:
 
 _KEPT = frozenset({"max_records", "one_record_chunks", "options"})  # what `with_bounds` carries
 _COPIED = _KEPT | {"path", "size", "footer_offset", "chunk_records", "chunk_decoded_sizes",
-                   "writer_options", "element_spec"}  # and its fields, but the offsets
+                   "writer_options", "element_spec", "context"}  # and its fields, but the offsets
 
 _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False
