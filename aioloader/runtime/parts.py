@@ -198,7 +198,8 @@ class Parts:
     def _depth(self, prefetch: int) -> int:
         """Tasks in flight for `prefetch`: as many calls to the workers as `prefetch` tasks
         alone, whatever number of tasks the executor groups into one."""
-        return prefetch * (self.pool.tasks_per_call if self.pool is not None else 1)
+        # (optional on an executor: one written before executors could group tasks has none)
+        return prefetch * (getattr(self.pool, "tasks_per_call", 1) if self.pool is not None else 1)
 
     def restart(self, replanned: bool) -> None:
         """A state was set (`replanned`: with another plan): the runner forgets what it looked
