@@ -36,7 +36,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .bench_pipeline import SHARDS, TEXT_BYTES, _alternate_specs, _best_per_repeat, _spec, reps
+from .bench_pipeline import SHARDS, TEXT_BYTES, _best_per_repeat, _spec, reps, run_child
 from .common import (
     GEN_VERSION,
     GENERATORS,
@@ -52,6 +52,7 @@ from .common import (
 WINDOW = 10_000  # the peers' shuffle buffer, in rows
 GROUP_ROWS = 1000
 LATENCY_MS = 30.0
+CHILD_TIMEOUT = 600.0  # seconds for one epoch (HF's takes ~80 s on a loaded 2-core machine)
 TARGETS = {"peer": 3.0, "bucket": 0.8}
 
 
@@ -92,6 +93,11 @@ def parquet_shards(args: Any, n: int, shards: int, group_rows: int) -> list[Path
     return paths
 
 
+def repeats(args: Any) -> int:
+    """--repeats, else 3 (2 with --quick): each round is ~8 whole epochs."""
+    return reps(args, 3, 2)
+
+
 def have_hf() -> bool:
     return importlib.util.find_spec("datasets") is not None
 
@@ -109,6 +115,26 @@ def local_specs(paths: list[Path], window: int, hf: bool) -> dict[str, dict[str,
         specs["hf"] = _spec("hf", paths, "", window=window)
     specs["limit"] = _spec("pyarrow", paths, "")
     return specs
+
+
+def alternate(specs: dict[str, dict[str, Any]], repeats: int, warmup: tuple[str, ...] = ()
+              ) -> dict[str, list[dict[str, Any]]]:
+    """Each spec's epoch in a fresh process, in turn within each of `repeats` rounds; a run
+    that fails is recorded as {"error": reason}. `warmup` names run once first, untimed."""
+    def one(spec: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return run_child(spec, timeout=CHILD_TIMEOUT)
+        except RuntimeError as exc:
+            return {"error": str(exc)}
+
+    for name in warmup:
+        one(specs[name])
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
+    for k in range(repeats):
+        log(f"parquet: round {k + 1} of {repeats}")
+        for name, spec in specs.items():
+            out[name].append(one(spec))
+    return out
 
 
 # -- pairing --------------------------------------------------------------------------------
@@ -207,17 +233,16 @@ def bucket_rows(args: Any, paths: list[Path], workers: dict[str, int], label: st
     with local_gcs(latency_ms=LATENCY_MS, proxy_process=True) as gcs:
         log(f"parquet: uploading {len(paths)} files to the emulated bucket")
         urls = [gcs.upload(p, f"pq/{p.name}") for p in paths]
-        specs: dict[str, tuple[dict[str, Any], bool]] = {}
+        specs: dict[str, dict[str, Any]] = {}
         for shuffle in ("exact", "block"):
             w = workers[shuffle]
             common = dict(format="parquet", shuffle=shuffle, workers=w)
-            specs[f"{shuffle}-bucket"] = (_spec("aioloader", urls, "decode_parquet_text",
-                                                storage_options=gcs.storage_options,
-                                                **common), True)
-            specs[f"{shuffle}-local"] = (_spec("aioloader", paths, "decode_parquet_text",
-                                               **common), True)
+            specs[f"{shuffle}-bucket"] = _spec("aioloader", urls, "decode_parquet_text",
+                                               storage_options=gcs.storage_options, **common)
+            specs[f"{shuffle}-local"] = _spec("aioloader", paths, "decode_parquet_text",
+                                              **common)
         log("parquet: aioloader from the bucket at 30 ms vs local, alternating")
-        res = _alternate_specs(specs, reps(args), warmup=("exact-bucket",))
+        res = alternate(specs, repeats(args))
     for shuffle in ("exact", "block"):
         far, near = res[f"{shuffle}-bucket"], res[f"{shuffle}-local"]
         if not (ok(far) and ok(near)):
@@ -251,12 +276,12 @@ def run_parquet(args: Any) -> list[Row]:
     hf = have_hf()
     if not hf:
         log("parquet: `datasets` is not installed: the HF rows are skipped")
-    specs = {k: (v, True) for k, v in local_specs(paths, s["window"], hf).items()}
+    specs = local_specs(paths, s["window"], hf)
     group = s["group_rows"] or "pyarrow's default"
     label = (f"text 1 KiB, {SHARDS} Parquet files of {s['n'] // SHARDS // 1000}k rows, "
              f"{group} rows per row group, shuffle → json.loads → batch 256")
-    log(f"parquet: {len(specs)} contenders in turn, {reps(args)} repeats")
-    res = _alternate_specs(specs, reps(args), warmup=("exact0", "grain0", "limit"))
+    log(f"parquet: {len(specs)} contenders in turn, {repeats(args)} repeats")
+    res = alternate(specs, repeats(args), warmup=("limit",))  # (the page cache)
     rows = local_rows(res, f"{label}, local", hf)
     pinned = getattr(args, "aio_workers", None)
     workers = {sh: winner(res, sh, pinned) for sh in ("exact", "block")}
