@@ -62,6 +62,9 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
     run.add_argument("--grain-threads", type=int, default=None, metavar="N",
                      help="Grain's threads in loop (default: the best found by pipeline in "
                           "the same run, else 1)")
+    run.add_argument("--rows", type=int, default=None, metavar="N",
+                     help="parquet: rows in all, in 20 files (default 200000; 20000 with "
+                          "--quick)")
     run.add_argument("--group-rows", type=int, default=None, metavar="N",
                      help="parquet: rows per row group of the generated files (default 1000; "
                           "0: pyarrow's default)")

@@ -6,7 +6,8 @@ from the emulated bucket at 30 ms against the same runs from local files.
   them in 20 files, each row `{"id": int64, "text": the record as a string}`, written by
   pyarrow (snappy, its default) with `--group-rows` rows per row group (default 1000: about
   1 MB per row group, ten per file; pyarrow's own default of 1Mi rows would make each 10 MB
-  file a single row group, which no shuffle can mix within a file);
+  file a single row group, which no shuffle can mix within a file; with fewer `--rows`, ten
+  row groups a file);
 - the workload: a global shuffle → `json.loads(row["text"])` → batch 256, one whole epoch,
   each run in a fresh interpreter (`benchmarks.contenders.run_child`), contenders in turn
   within each repeat (A, B, C, ...), ratios paired per repeat;
@@ -24,7 +25,7 @@ from the emulated bucket at 30 ms against the same runs from local files.
   its own); aioloader exact and block shuffle from it against the same spec from local
   files, alternating, with the workers that won locally (or `--aio-workers`).
 
-`python -m benchmarks run --only parquet [--quick] [--repeats N] [--group-rows N]
+`python -m benchmarks run --only parquet [--quick] [--repeats N] [--rows N] [--group-rows N]
 [--shuffle-buffer N]`
 """
 
@@ -59,10 +60,10 @@ TARGETS = {"peer": 3.0, "bucket": 0.8}
 def settings(args: Any) -> dict[str, int]:
     """Records, rows per row group and the peers' buffer for this run."""
     quick = getattr(args, "quick", False)
-    n = 20_000 if quick else 200_000
+    n = getattr(args, "rows", None) or (20_000 if quick else 200_000)
     group = getattr(args, "group_rows", None)
-    if group is None:
-        group = GROUP_ROWS // 4 if quick else GROUP_ROWS
+    if group is None:  # ten row groups a file, of at most 1000 rows
+        group = max(1, min(GROUP_ROWS, n // SHARDS // 10))
     window = getattr(args, "shuffle_buffer", None) or (WINDOW // 4 if quick else WINDOW)
     return {"n": n, "group_rows": group, "window": window}
 
@@ -278,7 +279,7 @@ def run_parquet(args: Any) -> list[Row]:
         log("parquet: `datasets` is not installed: the HF rows are skipped")
     specs = local_specs(paths, s["window"], hf)
     group = s["group_rows"] or "pyarrow's default"
-    label = (f"text 1 KiB, {SHARDS} Parquet files of {s['n'] // SHARDS // 1000}k rows, "
+    label = (f"text 1 KiB, {SHARDS} Parquet files of {s['n'] // SHARDS:,} rows, "
              f"{group} rows per row group, shuffle → json.loads → batch 256")
     log(f"parquet: {len(specs)} contenders in turn, {repeats(args)} repeats")
     res = alternate(specs, repeats(args), warmup=("limit",))  # (the page cache)
