@@ -60,6 +60,16 @@ def test_grain_reads_every_row_once_shuffled_in_batches_like_ours(files):
     assert sorted(ids) == list(range(N)) and ids != list(range(N))
 
 
+@pytest.mark.parametrize("name", ["exact0", "block0"])
+def test_aioloader_reads_every_row_once_shuffled(files, name):
+    from benchmarks.contenders import _aio_dataset
+
+    spec = local_specs(files, 64, hf=False)[name]
+    with _aio_dataset({**spec, "batch": 32}).loader(workers=0) as it:
+        ids = _ids(it)
+    assert sorted(ids) == list(range(N)) and ids != list(range(N))
+
+
 def test_hf_datasets_reads_every_row_once_shuffled(files):
     pytest.importorskip("datasets")
     spec = local_specs(files, 64, hf=True)["hf"]
