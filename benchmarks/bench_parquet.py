@@ -9,7 +9,7 @@ from the emulated bucket at 30 ms against the same runs from local files.
   file a single row group, which no shuffle can mix within a file; with fewer `--rows`, ten
   row groups a file);
 - the workload: a global shuffle → `json.loads(row["text"])` → batch 256, one whole epoch,
-  each run in a fresh interpreter (`benchmarks.contenders.run_child`), contenders in turn
+  each run in a fresh interpreter (`bench_pipeline.run_child`), contenders in turn
   within each repeat (A, B, C, ...), ratios paired per repeat;
 - aioloader: `Dataset.from_parquet(paths)`, exact global shuffle (`shuffle(0)`) and block
   shuffle (`strategy="block"`), each the best of workers 0 and 2 per repeat;
@@ -17,8 +17,8 @@ from the emulated bucket at 30 ms against the same runs from local files.
   (10 000 rows by default), the best of in-process and `mp_prefetch` with 2 workers per
   repeat; Hugging Face: `load_dataset("parquet", streaming=True).shuffle(buffer_size=
   --shuffle-buffer)` (its own default is 1000), skipped when `datasets` is not installed
-  (`pip install 'aioloader[bench]'`). Neither peer's buffer is a global shuffle: the best
-  peer's rate is an upper bound on what a global shuffle would cost it;
+  (`pip install 'aioloader[bench]'`). Neither peer's buffer is a global shuffle: their
+  rates are upper bounds on what they would reach with one;
 - the limit: `pq.read_table` of each file + `json.loads` of every row, one thread, no
   shuffle, in records per CPU-second: what one core can do at best;
 - the bucket: the 20 files in the local GCS emulator behind a 30 ms delay line (a process of
