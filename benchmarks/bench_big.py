@@ -5,6 +5,8 @@
     python benchmarks/bench_big.py first --before /work/wt-base --after . --rounds 5
     python benchmarks/bench_big.py groups --before /work/wt-base --after . --rounds 2 \
         --records 50000,200000,1000000 --shuffles exact,block
+    python benchmarks/bench_big.py groups --after . --rounds 2 --records 1000000 \
+        --shuffles exact --workers 0 --budgets 512,1024,2048,4096
 
 Every measurement is its own fresh `python` process (`child`), run against a tree by
 `PYTHONPATH=<copy of these benchmarks>:<tree>`; the trees alternate ABBA. `big`: 1 MiB records
@@ -18,7 +20,9 @@ shared memory, heap, anonymous maps, files). `first`: the time from building the
 to the first batch in hand (and the import before it), 20 shards of 1 KiB JSON, batch 256.
 `groups`: one file of N 1 KiB JSON records written with group_size 65536, `json.loads`, batch
 256, one full epoch (but the last batch) under an exact or a block shuffle, workers 0/1/2: the
-same figures, and the multi-record chunks the run decoded (`decoded`).
+same figures, the multi-record chunks the run decoded (`decoded`) and the horizons an
+epoch needed (`horizons`: 0 when the exact shuffle took no stash); `--budgets` runs each at
+several `memory_budget`s (the cost of an exact shuffle as records ÷ memory_budget grows).
 """
 
 from __future__ import annotations
@@ -247,7 +251,8 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
         .shuffle(0, strategy=spec.get("shuffle", "exact")).repeat(spec["epochs"]).map(fn) \
         .batch(256)
     count, first, hwm, cpu = 0, None, 0, 0.0
-    with ds.loader(workers=spec["workers"]) as it:
+    budget = {"memory_budget": spec["budget"]} if spec.get("budget") else {}
+    with ds.loader(workers=spec["workers"], **budget) as it:
         for batch in it:
             if kind == "text":
                 assert len(batch["id"]) == 256
@@ -271,6 +276,8 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
             "batch_mb": 0.26 if kind == "text" else 256 * fn(bytes(
                 1 << 20 if kind == "mib" else int(np.prod(IMG224)))).nbytes / 1e6,
             "decoded": stats.get("cache", {}).get("decoded", 0),
+            "horizons": stats.get("cache", {}).get("horizons_per_epoch", 0),
+            "horizon_records": stats.get("cache", {}).get("horizon_records", 0),
             "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")},
             **({"peak_by": peak["by"]} if "by" in peak else {})}
 
@@ -315,7 +322,7 @@ def run_child(mode: str, spec: dict[str, Any], tree: Path, workdir: Path) -> dic
     env.pop("PYTHONSAFEPATH", None)
     out = subprocess.run([sys.executable, "-m", "benchmarks.bench_big", "child", mode,
                           json.dumps(spec)], cwd=workdir, env=env, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=1800)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -343,6 +350,11 @@ def main() -> None:
     ap.add_argument("--no-grain", action="store_true", help="first: ours only")
     ap.add_argument("--records", default="50000,200000,1000000", help="groups: file sizes")
     ap.add_argument("--shuffles", default="exact,block", help="groups: shuffle strategies")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="groups: read only the first this many positions of the epoch "
+                         "(0: all but the last batch)")
+    ap.add_argument("--budgets", default="0",
+                    help="groups: memory_budget values in MiB (0: the default)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/aioloader-bench-big-work"),
                     help="where the benchmarks are copied for the children")
     a = ap.parse_args()
@@ -373,11 +385,14 @@ def main() -> None:
     elif a.mode == "groups":
         for n in map(int, a.records.split(",")):
             path = group_file(a.data, n)
-            for shuffle in a.shuffles.split(","):
-                for w in map(int, a.workers.split(",")):
-                    configs.append((f"{n} {shuffle} w={w}", {
-                        "kind": "text", "paths": [path], "workers": w, "shuffle": shuffle,
-                        "batches": n // 256, "epochs": 1, "breakdown": False}))
+            for mib in map(int, a.budgets.split(",")):
+                for shuffle in a.shuffles.split(","):
+                    for w in map(int, a.workers.split(",")):
+                        configs.append((f"{n} {shuffle} w={w}" + (f" {mib}MiB" if mib else ""), {
+                            "kind": "text", "paths": [path], "workers": w, "shuffle": shuffle,
+                            "batches": min(n, a.limit or n) // 256, "epochs": 1,
+                            "breakdown": False,
+                            "budget": mib << 20}))
     else:
         paths = text_shards(a.data)
         for w in map(int, a.workers.split(",")):
@@ -400,7 +415,8 @@ def main() -> None:
     for (name, t), runs in res.items():
         cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
                 else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"]
-                + (["decoded"] if a.mode == "groups" else []))
+                + (["decoded", "horizons", "horizon_records"] if a.mode == "groups"
+                   else []))
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 
 

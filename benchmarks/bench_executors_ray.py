@@ -17,7 +17,8 @@ round and as min/median/max of the ratio ray ÷ processes:
   event loop, the byte path, receiving results; Ray's driver threads included) -- the
   training host's cost of loading when the workers run elsewhere;
 - for ray, the time tasks waited from being sent to starting, and from ending to arriving
-  (the executor's `figures()`).
+  (the executor's `figures()`), and the tasks per call to an actor (`--tasks-per-call`: the
+  most a call carries, the executor's `tasks_per_call`; the default: its own).
 
 Run from the repository root with the `ray` extra installed:
 
@@ -45,8 +46,13 @@ WORKLOADS = {"text": ("decode_text", 40_000), "img": ("decode_image", 6_000)}
 
 
 def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
-            seed: int, slot_size: int | None = None) -> dict[str, Any]:
+            seed: int, slot_size: int | None = None, tasks_per_call: int | None = None
+            ) -> dict[str, Any]:
     import aioloader as al
+
+    kind: Any = executor
+    if executor == "ray" and tasks_per_call:
+        kind = al.RayExecutor(tasks_per_call=tasks_per_call)
 
     ds = (al.Dataset.from_arrayrecord(str(path)).shuffle(seed).map(getattr(fns, decode))
           .batch(256))
@@ -54,7 +60,7 @@ def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
     first = last = cpu_first = 0.0
     records = first_size = 0
     sized = {"slot_size": slot_size} if slot_size else {}
-    with ds.loader(workers=workers, prefetch=prefetch, executor=executor, **sized) as it:
+    with ds.loader(workers=workers, prefetch=prefetch, executor=kind, **sized) as it:
         for batch in it:
             last = time.perf_counter()
             value = next(iter(batch.values())) if isinstance(batch, dict) else batch
@@ -86,6 +92,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the rounds as JSON here")
     parser.add_argument("--ray-slot-size", type=int, default=None,
                         help="slot_size for ray only (MiB): how many batches a task groups")
+    parser.add_argument("--tasks-per-call", type=int, default=None,
+                        help="for ray: the most tasks one call to an actor carries")
     args = parser.parse_args()
     import ray
 
@@ -101,12 +109,13 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"processes": [], "ray": []}
             for executor in runs:  # warm-up: page cache, the worker server, Ray's workers
                 one_run(path, decode, executor, args.workers, args.prefetch, 0,
-                        slot_size if executor == "ray" else None)
+                        slot_size if executor == "ray" else None, args.tasks_per_call)
             for r in range(args.rounds):
                 order = ("processes", "ray") if r % 2 == 0 else ("ray", "processes")
                 for executor in order:  # ABBA
                     got = one_run(path, decode, executor, args.workers, args.prefetch, r + 1,
-                                  slot_size if executor == "ray" else None)
+                                  slot_size if executor == "ray" else None,
+                                  args.tasks_per_call)
                     runs[executor].append(got)
                     log(f"{name} round {r} {executor}: {got['rate']:,.0f} rec/s, steady "
                         f"{got['steady']:,.0f}, parent {got['parent_cpu_us']:.1f} µs/rec")
@@ -116,8 +125,8 @@ def main() -> None:
     print("| workload | processes k rec/s steady | ray k rec/s steady | ray ÷ processes, "
           "steady | ray ÷ processes, whole run | first batch s, processes / ray | parent "
           "CPU µs/rec steady, processes / ray | ray ÷ processes | whole run | ray wait / "
-          "return ms per task |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "return ms per task | ray tasks per call |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     med = statistics.median
     for name, runs in results.items():
         p, y = runs["processes"], runs["ray"]
@@ -128,12 +137,13 @@ def main() -> None:
         tasks = [max(1, t["transfers"].get("by_value", 1)) for t in y]
         wait = med(t["transfers"]["wait_ms"] / k for t, k in zip(y, tasks))
         back = med(t["transfers"]["return_ms"] / k for t, k in zip(y, tasks))
+        per_call = med(k / max(1, t["transfers"].get("calls", k)) for t, k in zip(y, tasks))
         print(f"| {name} | {med(a['steady'] for a in p) / 1e3:.1f} | "
               f"{med(b['steady'] for b in y) / 1e3:.1f} | {ratio('steady')} | "
               f"{ratio('rate')} | {med(a['ttfb'] for a in p):.1f} / "
               f"{med(b['ttfb'] for b in y):.1f} | {med(a['steady_cpu_us'] for a in p):.1f} / "
               f"{med(b['steady_cpu_us'] for b in y):.1f} | {ratio('steady_cpu_us')} | "
-              f"{ratio('parent_cpu_us')} | {wait:.1f} / {back:.1f} |")
+              f"{ratio('parent_cpu_us')} | {wait:.1f} / {back:.1f} | {per_call:.2f} |")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
 

@@ -119,6 +119,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     except TypeError as exc:
         return {"absent": str(exc)}
     records, marks, first, now, first_records, cpu_first = 0, [], None, t0, 0, cpu0
+    own0 = own_first = time.process_time()  # this process alone (all its threads)
     last: dict[str, Any] = {}
     with loader as it:
         for batch in it:
@@ -128,15 +129,18 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 last = it.stats().as_dict().get("cache", {})
             if first is None:
                 first, first_records, cpu_first = now - t0, records, cpu_seconds()
+                own_first = time.process_time()
             while len(marks) < epochs and records >= n * (len(marks) + 1):
                 marks.append(now - t0)
             if cap and now - t0 >= cap:
                 break
         cpu = cpu_seconds() - cpu0  # the workers still run: their CPU counts
+        own = time.process_time()
         st = it.stats().as_dict()
         io = st.get("io", {})
     return {"records": records, "wall": now - t0, "marks": marks, "ttfb": first, "cpu": cpu,
             "first_records": first_records, "steady_cpu": cpu - (cpu_first - cpu0),
+            "steady_parent_cpu": own - own_first, "parent_cpu": own - own0,
             "io": {k: v for k, v in io.items() if isinstance(v, int | float)},
             "cache": {k: v for k, v in (last or st.get("cache", {})).items()
                       if isinstance(v, int | float)},

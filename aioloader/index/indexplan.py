@@ -78,6 +78,8 @@ class IndexPlan:
                 lengths.append(op.length(lengths[-1]))
             except ValueError as e:
                 raise ValueError(f"op {i} ({op!r}): {e}") from None
+            if isinstance(op, Repeat) and op.num_epochs is None and lengths[-2] == 0:
+                _check_no_empty_shard(self.ops[:i], lengths)
         self.lengths: tuple[int | None, ...] = tuple(lengths)
         repeats = [i for i, op in enumerate(self.ops) if isinstance(op, Repeat)]
         self._outer_repeat = repeats[-1] if repeats else None
@@ -150,3 +152,17 @@ class IndexPlan:
     def __repr__(self) -> str:
         ops = " → ".join(repr(op) for op in self.ops)
         return f"IndexPlan({self.num_records} records{' → ' + ops if ops else ''})"
+
+
+def _check_no_empty_shard(ops: Sequence[IndexOp], lengths: Sequence[int | None]) -> None:
+    """Refuse repeating forever a shard left empty while the records are not: it would end
+    at once while its sibling shards never do (on several hosts, a training loop that waits
+    forever in its first collective)."""
+    for j, op in enumerate(ops):
+        if isinstance(op, Shard) and not op.drop_remainder and lengths[j + 1] == 0 \
+                and lengths[j]:
+            raise ValueError(
+                f"{op.describe()} of {lengths[j]} records holds none, so repeat() forever "
+                "would end at once while the other shards never do; use fewer shards "
+                "(processes) than records, or drop_remainder=True to give every shard the "
+                "same count")

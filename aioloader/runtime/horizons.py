@@ -19,12 +19,19 @@ order they start, before they wait for anything). A task that comes later to a h
 already gone (or a record a region had no room for) pulls its records out alone: slower,
 never different. Files of small chunks, a block shuffle's window, a sequential read: the
 cache serves, and nothing here is used.
+
+An epoch of more records than one horizon holds decodes every chunk once per horizon, so
+an exact shuffle's CPU per record grows with the dataset's decoded bytes over half of
+`memory_budget`: the first stash of such an epoch says so once (a warning naming the
+setting, and the `horizons` figures of `stats()`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -38,6 +45,8 @@ from ..workers.messages import Fill, StashRef, Task
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
+
+log = logging.getLogger("aioloader")
 
 
 class Horizon:
@@ -71,6 +80,8 @@ class Horizons:
         self._latest: Horizon | None = None
         self._share_mean: tuple[int, float] | None = None
         self._preparing: set[asyncio.Future] = set()
+        self.length = 0  # output positions a horizon holds (once worked out)
+        self.per_epoch = 0  # horizons an epoch needs (once a stash was filled; 0 before)
 
     def use(self) -> None:
         """A new plan: horizons numbered afresh (the stash still waits for the old ones)."""
@@ -87,7 +98,7 @@ class Horizons:
         plan = self.runner.plan
         slack = plan.unit * plan.task_size_goal(1, grouped=True)
         fits = max(1, int(share * HORIZON_FILL) // (int(mean) + 16))
-        length = max(fits - slack, (fits + 1) // 2)
+        length = self.length = max(fits - slack, (fits + 1) // 2)
         key = (self._gen, at // length)
         h = self._latest
         if h is None or h.key < key:
@@ -125,6 +136,8 @@ class Horizons:
         if not thrashes(self.runner.source.chunk_refs(records), self.runner.pool.cache_bytes,
                         mean + BOUND_BYTES, slack):
             return None
+        if not self.per_epoch:
+            self._tell(length, mean)
         lo = max(0, a - slack)
         wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
         if h.before is not None:
@@ -141,6 +154,32 @@ class Horizons:
         return StashRef(stash.path, h.key[1], {
             (wants.names[int(wants.file[c])], int(wants.start[c])):
                 (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]})
+
+    def _tell(self, length: int, mean: float) -> None:
+        """The horizons an epoch needs, worked out once; more than one is told (a warning:
+        each chunk is decoded that many times an epoch), with the budget that makes one."""
+        n = len(self.runner.source)
+        self.per_epoch = max(1, math.ceil(n / length))
+        if self.per_epoch == 1:
+            return
+        share = self.runner.pool.pipeline.chunk_cache_bytes
+        one = 2 * share * n / length  # memory_budget whose half holds the epoch's records
+        log.warning(
+            "exact shuffle over large chunks: an epoch of %s records (~%.0f MB decoded) "
+            "needs %d horizons of %s records, so every chunk is decoded %d times an epoch "
+            "(half of memory_budget, %.0f MB, holds one horizon's records). For one "
+            "decode per chunk, raise memory_budget to about %.0f MB (the shared stash "
+            "takes half of it), or use shuffle(strategy=\"block\").",
+            f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}", self.per_epoch,
+            share / 1e6, _round_up(one, 256 << 20) / 1e6)
+
+    def figures(self) -> dict[str, int]:
+        """For `stats()`: horizons filled, and (once known) how many an epoch needs and
+        the positions each holds; empty when no stash was used."""
+        if not self.per_epoch:
+            return {}
+        return {"horizons": self.count, "horizons_per_epoch": self.per_epoch,
+                "horizon_records": self.length}
 
     def _wants(self, plan: Any, n: int, a: int, b: int
                ) -> tuple[ChunkWants, np.ndarray, ChunkRefs]:
@@ -207,6 +246,10 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
         ready.exception()  # (seen: a loader that stops need not read it)
     else:
         ready.set_result(fut.result())
+
+
+def _round_up(x: float, step: int) -> int:
+    return math.ceil(x / step) * step
 
 
 def thrashes(head: ChunkRefs, share: int, mean: float, task: int) -> bool:

@@ -191,8 +191,13 @@ class Parts:
     def new_run(self) -> None:
         """A run from the position's state (the scheduler's depth: the prefetch now)."""
         assert self.runner is not None
-        self.run = Run(self.runner, self.position.state, self.stats.prefetch, self.dataset,
-                       self.stats)
+        self.run = Run(self.runner, self.position.state, self._depth(self.stats.prefetch),
+                       self.dataset, self.stats)
+
+    def _depth(self, prefetch: int) -> int:
+        """Tasks in flight for `prefetch`: as many calls to the workers as `prefetch` tasks
+        alone, whatever number of tasks the executor groups into one."""
+        return prefetch * (self.pool.tasks_per_call if self.pool is not None else 1)
 
     def restart(self, replanned: bool) -> None:
         """A state was set (`replanned`: with another plan): the runner forgets what it looked
@@ -230,7 +235,7 @@ class Parts:
         if "prefetch" in tune:
             st.prefetch = s.prefetch
             if self.run is not None:
-                self.run.scheduler.set_depth(s.prefetch)
+                self.run.scheduler.set_depth(self._depth(s.prefetch))
         storage = getattr(self.source, "storage", None)
         if "io_concurrency" in tune and storage is not None:
             storage.set_concurrency(s.io_concurrency)
@@ -305,6 +310,8 @@ class Parts:
         out = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.bytes}
         if runner is not None and (runner.chunk_hits or runner.chunks_decoded):
             out.update(decoded_hits=runner.chunk_hits, decoded=runner.chunks_decoded)
+        if runner is not None:  # an exact shuffle's horizons over large chunks, if any
+            out.update(runner.horizons.figures())
         if kept is not None and kept.fetched:
             out.update(resident_bytes=kept.bytes, resident_segments=kept.resident)
             if not kept.whole:  # the bounded tier: what it held, fetched, evicted, served

@@ -50,7 +50,8 @@ LEGEND: tuple[tuple[str, str], ...] = (
     ("kept in memory", "a remote dataset's bytes held in memory (`resident_bytes`): later "
      "epochs read no bytes; \"in part\" when the dataset is larger"),
     ("Ray actors", "executor=\"ray\": the actors, the tasks each ran and its time running "
-     "them, tasks run again because their actor died (and actors made in place of dead "
+     "them, the calls that carried them (several tasks to a call while the actors are "
+     "busy), tasks run again because their actor died (and actors made in place of dead "
      "ones), MB of fetched chunks sent with the tasks, and per task the time from being "
      "sent to starting (queued at the actor, the hop) and from its end to its batch being "
      "here (the way back through the object store; measured when the actors share this "
@@ -137,6 +138,11 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
     if cache.get("hits", 0) or cache.get("misses", 0):
         lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
                      f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
+    if cache.get("horizons_per_epoch", 0) > 1:
+        lines.append(f"exact shuffle over large chunks: {cache['horizons_per_epoch']} horizons "
+                     f"an epoch of {cache['horizon_records']:,} records "
+                     f"({cache['horizons']:,} filled), each chunk decoded once per horizon: "
+                     "raise memory_budget for fewer, or use a block shuffle")
     if cache.get("tier_fetched"):
         lines.append(f"kept in memory (in part: the dataset is larger than resident_bytes, "
                      f"{cache['tier_capacity'] / 1e6:,.1f} MB): "
@@ -160,7 +166,9 @@ def _actor_lines(t: dict[str, Any]) -> list[str]:
     n, tasks = t["actors"], max(1, t.get("by_value", 0))
     each = " / ".join(f"{t.get(f'actor{k}_tasks', 0):,} ({_dur(t.get(f'actor{k}_ms', 0) / 1e3)})"
                       for k in range(n))
-    return [f"Ray actors: {n}, tasks (time running them) {each}; {t.get('reruns', 0)} reruns "
+    calls = f" in {t['calls']:,} calls" if "calls" in t else ""
+    return [f"Ray actors: {n}, tasks (time running them) {each}{calls}; "
+            f"{t.get('reruns', 0)} reruns "
             f"({t.get('replaced', 0)} actors replaced), {_mb(t.get('sent_bytes', 0) / 1e6)} MB "
             f"sent with tasks; per task {_dur(t.get('wait_ms', 0) / 1e3 / tasks)} to start, "
             f"{_dur(t.get('return_ms', 0) / 1e3 / tasks)} back"]

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..cache.tier import DiskTier
     from .position import Position
 
-LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
+LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once...
+LOOKAHEAD_RECORDS = 16384  # ... and no fewer positions than this, after the first lookup
 
 
 class TaskRunner:
@@ -118,13 +119,16 @@ class TaskRunner:
     def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:
         """Record indices, epochs and chunk refs of output positions `lo..hi-1`.
 
-        Computed for LOOKAHEAD_TASKS tasks at a time: the permutation and the chunk table
-        are vectorized, and most of their cost on one batch is per call, not per record.
-        Tasks start in order, so the window is hit; a miss only recomputes (pure).
+        Computed for LOOKAHEAD_TASKS tasks at a time, and at least LOOKAHEAD_RECORDS
+        positions once the first batch is under way: the permutation and the chunk table
+        are vectorized, and most of their cost on one batch is per call (a cycle-walking
+        permutation's passes), not per record. Tasks start in order, so the window is hit;
+        a miss only recomputes (pure).
         """
         plan, w = self.plan, self._ahead
         if w is None or not (w[0] <= lo and hi <= w[1]):
-            stop = lo + plan.unit * self.batches_per_task * LOOKAHEAD_TASKS
+            span = plan.unit * self.batches_per_task * LOOKAHEAD_TASKS
+            stop = lo + (span if w is None else max(span, LOOKAHEAD_RECORDS))
             if plan.length is not None:
                 stop = min(stop, plan.length)
             stop = max(stop, hi)

@@ -42,6 +42,10 @@ class Executor(Protocol):
     pipeline: Pipeline  # what every task runs
     stash: StashFile  # records pulled out of large chunks, for all tasks (`runtime.horizons`)
     cache_bytes: int  # the decoded-chunk cache of each process that decodes tasks
+    # tasks one call to a worker carries at most (1: each task its own): the runtime keeps
+    # this many times its prefetch in flight, so that a grouped call leaves as many calls
+    # in flight as single tasks would
+    tasks_per_call: int
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """The task's result, or its error (a `WorkerError` naming `describe`)."""
@@ -89,6 +93,8 @@ class SlotExecutor:
     """What the executors here share: the arena slots results come back in, the stash,
     the decoder of tasks run in this process, the worker gate, and the rerun of a task
     whose output outgrew its slot. A subclass says how a task is submitted (`_submit`)."""
+
+    tasks_per_call = 1  # each task is its own call
 
     def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
                  slot_size: int = 32 << 20, lanes: int | None = None) -> None:

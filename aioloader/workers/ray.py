@@ -14,11 +14,14 @@ chunk once): the actors never talk to the bucket. An actor on this host reads lo
 default, decided per actor from its node), this process reads the task's chunks and sends
 them with it: the nodes need aioloader and the pipeline's code, not the files.
 
+Tasks go to the actors up to `tasks_per_call` in one call (`raycalls`): a call costs this
+process about as much as a task did, and the runtime keeps `tasks_per_call` times its
+prefetch in flight, so the actors have as many calls at them as a worker process has tasks.
 An actor that dies (killed, its node lost, a transform that crashes the interpreter) has
 its tasks run again on a new actor in its place: a task's output is a pure function of the
-task, so nothing is lost and nothing comes twice; a task that has taken down
-`max_reruns + 1` actors fails with a `WorkerError`. No more tasks are at the actors than
-the runtime runs at once (its prefetch window, and with workers="auto" the tuner's gate).
+task, so nothing is lost and nothing comes twice; a task in the call it was running when
+it died `max_reruns + 1` times fails with a `WorkerError`. No more tasks are at the actors
+than the runtime runs at once (its window, and with workers="auto" the tuner's gate).
 Ray is imported only here (and by `raycluster`, which keeps a cluster started for the
 loaders), and only when an executor opens: `import aioloader` never loads it.
 """
@@ -29,8 +32,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import pickle
 import threading
-import time
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -43,6 +46,7 @@ from .extract import StashFile
 from .inputs import as_bytes
 from .localfiles import LocalFiles
 from .messages import Pipeline, Result, Task
+from .raycalls import Calls, Raised
 from .raycluster import CLUSTER, import_ray
 from .rayplace import Placement
 from .raytally import Tally
@@ -52,6 +56,7 @@ __all__ = ["RAY", "RayActors", "RayExecutor"]
 
 log = logging.getLogger("aioloader")
 MAX_RERUNS = 2  # actors a task may take down before it fails: a kill is not a crash
+TASKS_PER_CALL = 2  # tasks one call to an actor carries at most (see `raycalls`)
 
 
 class RayExecutor:
@@ -59,7 +64,9 @@ class RayExecutor:
     the cluster at `address` (None: the one `ray.init()` made, else a local one started for
     the loader); `init_options`: more `ray.init` arguments for a cluster started here;
     `max_reruns`: actors a task may take down (each death reruns it on a new actor) before
-    it fails; `read_here`: this process reads the chunks of local files (and of a remote
+    it fails; `tasks_per_call`: tasks one call to an actor carries at most, while the
+    actors are busy (the runtime then keeps that many times its prefetch in flight);
+    `read_here`: this process reads the chunks of local files (and of a remote
     dataset's memory copy) and sends them with each task, as it does a bucket's: None (the
     default) for the actors on other nodes than this one, True for all, False for none (the
     nodes then share the files' paths)."""
@@ -68,11 +75,15 @@ class RayExecutor:
 
     def __init__(self, num_cpus_per_actor: float = 1, address: str | None = None, *,
                  init_options: dict[str, Any] | None = None,
-                 max_reruns: int = MAX_RERUNS, read_here: bool | None = None) -> None:
+                 max_reruns: int = MAX_RERUNS, read_here: bool | None = None,
+                 tasks_per_call: int = TASKS_PER_CALL) -> None:
         if not num_cpus_per_actor > 0:
             raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor!r}")
         if max_reruns < 0:
             raise ValueError(f"max_reruns must be >= 0, got {max_reruns!r}")
+        if tasks_per_call < 1:
+            raise ValueError(f"tasks_per_call must be >= 1, got {tasks_per_call!r}")
+        self.tasks_per_call = tasks_per_call
         self.num_cpus_per_actor = num_cpus_per_actor
         self.address = address
         self.init_options = dict(init_options or {})
@@ -99,7 +110,8 @@ class RayExecutor:
 
 class _Actor:
     """What runs in an actor (made a Ray actor class by `RayActors`): the pipeline, loaded
-    once, and its decoder; `run` is a worker process's `run_task`."""
+    once, and its decoder; `run` runs each task of a call as a worker process would
+    (`run_task`), and returns each one's result, or what it raised (`Raised`)."""
 
     def __init__(self, parts: tuple, cache_bytes: int) -> None:
         _raise_malloc_thresholds()
@@ -117,16 +129,30 @@ class _Actor:
         """The actor's process and node."""
         return os.getpid(), import_ray().get_runtime_context().get_node_id()
 
-    def run(self, task: Task) -> Result:
+    def run(self, tasks: list[Task]) -> list[Result | Raised]:
         if self.pipeline is None:
             raise WorkerError(self.error)
-        # `sendable`: what is not an array must pickle, with the error a worker gives
-        return run_task(task, self.pipeline, self.decoder, None, True)
+        out: list[Result | Raised] = []
+        for task in tasks:
+            try:  # `sendable`: what is not an array must pickle, with a worker's error
+                out.append(run_task(task, self.pipeline, self.decoder, None, True))
+            except Exception as exc:
+                out.append(Raised(_sendable(exc)))
+        return out
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc`, or one that says what it was where it cannot travel back."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return WorkerError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 class RayActors:
-    """Runs tasks on Ray actors (an `Executor`): each task goes to the actor with the
-    fewest tasks queued; results come back by value."""
+    """Runs tasks on Ray actors (an `Executor`): the tasks go in calls (`raycalls.Calls`) to
+    the actor with the fewest calls at it; results come back by value."""
 
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
                  lanes: int | None = None, auto: bool = False) -> None:
@@ -137,7 +163,8 @@ class RayActors:
         self.workers = workers
         self.cache_bytes = pipeline.chunk_cache_bytes // workers
         self.stash = StashFile(pipeline.chunk_cache_bytes)
-        self._gate = None if lanes is None else Gate(gate_limit(lanes, workers))
+        self.tasks_per_call = kind.tasks_per_call  # (the runtime's window scales by it)
+        self._gate = None if lanes is None else Gate(self._limit(lanes))
         self._pid = os.getpid()
         self._auto = auto  # workers="auto": no more actors than the cluster's CPUs hold
         self._lock = threading.Lock()
@@ -152,9 +179,26 @@ class RayActors:
         self._remote: list[bool | None] = [kind.read_here] * workers  # read_here, per actor
         self._node: str | None = None  # this process's node
         self._files: LocalFiles | None = None  # what this process reads for `read_here`
-        self._queued = [0] * workers
         self.tally = Tally(workers)
         self.counts = self.tally.counts
+        self.ray: Any = None
+        self._calls = Calls(self, kind.tasks_per_call)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def actors(self) -> list[Any]:
+        return self._actors
+
+    @property
+    def placed(self) -> Placement:
+        return self._placed
+
+    def _limit(self, lanes: int) -> int:
+        """Tasks let at the actors for `lanes` busy ones: a worker pool's, per call."""
+        return gate_limit(lanes, self.workers) * self.tasks_per_call
 
     # -- start ----------------------------------------------------------------------
 
@@ -169,7 +213,7 @@ class RayActors:
     def _make(self) -> None:
         """Join the cluster (`CLUSTER`) and make the actors."""
         try:
-            ray = import_ray()
+            ray = self.ray = import_ray()
             kind = self.kind
             options = {"include_dashboard": False, **kind.init_options}
             if kind.address is not None:
@@ -203,7 +247,8 @@ class RayActors:
         if workers < self.workers:
             self.workers = workers
             self.cache_bytes = self.pipeline.chunk_cache_bytes // workers
-            del self._remote[workers:], self._queued[workers:], self.tally.rows[workers:]
+            del self._remote[workers:], self.tally.rows[workers:]
+            self._calls.fewer(workers)
 
     def _new_actor(self) -> Any:
         return self._actor_class.options(num_cpus=self.kind.num_cpus_per_actor).remote(
@@ -226,7 +271,7 @@ class RayActors:
 
     def set_workers(self, workers: int) -> None:
         if self._gate is not None:  # (0: one task at a time; none runs in this process)
-            self._gate.resize(gate_limit(workers, self.workers))
+            self._gate.resize(self._limit(workers))
 
     def settled(self) -> bool:
         """Whether every actor has answered once."""
@@ -239,46 +284,14 @@ class RayActors:
         pass
 
     async def run(self, task: Task, describe: str = "") -> Result:
-        """Run `task` on the least busy actor; if that actor dies, again on a new one."""
+        """Run `task` on an actor (in a call with others while the actors are busy); if
+        that actor dies, again on another."""
         describe = describe or f"task {task.task_id}"
         await self._wait_started()
-        ray = import_ray()
         if task.raws is not None:  # (views of this process's buffers do not pickle)
             self._ship(task)
-        deaths = 0
-        while True:
-            at, actor = self._pick(await self._placed.started())
-            sent = time.perf_counter_ns()
-            try:
-                if await self._elsewhere(at):
-                    self._read_here(task, describe)
-                ref = actor.run.remote(task)
-                result: Result = await ref
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
-                raise
-            except ray.exceptions.RayActorError as exc:
-                deaths += 1
-                self._replace(at, actor)
-                if deaths > self.kind.max_reruns:
-                    raise WorkerError(
-                        f"{describe}: its Ray actor died {deaths} times ({exc}); a transform "
-                        "may crash the interpreter (run with workers=0 to debug), or the "
-                        "cluster lost its nodes") from None
-                self.counts["reruns"] += 1
-                log.warning("a Ray actor died while running %s; it runs again on a new "
-                            "actor", describe)
-                continue
-            except ray.exceptions.RayTaskError as exc:  # raised by the task: as it was
-                cause = exc.cause
-                if isinstance(cause, WorkerError):
-                    raise WorkerError(f"{describe}: {cause}") from None
-                raise cause from None
-            finally:
-                self._queued[at] -= 1
-            self.tally.came_back(at, result, sent)
-            return result
+        await self._placed.started()  # (at least one actor up: `Calls` sends to those)
+        return await self._calls.run(task, describe)
 
     def _ship(self, task: Task) -> None:
         """The task's chunk bytes made bytes (once each), and counted as sent."""
@@ -287,15 +300,15 @@ class RayActors:
         self.counts["sent_bytes"] += sum(len(r) for r in {id(r): r for r in task.raws}
                                          .values())
 
-    async def _elsewhere(self, at: int) -> bool:
-        """Whether actor `at` is to get its task's bytes from here (`read_here`)."""
+    def elsewhere(self, at: int) -> bool:
+        """Whether actor `at` (up) is to get its tasks' bytes from here (`read_here`)."""
         remote = self._remote[at]
-        if remote is None:  # (asked once an actor: its first answer says its node)
-            _, node = await self._placed.ready[at]
+        if remote is None:  # (asked once an actor is up: its first answer says its node)
+            _, node = self.ray.get(self._placed.ready[at])
             remote = self._remote[at] = node != self._node
         return remote
 
-    def _read_here(self, task: Task, describe: str) -> None:
+    def read_here(self, task: Task, describe: str) -> None:
         """Read the chunks of a task for an actor that does not share this host's files."""
         if task.stash is not None or task.fill is not None:
             raise WorkerError(
@@ -310,16 +323,7 @@ class RayActors:
         task.raws = self._files.read(task.refs)
         self._ship(task)
 
-    def _pick(self, up: list[int]) -> tuple[int, Any]:
-        """Of the actors `up` (started), the one with the fewest tasks queued."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("cannot run a task after the ray executor was closed")
-            at = min(up, key=self._queued.__getitem__)
-            self._queued[at] += 1
-            return at, self._actors[at]
-
-    def _replace(self, at: int, dead: Any) -> None:
+    def replace(self, at: int, dead: Any) -> None:
         """A new actor in the place of `dead` (once: its other tasks fail too)."""
         with self._lock:
             if self._closed or self._actors[at] is not dead:
@@ -365,6 +369,7 @@ class RayActors:
         with self._lock:
             actors, self._actors, self._parts = self._actors, [], None
             self._placed.clear()
+            self._calls.forget()
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)

@@ -6,11 +6,14 @@ down. Without, the first Ray executor to start starts a local one (or connects t
 `address`), and the last to close shuts it down: two loaders open at once (training and
 evaluation) share it, and neither pulls it from under the other. One thread of its own
 starts and stops it: Ray's shutdown run on another thread than `ray.init`'s leaves the
-driver unable to reach the cluster, and it exits the process a minute later.
+driver unable to reach the cluster, and it exits the process a minute later. Ray warns
+from that thread that it set no SIGTERM handler (it sets one only from the main thread,
+to exit on SIGTERM): this process keeps its own, so the warning is left out (`_Quiet`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -72,14 +75,26 @@ class _Cluster:
 
     def _keep(self, options: dict[str, Any], started: Future) -> None:
         ray = import_ray()
+        quiet, said = _Quiet(), logging.getLogger("ray._private.worker")
+        said.addFilter(quiet)
         try:
             ray.init(**options)
         except BaseException as exc:
             started.set_exception(exc)
             return
+        finally:
+            said.removeFilter(quiet)
         started.set_result(None)
         self._done.wait()
         ray.shutdown()
+
+
+class _Quiet(logging.Filter):
+    """Leaves out Ray's warning that `ray.init` off the main thread sets no SIGTERM handler
+    (the loader's cluster starts on a thread of its own by design)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
 
 
 CLUSTER = _Cluster()

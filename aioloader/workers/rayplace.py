@@ -1,7 +1,9 @@
 """Which of the Ray executor's actors have started (`Placement`): a task goes only to an
 actor that has answered once, so an actor the cluster cannot place (too few free CPUs)
 holds no task. Those that start go on alone; if none starts in `PLACE_TIMEOUT_S`, the
-error says what the actors asked for and what the cluster had free."""
+error says what the actors asked for and what the cluster had free. An answer marks its
+actor up as it comes (a callback on Ray's thread), so asking which are up costs no call
+into Ray: it is asked for every task."""
 
 from __future__ import annotations
 
@@ -32,10 +34,21 @@ class Placement:
     def add(self, ref: Any) -> None:
         self.ready.append(ref)
         self._up.append(False)
+        self._when_up(len(self.ready) - 1, ref)
 
     def reset(self, at: int, ref: Any) -> None:
         """Actor `at` replaced: its new one has yet to answer."""
         self.ready[at], self._up[at] = ref, False
+        self._when_up(at, ref)
+
+    def _when_up(self, at: int, ref: Any) -> None:
+        """Mark actor `at` up when `ref` (its first answer, or its death) comes."""
+        def came(_: Any) -> None:
+            ready, up = self.ready, self._up
+            if at < len(ready) and ready[at] is ref:  # (not replaced or cleared since)
+                up[at] = True
+
+        ref.future().add_done_callback(came)
 
     def clear(self) -> None:
         self.ready, self._up = [], []
@@ -43,19 +56,17 @@ class Placement:
     def all_up(self) -> bool:
         return bool(self._up) and all(self._poll())
 
+    def up(self) -> list[int]:
+        """The actors that have answered."""
+        return [k for k, u in enumerate(self._poll()) if u]
+
     def _poll(self) -> list[bool]:
-        waiting = [r for r, up in zip(self.ready, self._up) if not up]
-        if waiting:
-            done, _ = import_ray().wait(waiting, num_returns=len(waiting), timeout=0,
-                                        fetch_local=False)
-            done_ids = {id(r) for r in done}
-            self._up = [up or id(r) in done_ids for r, up in zip(self.ready, self._up)]
         return self._up
 
     async def started(self) -> list[int]:
         """The actors that have answered (waiting for one if none has yet)."""
         while True:
-            up = [k for k, u in enumerate(self._poll()) if u]
+            up = self.up()
             if up:
                 self._tell(up)
                 return up

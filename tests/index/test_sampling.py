@@ -427,3 +427,24 @@ def test_a_slice_of_an_infinite_repeat_is_the_slice_of_enough_epochs(n, a, b, st
     pos = np.arange(finite.length)
     for got, want in zip(endless.lookup(pos), finite.lookup(pos), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("ops", [
+    [Shard(2, 3), Repeat(None)],
+    [Shard(2, 3), Shuffle(4), Repeat(None)],
+    [Shard(2, 3, contiguous=True), Repeat(None)],
+])
+def test_an_empty_shard_of_records_repeated_forever_is_refused(ops):
+    """Shard 2 of 3 over 2 records holds none: repeated forever it would end at once while
+    its siblings never do (on several hosts, a training loop that hangs in its first
+    collective), so it is an error naming the shard and the records."""
+    with pytest.raises(ValueError, match=r"shard\(2/3\).*2 records"):
+        IndexPlan(2, ops)
+
+
+def test_empty_shards_that_agree_are_allowed():
+    # drop_remainder gives every shard none: all end together, as an empty dataset does
+    assert IndexPlan(2, [Shard(2, 3, drop_remainder=True), Repeat(None)]).length == 0
+    assert IndexPlan(0, [Shard(2, 3), Repeat(None)]).length == 0
+    assert IndexPlan(2, [Shard(2, 3), Repeat(2)]).length == 0  # finite: ends as its epochs do
+    assert IndexPlan(2, [Shard(1, 3), Repeat(None)]).length is None

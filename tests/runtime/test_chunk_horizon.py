@@ -335,3 +335,36 @@ def test_thrashes_asks_whether_a_chunk_would_be_decoded_again(root):
     assert not thrashes(mixed, 3 * 200, 1.0, 100)
     assert not thrashes(one_by_one, 200, 1.0, 100)
     assert thrashes(one_by_one, 199, 1.0, 100)  # a chunk larger than the cache
+
+
+def test_an_epoch_of_several_horizons_is_told_once_naming_memory_budget(
+        tmp_path, caplog, small_chunks_count_as_large):
+    """Each chunk is decoded once per horizon, so an epoch of more records than half of
+    memory_budget holds costs more CPU a record: said once (a warning naming the setting
+    and a budget that makes one horizon), and in stats(); that budget gives one horizon
+    and the same batches."""
+    import logging
+
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(5).repeat(2).batch(64)
+    with caplog.at_level(logging.WARNING, logger="aioloader"), \
+            ds.loader(workers=0, memory_budget=400_000) as loader:
+        want = [_ids(b) for b in loader]
+        figures = loader.stats().as_dict()["cache"]
+        text = str(loader.stats())
+    told = [r.getMessage() for r in caplog.records if "horizons" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "memory_budget" in told[0] and 'strategy="block"' in told[0]
+    assert figures["horizons_per_epoch"] >= 2
+    assert figures["horizons"] >= 2 * figures["horizons_per_epoch"] - 1  # two epochs
+    assert "raise memory_budget" in text
+    suggested = int(float(told[0].split("raise memory_budget to about ")[1].split(" MB")[0])
+                    * 1e6)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aioloader"), \
+            ds.loader(workers=0, memory_budget=suggested) as loader:
+        got = [_ids(b) for b in loader]
+        again = loader.stats().as_dict()["cache"]
+    assert again.get("horizons_per_epoch", 1) == 1
+    assert not [r for r in caplog.records if "horizons" in r.getMessage()]
+    assert got == want

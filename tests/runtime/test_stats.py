@@ -248,12 +248,14 @@ def test_the_legend_explains_every_column_row_and_line_the_table_prints(clock):
 def test_the_ray_executors_figures_make_a_line_the_legend_explains(clock):
     ps = _run(clock)
     assert "Ray actors" not in str(ps)  # (the process pool's figures: no such line)
-    ps.transfer_source = lambda: {"actors": 2, "by_value": 10, "reruns": 1, "replaced": 1,
+    ps.transfer_source = lambda: {"actors": 2, "by_value": 10, "calls": 6, "reruns": 1,
+                                  "replaced": 1,
                                   "sent_bytes": 3_000_000, "wait_ms": 50, "return_ms": 20,
                                   "actor0_tasks": 6, "actor0_ms": 1200, "actor1_tasks": 4,
                                   "actor1_ms": 800}
     line = next(ln for ln in str(ps).splitlines() if ln.startswith("Ray actors:"))
-    assert line == ("Ray actors: 2, tasks (time running them) 6 (1.20 s) / 4 (800.0 ms); "
+    assert line == ("Ray actors: 2, tasks (time running them) 6 (1.20 s) / 4 (800.0 ms) in "
+                    "6 calls; "
                     "1 reruns (1 actors replaced), 3.0 MB sent with tasks; per task 5.0 ms "
                     "to start, 2.0 ms back")
     assert _explained(ps.legend(), "Ray actors")

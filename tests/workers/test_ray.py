@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -131,6 +132,7 @@ async def test_the_batches_are_those_of_the_process_pool(files, make):  # noqa: 
     transfers = stats["transfers"]
     assert transfers["actors"] == 2 and transfers["by_value"] > 0
     assert transfers["actor0_tasks"] + transfers["actor1_tasks"] == transfers["by_value"]
+    assert transfers["calls"] < transfers["by_value"]  # tasks went grouped into calls
 
 
 async def test_a_state_resumes_bit_for_bit_across_executors(files):  # noqa: F811
@@ -181,6 +183,23 @@ async def test_a_task_that_takes_down_every_actor_fails_naming_it(files):  # noq
         await collect(ds, workers=1, executor=RayExecutor(max_reruns=1))
 
 
+async def test_a_task_queued_behind_a_crash_is_not_charged_for_it(files, tmp_path):  # noqa: F811
+    """One actor, one task per call: the task with record 13 takes it down while the next
+    one waits behind it, then that one (record 20) takes down the new actor. Each crash is
+    charged to the task that ran, once: with max_reruns=1 both run again, and the batches
+    are whole."""
+    def make(ids):
+        crash = functools.partial(fns.crash_once_on, str(tmp_path), frozenset(ids))
+        return (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(crash)
+                .map(fns.only_id_noise_det).batch(8))
+
+    expected = digests(await collect(make(()), workers=0))
+    kind = RayExecutor(max_reruns=1, tasks_per_call=1)
+    got, _, stats = await take(make((13, 20)), workers=1, executor=kind)
+    assert digests(got) == expected
+    assert stats["transfers"]["replaced"] == 2
+
+
 @pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy
 async def test_a_buckets_files_through_the_actors(files, resident_bytes):  # noqa: F811
     with local_gcs() as gcs:
@@ -220,10 +239,12 @@ async def test_actors_that_do_not_share_this_hosts_files_get_the_bytes(files,  #
 async def test_closing_kills_the_actors_of_a_users_cluster(files):  # noqa: F811
     """(The cluster stays: it is the user's.) No actor is left alive: `no_leaks_but_rays`."""
     ds = batched(files[1])
-    async with ds.loader(workers=2, executor="ray") as it:
+    async with ds.loader(workers=2, executor="ray", prefetch=3) as it:
         async for _ in it:
             break
         assert len(_alive_actors()) == 2
+        # tasks go two to a call: twice the tasks in flight, as many calls as prefetch
+        assert it._parts.run.scheduler.depth == 3 * 2
     assert ray.is_initialized() and _alive_actors() == []
 
 
@@ -254,8 +275,9 @@ def rays():
 deadline = time.monotonic() + 10  # (Ray's processes take a moment to exit)
 while rays() and time.monotonic() < deadline:
     time.sleep(0.1)
-print(json.dumps({"records": n, "started": started, "still": ray.is_initialized(),
-                  "rays": rays()}))
+from aioloader.workers import server
+print(json.dumps({"server": server.server_pid(), "records": n, "started": started,
+                  "still": ray.is_initialized(), "rays": rays()}))
 """
 
 
@@ -269,6 +291,8 @@ def test_a_cluster_started_for_the_loaders_is_shut_down_with_the_last(files):  #
     with al.ArrayRecordSource(files[1][0]) as src:
         assert got["records"] == 2 * len(src) and got["started"]
     assert not got["still"] and got["rays"] == []
+    assert got["server"] is None  # no worker process: the process pool's server not started
+    assert "SIGTERM handler is not set" not in out.stderr
 
 
 async def test_a_task_cancelled_while_the_actors_start_leaves_the_executor_whole(
