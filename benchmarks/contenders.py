@@ -114,11 +114,8 @@ def _aio_dataset(spec: dict[str, Any]):
     import aioloader as al
 
     verify = {"verify": spec["verify"]} if spec.get("verify") else {}
-    source = {"tfrecord": al.Dataset.from_tfrecord,
-              "parquet": getattr(al.Dataset, "from_parquet", None)}.get(
+    source = {"tfrecord": al.Dataset.from_tfrecord, "parquet": al.Dataset.from_parquet}.get(
         spec.get("format") or "", al.Dataset.from_arrayrecord)
-    if source is None:
-        raise RuntimeError("this aioloader has no Dataset.from_parquet")
     ds = source(spec["paths"], storage_options=spec.get("storage_options") or None, **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":

@@ -87,7 +87,8 @@ class Parts:
             options.worker.workers,
             options.prefetch.resolved(options.worker.workers, self._cores),
             options.read.io_concurrency,
-            self._cores, remote=_remote(dataset))
+            self._cores, remote=_remote(dataset),
+            prefetch_given=options.prefetch.prefetch is not None)
         if self.setting.workers or "workers" in self.limits.tune:  # (auto: workers may come)
             prepare(options.worker.executor, dataset)  # e.g. the worker server starts
         self.position = Position(dataset, options)

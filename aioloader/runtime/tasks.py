@@ -58,6 +58,8 @@ class TaskRunner:
         self.readahead = Readahead(source)
         # exact shuffles over large chunks: records pulled out per horizon, shared
         self.horizons = Horizons(self)
+        table = getattr(source, "table", None)  # (files: their contexts' token)
+        self._token = table.token if table is not None else ""
 
     @property
     def plan(self) -> Plan:
@@ -90,13 +92,14 @@ class TaskRunner:
             fetching = not self.local or horizon is not None
             with st.fetch.timed(items=hi - lo) if fetching else contextlib.nullcontext():
                 carry = await self.bytes.serve(refs)
-                task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws)
+                task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws,
+                            table=self._token)
                 if horizon is not None:
                     task.stash = await asyncio.shield(horizon.ready)
             async with self.pool.admit():
                 with st.process.timed(items=hi - lo):
-                    result = await self.pool.run(task, describe=f"task {k} (output positions "
-                                                                f"{lo}..{hi - 1})")
+                    result = await self._run(task, f"task {k} (output positions "
+                                                   f"{lo}..{hi - 1})")
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
@@ -114,6 +117,19 @@ class TaskRunner:
             st.tracer.task(result, self.plan.op_names, k)
         self.chunk_hits += result.chunk_hits
         self.chunks_decoded += result.chunks_decoded
+        return result
+
+    async def _run(self, task: Task, describe: str) -> Result:
+        """`task` run by the pool; once more with the contexts of the files whose contexts
+        the worker lacked (`workers.contexts`: a worker is given each file's once)."""
+        raws = task.raws
+        result = await self.pool.run(task, describe=describe)
+        if result.missing:
+            task.contexts = self.source.table.contexts(result.missing)
+            task.raws, task.raw_spans = raws, None
+            result = await self.pool.run(task, describe=describe)
+            if result.missing:
+                raise RuntimeError(f"{describe}: a worker lacks the contexts it was given")
         return result
 
     def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:

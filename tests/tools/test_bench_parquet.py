@@ -60,8 +60,6 @@ def test_grain_reads_every_row_once_shuffled_in_batches_like_ours(files):
     assert sorted(ids) == list(range(N)) and ids != list(range(N))
 
 
-@pytest.mark.skipif(not hasattr(__import__("aioloader").Dataset, "from_parquet"),
-                    reason="Dataset.from_parquet is not in this tree yet")
 @pytest.mark.parametrize("name", ["exact0", "block0"])
 def test_aioloader_reads_every_row_once_shuffled(files, name):
     from benchmarks.contenders import _aio_dataset
