@@ -114,8 +114,9 @@ def _aio_dataset(spec: dict[str, Any]):
     import aioloader as al
 
     verify = {"verify": spec["verify"]} if spec.get("verify") else {}
-    source = {"tfrecord": al.Dataset.from_tfrecord, "parquet": al.Dataset.from_parquet}.get(
-        spec.get("format") or "", al.Dataset.from_arrayrecord)
+    # by name: a tree measured by compare_trees.py may predate a format
+    source = getattr(al.Dataset, {"tfrecord": "from_tfrecord", "parquet": "from_parquet"}.get(
+        spec.get("format") or "", "from_arrayrecord"))
     ds = source(spec["paths"], storage_options=spec.get("storage_options") or None, **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":
