@@ -30,7 +30,7 @@ import numpy as np
 MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline", "benchmarks.bench_verify",
            "benchmarks.bench_stream", "benchmarks.bench_decode", "benchmarks.bench_tier",
            "benchmarks.bench_autotune", "benchmarks.bench_formats",
-           "benchmarks.bench_contention")
+           "benchmarks.bench_contention", "benchmarks.bench_parquet")
 
 
 @dataclass(frozen=True)
