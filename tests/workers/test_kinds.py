@@ -89,6 +89,6 @@ async def test_an_executor_without_tasks_per_call_runs_one_task_a_call(files):  
 def test_a_ray_kinds_counts_are_whole_numbers(bad):
     from aioloader.workers.ray import RayExecutor  # (imports no Ray until it opens)
 
-    (name, value), = bad.items()
+    (name,) = bad
     with pytest.raises(ValueError, match=f"{name} must be an int"):
         RayExecutor(**bad)
