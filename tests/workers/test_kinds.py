@@ -81,3 +81,14 @@ async def test_an_executor_without_tasks_per_call_runs_one_task_a_call(files):  
     ds = batched(files[8])
     _same(await collect(ds, workers=1, executor=WithoutGrouping()),
           await collect(ds, workers=1))
+
+
+@pytest.mark.parametrize("bad", [{"tasks_per_call": 0}, {"tasks_per_call": 1.5},
+                                 {"tasks_per_call": True}, {"max_reruns": -1},
+                                 {"max_reruns": 0.5}])
+def test_a_ray_kinds_counts_are_whole_numbers(bad):
+    from aioloader.workers.ray import RayExecutor  # (imports no Ray until it opens)
+
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"{name} must be an int"):
+        RayExecutor(**bad)
