@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     )
     from .runtime.loader import Loader
     from .runtime.warmup import warm_up
-    from .source import ArrayRecordSource, TFRecordSource
+    from .source import ArrayRecordSource, ParquetSource, TFRecordSource
     from .workers.ray import RayExecutor
 
 from ._moved import install as _install_moved
@@ -67,6 +67,7 @@ _HOMES = {
     **dict.fromkeys(["Filter", "FlatMap", "Map", "RandomMap"], ".elements.transforms"),
     "ArrayRecordSource": ".source",
     "TFRecordSource": ".source",
+    "ParquetSource": ".source",
     "TFRecordFormatError": ".formats.tfrecord",
     "ParquetFormatError": ".formats.parquet.errors",
     "ArrayRecordWriter": ".arrayrecord",
@@ -95,6 +96,7 @@ __all__ = [
     "MissingExtraError",
     "ObjectChangedError",
     "ParquetFormatError",
+    "ParquetSource",
     "PrefetchOptions",
     "RandomMap",
     "RayExecutor",

@@ -246,7 +246,8 @@ class PrefetchOptions:
     - `prefetch` (None: `default_prefetch(workers)`, 2 × workers, at least 4 and at most
       32): tasks (batches, or windows) in flight and kept ready ahead of the consumer,
       delivered in order whatever finishes first. "auto" starts at 4 and grows by one while
-      the consumer waits (up to 32).
+      the consumer waits (up to 16). Not given, with workers="auto", it is tuned the same
+      way from its default up (a deeper queue when the machine is shared), never below it.
 
     Any "auto" setting is tuned while the loader runs (`aioloader.runtime.autotune`), and never
     changes what it yields; `stats().as_dict()["autotune"]` shows the values chosen.

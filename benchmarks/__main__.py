@@ -62,6 +62,15 @@ def build_parser(names: list[str]) -> argparse.ArgumentParser:
     run.add_argument("--grain-threads", type=int, default=None, metavar="N",
                      help="Grain's threads in loop (default: the best found by pipeline in "
                           "the same run, else 1)")
+    run.add_argument("--rows", type=int, default=None, metavar="N",
+                     help="parquet: rows in all, in 20 files (default 200000; 20000 with "
+                          "--quick)")
+    run.add_argument("--group-rows", type=int, default=None, metavar="N",
+                     help="parquet: rows per row group of the generated files (default 1000; "
+                          "0: pyarrow's default)")
+    run.add_argument("--shuffle-buffer", type=int, default=None, metavar="N",
+                     help="parquet: Grain's and Hugging Face's shuffle buffer, in rows "
+                          "(default 10000)")
     run.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                      help=f"where generated datasets are cached (default {DEFAULT_DATA_DIR})")
     run.add_argument("--output", type=Path, default=None, metavar="FILE",

@@ -29,7 +29,8 @@ import numpy as np
 #: Modules that register benchmarks when imported; later workloads append theirs here.
 MODULES = ("benchmarks.bench_format", "benchmarks.bench_pipeline", "benchmarks.bench_verify",
            "benchmarks.bench_stream", "benchmarks.bench_decode", "benchmarks.bench_tier",
-           "benchmarks.bench_autotune", "benchmarks.bench_formats")
+           "benchmarks.bench_autotune", "benchmarks.bench_formats",
+           "benchmarks.bench_contention", "benchmarks.bench_parquet")
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ batch (0: unbatched; after a pack, rows per batch), filter (aioloader: a predica
 max_seconds, step (seconds of simulated training per batch), workers, executor, prefetch,
 io_concurrency, max_gap, memory_budget, resident_bytes, storage_options, verify (aioloader;
 its default if absent), threads (Grain's ReadOptions.num_threads), api ("sync" | "async",
-aioloader), format ("tfrecord": aioloader reads `paths` as TFRecord files), index_cache_dir
-(aioloader).
+aioloader), format ("tfrecord" / "parquet": aioloader reads `paths` as TFRecord / Parquet
+files), index_cache_dir (aioloader). The Parquet peers ("grain-parquet", "hf", "pyarrow") run
+from `benchmarks.parquet_peers`, with its keys.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def _aio_dataset(spec: dict[str, Any]):
     import aioloader as al
 
     verify = {"verify": spec["verify"]} if spec.get("verify") else {}
-    source = al.Dataset.from_tfrecord if spec.get("format") == "tfrecord" else \
-        al.Dataset.from_arrayrecord
+    # by name: a tree measured by compare_trees.py may predate a format
+    source = getattr(al.Dataset, {"tfrecord": "from_tfrecord", "parquet": "from_parquet"}.get(
+        spec.get("format") or "", "from_arrayrecord"))
     ds = source(spec["paths"], storage_options=spec.get("storage_options") or None, **verify)
     shuffle = spec.get("shuffle", "exact")
     if shuffle == "block":
@@ -224,7 +226,13 @@ def grain_run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    return aio_run(spec) if spec["lib"] == "aioloader" else grain_run(spec)
+    if spec["lib"] == "aioloader":
+        return aio_run(spec)
+    if spec["lib"] == "grain":
+        return grain_run(spec)
+    from .parquet_peers import run as run_parquet_peer
+
+    return run_parquet_peer(spec)
 
 
 def main() -> None:
@@ -233,8 +241,12 @@ def main() -> None:
     os.environ.setdefault("GRAIN_LOG_LEVEL", "error")
     if spec["lib"] == "grain":
         import grain  # noqa: F401
-    else:
+    elif spec["lib"] == "aioloader":
         import aioloader  # noqa: F401
+    if spec["lib"] not in ("grain", "aioloader") or spec.get("format") == "parquet":
+        from .parquet_peers import preimport
+
+        preimport(spec)
     baseline = rss_bytes()
     out = run(spec)
     out["baseline_rss"] = baseline

@@ -49,3 +49,16 @@ def augment_image(record: bytes) -> np.ndarray:
     x = np.sqrt(x[:, ::-1] * 0.8 + 0.1)
     x = np.tanh(3.0 * (x - 0.5)) * 127.0 + 128.0
     return x.astype(np.uint8)
+
+
+def decode_parquet_text(row: dict) -> dict:
+    """The Parquet text workload's decode: `json.loads` of the row's ~1 KiB `text` column."""
+    return json.loads(row["text"])
+
+
+def collate_rows(rows: list[dict]) -> dict:
+    """A batch of decoded rows as aioloader's `batch` makes it: numbers stacked into NumPy
+    arrays, strings kept as lists (Grain's `batch_fn`, so both make the same batch)."""
+    first = rows[0]
+    return {k: [r[k] for r in rows] if isinstance(first[k], (str, bytes))
+            else np.asarray([r[k] for r in rows]) for k in first}

@@ -21,6 +21,8 @@
  *   hash64_pair(a, b, /) -> (int, int)  two hash64s in lockstep (faster with AVX2)
  *   hash64_key(key32, data, /) -> int   any 32-byte key
  *   hash64_impl(impl, key32, data, /) -> int   one named implementation (for tests)
+ *   hash64_update(state, data, /)       feed whole packets into a 128-byte state
+ *   hash64_final(state, tail, /) -> int the hash of all fed, then a tail under 32 bytes
  *   IMPL                                the implementation in use: "avx2" or "portable"
  *   IMPLS                               the implementations this build and CPU can run
  *
@@ -283,6 +285,22 @@ HH_AVX2 static uint64_t hh_avx2(const uint64_t key[4], const uint8_t *data, size
     return hh_avx2_finish(&s, data, size, 0);
 }
 
+/* Whole packets into a portable state (the same lane layout), for hash64_update. */
+HH_AVX2 static void hh_avx2_packets(hh_state *st, const uint8_t *data, size_t size) {
+    hh_avx2_state s;
+    s.v0 = _mm256_loadu_si256((const __m256i *)st->v0);
+    s.v1 = _mm256_loadu_si256((const __m256i *)st->v1);
+    s.mul0 = _mm256_loadu_si256((const __m256i *)st->mul0);
+    s.mul1 = _mm256_loadu_si256((const __m256i *)st->mul1);
+    for (size_t i = 0; i < size; i += 32) {
+        hh_avx2_update(&s, _mm256_loadu_si256((const __m256i *)(data + i)));
+    }
+    _mm256_storeu_si256((__m256i *)st->v0, s.v0);
+    _mm256_storeu_si256((__m256i *)st->v1, s.v1);
+    _mm256_storeu_si256((__m256i *)st->mul0, s.mul0);
+    _mm256_storeu_si256((__m256i *)st->mul1, s.mul1);
+}
+
 /* Two inputs in lockstep: a packet's update is a chain of dependent multiplies and
  * shuffles, so one hash leaves most of the core idle; two independent chains fill it. */
 HH_AVX2 static void hh_avx2_pair(const uint64_t key[4], const uint8_t *a, size_t na,
@@ -314,6 +332,12 @@ static void hh_portable_pair(const uint64_t key[4], const uint8_t *a, size_t na,
     out[1] = hh_portable(key, b, nb);
 }
 
+static void hh_portable_packets(hh_state *s, const uint8_t *data, size_t size) {
+    for (size_t i = 0; i < size; i += 32) hh_update_packet(s, data + i);
+}
+
+typedef void (*hh_packets_fn)(hh_state *s, const uint8_t *data, size_t size);
+static hh_packets_fn hh_packets = hh_portable_packets;
 static hh_fn highwayhash64 = hh_portable;
 static hh_pair_fn highwayhash64_pair = hh_portable_pair;
 static const char *hh_impl_name = "portable";
@@ -324,6 +348,7 @@ static void hh_choose(void) {
     if (__builtin_cpu_supports("avx2")) {
         highwayhash64 = hh_avx2;
         highwayhash64_pair = hh_avx2_pair;
+        hh_packets = hh_avx2_packets;
         hh_impl_name = "avx2";
     }
 #endif
@@ -509,12 +534,108 @@ static PyObject *hh_hash64_impl(PyObject *module, PyObject *const *args, Py_ssiz
     return hash_buffer(chosen, key, args[2]);
 }
 
+/* ------------------------------------------------------------------ */
+/* A hash over data that arrives in pieces (a footer read in windows). */
+
+PyDoc_STRVAR(hash64_update_doc,
+"hash64_update(state, data, /) -> None\n"
+"\n"
+"Feed whole 32-byte packets of `data` (its length a multiple of 32) into `state`, a\n"
+"writable buffer of 128 bytes; a state of all zero bytes is taken as fresh (Riegeli's\n"
+"key). `hash64_final(state, tail)` then gives hash64 of everything fed and `tail`.");
+
+static int get_state(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) return -1;
+    if (view->len != (Py_ssize_t)sizeof(hh_state)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "state must be a writable buffer of 128 bytes");
+        return -1;
+    }
+    hh_state s;
+    memcpy(&s, view->buf, sizeof s);
+    int fresh = 1;
+    for (int i = 0; i < 4; i++) fresh &= s.mul0[i] == 0 && s.mul1[i] == 0;
+    if (fresh) {
+        hh_init(&s, RIEGELI_KEY);
+        memcpy(view->buf, &s, sizeof s);
+    }
+    return 0;
+}
+
+static PyObject *hh_hash64_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "hash64_update() takes exactly 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    Py_buffer sview, dview;
+    if (get_state(args[0], &sview) < 0) return NULL;
+    if (get_contiguous(args[1], &dview, "data") < 0) {
+        PyBuffer_Release(&sview);
+        return NULL;
+    }
+    if (dview.len % 32) {
+        PyBuffer_Release(&dview);
+        PyBuffer_Release(&sview);
+        PyErr_SetString(PyExc_ValueError, "hash64_update() takes whole 32-byte packets");
+        return NULL;
+    }
+    hh_state s;
+    memcpy(&s, sview.buf, sizeof s);
+    const uint8_t *p = (const uint8_t *)dview.buf;
+    Py_BEGIN_ALLOW_THREADS
+    hh_packets(&s, p, (size_t)dview.len);
+    Py_END_ALLOW_THREADS
+    memcpy(sview.buf, &s, sizeof s);
+    PyBuffer_Release(&dview);
+    PyBuffer_Release(&sview);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hash64_final_doc,
+"hash64_final(state, tail, /) -> int\n"
+"\n"
+"hash64 of what `hash64_update` fed into `state`, then `tail` (under 32 bytes).");
+
+static PyObject *hh_hash64_final(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "hash64_final() takes exactly 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    Py_buffer sview, tview;
+    if (get_state(args[0], &sview) < 0) return NULL;
+    if (get_contiguous(args[1], &tview, "tail") < 0) {
+        PyBuffer_Release(&sview);
+        return NULL;
+    }
+    if (tview.len >= 32) {
+        PyBuffer_Release(&tview);
+        PyBuffer_Release(&sview);
+        PyErr_SetString(PyExc_ValueError, "hash64_final() takes a tail of under 32 bytes");
+        return NULL;
+    }
+    hh_state s;
+    memcpy(&s, sview.buf, sizeof s);
+    if (tview.len) hh_update_remainder(&s, (const uint8_t *)tview.buf, (size_t)tview.len);
+    uint64_t h = hh_finalize64(&s);
+    PyBuffer_Release(&tview);
+    PyBuffer_Release(&sview);
+    return PyLong_FromUnsignedLongLong((unsigned long long)h);
+}
+
 static PyMethodDef hh_methods[] = {
     {"hash64", (PyCFunction)(void (*)(void))hh_hash64, METH_FASTCALL, hash64_doc},
     {"hash64_pair", (PyCFunction)(void (*)(void))hh_hash64_pair, METH_FASTCALL, hash64_pair_doc},
     {"hash64_key", (PyCFunction)(void (*)(void))hh_hash64_key, METH_FASTCALL, hash64_key_doc},
     {"hash64_impl", (PyCFunction)(void (*)(void))hh_hash64_impl, METH_FASTCALL,
      hash64_impl_doc},
+    {"hash64_update", (PyCFunction)(void (*)(void))hh_hash64_update, METH_FASTCALL,
+     hash64_update_doc},
+    {"hash64_final", (PyCFunction)(void (*)(void))hh_hash64_final, METH_FASTCALL,
+     hash64_final_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -131,8 +131,13 @@ def _check_fills(start: int, raw, header: ChunkHeader, have: int | None = None) 
             "more than one chunk and its padding (a chunk missing from the footer?)",
             offset=start, hint=CORRUPT_HINT,
         )
-    gap = strip_block_headers(memoryview(raw)[stop - start : fills_end(stop, have) - start],
-                              stop)
+    check_gap(memoryview(raw)[stop - start : fills_end(stop, have) - start], stop, have, start)
+
+
+def check_gap(raw, stop: int, have: int, start: int) -> None:
+    """The bytes `raw` from `stop` to `fills_end(stop, have)` begin a padding chunk that runs
+    to `have` (see `_check_fills`; `start` is where the chunk before it starts)."""
+    gap = strip_block_headers(raw, stop)
     pad = _parse_chunk_header(ChunkHeader, gap, True, None, stop)
     if pad.chunk_type != CHUNK_PADDING or pad.num_records or \
             chunk_end(stop, pad.data_size, 0) != have:

@@ -35,6 +35,10 @@ class FileIndex:
     chunk_decoded_sizes: np.ndarray  # int64 or uint32
     writer_options: str
     element_spec: str = ""  # aioloader's element spec (JSON), if the writer recorded one
+    # What decoding this file's chunks needs besides their bytes, opaque here: its record
+    # format fills and reads it (`aioloader.formats`; a Parquet file's footer). Empty for
+    # formats whose chunks describe themselves.
+    context: bytes = b""
 
     @cached_property
     def chunk_ends(self) -> np.ndarray:
@@ -91,11 +95,12 @@ class FileIndex:
         if check and (len(bounds) != n + 1 or bounds[n] != self.footer_offset or
                       not np.array_equal(bounds[:n], self.chunk_offsets)):
             raise ValueError("bounds are not this index's chunk offsets and footer offset")
-        out = FileIndex(self.path, self.size, self.footer_offset, bounds[:n],
-                        self.chunk_records, self.chunk_decoded_sizes, self.writer_options,
-                        self.element_spec)
-        known = {k: v for k, v in vars(self).items() if k in _KEPT}
-        vars(out).update(known, chunk_ends=bounds[1:], num_records=self.num_records)
+        # (the fields and what is known, copied as they are: one dict update, not the frozen
+        # `__init__`'s setattr per field; a table of thousands of small files makes one each)
+        out = object.__new__(FileIndex)
+        known = {k: v for k, v in vars(self).items() if k in _COPIED}
+        vars(out).update(known, chunk_offsets=bounds[:n], chunk_ends=bounds[1:],
+                         num_records=self.num_records)
         return out
 
     @cached_property
@@ -130,6 +135,8 @@ class FileIndex:
 
 
 _KEPT = frozenset({"max_records", "one_record_chunks", "options"})  # what `with_bounds` carries
+_COPIED = _KEPT | {"path", "size", "footer_offset", "chunk_records", "chunk_decoded_sizes",
+                   "writer_options", "element_spec", "context"}  # and its fields, but the offsets
 
 _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["HAVE_NATIVE", "NATIVE_IMPL", "RIEGELI_KEY", "highwayhash64", "highwayhash64_pair",
-           "highwayhash64_py"]
+__all__ = ["HAVE_NATIVE", "NATIVE_IMPL", "RIEGELI_KEY", "HashStream", "highwayhash64",
+           "highwayhash64_pair", "highwayhash64_py"]
 
 #: Riegeli's fixed key: these 32 bytes, read as four little-endian u64.
 RIEGELI_KEY = b"Riegeli/records\nRiegeli/records\n"
@@ -174,3 +174,33 @@ def _pair_fallback(a: Buffer, b: Buffer) -> tuple[int, int]:
 highwayhash64_pair: Callable[[Buffer, Buffer], tuple[int, int]] = (
     _highwayhash.hash64_pair if _highwayhash is not None else _pair_fallback
 )
+
+
+class HashStream:
+    """`highwayhash64` of data fed in pieces (`update`, then `digest`), for a footer read in
+    windows; needs the C extension (`HashStream.available`)."""
+
+    __slots__ = ("_state", "_tail")
+    available: bool = _highwayhash is not None and hasattr(_highwayhash, "hash64_update")
+
+    def __init__(self) -> None:
+        self._state = bytearray(128)  # all zero: the extension starts it with Riegeli's key
+        self._tail = b""  # under 32 bytes, not yet a whole packet
+
+    def update(self, data: Buffer) -> None:
+        view = memoryview(data).cast("B")
+        if self._tail:
+            need = 32 - len(self._tail)
+            self._tail += bytes(view[:need])
+            view = view[need:]
+            if len(self._tail) < 32:
+                return
+            _highwayhash.hash64_update(self._state, self._tail)
+            self._tail = b""
+        whole = len(view) - len(view) % 32
+        if whole:
+            _highwayhash.hash64_update(self._state, view[:whole])
+        self._tail = bytes(view[whole:])
+
+    def digest(self) -> int:
+        return _highwayhash.hash64_final(self._state, self._tail)

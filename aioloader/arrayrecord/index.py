@@ -7,7 +7,9 @@ tail read covers postscript and footer in one round trip for typical files; a se
 issued only when the footer starts before the tail. Where round trips are cheap (a local
 pread), `small_reads` reads instead by what the file declares: the postscript's first bytes,
 then the footer chunk and its padding chunk's header — a few KiB, not the whole 128 KiB of a
-small file's tail, most of it padding — with every check the tail read makes.
+small file's tail, most of it padding — with every check the tail read makes. A footer too
+large to hold twice (over `footerstream.STREAM_FROM`) is read in windows instead, whichever
+way the open began (`footerstream`).
 
 What this module owns is the opening: the read requests and the checks of the footer. The
 postscript's parse lives in `postscript`; the `FileIndex` it returns in `fileindex`; decoding
@@ -22,11 +24,13 @@ from typing import cast
 
 import numpy as np
 
-from . import postscript
+from . import footerstream, postscript, quickopen
 from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
 from .footer import FooterData, decode_footer_data
+from .footerstream import LOCAL_WINDOW, REMOTE_WINDOW, STREAM_FROM
+from .footerstream import check_length as _check_length
 from .layout import (
     _HEADER,
     BLOCK_SIZE,
@@ -118,11 +122,30 @@ def _footer_from(buf, buf_at: int, footer_offset: int, size: int, path: str | No
         footer_raw: bytes | memoryview = (
             memoryview(buf)[footer_offset - buf_at : post_at - buf_at])
     else:
+        streamed = yield from _streamed(footer_offset, size, path, verify, max_decoded,
+                                        REMOTE_WINDOW)
+        if streamed is not None:
+            return streamed
         _check_span(post_at - footer_offset, max_decoded, footer_offset, path)
         footer_raw = yield (footer_offset, post_at - footer_offset)
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
     with _locating(path, footer_offset):
         return _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
+
+
+def _streamed(footer_offset: int, size: int, path: str | None, verify: str, max_decoded: int,
+              window: int) -> Generator[ReadRequest, bytes | memoryview, FileIndex | None]:
+    """A large footer's index by `footerstream` (read in windows, never held whole); None
+    for a small footer, or one that path does not take (the caller reads it whole)."""
+    if size - BLOCK_SIZE - footer_offset <= STREAM_FROM or not footerstream.available():
+        return None
+    check = postscript.index_verify(verify) != "none"
+    footer = yield from footerstream.stream_footer(footer_offset, size, path=path, check=check,
+                                                   max_decoded=max_decoded, window=window)
+    if footer is None:
+        return None
+    with _locating(path, footer_offset):
+        return _index_from(footer, footer_offset, size, path)
 
 
 def _check_span(span: int, max_decoded: int, footer_offset: int, path: str | None) -> None:
@@ -176,11 +199,18 @@ def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_d
     _check_length(head, POSTSCRIPT_PROBE, post_at, path)
     footer_offset = yield from _postscript_from(head, size, path, verify)
     span = post_at - footer_offset
+    streamed = yield from _streamed(footer_offset, size, path, verify, max_decoded,
+                                    LOCAL_WINDOW)
+    if streamed is not None:
+        return streamed
     if footer_offset < tail_start:
         _check_span(span, max_decoded, footer_offset, path)
     want = min(span, FOOTER_PROBE)
     raw = yield (footer_offset, want)
     _check_length(raw, want, footer_offset, path)
+    quick = quickopen.footer_index(raw, footer_offset, size, verify, path, max_decoded, post_at)
+    if quick is not None:  # the usual footer, within the first read
+        return quick
     need = _footer_needs(raw, footer_offset, post_at)
     if need is not None and want < need <= min(span, max_decoded):
         want = need
@@ -256,18 +286,12 @@ def read_index(
         return done.value
 
 
-def _check_length(buf, want: int, offset: int, path: str | None) -> None:
-    if buf is None or len(buf) != want:
-        got = 0 if buf is None else len(buf)
-        raise ArrayRecordFormatError(
-            f"short read: asked for {want} bytes, got {got}", path=path, offset=offset,
-            hint="the object changed or was truncated while reading; re-open it",
-        )
-
-
-
 def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | None,
                   max_decoded: int = DEFAULT_MAX_DECODED, range_end: int | None = None):
+    quick = quickopen.footer_index(raw, footer_offset, size, verify, path, max_decoded,
+                                   footer_offset + len(raw) if range_end is None else range_end)
+    if quick is not None:  # the usual footer, in one native call with the same checks
+        return quick
     # Every chunk before the footer takes at least a chunk header: that bounds the entries
     # (and so the memory spent on them) before the footer is decoded.
     most = (footer_offset - 64) // CHUNK_HEADER_SIZE + 1
@@ -277,7 +301,12 @@ def _parse_footer(raw, footer_offset: int, size: int, verify: str, path: str | N
     _, chunk = decode_chunk(raw, footer_offset, verify=postscript.index_verify(verify), path=path,
                             max_records=most, max_decoded=max_decoded, whole_range=True,
                             range_end=range_end, decoder=decoder)
-    footer = cast(FooterData, chunk)  # what `decoder` returns
+    return _index_from(cast(FooterData, chunk), footer_offset, size, path)  # `decoder`'s
+
+
+def _index_from(footer: FooterData, footer_offset: int, size: int,
+                path: str | None) -> FileIndex:
+    """The index of a decoded footer, its metadata and entries checked against the file."""
     meta = parse_fields(footer.metadata).get(1)
     if not isinstance(meta, bytes):
         raise ArrayRecordFormatError("footer metadata is not ArrayRecord metadata", path=path,

@@ -9,6 +9,7 @@ opens are mostly this parse.
 
 from __future__ import annotations
 
+from . import quickopen
 from .chunk import RECORD_COST
 from .decoding import _check_fills, decode_chunk
 from .errors import ArrayRecordFormatError
@@ -46,6 +47,10 @@ def quick_postscript(raw, pos: int, verify: str, block_end: int | None = None) -
     chunk and parses three messages into dicts. `raw` is the last block, or (with
     `block_end`, where that block ends) its first bytes.
     """
+    native = quickopen.postscript_offset(raw, pos, verify,
+                                         pos + len(raw) if block_end is None else block_end)
+    if native is not None:  # (None: not native, or not the usual file: parsed below)
+        return native
     try:
         n_raw = len(raw)
         if n_raw < _CHUNK_AT + 2:

@@ -36,7 +36,9 @@ Files of any record format go in (`aioloader.formats`): a TFRecord file's index 
 its length headers, ending at its size rather than at a footer; its "footer head" is the
 last HEAD_BYTES bytes of the file (`RecordFormat.proof_offset`). A file's format is part of
 the entry's name and key (ArrayRecord's adds nothing, so its entries keep their names) and is
-stored beside it.
+stored beside it. A format that reads some columns (Parquet) is named with them
+(`formats.reading`), so an entry for one selection never serves another; a contextual
+format's per-file contexts (a Parquet footer) are stored in the entry too.
 
 An entry that fails a check is ignored with a warning on the "aioloader" logger and rebuilt.
 A record read through a cached table that fails as corrupt drops the entry too, and the
@@ -252,8 +254,11 @@ def _digest(key: str, files: list, arrays: dict[str, np.ndarray]) -> str:
 def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np.ndarray,
            kinds: Sequence[str] | None = None) -> None:
     # per file: footer offset, chunks, counts stored?, options, spec[, format unless ArrayRecord]
+    # [, context's length: a contextual format's (`FileIndex.context`, in "contexts")]
     files = [[int(ix.footer_offset), int(ix.num_chunks), not ix.one_record_chunks,
-              ix.writer_options, ix.element_spec, *([kind] if _tag(kind) else [])]
+              ix.writer_options, ix.element_spec,
+              *([kind] if _tag(kind) or ix.context else []),
+              *([len(ix.context)] if ix.context else [])]
              for ix, kind in zip(indices, kinds or [fmts.ARRAYRECORD] * len(indices))]
     bounds = np.empty(sum(ix.num_chunks + 1 for ix in indices), dtype="<i8")
     at = 0
@@ -269,6 +274,9 @@ def _write(f, key: str, entry_name: str, indices: Sequence[FileIndex], heads: np
     arrays = {"bounds": bounds, "decoded": decoded,
               "counts": (np.concatenate(counts) if counts else np.zeros(0)).astype("<i8"),
               "heads": np.ascontiguousarray(heads, dtype=np.uint8).reshape(-1)}
+    if any(ix.context for ix in indices):  # (none: an entry as earlier versions wrote)
+        arrays["contexts"] = np.frombuffer(b"".join(ix.context for ix in indices),
+                                           dtype=np.uint8)
     digest = _digest(key, files, arrays)
     places, at = {}, 0
     for name, a in arrays.items():
@@ -309,7 +317,9 @@ def _read(fd: int, key: str, infos: Sequence[ObjectInfo],
     mm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) if st.st_size else b""
     arrays = {}
     for name, dtypes in (("bounds", ("<i8",)), ("decoded", ("<u4", "<i8")), ("counts", ("<i8",)),
-                         ("heads", ("|u1",))):
+                         ("heads", ("|u1",)), ("contexts", ("|u1",))):
+        if name == "contexts" and name not in places:  # (an entry without contexts)
+            continue
         dtype, at, length = places[name]
         if dtype not in dtypes or not (isinstance(at, int) and isinstance(length, int)) \
                 or at < 0 or length < 0 or body + at + length * np.dtype(dtype).itemsize > \
@@ -356,22 +366,34 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
     stored = np.array([bool(f[2]) for f in files], dtype=bool)
     if len(counts) != int(chunks[stored].sum()):
         raise CacheEntryError("its record counts do not match its files' chunks")
-    out, c_at, d_at = [], 0, 0
+    contexts = arrays.get("contexts", np.zeros(0, np.uint8))
+    lengths = [f[6] if len(f) > 6 else 0 for f in files]
+    if not all(isinstance(n, int) and n >= 0 for n in lengths) or \
+            sum(lengths) != len(contexts):
+        raise CacheEntryError("its contexts do not match its files")
+    out, c_at, d_at, x_at = [], 0, 0, 0
     for k, (footer, n, has_counts, options, spec, *_) in enumerate(files):
         lo = int(firsts[k])
         if has_counts:
             rec = counts[c_at : c_at + n]
             c_at += n
             spans = bounds[lo + 1 : lo + n + 1] - bounds[lo : lo + n]
-            if n and ((rec < 1).any() or (rec > spans).any()):
+            # (a row of a columnar format may take less than a byte, a run of equal values;
+            # and its chunks of no rows cover the bytes no selected column has)
+            least = 1
+            if fmts.base(kinds[k]) in fmts.COLUMNAR:
+                spans, least = np.iinfo(np.int64).max, 0
+            if n and ((rec < least).any() or (rec > spans).any()):
                 raise CacheEntryError("its record counts are out of range")
         else:
             rec = np.broadcast_to(np.int64(1), (n,))
         ix = FileIndex(path=redact(infos[k].url), size=infos[k].size, footer_offset=int(footer),
                        chunk_offsets=bounds[lo : lo + n], chunk_records=rec,
                        chunk_decoded_sizes=decoded[d_at : d_at + n],
-                       writer_options=str(options), element_spec=str(spec))
+                       writer_options=str(options), element_spec=str(spec),
+                       context=contexts[x_at : x_at + lengths[k]].tobytes())
         vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
         d_at += n
+        x_at += lengths[k]
         out.append(ix)
     return CachedTable(out, bounds, arrays["heads"].reshape(len(files), HEAD_BYTES))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import numpy as np
 
+from .. import formats as fmts
 from ..arrayrecord.levels import DEFAULT_VERIFY
 from ..elements.transforms import MapOp
 from ..index.sampling import Slice
@@ -123,6 +124,35 @@ class Dataset(Stages):
         check_compression(compression)
         source = SourceSpec(paths, storage_options or {}, verify,  # type: ignore[arg-type]
                             "tfrecord")
+        if any(is_gcs(p) and has_glob(p) for p in source.paths):
+            from ..preimport import import_started
+
+            import_started("gcsfs")
+        return cls(source)
+
+    @classmethod
+    def from_parquet(
+        cls,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        verify: str = DEFAULT_VERIFY,
+    ) -> Dataset:
+        """Rows of Parquet files: a path, URL, glob, or a list of them, as
+        `from_arrayrecord` takes (`[start:end]` takes rows start..end-1 of one file). An
+        element is one row, a dict column name -> value (`ParquetSource`); `columns` (None:
+        all) are the top-level columns read, and only theirs are decoded.
+
+        A row group plays the part of a large ArrayRecord chunk: opening reads each
+        file's footer (cached with `index_cache_dir`, per column selection), a row group is
+        fetched as one byte range and decoded in the workers, and every verb (shuffles,
+        repeat, shard, mix, resume) works as over ArrayRecord files (see docs/formats.md).
+        Damaged or lying files raise `ParquetFormatError` naming the file and row group.
+        """
+        kind = fmts.reading("parquet", None if columns is None else list(columns))
+        source = SourceSpec(paths, storage_options or {}, verify,  # type: ignore[arg-type]
+                            kind)
         if any(is_gcs(p) and has_glob(p) for p in source.paths):
             from ..preimport import import_started
 

@@ -61,7 +61,8 @@ class SourceSpec:
         numpy array of names); it is kept as a tuple of str. A set is refused: its order,
         so the records' numbering, would differ between processes."""
         paths: Any = self.paths
-        verb = f"from_{self.format}()" if isinstance(self.format, str) else "the source's"
+        verb = f"from_{fmts.base(self.format)}()" if isinstance(self.format, str) \
+            else "the source's"
         if isinstance(paths, (str, os.PathLike)):
             paths = (paths,)
         if isinstance(paths, (set, frozenset, Mapping)):
@@ -286,7 +287,7 @@ def stage_lines(ds: Described) -> list[str]:
 def source_verb(source: Any) -> str:
     """What a source's stage is called: "source" for ArrayRecord files (and objects), the
     format's name for others ("tfrecord"), the formats' for several ("tfrecord+arrayrecord")."""
-    kinds = getattr(source, "formats", (fmts.ARRAYRECORD,))
+    kinds = [fmts.base(k) for k in getattr(source, "formats", (fmts.ARRAYRECORD,))]
     if all(k == fmts.ARRAYRECORD for k in kinds):
         return "source"
     return "+".join(dict.fromkeys(kinds))

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..options import LoaderOptions
     from .state import LoaderState
 
-TASK_RECORDS = 1024  # small batches are grouped into tasks of about this many records...
+TASK_RECORDS = 2048  # small batches are grouped into tasks of about this many records...
 MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
 
 

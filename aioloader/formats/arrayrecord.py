@@ -11,7 +11,7 @@ comes here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..arrayrecord.chunk import ChunkRecords
@@ -26,6 +26,8 @@ class ArrayRecordFormat:
     """ArrayRecord files (Riegeli chunks, a footer of chunk offsets, a postscript)."""
 
     name = "arrayrecord"
+    contextual = False
+    stashable = True
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -37,7 +39,7 @@ class ArrayRecordFormat:
     def decode_records(self, raws: Sequence, starts: Sequence[int], within: Sequence[int], *,
                        verify: str, paths: Sequence[str | None] | None,
                        chunks: Sequence[int | None] | None, counts: Sequence[int] | None,
-                       max_decoded: int) -> list[bytes]:
+                       max_decoded: int, states: Sequence[Any] | None = None) -> list[bytes]:
         from ..arrayrecord.decoding import decode_records
 
         return decode_records(raws, starts, within, verify=verify, paths=paths, chunks=chunks,
@@ -45,12 +47,15 @@ class ArrayRecordFormat:
 
     def decode_chunk(self, raw, start: int, *, verify: str, path: str | None,
                      chunk: int | None, expected_records: int | None,
-                     max_decoded: int) -> ChunkRecords:
+                     max_decoded: int, state: Any = None) -> ChunkRecords:
         from ..arrayrecord.decoding import decode_chunk
 
         return decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
                             expected_records=expected_records, max_decoded=max_decoded,
                             whole_range=True)[1]
+
+    def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
+        raise TypeError(f"{self.name} files need no context to decode")
 
     def index_limits(self, size: int) -> tuple[int, int]:
         return _FIRST_CHUNK, size - 1  # (the footer lies before the postscript's block)

@@ -7,6 +7,13 @@ bytes, so one driver serves local preads and object-store range reads alike
 (`source.opening`); decoding takes the bytes a chunk's range holds. The rest (the record
 table, planning, fetching, the cache tiers, the workers) sees only chunk ranges and counts.
 
+A format whose chunks do not describe themselves (Parquet: the schema and the column
+chunks' places are in the file's footer) is `contextual`: opening puts what decoding needs
+in the index (`FileIndex.context`, opaque bytes the format writes and reads), and a
+decoding process turns it into its per-file state once (`prepare`), keeps that, and hands
+it to every decode of that file's chunks (`states` / `state`). Tasks carry only which
+file each record is of; the context travels to a worker once (`workers.decode`).
+
 The few other members say what a cached index of the format must satisfy
 (`index_limits`, `proof_offset`: `cache.index_cache`) and how to describe one file
 (`codec`).
@@ -15,7 +22,7 @@ The few other members say what a cached index of the format must satisfy
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # (types only: naming a format loads no codec)
     from ..arrayrecord.chunk import ChunkRecords
@@ -29,6 +36,10 @@ class RecordFormat(Protocol):
     """One record format: its chunk table from a file's bytes, its records from a chunk's."""
 
     name: str
+    contextual: bool  # decoding needs each file's context (`prepare`)
+    # whether the stash of large chunks (`workers.extract`) can pull its records out: an
+    # exact shuffle over large chunks of other formats decodes each chunk per task instead
+    stashable: bool
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -42,16 +53,23 @@ class RecordFormat(Protocol):
     def decode_records(self, raws: Sequence, starts: Sequence[int], within: Sequence[int], *,
                        verify: str, paths: Sequence[str | None] | None,
                        chunks: Sequence[int | None] | None, counts: Sequence[int] | None,
-                       max_decoded: int) -> list[bytes]:
+                       max_decoded: int, states: Sequence[Any] | None = None) -> list[Any]:
         """Record `within[i]` of the chunk whose range's bytes `raws[i]` start at file
         offset `starts[i]`, for every i (`paths[i]`, `chunks[i]` name it in errors;
-        `counts[i]` is the index's record count of that chunk)."""
+        `counts[i]` is the index's record count of that chunk; `states[i]` its file's
+        `prepare`d state, for a contextual format). A record is `bytes`, or the element
+        itself for a format whose records are not bytes (a Parquet row: a dict)."""
         ...
 
     def decode_chunk(self, raw, start: int, *, verify: str, path: str | None,
                      chunk: int | None, expected_records: int | None,
-                     max_decoded: int) -> ChunkRecords:
+                     max_decoded: int, state: Any = None) -> ChunkRecords:
         """Every record of the chunk whose range's bytes `raw` start at `start`."""
+        ...
+
+    def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
+        """A contextual format's state for one file, from its index's `context` (checked
+        as any input is: bad bytes raise the format's error naming `path`)."""
         ...
 
     def index_limits(self, size: int) -> tuple[int, int]:

@@ -6,12 +6,18 @@ tail, and returns the `FileIndex` the rest of the loader works on. Every declare
 checked by the Parquet layer (`parquet.parse_footer`, `parquet.read_layout`) before the
 table is built.
 
-A row group is a chunk: its records are its rows, its offset is its first selected column
-chunk's start, and its range runs to the next row group's offset (the last one's to where
-the footer starts). With every column selected that range is exactly the row group's
-bytes; with some selected it also holds the unselected columns after the first selected
-one (read, not decoded). The decoded size is the selected chunks' declared decompressed
-bytes. Row groups must lie in file order; a file whose row groups do not is refused.
+A row group is a chunk: its records are its rows, and its range runs from its first
+selected column chunk's start to its last one's end. Chunks tile the file up to the footer
+(the loader's chunk table is offsets only), so the bytes from there to the next row
+group's selected bytes (unselected columns; a page index) are a chunk of no rows, which
+nothing asks for, so they are never fetched. With every column selected a row group's
+range is exactly its bytes; with some, only the unselected columns between the first and
+the last selected one are read (not decoded). The decoded size is the selected chunks'
+declared decompressed bytes. Row groups must lie in file order; a file whose row groups
+do not is refused.
+
+The index's `context` is the footer's bytes and the selected columns
+(`parquetchunks.pack_context`): what a worker decodes the file's chunks by.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..arrayrecord.fileindex import FileIndex, compact_sizes
 from .parquet.errors import CORRUPT_HINT, ParquetFormatError
 from .parquet.footer import footer_from_tail, footer_range, parse_footer, tail_range
 from .parquet.layout import ParquetLayout, read_layout
+from .parquetchunks import pack_context
 
 if TYPE_CHECKING:
     from .base import IndexSteps
@@ -52,14 +59,20 @@ def open_index(size: int, *, path: str | None, max_decoded: int,
     layout = read_layout(name, size, parsed, columns,
                          max_rows=max_decoded if max_rows is None else max_rows,
                          max_bytes=max_decoded)
-    return chunk_table(layout, path=path)
+    return chunk_table(layout, path=path,
+                       context=pack_context(size, layout.columns, bytes(footer)))
 
 
-def chunk_table(layout: ParquetLayout, *, path: str | None) -> FileIndex:
-    """The `FileIndex` of `layout`: a chunk per row group that holds selected bytes."""
+def chunk_table(layout: ParquetLayout, *, path: str | None, context: bytes = b"") -> FileIndex:
+    """The `FileIndex` of `layout`: a chunk per row group that holds selected bytes, from
+    its first selected column chunk's start to its last one's end, and a chunk of no rows
+    over the bytes from there to the next row group's chunk (or the footer) where there
+    are any; with `context` (`parquetchunks.pack_context`: what its workers decode the
+    chunks by)."""
     offsets: list[int] = []
     rows: list[int] = []
     sizes: list[int] = []
+    end = 0  # where the last row group's selected bytes end
     for g, rg in enumerate(layout.row_groups):
         chunks = [c for c in rg.chunks if c.length]
         if not chunks:
@@ -68,20 +81,29 @@ def chunk_table(layout: ParquetLayout, *, path: str | None) -> FileIndex:
                                          row_group=g, hint=CORRUPT_HINT)
             continue
         start = min(c.offset for c in chunks)
-        if offsets and start < offsets[-1]:
+        if offsets and start < end:
             raise ParquetFormatError(
-                f"starts at byte {start}, before the row group ahead of it (at "
-                f"{offsets[-1]}): row groups out of file order are not supported",
+                f"starts at byte {start}, before the row group ahead of it ends (at "
+                f"{end}): row groups out of file order are not supported",
                 path=layout.path, row_group=g, offset=start,
                 hint="rewrite the file with pyarrow.parquet.write_table")
+        if offsets and start > end:  # the unselected bytes between: never fetched
+            offsets.append(end)
+            rows.append(0)
+            sizes.append(0)
         offsets.append(start)
         rows.append(rg.num_rows)
         sizes.append(sum(c.uncompressed for c in chunks))
+        end = max(c.end for c in chunks)
+    if offsets and end < layout.footer_offset:
+        offsets.append(end)
+        rows.append(0)
+        sizes.append(0)
     return FileIndex(path=path, size=layout.size, footer_offset=layout.footer_offset,
                      chunk_offsets=np.asarray(offsets, dtype=np.int64),
                      chunk_records=np.asarray(rows, dtype=np.int64),
                      chunk_decoded_sizes=compact_sizes(np.asarray(sizes, dtype=np.int64)),
-                     writer_options="")
+                     writer_options="", context=context)
 
 
 def _check_read(path: str, offset: int, length: int, got) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
@@ -213,6 +213,8 @@ class TFRecordFormat:
     """TFRecord files: framed records, no index (one is built by a scan)."""
 
     name = "tfrecord"
+    contextual = False
+    stashable = False
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -222,7 +224,7 @@ class TFRecordFormat:
     def decode_records(self, raws: Sequence, starts: Sequence[int], within: Sequence[int], *,
                        verify: str, paths: Sequence[str | None] | None,
                        chunks: Sequence[int | None] | None, counts: Sequence[int] | None,
-                       max_decoded: int) -> list[bytes]:
+                       max_decoded: int, states: Sequence[Any] | None = None) -> list[bytes]:
         out = []
         for k, (raw, start, j) in enumerate(zip(raws, starts, within)):
             path = paths[k] if paths is not None else None
@@ -235,11 +237,14 @@ class TFRecordFormat:
 
     def decode_chunk(self, raw, start: int, *, verify: str, path: str | None,
                      chunk: int | None, expected_records: int | None,
-                     max_decoded: int) -> ChunkRecords:
+                     max_decoded: int, state: Any = None) -> ChunkRecords:
         from ..arrayrecord.chunk import ChunkRecords  # (loads the codecs: only when read)
 
         data = payload(raw, start, verify=verify, path=path, chunk=chunk)
         return ChunkRecords._one(memoryview(data), data)
+
+    def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
+        raise TypeError(f"{self.name} files need no context to decode")
 
     def index_limits(self, size: int) -> tuple[int, int]:
         return 0, size  # records from byte 0; the index ends at the file's end

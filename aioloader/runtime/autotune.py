@@ -9,9 +9,16 @@ code. Nothing grows unless the consumer waited (`wait_fraction`). Workers grow b
 decode is busy and a core is free, and one is given back while they idle; io_concurrency
 doubles while its slots are full and reads are answered about as fast as with little queued
 (`read_floor`: by Little's law the rate then doubles too); prefetch grows by one while the
-consumer waits; under memory pressure (`LOW_MEMORY`) each moves down and nothing grows. Each
+consumer waits (while decoding is not the limit, a core is free, or the machine is
+`CONTENDED`); under memory pressure (`LOW_MEMORY`) each moves down and nothing grows. Each
 step up is a trial that `better` keeps only if delivery rises. docs/performance.md ("How
 auto decides") gives each rule with the measurements behind it.
+
+Beside a competing load (`Observation.cpu_pressure`, `cores_free` counting the machine's idle
+cores, not only this process's share: `runtime.cpuload`), no worker is added where no core is
+idle — it would only queue behind the load — but the prefetch grows: the stalls come and go
+with the other load, and tasks kept ready carry the consumer over them. workers="auto" with
+no prefetch given tunes the prefetch too, from its default up (`start`).
 
 Settings never change the output (the order of tasks is fixed; see `runtime.scheduler`), so
 the controller may be as greedy as it likes: a wrong step costs speed, never correctness.
@@ -24,13 +31,14 @@ from dataclasses import dataclass, replace
 
 from ..options import AUTO
 
-__all__ = ["AUTO", "GAIN", "GAIN_IO", "Limits", "Observation", "Setting", "available_cores",
-           "better", "decide", "memory_free", "start"]
+__all__ = ["AUTO", "CONTENDED", "GAIN", "GAIN_IO", "Limits", "Observation", "Setting",
+           "available_cores", "better", "decide", "memory_free", "start"]
 
 WAITING = 0.02  # the consumer waited more than this share of the interval: input-bound
 BUSY = 0.75  # a stage busy more than this share of its capacity is a limit
 FREE_CORE = 0.5  # a core counts as free when at least this much of one is unused
 LOW_MEMORY = 0.10  # shrink when less than this share of the machine's memory is available
+CONTENDED = 0.10  # runnable tasks waited for a CPU this share of the interval: a shared machine
 
 IDLE = 0.5  # one worker fewer when the others would still be at most this busy
 GAIN = 0.05  # a step up in workers must raise the delivered rate by this share to stay
@@ -62,12 +70,13 @@ class Limits:
     prefetch: int = MAX_PREFETCH
     io_concurrency: int = MAX_IO
     min_workers: int = 0
+    min_prefetch: int = 1
     tune: frozenset[str] = frozenset({"workers", "prefetch", "io_concurrency"})
 
     def clamp(self, s: Setting) -> Setting:
         """`s` within bounds; untuned fields are left as they are."""
         out = s
-        for name, lo in (("workers", self.min_workers), ("prefetch", 1),
+        for name, lo in (("workers", self.min_workers), ("prefetch", self.min_prefetch),
                          ("io_concurrency", 1)):
             if name in self.tune:
                 out = replace(out, **{name: max(lo, min(getattr(self, name), getattr(out, name)))})
@@ -86,6 +95,7 @@ class Observation:
     memory_free: float = 1.0  # the machine's available memory
     read_seconds: float | None = None  # the mean time a read held its slot (None: no reads)
     read_floor: float | None = None  # the least time a read took with little queued
+    cpu_pressure: float = 0.0  # some runnable task on the machine waited for a CPU
 
     def reads_queue(self) -> bool:
         """Whether reads take markedly longer than the fastest seen (so more would queue)."""
@@ -104,10 +114,11 @@ def decide(s: Setting, o: Observation, limits: Limits) -> Setting:
         cpu_bound = o.process_busy >= BUSY
         core = o.cores_free >= FREE_CORE
         grow = cpu_bound and core  # from 0 (one lane, in this process) to 2 lanes at once
+        contended = o.cpu_pressure >= CONTENDED  # stalls come and go: a deeper queue helps
         idle = s.workers >= 2 and o.process_busy * s.workers <= (s.workers - 1) * IDLE
         nxt = Setting(workers=max(s.workers + 1, 2) if grow else
                       s.workers - 1 if idle else s.workers,
-                      prefetch=s.prefetch + (not cpu_bound or core),
+                      prefetch=s.prefetch + (not cpu_bound or core or contended),
                       io_concurrency=s.io_concurrency
                       * (2 if o.io_busy >= BUSY and not o.reads_queue() else 1))
     else:
@@ -145,19 +156,26 @@ def memory_free() -> float:
 
 
 def start(workers: int | str, prefetch: int | str, io_concurrency: int | str,
-          cores: int, remote: bool = False) -> tuple[Setting, Limits]:
+          cores: int, remote: bool = False, prefetch_given: bool = True
+          ) -> tuple[Setting, Limits]:
     """The first setting and the bounds, from the options as given: a number stays fixed,
     "auto" starts workers at `cores`, prefetch low, io_concurrency by where the files are
-    (`remote`: in a bucket), and may grow."""
+    (`remote`: in a bucket), and may grow. With "auto" workers and a prefetch not given
+    (`prefetch_given` False: `prefetch` is the default), the prefetch is tuned from that
+    default up, never below it."""
     tune = frozenset(name for name, v in (("workers", workers), ("prefetch", prefetch),
                                           ("io_concurrency", io_concurrency)) if v == AUTO)
+    floor = 1
+    if workers == AUTO and prefetch != AUTO and not prefetch_given:
+        tune, floor = tune | {"prefetch"}, int(prefetch)
     cores = max(1, cores)
     first = Setting(workers=min(START_WORKERS, cores) if workers == AUTO else int(workers),
                     prefetch=START_PREFETCH if prefetch == AUTO else int(prefetch),
                     io_concurrency=(START_IO_REMOTE if remote else START_IO)
                     if io_concurrency == AUTO else int(io_concurrency))
     limits = Limits(workers=cores if workers == AUTO else first.workers,
-                    prefetch=MAX_PREFETCH if prefetch == AUTO else first.prefetch,
+                    prefetch=max(MAX_PREFETCH, floor) if "prefetch" in tune
+                    else first.prefetch,
                     io_concurrency=MAX_IO if io_concurrency == AUTO else first.io_concurrency,
-                    tune=tune)
+                    min_prefetch=floor, tune=tune)
     return first, limits

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import formats as fmts
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..workers.decode import BOUND_BYTES
 from ..workers.extract import HEAD
@@ -222,13 +223,14 @@ class Horizons:
         """The decoded-chunk cache (all workers' together: the stash is shared), and the
         files' mean decoded record size; (0, 0) when chunks are small (under `LARGE_CHUNK`
         decoded on average: each task decodes its own, as before) or hold one record, or
-        there are no files (from_source)."""
+        there are no files (from_source), or a file's format is not `stashable`."""
         got = self._share_mean
         if got is None:
             source = self.runner.source
             table = getattr(source, "table", None)
             got = (0, 0.0)
-            if table is not None and table.max_group_size > 1 and len(source):
+            if table is not None and table.max_group_size > 1 and len(source) and \
+                    all(fmts.get(k).stashable for k in set(table.formats)):
                 decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
                 if decoded >= LARGE_CHUNK * max(1, table.chunk_count):
                     got = (self.runner.pool.pipeline.chunk_cache_bytes,

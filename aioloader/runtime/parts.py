@@ -87,7 +87,8 @@ class Parts:
             options.worker.workers,
             options.prefetch.resolved(options.worker.workers, self._cores),
             options.read.io_concurrency,
-            self._cores, remote=_remote(dataset))
+            self._cores, remote=_remote(dataset),
+            prefetch_given=options.prefetch.prefetch is not None)
         if self.setting.workers or "workers" in self.limits.tune:  # (auto: workers may come)
             prepare(options.worker.executor, dataset)  # e.g. the worker server starts
         self.position = Position(dataset, options)
@@ -197,7 +198,8 @@ class Parts:
     def _depth(self, prefetch: int) -> int:
         """Tasks in flight for `prefetch`: as many calls to the workers as `prefetch` tasks
         alone, whatever number of tasks the executor groups into one."""
-        return prefetch * (self.pool.tasks_per_call if self.pool is not None else 1)
+        # (optional on an executor: one written before executors could group tasks has none)
+        return prefetch * (getattr(self.pool, "tasks_per_call", 1) if self.pool is not None else 1)
 
     def restart(self, replanned: bool) -> None:
         """A state was set (`replanned`: with another plan): the runner forgets what it looked

@@ -97,17 +97,26 @@ class Scheduler:
                 raise self._producer.exception()  # type: ignore[misc]
             self._changed.clear()
             await self._changed.wait()
-        lo, hi, fut = self._results.pop(k)
-        try:
-            out = await fut
-        except BaseException:
-            self._consumed += 1
-            self._room.release()
+        lo, hi, fut = self._results[k]
+        try:  # (shielded: a caller given up on, by a timeout or a cancel, leaves the task be)
+            out = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not fut.cancelled():  # the caller's cancel: the result is the next call's
+                raise
+            self._take(k)
             raise
-        self._consumed += 1
-        if not keep:
-            self._room.release()
+        except BaseException:
+            self._take(k)
+            raise
+        self._take(k, release=not keep)
         return lo, hi, out
+
+    def _take(self, k: int, release: bool = True) -> None:
+        """Task `k`'s result handed over (or its error raised): the next one is in turn."""
+        self._results.pop(k, None)  # (gone already if the scheduler was cancelled)
+        self._consumed += 1
+        if release:
+            self._room.release()
 
     def give_back(self) -> None:
         """A place a result taken with `keep` held: another task may start."""

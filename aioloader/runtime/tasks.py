@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..cache.tier import DiskTier
     from .position import Position
 
-LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once
+LOOKAHEAD_TASKS = 8  # tasks' worth of positions looked up at once...
+LOOKAHEAD_RECORDS = 16384  # ... and no fewer positions than this, after the first lookup
 
 
 class TaskRunner:
@@ -57,6 +58,8 @@ class TaskRunner:
         self.readahead = Readahead(source)
         # exact shuffles over large chunks: records pulled out per horizon, shared
         self.horizons = Horizons(self)
+        table = getattr(source, "table", None)  # (files: their contexts' token)
+        self._token = table.token if table is not None else ""
 
     @property
     def plan(self) -> Plan:
@@ -89,13 +92,14 @@ class TaskRunner:
             fetching = not self.local or horizon is not None
             with st.fetch.timed(items=hi - lo) if fetching else contextlib.nullcontext():
                 carry = await self.bytes.serve(refs)
-                task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws)
+                task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws,
+                            table=self._token)
                 if horizon is not None:
                     task.stash = await asyncio.shield(horizon.ready)
             async with self.pool.admit():
                 with st.process.timed(items=hi - lo):
-                    result = await self.pool.run(task, describe=f"task {k} (output positions "
-                                                                f"{lo}..{hi - 1})")
+                    result = await self._run(task, f"task {k} (output positions "
+                                                   f"{lo}..{hi - 1})")
         except (ArrayRecordFormatError, StorageError) as err:
             # A file rewritten under us shows up as corrupt bytes or short reads: say so.
             raise await src.explain(err, set(src.locate(records)[0].tolist())) from None
@@ -115,16 +119,32 @@ class TaskRunner:
         self.chunks_decoded += result.chunks_decoded
         return result
 
+    async def _run(self, task: Task, describe: str) -> Result:
+        """`task` run by the pool; once more with the contexts of the files whose contexts
+        the worker lacked (`workers.contexts`: a worker is given each file's once)."""
+        raws = task.raws
+        result = await self.pool.run(task, describe=describe)
+        if result.missing:
+            task.contexts = self.source.table.contexts(result.missing)
+            task.raws, task.raw_spans = raws, None
+            result = await self.pool.run(task, describe=describe)
+            if result.missing:
+                raise RuntimeError(f"{describe}: a worker lacks the contexts it was given")
+        return result
+
     def _lookup(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, ChunkRefs]:
         """Record indices, epochs and chunk refs of output positions `lo..hi-1`.
 
-        Computed for LOOKAHEAD_TASKS tasks at a time: the permutation and the chunk table
-        are vectorized, and most of their cost on one batch is per call, not per record.
-        Tasks start in order, so the window is hit; a miss only recomputes (pure).
+        Computed for LOOKAHEAD_TASKS tasks at a time, and at least LOOKAHEAD_RECORDS
+        positions once the first batch is under way: the permutation and the chunk table
+        are vectorized, and most of their cost on one batch is per call (a cycle-walking
+        permutation's passes), not per record. Tasks start in order, so the window is hit;
+        a miss only recomputes (pure).
         """
         plan, w = self.plan, self._ahead
         if w is None or not (w[0] <= lo and hi <= w[1]):
-            stop = lo + plan.unit * self.batches_per_task * LOOKAHEAD_TASKS
+            span = plan.unit * self.batches_per_task * LOOKAHEAD_TASKS
+            stop = lo + (span if w is None else max(span, LOOKAHEAD_RECORDS))
             if plan.length is not None:
                 stop = min(stop, plan.length)
             stop = max(stop, hi)

@@ -3,7 +3,8 @@
 A task on the loader's loop wakes every `INTERVAL` s once the first batch is out (the start
 is all waiting, and says nothing about the steady state), turns the stage figures' changes
 since the last look into an `Observation` (the consumer's waiting, the decode stage's busy
-time, the read slots' occupancy, this process's CPU), and hands a new `Setting` to `apply`
+time, the read slots' occupancy, this process's CPU, the machine's idle cores and CPU
+pressure: `runtime.cpuload`), and hands a new `Setting` to `apply`
 (the loader's: the worker gate, the scheduler's depth, storage's request limit).
 
 A step up in workers or in io_concurrency is a trial (tf.data's hill climbing): it is taken
@@ -36,6 +37,7 @@ from .autotune import (
     decide,
     memory_free,
 )
+from .cpuload import idle_seconds, stall_seconds
 
 log = logging.getLogger("aioloader")
 
@@ -56,6 +58,8 @@ class Sample(NamedTuple):
     io: float  # request-seconds in flight so far
     batches: int  # delivered so far
     reads: int  # completed by storage so far
+    idle: float | None = None  # CPU-seconds the machine's cores (ours) were idle so far
+    stall: float | None = None  # seconds some runnable task waited for a CPU so far
 
 
 class Tuner:
@@ -68,12 +72,15 @@ class Tuner:
                  cpu: Callable[[], float] = time.process_time,
                  settled: Callable[[], bool] = lambda: True,
                  reads: Callable[[], int] = lambda: 0,
-                 base_rtt: Callable[[], float | None] = lambda: None) -> None:
+                 base_rtt: Callable[[], float | None] = lambda: None,
+                 idle: Callable[[], float | None] = idle_seconds,
+                 stall: Callable[[], float | None] = stall_seconds) -> None:
         self.setting, self.limits, self.stats, self.cores = setting, limits, stats, cores
         self._apply, self._io_held, self._memory, self._cpu = apply, io_held, memory, cpu
         self._settled = settled  # whether a new setting is in effect (workers started)
         self._reads = reads
         self._base_rtt = base_rtt  # the store's least median time to an answer (storage's)
+        self._idle, self._stall = idle, stall  # the machine's (`runtime.cpuload`)
         self._settle = 1  # looks left before measuring a new setting
         self.history: list[tuple[float, Setting]] = []  # (elapsed s, setting) per change
         self.looks = 0
@@ -101,7 +108,7 @@ class Tuner:
         st = self.stats
         return Sample(time.perf_counter(), st.wait_seconds, st.task_seconds,
                       self._cpu(), self._io_held() if self._io_held is not None else 0.0,
-                      st.batches, self._reads())
+                      st.batches, self._reads(), self._idle(), self._stall())
 
     def observe(self, before: Sample, after: Sample) -> Observation:
         """The interval between two samples, as the controller sees it (and the least time
@@ -115,13 +122,17 @@ class Tuner:
         for floor in (per_read, self._base_rtt()):
             if floor is not None and (self.read_floor is None or floor < self.read_floor):
                 self.read_floor = floor
+        free = self.cores - (after.cpu - before.cpu) / dt - busy * s.workers
+        if after.idle is not None and before.idle is not None:  # a competing load's share
+            free = min(free, (after.idle - before.idle) / dt)
+        stalled = (0.0 if after.stall is None or before.stall is None
+                   else min(1.0, max(0.0, (after.stall - before.stall) / dt)))
         return Observation(wait_fraction=(after.wait - before.wait) / dt,
                            process_busy=busy,
                            io_busy=(after.io - before.io) / (dt * s.io_concurrency),
-                           cores_free=self.cores - (after.cpu - before.cpu) / dt
-                           - busy * s.workers,
-                           memory_free=self._memory(), read_seconds=per_read,
-                           read_floor=self.read_floor)
+                           cores_free=free, memory_free=self._memory(),
+                           read_seconds=per_read, read_floor=self.read_floor,
+                           cpu_pressure=stalled)
 
     def look(self, now: Sample) -> None:
         """One interval ending at `now`: judge a trial, or decide and apply."""
@@ -142,8 +153,9 @@ class Tuner:
         s = self.setting
         obs = self.observe(last, now)
         log.debug("autotune: waited %.2f, decode busy %.2f, read slots %.2f, %s ms a read "
-                  "(floor %s)", obs.wait_fraction, obs.process_busy, obs.io_busy,
-                  _ms(obs.read_seconds), _ms(obs.read_floor))
+                  "(floor %s), cores free %.2f, CPU pressure %.2f", obs.wait_fraction,
+                  obs.process_busy, obs.io_busy, _ms(obs.read_seconds), _ms(obs.read_floor),
+                  obs.cores_free, obs.cpu_pressure)
         nxt = decide(s, obs, self.limits)
         for what in ("io_concurrency", "workers"):  # one trial at a time
             up = getattr(nxt, what) > getattr(s, what)

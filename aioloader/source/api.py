@@ -1,6 +1,6 @@
 """`ArrayRecordSource`: a set of record files (ArrayRecord, or any format of
-`aioloader.formats`, each pattern its own) as one indexed record space, for users;
-`TFRecordSource` is the same over TFRecord files.
+`aioloader.formats`, each pattern its own) as one indexed record space, for users
+(`formatsources` holds the same over TFRecord and Parquet files).
 
 A thin facade over the two stages the loader uses directly: `table` (`RecordTable`, where each
 record lies; built at open) and `fetcher` (`Fetcher`, bytes through merged range reads, the
@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
-from ..arrayrecord import DEFAULT_VERIFY, ArrayRecordFormatError, ChunkRecords, FileIndex
+from ..arrayrecord import DEFAULT_VERIFY, FileIndex
 from ..cache import SegmentStore
 from ..cache.index_cache import IndexCache
 from ..elements.typed import ElementSpec, files_spec
-from ..errors import ElementSpecError, ObjectChangedError
+from ..errors import ElementSpecError
 from ..index.planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
-from ..io.storage import Storage, StorageError, is_local, redact
+from ..io.storage import Storage, is_local, redact
 from ..logs import logger
 from .direct import DirectReads
 from .fetch import Fetcher, Lease
-from .opening import footer_changed, open_table
-from .records import ChunkCache, read_chunks
-from .syncreads import SyncReads
+from .opening import open_table
+from .reading import DecodedReads
+from .records import ChunkCache
 from .table import RecordTable
 
 log = logger("source")
@@ -57,7 +57,9 @@ def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
     codecs, groups = [], []
     for ix, kind in zip(table.indices, table.formats):
         codec = fmts.get(kind).codec(ix)
-        codecs.append(codec if kind == fmts.ARRAYRECORD else f"{kind} ({codec})")
+        name = fmts.base(kind)
+        codecs.append(codec if name == fmts.ARRAYRECORD or codec == name
+                      else f"{name} ({codec})")
         groups.append(str(ix.group_size))
     urls = table.urls
     where = redact(urls[0] if len(urls) == 1 else f"{urls[0]} .. {urls[-1]}") if urls else "-"
@@ -65,7 +67,7 @@ def describe_table(table: RecordTable) -> tuple[str, int, int, float, str, str]:
             _kinds(codecs), _kinds(groups))
 
 
-class ArrayRecordSource(SyncReads):
+class ArrayRecordSource(DecodedReads):
     """Random access to the records of one or more ArrayRecord files.
 
     `paths` is a path or URL, a glob (`gs://bucket/train-*.array_record`), or a list of them;
@@ -259,57 +261,6 @@ class ArrayRecordSource(SyncReads):
         when it serves them (see `Fetcher.resident_refs`)."""
         return await self.fetcher.resident_refs(refs)
 
-    async def explain(self, err: Exception, files) -> Exception:
-        """`err`, or an `ObjectChangedError` if one of `files` changed since it was opened.
-
-        A corrupt record read through an index cache entry drops the entry (the next open
-        rebuilds it), once, and the files' footers are read again: one that no longer
-        matches its cached index was rewritten unseen, not damaged."""
-        table, cache = self._table, self._index_cache
-        if (isinstance(err, ArrayRecordFormatError) and cache is not None
-                and table is not None and table.from_index_cache):
-            table.from_index_cache = False
-            cache.drop(table.files, f"a record read through it failed ({err})", table.formats)
-            for f in sorted(files):
-                info = table.files[f]
-                if await footer_changed(self.storage, info, table.indices[f], self.verify,
-                                        table.formats[f]):
-                    return ObjectChangedError(
-                        f"{redact(info.url)} was rewritten after its index was cached in "
-                        f"{cache.directory} (its size and mtime kept), so the cached index "
-                        f"did not fit it ({err}); the entry was dropped: re-open the dataset")
-        return await self.fetcher.explain(err, files)
-
-    # -- reading ----------------------------------------------------------------------
-
-    async def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The records at `indices`, in that order."""
-        await self.aopen()
-        files, chunks, within = self.locate(indices)
-        decoded = await self.read_chunks(files, chunks)
-        return [decoded[(f, c)].record(j)
-                for f, c, j in zip(files.tolist(), chunks.tolist(), within.tolist())]
-
-    async def read_chunks(self, files, chunks) -> dict[tuple[int, int], ChunkRecords]:
-        """Fetch and decode the distinct (file, chunk) pairs named; each read once."""
-        await self.aopen()
-        try:
-            return await read_chunks(self.table, self.fetcher, self.cache, files, chunks,
-                                     verify=self.verify,
-                                     max_decoded=self.storage.max_inflight_bytes)
-        except (ArrayRecordFormatError, StorageError) as err:
-            raise await self.explain(err, set(np.asarray(files).tolist())) from None
-
-    def _record(self, i: int) -> bytes:
-        """Record `i` alone: read in this thread when its file is local or its chunk
-        decoded already (`direct`), with the errors `read` raises; else on the loop."""
-        f, c, j = self.table.locate_one(i)
-        try:
-            got = self._direct.record(f, c, j)  # type: ignore[union-attr]  # open: made
-        except (ArrayRecordFormatError, StorageError) as err:
-            raise self._sync(self.explain(err, {f})) from None
-        return got if got is not None else super()._record(i)
-
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -337,28 +288,6 @@ class ArrayRecordSource(SyncReads):
         state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
         more = ", ..." if len(self._patterns) > 1 else ""
         return f"{type(self).__name__}({redact(self._patterns[0])!r}{more}; {state})"
-
-
-class TFRecordSource(ArrayRecordSource):
-    """Random access to the records of one or more TFRecord files: `ArrayRecordSource`'s API
-    and options over files that have no index of their own.
-
-    Opening scans each file once (`aioloader.formats.tfrecord`): a sequential read of all of
-    it, checking every length header; with `index_cache_dir` the scan is kept for that
-    version of the file. Each record is then read by its own byte range, as a group_size-1
-    ArrayRecord file's. `verify` ("all"): "all" checks each record's payload checksum too,
-    "headers" only the length headers, "none" neither. `compression` must be None: a
-    GZIP/ZLIB-compressed file has no random access (convert it with `aioloader convert`).
-    """
-
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-                 compression: str | None = None, **kw: Any) -> None:
-        from ..formats.tfrecord import check_compression
-
-        check_compression(compression)
-        if kw.setdefault("format", "tfrecord") != "tfrecord":
-            raise ValueError("TFRecordSource reads TFRecord files (format='tfrecord')")
-        super().__init__(paths, **kw)
 
 
 def recorded_spec(paths: Sequence[str], storage_options: Any = None,

@@ -71,13 +71,14 @@ class DirectReads:
         if len(raw) != end - start:
             raise short_read_error(url, start, end, len(raw))
         fmt = self._formats[file]
+        state = self.table.state(file, self.max_decoded)
         if not grouped:  # one-record chunks: the inline decoder (not cached, as in `read`)
             return fmt.decode_records([raw], [start], [within], verify=self.verify,
                                       paths=[index.path], chunks=[chunk], counts=[count],
-                                      max_decoded=self.max_decoded)[0]
+                                      max_decoded=self.max_decoded, states=[state])[0]
         records = fmt.decode_chunk(raw, start, verify=self.verify, path=index.path,
                                    chunk=chunk, expected_records=count,
-                                   max_decoded=self.max_decoded)
+                                   max_decoded=self.max_decoded, state=state)
         self.cache.put((file, chunk), records)
         return records.record(within)
 

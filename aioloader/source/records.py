@@ -81,7 +81,8 @@ async def read_chunks(table: RecordTable, fetcher: Fetcher, cache: ChunkCache, f
             index = table.indices[f]
             records = fmts.get(table.formats[f]).decode_chunk(
                 data, start, verify=verify, path=index.path, chunk=c,
-                expected_records=int(index.chunk_records[c]), max_decoded=max_decoded)
+                expected_records=int(index.chunk_records[c]), max_decoded=max_decoded,
+                state=table.state(f, max_decoded))
             decoded.append(records)
         return decoded
 

@@ -17,7 +17,9 @@ numbers, and a chunk or run outside every range becomes an empty one.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -145,9 +147,30 @@ class RecordTable:
         self._runs: dict[int, Runs] = {}
         self.pattern_files: list[int] | None = None  # files each opened pattern named
         self.from_index_cache = False  # the indices are an index cache entry's
+        # What decoding processes key the files' contexts by (with each file's number):
+        # this table's, never another's (`workers.contexts`).
+        self.token = secrets.token_hex(8)
+        self._states: dict[int, Any] = {}  # this process's decoding state of each file
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    def contexts(self, files: Sequence[int]) -> dict[int, bytes]:
+        """The contexts (`FileIndex.context`) of files `files` (numbers in the table)."""
+        return {int(f): self.indices[int(f)].context for f in files}
+
+    def state(self, f: int, max_decoded: int) -> Any:
+        """File f's decoding state in this process (`RecordFormat.prepare`, once), or None
+        for a format that needs none (the user-facing reads decode with it)."""
+        state = self._states.get(f)
+        if state is None:
+            fmt = fmts.get(self.formats[f])
+            if not fmt.contextual:
+                return None
+            state = self._states[f] = fmt.prepare(self.indices[f].context,
+                                                  path=self.indices[f].path,
+                                                  max_decoded=max_decoded)
+        return state
 
     @property
     def first_records(self) -> np.ndarray:

@@ -104,8 +104,8 @@ def _add_inspect(sub: Any) -> None:
 def _add_record_format(p: Any) -> None:
     p.add_argument("--from", dest="record_format", choices=RECORD_FORMATS,
                    help="the files' record format (default: by the name: tfrecord for "
-                        "*.tfrecord, *.tfrecords and *.tfrecord-NNNNN-of-NNNNN, else "
-                        "arrayrecord)")
+                        "*.tfrecord, *.tfrecords and *.tfrecord-NNNNN-of-NNNNN, parquet for "
+                        "*.parquet, *.parq and *.pq, else arrayrecord)")
 
 
 def _add_cat(sub: Any) -> None:

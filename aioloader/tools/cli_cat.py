@@ -1,6 +1,7 @@
-"""`aioloader cat`: records of a file (ArrayRecord or TFRecord; or a glob's files, numbered
-across them) to stdout, as
-raw bytes (nothing added unless `--separator` says), hex or JSON lines, or one .npy array; and
+"""`aioloader cat`: records of a file (ArrayRecord, TFRecord or Parquet; or a glob's files,
+numbered across them) to stdout, as
+raw bytes (nothing added unless `--separator` says), hex or JSON lines, or one .npy array
+(Parquet rows: JSON lines, {"index", "row"}); and
 opening one file for the CLI's commands. The argument parser is `aioloader.tools.cli`'s; this
 is what the command does with what it parsed. Output goes to stdout's descriptor in a loop, so
 no short write loses bytes.
@@ -116,6 +117,9 @@ def cmd_cat(args: argparse.Namespace) -> int:
     with open_one(args.path, verify=args.verify,
                   storage_options=getattr(args, "storage_options", None),
                   record_format=getattr(args, "record_format", None)) as src:
+        if args.format == "npy" and fmts.base(src.formats[0]) in fmts.COLUMNAR:
+            raise SystemExit(f"aioloader cat: {args.path} holds rows (Parquet), not "
+                             "bytes: print them with --format json")
         if args.format == "npy":
             _write_all(write_npy(src, _records(src, args)))
         else:
@@ -123,10 +127,26 @@ def cmd_cat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_value(value: Any) -> Any:
+    """A Parquet row's value as JSON takes it: NumPy scalars and arrays as numbers and
+    lists, bytes as base64 ({"base64": ...}), anything else (dates, decimals) as its text."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(value)).decode()}
+    if hasattr(value, "tolist"):  # a NumPy scalar or array
+        return value.tolist()
+    return str(value)
+
+
 def _write_records(src: ArrayRecordSource, args: argparse.Namespace, sep: bytes) -> None:
     pending = bytearray()
     for i, record in _records(src, args):
-        if args.format == "hex":
+        if isinstance(record, dict):  # a Parquet row: JSON only
+            if args.format != "json":
+                raise SystemExit(f"aioloader cat: {src.urls[0]} holds rows (Parquet), not "
+                                 "bytes: print them with --format json")
+            pending += json.dumps({"index": i, "row": record}, ensure_ascii=False,
+                                  default=_json_value).encode() + sep
+        elif args.format == "hex":
             pending += record.hex().encode() + sep
         elif args.format == "raw":
             pending += record + sep

@@ -12,6 +12,7 @@ array is pickled into the slot after the arrays when it is more than the pipe ho
 
 from __future__ import annotations
 
+import math
 import pickle
 import threading
 import weakref
@@ -324,7 +325,7 @@ class Arena:
                 return ref
             dtype = np.dtype(ref.dtype)
             lo = ref.offset - base
-            n = int(np.prod(ref.shape, dtype=np.int64)) * dtype.itemsize
+            n = math.prod(ref.shape) * dtype.itemsize  # (no array made of a shape)
             return slab[lo : lo + n].view(dtype).reshape(ref.shape)
 
         return replace_leaves(batch, load)

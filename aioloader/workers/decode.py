@@ -32,6 +32,7 @@ from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS
 from ..index.planning import ChunkRefs
+from .contexts import FileStates
 from .extract import HEAD, extract, lookup, read_entry
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Fill, StashRef
@@ -134,11 +135,13 @@ class Decoder:
         # How records of each format are decoded here (by format code): ArrayRecord by its
         # own paths below; any other by `_by_format`, its format's `decode_records`.
         self._readers = {fmts.code(fmts.ARRAYRECORD): self._arrayrecord}
+        self.states = FileStates()  # contextual formats' per-file states (`contexts`)
+        self._table = ""  # the task's table token: what `states` are keyed by
 
     def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = DEFAULT_VERIFY,
                 max_decoded: int = DEFAULT_MAX_DECODED,
                 paths: Sequence[str] | None = None,
-                stash: StashRef | None = None) -> list[bytes]:
+                stash: StashRef | None = None, table: str = "") -> list[Any]:
         """Record `refs.within[i]` of the chunk `refs` places record i in, for every i.
 
         `raws[i]` is that chunk's physical bytes (records of one chunk may share them), or
@@ -146,9 +149,11 @@ class Decoder:
         here. `paths` names each record's file in errors (group size 1; otherwise the
         names come from `refs`). `stash`: where the task's horizon keeps what it wants of
         each large chunk (`workers.extract`); the chunks are then not decoded whole.
-        Records of several formats (a mix) are decoded by format, then put back in order.
+        Records of several formats (a mix) are decoded by format, then put back in order;
+        those of a contextual format by their files' states (`states`, of `table`).
         """
         self.decoded = self.hits = 0
+        self._table = table
         kinds = refs.format
         codes = [fmts.code(fmts.ARRAYRECORD)] if kinds is None or not len(kinds) else \
             np.unique(kinds).tolist()
@@ -171,17 +176,24 @@ class Decoder:
 
     def _by_format(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
                    max_decoded: int, paths: Sequence[str] | None,
-                   stash: StashRef | None) -> list[bytes]:
+                   stash: StashRef | None) -> list[Any]:
         """Records of one format's chunks by its `decode_records` (local files read here)."""
         fmt = fmts.by_code(int(refs.format[0]))  # type: ignore[index]  # set for these
+        states = None
+        if fmt.contextual:
+            states = self.states.of(refs, self._table)
+            if any(s is None for s in states):
+                raise ValueError("a task's records decode by files' contexts this process "
+                                 "was not given (`FileStates.lacking` not asked)")
         if raws is None:
-            raws = self.files.read(refs)
+            raws = self.files.read(refs) if chunk_keys(refs) is None else \
+                _ChunkReads(self, refs)
         names = list(paths) if paths is not None else \
             [refs.name(f) for f in refs.file.tolist()]
         return fmt.decode_records(raws, refs.start.tolist(), refs.within.tolist(),
                                   verify=verify, paths=names, chunks=refs.chunk.tolist(),
                                   counts=None if refs.count is None else refs.count.tolist(),
-                                  max_decoded=max_decoded)
+                                  max_decoded=max_decoded, states=states)
 
     def _arrayrecord(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
                      max_decoded: int, paths: Sequence[str] | None,
@@ -333,6 +345,28 @@ class Decoder:
     def close(self) -> None:
         self.files.close()
         self._unmap()
+
+
+class _ChunkReads(Sequence):
+    """The bytes of each record's chunk (`refs`) of local files, read when first asked for
+    and once per distinct chunk: a format that keeps its decoded chunks (Parquet's row
+    groups) asks only for those it lacks."""
+
+    def __init__(self, decoder: Decoder, refs: ChunkRefs) -> None:
+        self._decoder, self._refs = decoder, refs
+        self._keys = list(zip(refs.file.tolist(), refs.start.tolist()))
+        self._read: dict[tuple[int, int], Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i):  # type: ignore[override]  # (ints only)
+        key = self._keys[i]
+        raw = self._read.get(key)
+        if raw is None:
+            one = _pick(self._refs, np.asarray([i], dtype=np.int64))
+            raw = self._read[key] = self._decoder.files.read(one)[0]
+        return raw
 
 
 def _fill(out: list, idx: np.ndarray, pos: np.ndarray, entry: Any) -> None:

@@ -44,7 +44,7 @@ class Executor(Protocol):
     cache_bytes: int  # the decoded-chunk cache of each process that decodes tasks
     # tasks one call to a worker carries at most (1: each task its own): the runtime keeps
     # this many times its prefetch in flight, so that a grouped call leaves as many calls
-    # in flight as single tasks would
+    # in flight as single tasks would. Optional: an executor without it counts as 1.
     tasks_per_call: int
 
     async def run(self, task: Task, describe: str = "") -> Result:

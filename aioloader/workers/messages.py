@@ -61,6 +61,11 @@ class Task:
     # the cache; or, for a fill job, the records of the task's one chunk to pull out there.
     stash: StashRef | None = None
     fill: Fill | None = None
+    # Files of a contextual format (`formats.base`) decode by their contexts, which a worker
+    # keeps by (`table`, the file's number in the source: `refs.ids`). A task carries none;
+    # a worker that lacks some answers `Result.missing`, and the task goes again with them.
+    table: str = ""
+    contexts: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,5 +124,7 @@ class Result:
     began_ns: int = 0
     decoded_ns: int = 0
     ended_ns: int = 0
+    # the files (numbers in the source) whose contexts the worker lacked: nothing was run
+    missing: list[int] | None = None
 
 

@@ -82,10 +82,10 @@ class RayExecutor:
                  tasks_per_call: int = TASKS_PER_CALL) -> None:
         if not num_cpus_per_actor > 0:
             raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor!r}")
-        if max_reruns < 0:
-            raise ValueError(f"max_reruns must be >= 0, got {max_reruns!r}")
-        if tasks_per_call < 1:
-            raise ValueError(f"tasks_per_call must be >= 1, got {tasks_per_call!r}")
+        for name, value, least in (("max_reruns", max_reruns, 0),
+                                   ("tasks_per_call", tasks_per_call, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.tasks_per_call = tasks_per_call
         self.num_cpus_per_actor = num_cpus_per_actor
         self.address = address

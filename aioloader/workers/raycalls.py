@@ -13,8 +13,10 @@ own result: the batches do not depend on how tasks were grouped.
 When an actor dies every call at it fails. Only the call it was running is charged toward
 its tasks' rerun limits: that is the first of them to fail, since the calls run in the
 order they were sent and those before it had come back. A call queued behind a crash is not
-to blame for it. The tasks of every failed call go back to the front of the queue, in task
-order, and run again on the other actors or on the one made in the dead one's place.
+to blame for it, and a grouped call is not charged either: its tasks run again one a call,
+so that the task that takes an actor down is the one charged, and its error names it. The
+tasks of every failed call go back to the front of the queue, in task order, and run again
+on the other actors or on the one made in the dead one's place.
 """
 
 from __future__ import annotations
@@ -47,12 +49,13 @@ class Raised:
 class Entry:
     """A task waiting for its result: its future, and the actor deaths charged to it."""
 
-    __slots__ = ("call", "deaths", "describe", "future", "task")
+    __slots__ = ("alone", "call", "deaths", "describe", "future", "task")
 
     def __init__(self, task: Task, describe: str, future: asyncio.Future) -> None:
         self.task, self.describe, self.future = task, describe, future
         self.deaths = 0
         self.call: Call | None = None  # the call it is in, once sent
+        self.alone = False  # in a grouped call that took its actor down: sent alone since
 
 
 class Call:
@@ -136,9 +139,13 @@ class Calls:
                 continue
             entries: list[Entry] = []
             while self.pending and len(entries) < self.tasks_per_call:
+                if entries and self.pending[0].alone:
+                    break
                 entry = self.pending.popleft()
                 if not entry.future.done():  # (a cancelled caller's)
                     entries.append(entry)
+                    if entry.alone:
+                        break
             if entries:
                 self._send(at, entries, remote)
 
@@ -239,15 +246,18 @@ class Calls:
         if undecided is not None:
             undecided.waiters.append(call)
             return
-        charged = all(a.outcome == "back" for a in call.ahead)
+        ran = all(a.outcome == "back" for a in call.ahead)  # (the call the actor ran)
         entries, call.ahead, call.entries = call.entries, [], []  # (decided)
+        live = [e for e in entries if not e.future.done()]
+        # a call of one task is charged for its actor's death; a grouped one's tasks run
+        # again one a call, so that the task that crashed is the one charged
+        charged = ran and len(live) == 1
         again = []
         owner = self.owner
-        for e in entries:
-            if e.future.done():
-                continue
+        for e in live:
             e.deaths += charged
-            if charged:  # (it may have been writing the slot)
+            e.alone = e.alone or ran
+            if ran:  # (its actor may have been writing the slot)
                 owner.slots.moved(e.task)
             if e.deaths > owner.kind.max_reruns:
                 e.future.set_exception(WorkerError(
@@ -257,8 +267,8 @@ class Calls:
                 continue
             e.call = None
             owner.counts["reruns"] += 1
-            log.warning("a Ray actor died while running %s; it runs again on a new actor",
-                        e.describe)
+            log.warning("a Ray actor died while %s %s; it runs again",
+                        "running" if ran else "it waited to run", e.describe)
             again.append(e)
         if again:  # (first, in task order: the consumer waits for the earliest)
             queued = sorted([*again, *self.pending], key=lambda e: e.task.task_id)

@@ -177,7 +177,8 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
         view = memoryview(arena)
         raws = [view[o : o + n] for o, n in task.raw_spans]
     return decoder.records(task.refs, raws, verify=pipeline.verify,
-                           max_decoded=pipeline.max_decoded, paths=paths, stash=task.stash)
+                           max_decoded=pipeline.max_decoded, paths=paths, stash=task.stash,
+                           table=task.table)
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
@@ -210,10 +211,18 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     mem = arena[0] if arena is not None else None
     if task.fill is not None:  # a fill job of the shared stash (`workers.extract`)
         return _filled(task, pipeline, decoder, mem, began)
+    if pipeline.records is None:  # files of a contextual format: their states first
+        if task.contexts:
+            decoder.states.learn(task.refs, task.table, task.contexts,
+                                 max_decoded=pipeline.max_decoded)
+        missing = decoder.states.lacking(task.refs, task.table)
+        if missing:  # (nothing ran: the task comes back with these files' contexts)
+            return Result(task.task_id, None, 0, missing=missing)
     files = decoder.files
     reads, nbytes = files.reads, files.bytes
     refs = task.refs
-    paths = [refs.name(f) for f in refs.file.tolist()]
+    names = refs.names or refs.paths  # (what `refs.name` gives, without a call a record)
+    paths = [names[f] for f in refs.file.tolist()]
     times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
     survivors = None
     alloc = _room(arena, task.slot)
@@ -227,8 +236,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
             alloc = _room(arena, task.slot)
         payload, survivors, count, decoded = _whole(task, pipeline, decoder, mem, paths,
                                                     alloc, times)
-    io = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
-          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
+    io: dict[str, Any] = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
+                          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
     slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
     if pipeline.batch is not None or has_arrays(payload):
         placed = alloc.export(payload) if alloc is not None else None
@@ -323,7 +332,7 @@ def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths
         t0 = time.perf_counter_ns()
         records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
                                   verify=pipeline.verify, max_decoded=pipeline.max_decoded,
-                                  paths=paths[a:b], stash=task.stash)
+                                  paths=paths[a:b], stash=task.stash, table=task.table)
         spent += time.perf_counter_ns() - t0
         return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
                                 paths[a:b], times=times)

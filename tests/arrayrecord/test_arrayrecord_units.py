@@ -335,3 +335,22 @@ def test_chunk_header_is_an_immutable_record():
         1, 2, CHUNK_SIMPLE, 4, 5)
     with pytest.raises(AttributeError):
         h.data_size = 3  # type: ignore[misc]
+
+
+def test_with_bounds_keeps_every_field_but_the_offsets():
+    """`FileIndex.with_bounds` copies fields without the dataclass's `__init__`: a field it
+    forgot (a format's per-file context) would vanish from every index of a record table."""
+    import dataclasses
+
+    import numpy as np
+
+    from aioloader.arrayrecord.fileindex import FileIndex
+
+    idx = FileIndex("f", 100, 90, np.array([0, 40], dtype=np.int64), np.array([2, 3]),
+                    np.array([10, 20], dtype=np.uint32), "opts", None, b"ctx")
+    bounds = np.array([0, 40, 90], dtype=np.int64)
+    out = idx.with_bounds(bounds)
+    for f in dataclasses.fields(FileIndex):
+        got, want = getattr(out, f.name), getattr(idx, f.name)
+        assert np.array_equal(got, want) if isinstance(want, np.ndarray) else got == want, f.name
+    assert out.context == b"ctx" and out.num_records == 5

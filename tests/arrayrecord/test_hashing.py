@@ -17,6 +17,7 @@ from aioloader.arrayrecord import _highwayhash
 from aioloader.arrayrecord.hashing import (
     HAVE_NATIVE,
     RIEGELI_KEY,
+    HashStream,
     highwayhash64,
     highwayhash64_pair,
     highwayhash64_py,
@@ -378,3 +379,14 @@ def test_batched_decode_checks_data_hashes_inline(codec: str, monkeypatch) -> No
         index.decode_records(damaged, starts, within, verify="all", paths=names,
                              chunks=list(range(len(raws))))
     assert "f3.ar" in str(info.value) and "chunk 3" in str(info.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=12))
+def test_a_hash_fed_in_pieces_is_the_hash_of_the_whole(data, cuts):
+    stream = HashStream()
+    at = 0
+    for cut in [*sorted(cuts), len(data)]:
+        stream.update(data[at : max(at, cut)])
+        at = max(at, cut)
+    assert stream.digest() == highwayhash64(data) == highwayhash64_py(data)

@@ -59,9 +59,13 @@ def test_selected_columns_start_the_range_at_the_first_selected(tmp_path):
     pq.write_table(_table(100), path, row_group_size=30)
     index, _ = _drive(path, columns=["c"])
     meta = pq.ParquetFile(path).metadata
-    for g in range(meta.num_row_groups):
+    groups = np.flatnonzero(index.chunk_records > 0)  # (the rest: bytes no column selected)
+    assert len(groups) == meta.num_row_groups
+    for g, c in enumerate(groups.tolist()):
         col = meta.row_group(g).column(2)
-        assert index.chunk_offsets[g] == (col.dictionary_page_offset or col.data_page_offset)
+        start = col.dictionary_page_offset or col.data_page_offset
+        assert index.chunk_offsets[c] == start
+        assert index.chunk_ends[c] == start + col.total_compressed_size  # and no further
 
 
 def test_a_small_file_takes_one_read_a_long_footer_two(tmp_path):

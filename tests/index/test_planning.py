@@ -126,3 +126,40 @@ def test_cut_runs_are_whole_chunks_of_one_file_closing_at_the_target(table, targ
         # closes at the first chunk reaching the target, or at the file's end
         assert sum(sizes[:-1]) < target
         assert sum(sizes) >= target or b == len(f) or f[b] != f[b - 1]
+
+
+_refs = st.integers(1, 6).flatmap(lambda files: st.tuples(
+    st.just(files), st.lists(st.integers(0, files - 1), max_size=60),
+    st.booleans(), st.booleans()))
+
+
+@settings(max_examples=200)
+@given(_refs, st.data())
+def test_take_names_only_the_files_its_records_use_in_their_order(table, data):
+    """`ChunkRefs.take(lo, hi)`: the records `lo..hi-1` as they were, over the files they use,
+    numbered in the order of the full table's files (what `np.unique` gives), with each
+    per-file column (names, shifts, ids, idents) cut to those files."""
+    from aioloader.index.planning import ChunkRefs
+
+    files, column, named, shifted = table
+    n = len(column)
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    f = np.asarray(column, dtype=np.int64)
+    ar = np.arange(n, dtype=np.int64)
+    refs = ChunkRefs([f"p{k}" for k in range(files)], f, ar, 10 * ar, 10 * ar + 5, ar % 3,
+                     [f"n{k}" for k in range(files)] if named else None,
+                     [100 * k for k in range(files)] if shifted else None,
+                     ar % 4 + 1, np.arange(files, dtype=np.int64) + 7,
+                     [(k, k) for k in range(files)] if shifted else None, ar % 2)
+    got = refs.take(lo, hi)
+    used = sorted(set(column[lo:hi]))
+    assert got.paths == [f"p{k}" for k in used]
+    assert [got.paths[i] for i in got.file.tolist()] == [f"p{k}" for k in column[lo:hi]]
+    assert got.file.dtype == np.int64
+    for name in ("chunk", "start", "end", "within", "count", "format"):
+        assert getattr(got, name).tolist() == getattr(refs, name)[lo:hi].tolist()
+    assert got.names == ([f"n{k}" for k in used] if named else None)
+    assert got.shift == ([100 * k for k in used] if shifted else None)
+    assert got.idents == ([(k, k) for k in used] if shifted else None)
+    assert got.ids is not None and got.ids.tolist() == [k + 7 for k in used]

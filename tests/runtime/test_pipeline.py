@@ -381,6 +381,30 @@ async def test_tasks_grow_by_doubling_after_the_first_batch(data):
     assert all(b == 2 * a for a, b in itertools.pairwise(steps))
 
 
+def test_positions_are_looked_up_many_tasks_at_a_time(data, monkeypatch):
+    """The permutation and the chunk table cost mostly per call: tasks of one small batch
+    (no grouping: a slot holds one) still look up LOOKAHEAD_RECORDS positions a call, after
+    the first (which looks up only what the first tasks need, for the first batch's sake)."""
+    from aioloader.runtime import tasks
+
+    calls = []
+    lookup = tasks.TaskRunner._lookup
+
+    def counted(self, lo, hi):
+        ahead = self._ahead
+        if ahead is None or not (ahead[0] <= lo and hi <= ahead[1]):
+            calls.append(lo)
+        return lookup(self, lo, hi)
+
+    monkeypatch.setattr(tasks.TaskRunner, "_lookup", counted)
+    monkeypatch.setattr(tasks, "LOOKAHEAD_RECORDS", 32)
+    ds = al.Dataset.from_arrayrecord(data).shuffle(1).map(fns.decode).map(fns.just_id).batch(2)
+    with ds.loader(workers=0, worker=al.WorkerOptions(slot_size=4096)) as it:
+        got = sum(len(b) for b in it)
+    assert got == N
+    assert calls[0] == 0 and all(b - a >= 32 for a, b in itertools.pairwise(calls[1:])), calls
+
+
 @pytest.mark.parametrize("drop", [False, True])
 @pytest.mark.parametrize("workers", [0, 1])
 async def test_small_batches_share_tasks_without_changing_batches_or_state(data, drop, workers):

@@ -93,6 +93,14 @@ def test_small_local_batches_may_share_a_task_remote_ones_do_not():
     assert compile(DS.batch(16), _meta(1000), small_slots).task_size_goal(16 << 10) == 3
 
 
+def test_batches_of_256_small_records_go_eight_to_a_task():
+    """A task's fixed cost (planning, the process hop, the result's hand-over) amortizes over
+    the records it covers: batches of 256 small records group to MAX_BATCHES_PER_TASK."""
+    local = compile(DS.batch(256), _meta(100_000, local=True), LoaderOptions())
+    assert local.task_size_goal(256 * 1024) == MAX_BATCHES_PER_TASK
+    assert local.task_size_goal(16 << 20) == 1  # two would not fit a 32 MiB slot
+
+
 # -- LoaderState ---------------------------------------------------------------------------
 
 PIPE = ("source(x)", "batch(8)")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import aioloader.arrayrecord.footer as footer
 import aioloader.arrayrecord.index as index
 import aioloader.arrayrecord.postscript as postscript
+import aioloader.arrayrecord.quickopen as quickopen
 from aioloader.arrayrecord import ArrayRecordFormatError, read_index
 from aioloader.arrayrecord.layout import BLOCK_SIZE
 
@@ -55,15 +56,18 @@ def _open(data: bytes, verify: str = "headers", small: bool = False, seen=None,
 
 
 def _general(data: bytes, verify: str = "headers"):
-    """`_open` with both short paths off."""
+    """`_open` with the short paths off (the native opening's too)."""
     saved_quick, saved_native = postscript.quick_postscript, footer._native
+    saved_small = quickopen._small_footer
     postscript.quick_postscript = lambda *a: None
+    quickopen._small_footer = None
     if saved_native is not None:
         footer._native = types.SimpleNamespace(entries=saved_native.entries)
     try:
         return _open(data, verify)
     finally:
         postscript.quick_postscript, footer._native = saved_quick, saved_native
+        quickopen._small_footer = saved_small
 
 
 @pytest.mark.parametrize("options", OPTIONS)
@@ -74,6 +78,7 @@ def test_a_good_file_takes_the_short_paths_and_opens_alike(files, options, monke
     if footer._native is not None and hasattr(footer._native, "columns"):
         seen = []
         real = footer.decode_footer_data
+        monkeypatch.setattr(quickopen, "_small_footer", None)  # (its own tests: test_quickopen)
         monkeypatch.setattr(index, "decode_footer_data",
                             lambda *a: seen.append(real(*a)) or seen[-1])
         assert _open(data)[0] == "ok" and seen[-1].checked is not None

@@ -2,9 +2,10 @@
 
 A group_size 1 file's footer is ~10 bytes per record and its index keeps 12 (chunk offsets
 and the footer offset as int64, decoded sizes as uint32, record counts a broadcast of 1).
-Opening reads the footer (and strips its block headers: a second copy), and is to allocate
-nothing per record beyond those two and the kept columns: no int64 columns narrowed or
-dropped afterwards, no copy of the offsets into the record table.
+Opening streams a footer this large (`arrayrecord.footerstream`): it is to allocate nothing
+per record beyond the kept columns — not the footer, nor its header-stripped copy, nor int64
+columns narrowed or dropped afterwards, nor a copy of the offsets into the record table —
+and little else: a window or two of the footer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aioloader.source.opening import open_table
 from ..support.arrayrecord_util import write_theirs
 
 RECORDS = 200_000
-SLACK = 256 << 10  # the metadata, the generator's frames, NumPy's small objects
+SLACK = 1 << 20  # a read window and its stripped copy, the metadata, small objects
 
 pytestmark = pytest.mark.skipif(getattr(footer._native, "lean_columns", None) is None,
                                 reason="_footer not built")
@@ -62,7 +63,8 @@ def test_the_index_of_many_records_is_built_in_place(many):
             tracemalloc.stop()
     assert ix.num_records == RECORDS and ix.one_record_chunks
     kept = 12 * RECORDS + 8  # offsets and the footer offset (int64), decoded sizes (uint32)
-    assert peak <= kept + 2 * _footer_bytes(many, ix) + SLACK, (peak, kept)
+    assert _footer_bytes(many, ix) > SLACK  # (else holding it whole would pass)
+    assert peak <= kept + SLACK, (peak, kept)
     assert ix.chunk_decoded_sizes.dtype == np.uint32
     assert ix.bounds is not None and ix.bounds[-1] == ix.footer_offset
     assert _kept([ix.bounds, ix.chunk_decoded_sizes, ix.chunk_records]) == kept

@@ -43,6 +43,13 @@ def crash_on_13(element: dict) -> dict:
     return element
 
 
+def crash_on(n: int, element: dict) -> dict:
+    """Crash the interpreter on record `n` (bound with `functools.partial`)."""
+    if int(element["id"]) == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return element
+
+
 def crash_once_on(marks: str, ids: frozenset, element: dict) -> dict:
     """Crash the interpreter the first time each of `ids` comes (a file in `marks` says it
     came): bound with `functools.partial`."""

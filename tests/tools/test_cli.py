@@ -217,3 +217,26 @@ def test_inspect_and_cat_read_tfrecord(tmp_path):
     assert run("cat", str(other), "--from", "tfrecord", "--index", "1").stdout == RECORDS[1]
     proc = run("cat", str(other), ok=False)  # read as ArrayRecord: an error, not records
     assert b"data.bin" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_inspect_and_cat_read_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"  # found by the name
+    pq.write_table(pa.table({"id": list(range(30)), "name": [f"n{i}" for i in range(30)],
+                             "raw": [b"\x00\xff"] * 30}), path, row_group_size=8,
+                   compression="zstd")
+    info = json.loads(run("inspect", "--json", str(path)).stdout)
+    assert info["format"] == "parquet" and info["records"] == 30
+    assert info["chunks"] == 4 and info["compression"] == "zstd"
+    lines = run("cat", str(path), "--format", "json", "--range", "9:11").stdout.splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {"index": i, "row": {"id": i, "name": f"n{i}", "raw": {"base64": "AP8="}}}
+        for i in (9, 10)]
+    other = tmp_path / "rows.bin"  # any name, with --from
+    other.write_bytes(path.read_bytes())
+    one = run("cat", str(other), "--from", "parquet", "--format", "json", "--index", "-1")
+    assert json.loads(one.stdout)["row"]["id"] == 29
+    proc = run("cat", str(path), ok=False)  # rows are not bytes: said so, no traceback
+    assert b"--format json" in proc.stderr and b"Traceback" not in proc.stderr

@@ -58,3 +58,37 @@ async def test_workers_0_runs_in_this_process_whatever_kind_is_named(files):  # 
     own = CountingProcesses()
     await collect(batched(files[1]), workers=0, executor=own)
     assert own.opened == []
+
+
+class WithoutGrouping:
+    """A kind whose executor predates `tasks_per_call` (every other member, delegated)."""
+
+    name = "no grouping"
+
+    def open(self, pipeline, workers, **kw):
+        inner = PROCESSES.open(pipeline, workers, **kw)
+
+        class Executor:
+            def __getattr__(self, name):
+                if name == "tasks_per_call":
+                    raise AttributeError(name)
+                return getattr(inner, name)
+
+        return Executor()
+
+
+async def test_an_executor_without_tasks_per_call_runs_one_task_a_call(files):  # noqa: F811
+    ds = batched(files[8])
+    _same(await collect(ds, workers=1, executor=WithoutGrouping()),
+          await collect(ds, workers=1))
+
+
+@pytest.mark.parametrize("bad", [{"tasks_per_call": 0}, {"tasks_per_call": 1.5},
+                                 {"tasks_per_call": True}, {"max_reruns": -1},
+                                 {"max_reruns": 0.5}])
+def test_a_ray_kinds_counts_are_whole_numbers(bad):
+    from aioloader.workers.ray import RayExecutor  # (imports no Ray until it opens)
+
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"{name} must be an int"):
+        RayExecutor(**bad)

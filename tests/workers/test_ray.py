@@ -16,6 +16,7 @@ import functools
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -236,6 +237,26 @@ async def test_a_task_queued_behind_a_crash_is_not_charged_for_it(files, tmp_pat
     got, _, stats = await take(make((13, 20)), workers=1, executor=kind)
     assert digests(got) == expected
     assert stats["transfers"]["replaced"] == 2
+
+
+async def test_a_crash_in_a_grouped_call_is_charged_to_the_task_that_crashed(files):  # noqa: F811
+    """Two tasks a call: when the actor dies on a record, the call's tasks run again one a
+    call, so only the task that holds it is charged, and the error names its positions."""
+    def make(*crash):
+        ds = al.Dataset.from_arrayrecord(files[1]).map(fns.decode)
+        for fn in crash:
+            ds = ds.map(fn)
+        return ds.map(fns.only_id_noise_det).batch(8)
+
+    at = 45  # an output position past the first calls (those go alone, to a free actor)
+    ids = [i for b in await collect(make(), workers=0) for i in fns.ids_of(b)]
+    with pytest.raises(al.WorkerError, match="Ray actor died") as err:
+        await collect(make(functools.partial(fns.crash_on, ids[at])), workers=1,
+                      executor=RayExecutor(tasks_per_call=2))
+    found = re.search(r"output positions (\d+)\.\.(\d+)", str(err.value))
+    assert found is not None, str(err.value)
+    lo, hi = map(int, found.groups())
+    assert lo <= at <= hi, (at, str(err.value)[:80])
 
 
 @pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy

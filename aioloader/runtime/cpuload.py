@@ -1,0 +1,58 @@
+"""What the machine says about its CPUs beyond this process: idle time and CPU pressure.
+
+The tuner (`runtime.tuner`) samples both each look and turns their changes into the
+controller's `cores_free` (at most the cores nobody used: a competing load that takes them
+leaves none, so no worker is added to queue behind it) and `cpu_pressure` (the share of the
+interval some runnable task waited for a CPU). Both are cumulative counters, read from Linux
+`/proc/stat` (the CPUs this process may run on) and `/proc/pressure/cpu` (PSI); None where
+the system has neither, and the controller then goes by this process's own figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["idle_seconds", "stall_seconds"]
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _allowed() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def idle_seconds() -> float | None:
+    """CPU-seconds spent idle (idle + iowait) so far, summed over the CPUs this process may
+    run on; None where /proc/stat cannot be read."""
+    allowed = _allowed()
+    total = 0.0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if not line.startswith("cpu") or line.startswith("cpu "):
+                    continue
+                name, *fields = line.split()
+                if not name[3:].isdigit() or len(fields) < 5:
+                    continue
+                if allowed is not None and int(name[3:]) not in allowed:
+                    continue
+                total += int(fields[3]) + int(fields[4])
+    except (OSError, ValueError):
+        return None
+    return total / _TICK
+
+
+def stall_seconds() -> float | None:
+    """Seconds so far in which some runnable task waited for a CPU (PSI `some total`);
+    None where the kernel does not report CPU pressure."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            for line in f:
+                if line.startswith("some"):
+                    return int(line.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

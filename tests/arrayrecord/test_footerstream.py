@@ -1,0 +1,148 @@
+"""A footer streamed in windows gives the index the whole-footer parse gives, or its error.
+
+Streaming is forced here for footers of any size (`STREAM_FROM` 0) and tried at windows
+from one byte (every block header and entry cut apart) to more than a block. Every group
+size and codec is written; those streaming does not take (brotli, snappy) must come back
+whole-parsed, the same. A flipped bit anywhere from the footer on, or a read cut short, is
+the whole parse's answer too: the same index (the bit lay where no hash looks: padding), or
+an `ArrayRecordFormatError`, never another index.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aioloader.arrayrecord.index as index_mod
+from aioloader.arrayrecord import ArrayRecordWriter, read_index
+from aioloader.arrayrecord import footerstream as fs
+from aioloader.arrayrecord.errors import ArrayRecordFormatError
+from aioloader.arrayrecord.layout import BLOCK_SIZE
+
+pytestmark = pytest.mark.skipif(not fs.available(), reason="_footer / _highwayhash not built")
+
+CODECS = ["uncompressed", "zstd:3", "zstd:19", "brotli:1", "snappy"]
+WINDOWS = [1, 5, 31, 100, 4096, BLOCK_SIZE - 23, BLOCK_SIZE + 17, 1 << 20]
+FEW = [7, 4096, BLOCK_SIZE + 17]  # (for the tests that open a file many times)
+common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+
+def _file(n: int, group: int, codec: str, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    w = ArrayRecordWriter(out, options=f"group_size:{group},{codec}")
+    for k in range(n):
+        w.write(rng.bytes(int(rng.integers(0, 40))) + k.to_bytes(4, "little"))
+    w.close()
+    return out.getvalue()
+
+
+@contextmanager
+def _streaming(window: int | None):
+    """Stream every footer (`window` bytes a read), or none (None); yields what each
+    `stream_footer` returned."""
+    got: list = []
+    real = fs.stream_footer
+
+    def spy(*args, **kw):
+        result = yield from real(*args, **{**kw, "window": window or kw["window"]})
+        got.append(result)
+        return result
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(index_mod, "STREAM_FROM", -1 if window else 1 << 62)
+        mp.setattr(fs, "stream_footer", spy)
+        yield got
+
+
+def _open(data: bytes, window: int | None, *, small: bool, cut: int | None = None,
+          max_decoded: int = 1 << 30):
+    """The index (as lists) or the error; by small reads, or (`small` False) by one read of
+    the postscript's head and 64 bytes before it (the footer then read after it)."""
+    stored = data if cut is None else data[: len(data) - cut]  # the object cut short
+
+    def fetch(offset: int, length: int) -> bytes:
+        return stored[offset : offset + length]
+
+    with _streaming(window) as got:
+        try:
+            ix = read_index(len(data), fetch, small_reads=small, max_decoded=max_decoded,
+                            span=None if small else 64)
+        except ArrayRecordFormatError as err:
+            return ("error", err.what), got
+    return (ix.num_records, ix.max_records, ix.chunk_offsets.tolist(),
+            ix.chunk_records.tolist(), ix.chunk_decoded_sizes.tolist(), ix.writer_options,
+            ix.footer_offset), got
+
+
+@settings(max_examples=40, **common)
+@given(n=st.integers(1, 300), group=st.sampled_from([1, 1, 2, 3, 7]),
+       codec=st.sampled_from(CODECS), window=st.sampled_from(WINDOWS),
+       small=st.booleans(), seed=st.integers(0, 1 << 16))
+def test_streaming_gives_the_whole_parse_index(n, group, codec, window, small, seed):
+    data = _file(n, group, codec, seed)
+    whole, _ = _open(data, None, small=small)
+    streamed, got = _open(data, window, small=small)
+    assert streamed == whole
+    assert whole[0] == n
+    streams = codec.split(":")[0] in ("uncompressed", "zstd")
+    assert got and (got[-1] is not None) == streams
+
+
+def test_a_file_of_many_chunks_streams_in_every_window_size():
+    data = _file(3000, 1, "uncompressed", 7)  # a footer of several blocks
+    whole, _ = _open(data, None, small=True)
+    for window in WINDOWS:
+        streamed, got = _open(data, window, small=True)
+        assert streamed == whole and got[-1] is not None, window
+
+
+@functools.cache
+def _files() -> tuple[bytes, bytes]:
+    """A group_size 1 file whose footer crosses a block boundary, and a zstd one."""
+    return _file(7000, 1, "uncompressed", 1), _file(500, 2, "zstd:3", 2)
+
+
+@settings(max_examples=60, **common)
+@given(which=st.integers(0, 1), at=st.floats(0, 1), bit=st.integers(0, 7),
+       window=st.sampled_from(FEW), small=st.booleans())
+def test_a_flipped_bit_is_the_whole_parse_answer(which, at, bit, window, small):
+    data = _files()[which]
+    footer_offset = _open(data, None, small=True)[0][-1]
+    pos = footer_offset + int(at * (len(data) - footer_offset - 1))
+    bad = bytearray(data)
+    bad[pos] ^= 1 << bit
+    whole, _ = _open(bytes(bad), None, small=small)
+    streamed, _ = _open(bytes(bad), window, small=small)
+    assert streamed == whole, pos
+
+
+@settings(max_examples=15, **common)
+@given(cut=st.integers(1, 2 * BLOCK_SIZE), window=st.sampled_from(FEW))
+def test_a_read_cut_short_is_the_whole_parse_answer(cut, window):
+    data = _files()[0]
+    whole, _ = _open(data, None, small=True, cut=cut)
+    streamed, _ = _open(data, window, small=True, cut=cut)
+    assert streamed == whole
+    if cut > BLOCK_SIZE:  # the footer's last bytes are gone
+        assert streamed[0] == "error" and "short read" in streamed[1]
+
+
+def test_the_budget_counts_what_streaming_keeps():
+    data = _files()[0]
+    whole, _ = _open(data, None, small=True)
+    m = whole[0]
+    window = 4096
+    budget = fs.KEPT_PER_ENTRY * m + 8 + 3 * window
+    streamed, got = _open(data, window, small=True, max_decoded=budget)
+    assert streamed == whole and got[-1] is not None
+    refused, _ = _open(data, window, small=True, max_decoded=budget - 1)
+    assert refused[0] == "error" and "memory budget" in refused[1]
+    refused, _ = _open(data, None, small=True, max_decoded=budget)  # read whole: refused
+    assert refused[0] == "error"
