@@ -134,7 +134,8 @@ def main() -> None:
         def ratio(key: str, p: list = p, y: list = y) -> str:
             return spread([b[key] / a[key] for a, b in zip(p, y)])
 
-        tasks = [max(1, t["transfers"].get("by_value", 1)) for t in y]
+        tasks = [max(1, t["transfers"].get("by_value", 0) + t["transfers"].get("in_slot", 0))
+                 for t in y]
         wait = med(t["transfers"]["wait_ms"] / k for t, k in zip(y, tasks))
         back = med(t["transfers"]["return_ms"] / k for t, k in zip(y, tasks))
         per_call = med(k / max(1, t["transfers"].get("calls", k)) for t, k in zip(y, tasks))

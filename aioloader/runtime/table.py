@@ -163,7 +163,7 @@ def _actor_lines(t: dict[str, Any]) -> list[str]:
     """The Ray executor's line (`workers.ray.RayActors.figures`), when it ran the tasks."""
     if "actors" not in t:
         return []
-    n, tasks = t["actors"], max(1, t.get("by_value", 0))
+    n, tasks = t["actors"], max(1, t.get("by_value", 0) + t.get("in_slot", 0))
     each = " / ".join(f"{t.get(f'actor{k}_tasks', 0):,} ({_dur(t.get(f'actor{k}_ms', 0) / 1e3)})"
                       for k in range(n))
     calls = f" in {t['calls']:,} calls" if "calls" in t else ""

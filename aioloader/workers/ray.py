@@ -1,6 +1,8 @@
 """The "ray" executor: tasks run on Ray actors, one task at a time each, with the code a
-worker process runs (`run_task`), and each finished batch comes back by value through
-Ray's object store (NumPy arrays arrive as read-only views of it: no copy in this process).
+worker process runs (`run_task`). An actor on this host stacks each finished batch in a
+shared-memory slot of the executor's, as a worker process does, and the batch is lent from
+there (`rayslots`); one on another node sends it back by value through Ray's object store
+(NumPy arrays arrive as read-only views of it: no copy in this process).
 
 `RayExecutor` is the kind (`executor=al.RayExecutor(...)`, or `"ray"` for its defaults);
 `RayActors` the executor it opens. The Ray cluster is the user's when `ray.init()` was
@@ -49,8 +51,9 @@ from .messages import Pipeline, Result, Task
 from .raycalls import Calls, Raised
 from .raycluster import CLUSTER, import_ray
 from .rayplace import Placement
+from .rayslots import RaySlots, map_slot
 from .raytally import Tally
-from .worker import _load_pipeline, _pack_pipeline, _raise_malloc_thresholds, run_task
+from .worker import _load_pipeline, _map, _pack_pipeline, _raise_malloc_thresholds, run_task
 
 __all__ = ["RAY", "RayActors", "RayExecutor"]
 
@@ -102,16 +105,19 @@ class RayExecutor:
     def open(self, pipeline: Pipeline, workers: int, *, slots: int, slot_size: int,
              lanes: int | None, first_in_parent: bool) -> RayActors:
         """Actors are made by `warm_up` (or the first task), off the event loop: starting a
-        local cluster takes seconds. `slots`, `slot_size`, `first_in_parent`: no shared
-        memory is lent, and no task runs in this process."""
+        local cluster takes seconds. The actors on this host get `slots × tasks_per_call`
+        slots of `slot_size` bytes (the runtime's window scales by `tasks_per_call`);
+        `first_in_parent`: no task runs in this process."""
         import_ray()  # the extra's error now, not at the first task
-        return RayActors(self, pipeline, workers, lanes=lanes, auto=lanes is not None)
+        return RayActors(self, pipeline, workers, lanes=lanes, auto=lanes is not None,
+                         slots=RaySlots(slots * self.tasks_per_call, slot_size))
 
 
 class _Actor:
     """What runs in an actor (made a Ray actor class by `RayActors`): the pipeline, loaded
     once, and its decoder; `run` runs each task of a call as a worker process would
-    (`run_task`), and returns each one's result, or what it raised (`Raised`)."""
+    (`run_task`: into its slot, `here`, on the parent's host), and returns each one's
+    result, or what it raised (`Raised`)."""
 
     def __init__(self, parts: tuple, cache_bytes: int) -> None:
         _raise_malloc_thresholds()
@@ -129,13 +135,16 @@ class _Actor:
         """The actor's process and node."""
         return os.getpid(), import_ray().get_runtime_context().get_node_id()
 
-    def run(self, tasks: list[Task]) -> list[Result | Raised]:
+    def run(self, tasks: list[Task], here: bool) -> list[Result | Raised]:
         if self.pipeline is None:
             raise WorkerError(self.error)
         out: list[Result | Raised] = []
         for task in tasks:
             try:  # `sendable`: what is not an array must pickle, with a worker's error
-                out.append(run_task(task, self.pipeline, self.decoder, None, True))
+                if here:
+                    map_slot(task, _map)
+                out.append(run_task(task, self.pipeline, self.decoder, None, True,
+                                    worker=here))
             except Exception as exc:
                 out.append(Raised(_sendable(exc)))
         return out
@@ -152,10 +161,12 @@ def _sendable(exc: Exception) -> Exception:
 
 class RayActors:
     """Runs tasks on Ray actors (an `Executor`): the tasks go in calls (`raycalls.Calls`) to
-    the actor with the fewest calls at it; results come back by value."""
+    the actor with the fewest calls at it; results come back in `slots` (`rayslots`) from
+    the actors on this host, by value from the others."""
 
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
-                 lanes: int | None = None, auto: bool = False) -> None:
+                 lanes: int | None = None, auto: bool = False,
+                 slots: RaySlots | None = None) -> None:
         if workers < 1:
             raise ValueError("the ray executor has at least one actor (0: `Inline`)")
         self.kind = kind
@@ -163,6 +174,7 @@ class RayActors:
         self.workers = workers
         self.cache_bytes = pipeline.chunk_cache_bytes // workers
         self.stash = StashFile(pipeline.chunk_cache_bytes)
+        self.slots = slots or RaySlots(1, 32 << 20)
         self.tasks_per_call = kind.tasks_per_call  # (the runtime's window scales by it)
         self._gate = None if lanes is None else Gate(self._limit(lanes))
         self._pid = os.getpid()
@@ -281,17 +293,28 @@ class RayActors:
         return self._placed.all_up()
 
     def reserve(self, nbytes: int) -> None:
-        pass
+        """Make slots hold `nbytes` before the first task."""
+        self.slots.grow(nbytes)
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """Run `task` on an actor (in a call with others while the actors are busy); if
-        that actor dies, again on another."""
+        that actor dies, again on another; if its batch outgrew its slot, again once the
+        slots have grown."""
         describe = describe or f"task {task.task_id}"
         await self._wait_started()
         if task.raws is not None:  # (views of this process's buffers do not pickle)
             self._ship(task)
         await self._placed.started()  # (at least one actor up: `Calls` sends to those)
-        return await self._calls.run(task, describe)
+        while True:
+            self.slots.take(task)
+            try:
+                result = await self._calls.run(task, describe)
+                if not result.needed:
+                    return self.slots.receive(task, result)
+                self.counts["reruns"] += 1
+                self.slots.grow(result.needed)
+            finally:
+                self.slots.give(task)
 
     def _ship(self, task: Task) -> None:
         """The task's chunk bytes made bytes (once each), and counted as sent."""
@@ -336,7 +359,7 @@ class RayActors:
             import_ray().kill(dead)
 
     def figures(self) -> dict[str, int]:
-        return self.tally.figures(self.workers)
+        return {**self.tally.figures(self.workers), **self.slots.figures()}
 
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """Kill the actors (a task running is dropped: the loader is done with it) and, if
@@ -351,6 +374,7 @@ class RayActors:
             if self._pid == os.getpid() and start is not None:
                 self._stop()  # (whatever the start came to: made, failed, or still going)
         finally:
+            self.slots.close()
             self.stash.close()
             if self._files is not None:
                 self._files.close()

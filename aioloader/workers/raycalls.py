@@ -105,6 +105,9 @@ class Calls:
             return await entry.future
         except asyncio.CancelledError:
             self._give_up(entry)
+            call = entry.call
+            if call is not None and call.outcome is None:  # (it may still write the slot)
+                self.owner.slots.after(call.ref, task)
             raise
 
     def _give_up(self, entry: Entry) -> None:
@@ -195,7 +198,8 @@ class Calls:
         call = Call(at, owner.actors[at], entries, line)
         for e in entries:
             e.call = call
-        call.ref = call.actor.run.remote([e.task for e in entries])
+            owner.slots.route(e.task, not remote)
+        call.ref = call.actor.run.remote([e.task for e in entries], not remote)
         line.append(call)
         owner.tally.calls += 1
         call.ref.future().add_done_callback(lambda f: self._soon(self._back, call, f))
@@ -224,7 +228,8 @@ class Calls:
                 if isinstance(result, Raised):
                     e.future.set_exception(_raised(result.error, e.describe))
                 else:
-                    self.owner.tally.came_back(call.at, result, call.sent)
+                    if not result.needed:  # (else it runs again: counted then)
+                        self.owner.tally.came_back(call.at, result, call.sent)
                     e.future.set_result(result)
         if call.outcome == "back":  # (decided: the calls ahead of it and its tasks go)
             call.ahead, call.entries = [], []
@@ -252,6 +257,8 @@ class Calls:
         for e in live:
             e.deaths += charged
             e.alone = e.alone or ran
+            if ran:  # (its actor may have been writing the slot)
+                owner.slots.moved(e.task)
             if e.deaths > owner.kind.max_reruns:
                 e.future.set_exception(WorkerError(
                     f"{e.describe}: its Ray actor died {e.deaths} times ({call.error}); a "

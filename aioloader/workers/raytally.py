@@ -17,14 +17,14 @@ class Tally:
     def __init__(self, workers: int) -> None:
         self.rows: list[dict[str, float]] = [{"tasks": 0, "seconds": 0.0}
                                              for _ in range(workers)]
-        self.counts = {"by_value": 0, "reruns": 0, "replaced": 0, "sent_bytes": 0,
+        self.counts = {"by_value": 0, "in_slot": 0, "reruns": 0, "replaced": 0, "sent_bytes": 0,
                        "wait_ns": 0, "return_ns": 0}
         self.calls = 0  # calls to the actors (a call carries one task or more)
 
     def came_back(self, at: int, result: Result, sent: int) -> None:
         now = time.perf_counter_ns()
         c, row = self.counts, self.rows[at]
-        c["by_value"] += 1
+        c["in_slot" if result.slot >= 0 else "by_value"] += 1
         row["tasks"] += 1
         row["seconds"] += max(0, result.ended_ns - result.began_ns) / 1e9
         # The clocks compare on one host only (CLOCK_MONOTONIC): elsewhere these stay 0.
@@ -33,14 +33,16 @@ class Tally:
             c["return_ns"] += now - result.ended_ns  # finished to here: the way back
 
     def figures(self, actors: int) -> dict[str, int]:
-        """`actors`; `by_value` (results, all through the object store); `calls` (to the
+        """`actors`; `in_slot` (results in a shared-memory slot, from actors on this host)
+        and `by_value` (through the object store, or pickled); `calls` (to the
         actors, each of one task or more); `reruns` (tasks
         run again after their actor died) and `replaced` (actors made in a dead one's
         place); `sent_bytes` (fetched chunks sent with tasks); `wait_ms` and `return_ms`
         (the time tasks spent from here to their start, and from their end back here, on
         one host); and each actor's `actorN_tasks`, `actorN_ms` (time running tasks)."""
         c = self.counts
-        out = {"actors": actors, "by_value": c["by_value"], "calls": self.calls,
+        out = {"actors": actors, "in_slot": c["in_slot"], "by_value": c["by_value"],
+               "calls": self.calls,
                "reruns": c["reruns"],
                "replaced": c["replaced"], "sent_bytes": c["sent_bytes"],
                "wait_ms": c["wait_ns"] // 1_000_000, "return_ms": c["return_ns"] // 1_000_000}

@@ -182,7 +182,8 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
 
 
 def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | None = None,
-             arena: tuple[Any, int, int] | None = None, sendable: bool = False) -> Result:
+             arena: tuple[Any, int, int] | None = None, sendable: bool = False, *,
+             worker: bool = False) -> Result:
     """Decode, transform and (in batch mode) collate one task.
 
     In a worker process the pipeline, decoder and arena are this process's globals (the
@@ -190,13 +191,15 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     own, and `arena` as (map, slot size, the slot's place in it); `sendable`: check that the
     result could come back from a worker, as a task the pool runs in the parent while its
     workers start must (what is not an array is pickled: the same error either way).
+    `worker`: with the pipeline and decoder given, run as a worker process does (the arena
+    the task names, what is not an array pickled): a Ray actor on the parent's host.
 
     A worker whose output does not fit the slot it was given sends nothing back but the
     room it needs (`Result.needed`): the pool grows the arena and runs the task again, so
     that big batches too come back through shared memory, never a pipe.
     """
     began = time.perf_counter_ns()
-    inline = pipeline is not None
+    inline = pipeline is not None and not worker
     if not inline and _init_error is not None:
         raise WorkerError(_init_error)
     pipeline = pipeline or _pipeline

@@ -35,6 +35,7 @@ from aioloader.workers.ray import RayExecutor  # noqa: E402
 from ..conftest import _snapshot  # noqa: E402
 from ..support import pipeline_fns as fns  # noqa: E402
 from ..support.state_fixture import digest  # noqa: E402
+from . import test_executors as ex  # noqa: E402
 from .test_worker_decode import batched, collect, files, filtered  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,6 +110,11 @@ def everything(paths, **kw):
             .random_map(fns.augment).filter(fns.keep_even).map(fns.only_id_noise).batch(8))
 
 
+@pytest.fixture(scope="module")
+def ex_paths(tmp_path_factory):
+    return ex._write(tmp_path_factory.mktemp("ray_executors"), n=ex.N, shards=3, group=8)
+
+
 def digests(batches) -> list[str]:
     return [digest(b) for b in batches]
 
@@ -131,9 +137,39 @@ async def test_the_batches_are_those_of_the_process_pool(files, make):  # noqa: 
     got, _, stats = await take(ds, workers=2, executor="ray")
     assert digests(got) == digests(expected)
     transfers = stats["transfers"]
-    assert transfers["actors"] == 2 and transfers["by_value"] > 0
-    assert transfers["actor0_tasks"] + transfers["actor1_tasks"] == transfers["by_value"]
-    assert transfers["calls"] < transfers["by_value"]  # tasks went grouped into calls
+    tasks = transfers["in_slot"] + transfers["by_value"]
+    assert transfers["actors"] == 2 and transfers["in_slot"] > 0  # (the actors are here)
+    assert transfers["actor0_tasks"] + transfers["actor1_tasks"] == tasks
+    assert transfers["calls"] < tasks  # tasks went grouped into calls
+    # lent from their slots, or unpickled here: writable, as the other executors' are
+    assert all(a.flags.writeable for b in got for a in _arrays(b))
+
+
+def _arrays(tree) -> list:
+    if isinstance(tree, dict):
+        return [a for v in tree.values() for a in _arrays(v)]
+    if isinstance(tree, (list, tuple)):
+        return [a for v in tree for a in _arrays(v)]
+    return [tree] if hasattr(tree, "flags") else []
+
+
+@pytest.mark.parametrize("name", ["map_random_map_batch", "filter", "flat_map", "pack", "pad",
+                                  "bucket"])
+def test_every_pipeline_gives_the_process_pools_bytes_through_the_slots(ex_paths, name):
+    """Each of the executors' test pipelines (stream mode, packing, padding, buckets): the
+    bytes of the process pool, the batches stacked in the slots by the actors on this host,
+    which are given back when the loader closes."""
+    ds = ex.pipelines(ex_paths)[name]
+    expected = ex.sha256(ex.run(ds, workers=2))
+    with ds.loader(workers=2, executor="ray", prefetch=2) as it:
+        got = [b for b in it]
+        transfers = it.stats().as_dict()["transfers"]
+        arena = it._parts.pool.slots.arena
+    assert ex.sha256(got) == expected
+    assert transfers["slots_dropped"] == 0
+    # (padded and bucketed batches are made here: the actors stack none)
+    assert transfers["in_slot"] > 0 or name in ("pad", "bucket")
+    assert arena.map is None  # (closed: the batches still held keep their own maps)
 
 
 async def test_a_state_resumes_bit_for_bit_across_executors(files):  # noqa: F811
@@ -164,6 +200,8 @@ async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa:
         transfers = it.stats().as_dict()["transfers"]
     assert digests(got) == expected
     assert transfers["replaced"] == 1 and transfers["reruns"] >= 1
+    # the call it was running ran again in fresh slots; what it wrote was not read
+    assert transfers["in_slot"] > 0 and transfers["slots_dropped"] >= 1
 
 
 async def test_a_transform_that_raises_gives_the_error_the_process_pool_gives(files):  # noqa: F811
@@ -253,6 +291,7 @@ async def test_actors_that_do_not_share_this_hosts_files_get_the_bytes(files,  #
         got, _, stats = await take(ds, workers=2, executor=RayExecutor(read_here=True), **opts)
     assert digests(got) == expected
     assert stats["transfers"]["sent_bytes"] > 0
+    assert stats["transfers"]["in_slot"] == 0  # (by value, as from another node)
     if resident_bytes is None:  # all of them: the files' every chunk went from here
         assert stats["io"].get("worker_reads", 0) == 0
 
