@@ -12,8 +12,9 @@ runs and killed after them (each also stops once the benchmark is gone, however 
 and SIGTERM ends the benchmark through its cleanup); K = 0 is the same run with no hog
 ("quiet", which on a shared machine is only as quiet as the machine). Each run is a fresh
 interpreter on one tree (`PYTHONPATH=DIR`, from a neutral copy of these benchmarks, as
-`compare_trees.py` does), so two trees (before/after) are measured side by side in one sitting: every round runs every
-(hog, setting, tree) once, trees alternating ABBA, settings reversed every other round.
+`compare_trees.py` does), so two trees (before/after) are measured side by side in one
+sitting: every round runs every (hog, setting, tree) once, trees alternating ABBA, settings
+reversed every other round.
 
 The table gives, per setting and tree, the median % waiting quiet and under each hog, and the
 ratio hogged ÷ quiet of the same round (drift in the machine's own load cancels there), with

@@ -45,8 +45,6 @@ def test_no_hog_survives_the_benchmark_killed(sig):
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         child.send_signal(sig)
         child.wait(timeout=10)
-        # SIGTERM: the benchmark's own cleanup ran (SystemExit); SIGKILL: the hogs saw it go.
-        assert child.returncode == (128 + sig if sig == signal.SIGTERM else -sig)
         deadline = time.monotonic() + 2.0
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -54,6 +52,8 @@ def test_no_hog_survives_the_benchmark_killed(sig):
         for p in survivors:  # (not to leave them spinning when the test fails)
             os.kill(p, signal.SIGKILL)
         assert not survivors
+        # SIGTERM: the benchmark's own cleanup ran (SystemExit); SIGKILL: the hogs saw it go.
+        assert child.returncode == (128 + sig if sig == signal.SIGTERM else -sig)
     finally:
         child.kill()
         child.wait()
