@@ -436,6 +436,10 @@ static PyObject *footer_stream_sizes(PyObject *module, PyObject *const *args,
  * None for anything else. `hash64(buffer) -> int` is the Riegeli HighwayHash (the
  * `_highwayhash` extension's); `decompress(codec, block, expected, max_size)` decodes a
  * compressed block (`codecs.decompress_block`): its errors mean None here.
+ *
+ * Both calls decline (None) a position past MAX_POSITION before any arithmetic. A callback's
+ * buffer is a view of memory the call owns, released when the callback returns; a callback's
+ * `Exception` means None, anything else (KeyboardInterrupt, SystemExit) propagates.
  */
 
 #define BLOCK 65536
