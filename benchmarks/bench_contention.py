@@ -8,11 +8,13 @@ The loop is the headline `loop` row's: text 1 KiB in 20 local shards, global shu
 figure is the share of wall time spent waiting in `next()` after the first batch. The hog is
 K processes started by the benchmark, each spinning at a fixed duty cycle (`--duty` of every
 10 ms period busy in a pure-Python loop, the rest asleep), started before a round's hogged
-runs and killed after them; K = 0 is the same run with no hog ("quiet", which on a shared
-machine is only as quiet as the machine). Each run is a fresh interpreter on one tree
-(`PYTHONPATH=DIR`, from a neutral copy of these benchmarks, as `compare_trees.py` does), so
-two trees (before/after) are measured side by side in one sitting: every round runs every
-(hog, setting, tree) once, trees alternating ABBA, settings reversed every other round.
+runs and killed after them (each also stops once the benchmark is gone, however it ended,
+and SIGTERM ends the benchmark through its cleanup); K = 0 is the same run with no hog
+("quiet", which on a shared machine is only as quiet as the machine). Each run is a fresh
+interpreter on one tree (`PYTHONPATH=DIR`, from a neutral copy of these benchmarks, as
+`compare_trees.py` does), so two trees (before/after) are measured side by side in one
+sitting: every round runs every (hog, setting, tree) once, trees alternating ABBA, settings
+reversed every other round.
 
 The table gives, per setting and tree, the median % waiting quiet and under each hog, and the
 ratio hogged ÷ quiet of the same round (drift in the machine's own load cancels there), with
@@ -27,10 +29,12 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,10 +57,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "auto-p": {"workers": "auto", "prefetch": "auto"},
 }
 HOG = """
-import sys, time
+import os, sys, time
 duty, period = float(sys.argv[1]), float(sys.argv[2])
 busy = duty * period
-while True:
+parent = os.getppid()
+while os.getppid() == parent:  # the benchmark gone (even by SIGKILL): stop
     t = time.perf_counter()
     while time.perf_counter() - t < busy:
         pass
@@ -67,10 +72,13 @@ while True:
 
 @contextlib.contextmanager
 def hog(k: int, duty: float) -> Iterator[list[int]]:
-    """`k` processes spinning at `duty` of every `PERIOD`, killed on exit; their pids."""
-    procs = [subprocess.Popen([sys.executable, "-c", HOG, str(duty), str(PERIOD)])
-             for _ in range(k)]
+    """`k` processes spinning at `duty` of every `PERIOD`, killed on exit; their pids. While
+    they run (in the main thread), SIGTERM raises SystemExit so that they are killed too."""
+    procs: list[subprocess.Popen[bytes]] = []
+    previous = _exit_on_sigterm()
     try:
+        for _ in range(k):
+            procs.append(subprocess.Popen([sys.executable, "-c", HOG, str(duty), str(PERIOD)]))
         time.sleep(0.3 if k else 0.0)  # spinning before the run starts
         yield [p.pid for p in procs]
     finally:
@@ -78,6 +86,19 @@ def hog(k: int, duty: float) -> Iterator[list[int]]:
             p.kill()
         for p in procs:
             p.wait()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM raise SystemExit (the `finally` blocks run); the handler it replaced, or
+    None where it cannot (not the main thread)."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def pressure() -> float | None:

@@ -436,6 +436,10 @@ static PyObject *footer_stream_sizes(PyObject *module, PyObject *const *args,
  * None for anything else. `hash64(buffer) -> int` is the Riegeli HighwayHash (the
  * `_highwayhash` extension's); `decompress(codec, block, expected, max_size)` decodes a
  * compressed block (`codecs.decompress_block`): its errors mean None here.
+ *
+ * Both calls decline (None) a position past MAX_POSITION before any arithmetic. A callback's
+ * buffer is a view of memory the call owns, released when the callback returns; a callback's
+ * `Exception` means None, anything else (KeyboardInterrupt, SystemExit) propagates.
  */
 
 #define BLOCK 65536
@@ -444,6 +448,9 @@ static PyObject *footer_stream_sizes(PyObject *module, PyObject *const *args,
 #define CHUNK_HEADER 40
 #define FOOTER_COST 40
 #define RECORD_COST_POSTSCRIPT 48  /* chunk.RECORD_COST */
+/* The largest position taken: past it (no file is that large) the call declines before any
+ * arithmetic, so the layout's sums below stay far from the int64 limit. */
+#define MAX_POSITION ((int64_t)1 << 60)
 
 static inline uint64_t le64(const uint8_t *p) {
     uint64_t v = 0;
@@ -471,19 +478,50 @@ static inline int64_t padding_length_at(int64_t pos) {
     return (room > 0 && room < CHUNK_HEADER) ? room + BLOCK : room;
 }
 
-/* 1 when hash64(p[:n]) == want, 0 when not, -1 on a Python error (cleared). */
-static int hash_is(PyObject *hash64, const uint8_t *p, Py_ssize_t n, uint64_t want) {
+/* A callback's error: an ordinary one (an `Exception`) is cleared, the call declining, and
+ * the general path meets the problem again and names it; anything else (KeyboardInterrupt,
+ * SystemExit) stays set, and the call returns NULL so that it propagates. */
+static void clear_ordinary_error(void) {
+    if (PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+}
+
+/* Call fn(view of p[:n], *rest) and release the view after: memory the call owns is never
+ * readable through a view the callback kept. NULL on an error (left set). */
+static PyObject *call_with_view(PyObject *fn, const uint8_t *p, Py_ssize_t n, const char *fmt,
+                                int codec, PyObject *exp, long long max_size) {
     PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
-    if (view == NULL) goto fail;
-    PyObject *got = PyObject_CallFunctionObjArgs(hash64, view, NULL);
+    if (view == NULL) return NULL;
+    PyObject *got = fmt == NULL ? PyObject_CallFunctionObjArgs(fn, view, NULL)
+                                : PyObject_CallFunction(fn, fmt, codec, view, exp, max_size);
+    PyObject *type = NULL, *value = NULL, *trace = NULL;
+    if (got == NULL) PyErr_Fetch(&type, &value, &trace);  /* (the callback's error wins) */
+    PyObject *released = PyObject_CallMethod(view, "release", NULL);
     Py_DECREF(view);
+    if (got == NULL) {
+        Py_XDECREF(released);
+        PyErr_Clear();
+        PyErr_Restore(type, value, trace);
+        return NULL;
+    }
+    if (released == NULL) {  /* still exported by the callback: its answer is not used */
+        Py_DECREF(got);
+        return NULL;
+    }
+    Py_DECREF(released);
+    return got;
+}
+
+/* 1 when hash64(p[:n]) == want, 0 when not, -1 on a Python error (an ordinary one cleared,
+ * see `clear_ordinary_error`). */
+static int hash_is(PyObject *hash64, const uint8_t *p, Py_ssize_t n, uint64_t want) {
+    PyObject *got = call_with_view(hash64, p, n, NULL, 0, NULL, 0);
     if (got == NULL) goto fail;
     unsigned long long h = PyLong_AsUnsignedLongLong(got);
     Py_DECREF(got);
     if (h == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
     return h == want;
 fail:
-    PyErr_Clear();
+    clear_ordinary_error();
     return -1;
 }
 
@@ -552,7 +590,9 @@ static PyObject *footer_postscript(PyObject *module, PyObject *const *args, Py_s
     PyObject *hash64 = args[4];
     long long found = -1;
     const Py_ssize_t at = BLOCK_HEADER + CHUNK_HEADER;
-    if (pos < 0 || pos % BLOCK || len < at + 2 || le64(raw + 8) != 0) goto done;
+    if (pos < 0 || pos > MAX_POSITION || size > MAX_POSITION || pos % BLOCK || len < at + 2 ||
+        le64(raw + 8) != 0)
+        goto done;
     uint64_t data_size = le64(raw + BLOCK_HEADER + 8), data_hash = le64(raw + BLOCK_HEADER + 16);
     uint64_t type_count = le64(raw + BLOCK_HEADER + 24), decoded = le64(raw + BLOCK_HEADER + 32);
     uint64_t n = type_count >> 8;
@@ -584,6 +624,7 @@ static PyObject *footer_postscript(PyObject *module, PyObject *const *args, Py_s
     found = (long long)offset;
 done:
     PyBuffer_Release(&b);
+    if (PyErr_Occurred()) return NULL;  /* a callback's interrupt */
     if (found < 0) Py_RETURN_NONE;
     return PyLong_FromLongLong(found);
 }
@@ -660,20 +701,15 @@ static int read_meta(const uint8_t *p, const uint8_t *end, int64_t m, int64_t to
     return version;
 }
 
-/* `decompress(codec, block, expected, max_size)` into `view`; 0 (error cleared) when it
- * raises or gives another length than `expected` (when >= 0). */
+/* `decompress(codec, block, expected, max_size)` into `view`; 0 when it raises (an ordinary
+ * error cleared, see `clear_ordinary_error`) or gives another length than `expected` (when
+ * >= 0). */
 static int decompressed(PyObject *decompress, int codec, const uint8_t *block, Py_ssize_t len,
                         long long expected, long long max_size, PyObject **owner,
                         Py_buffer *view) {
-    PyObject *mv = PyMemoryView_FromMemory((char *)block, len, PyBUF_READ);
-    if (mv == NULL) goto fail;
     PyObject *exp = expected >= 0 ? PyLong_FromLongLong(expected) : Py_NewRef(Py_None);
-    if (exp == NULL) {
-        Py_DECREF(mv);
-        goto fail;
-    }
-    PyObject *out = PyObject_CallFunction(decompress, "iOOL", codec, mv, exp, max_size);
-    Py_DECREF(mv);
+    if (exp == NULL) goto fail;
+    PyObject *out = call_with_view(decompress, block, len, "iOOL", codec, exp, max_size);
     Py_DECREF(exp);
     if (out == NULL) goto fail;
     if (PyObject_GetBuffer(out, view, PyBUF_C_CONTIGUOUS) < 0) {
@@ -688,7 +724,7 @@ static int decompressed(PyObject *decompress, int codec, const uint8_t *block, P
     *owner = out;
     return 1;
 fail:
-    PyErr_Clear();
+    clear_ordinary_error();
     return 0;
 }
 
@@ -714,7 +750,9 @@ static PyObject *footer_small(PyObject *module, PyObject *const *args, Py_ssize_
     uint8_t *copy = NULL;
     const uint8_t *raw = (const uint8_t *)b.buf, *logical = raw;
     Py_ssize_t len = b.len, llen = len;
-    if (start < 64 || have <= start || len < CHUNK_HEADER) goto done;
+    if (start < 64 || have <= start || have > MAX_POSITION || len < CHUNK_HEADER ||
+        len > MAX_POSITION)
+        goto done;
     int64_t in_block = start % BLOCK;
     if (in_block < BLOCK_HEADER || in_block + len > BLOCK) {
         copy = PyMem_Malloc((size_t)len);
@@ -792,7 +830,7 @@ static PyObject *footer_small(PyObject *module, PyObject *const *args, Py_ssize_
                            (long long)summary[2], (long long)summary[3]);
     goto done;
 error:
-    PyErr_Clear();  /* (out of memory here: the general path meets it again, and says so) */
+    clear_ordinary_error();  /* (out of memory: the general path meets it again, and says so) */
 done:
     if (have_sizes) PyBuffer_Release(&sizes_view);
     if (have_values) PyBuffer_Release(&values_view);

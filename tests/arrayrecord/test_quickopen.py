@@ -216,3 +216,88 @@ def test_without_the_extension_the_general_path_opens_alike(tmp_path):
     ix = read_index(len(data), lambda o, n: data[o : o + n], small_reads=True)
     assert out == ["False", str(ix.footer_offset), str(ix.num_records),
                    str(ix.chunk_offsets.sum()), str(ix.chunk_decoded_sizes.dtype)]
+
+
+def _in_child(code: str, timeout: float = 20) -> str:
+    """Run `code` in a fresh interpreter (a hang or a crash there fails the test, not the run)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@native
+def test_positions_past_any_file_are_declined_at_once():
+    """An offset near the int64 limit: declined (the general path names it), not a wrapped
+    loop over the block boundaries."""
+    out = _in_child(
+        "from aioloader.arrayrecord import _footer\n"
+        "from aioloader.arrayrecord.hashing import highwayhash64 as h\n"
+        "from aioloader.arrayrecord.codecs import _decompress as d\n"
+        "top = 2**63 - 1\n"
+        "print(_footer.small_footer(bytes(100), top - 65536, top, 1 << 30, False, h, d),\n"
+        "      _footer.small_footer(bytes(100), 1 << 62, (1 << 62) + 100, 1 << 30, True, h, d),\n"
+        "      _footer.small_footer(bytes(5000), 64, top, 1 << 30, True, h, d),\n"
+        "      _footer.postscript(bytes(200), top - top % 65536, top, True, h))\n"
+    )
+    assert out.split() == ["None"] * 4
+
+
+@native
+def test_a_view_kept_by_a_callback_is_released(usual):
+    """The buffers handed to `hash64` and `decompress` are views of memory the call owns:
+    a callback that keeps one finds it released, not reading freed memory."""
+    data = usual["zstd:1"]
+    post_at = len(data) - BLOCK_SIZE
+    footer_at = _general(data)[3]
+    kept: list[memoryview] = []
+
+    def hash64(view):
+        kept.append(view)
+        return highwayhash64(view)
+
+    def decompress(codec, block, expected, max_size):
+        kept.append(block)
+        return _decompress(codec, block, expected, max_size)
+
+    assert quickopen._postscript(data[post_at:], post_at, len(data), True, hash64) == footer_at
+    assert quickopen._small_footer(data[footer_at:post_at], footer_at, post_at, 1 << 30, True,
+                                   hash64, decompress) is not None
+    assert len(kept) > 3
+    for view in kept:
+        with pytest.raises(ValueError, match="released"):
+            bytes(view)
+
+
+@native
+@pytest.mark.parametrize("which", ["hash64", "decompress"])
+def test_an_interrupt_in_a_callback_propagates(usual, which):
+    """A callback's ordinary error declines the native parse (the general path then says
+    what is wrong); an interrupt or exit is not swallowed."""
+    data = usual["zstd:1"]
+    post_at = len(data) - BLOCK_SIZE
+    footer_at = _general(data)[3]
+
+    def raising(kind):
+        def call(*args):
+            raise kind("from the callback")
+        return call
+
+    def footer(kind):
+        hash64 = raising(kind) if which == "hash64" else highwayhash64
+        decompress = raising(kind) if which == "decompress" else _decompress
+        return quickopen._small_footer(data[footer_at:post_at], footer_at, post_at, 1 << 30,
+                                       True, hash64, decompress)
+
+    assert footer(ValueError) is None
+    with pytest.raises(KeyboardInterrupt):
+        footer(KeyboardInterrupt)
+    with pytest.raises(SystemExit):
+        footer(SystemExit)
+    if which == "hash64":
+        assert quickopen._postscript(data[post_at:], post_at, len(data), True,
+                                     raising(ValueError)) is None
+        with pytest.raises(KeyboardInterrupt):
+            quickopen._postscript(data[post_at:], post_at, len(data), True,
+                                  raising(KeyboardInterrupt))
