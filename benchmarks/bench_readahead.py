@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 for name, root, spec in runs:
                     raw = args.profile / (name.replace(" ", "-") + ".txt")
                     out = _child(root, workdir, spec, profile=raw)
-                    summary = profile_summary(raw, max(1, out.get("records", 0)))
+                    summary = profiled(raw, out)
+                    if summary is None:
+                        log(f"profile {name}: no samples ({out.get('error', 'none written')})")
+                        continue
                     (args.profile / (name.replace(" ", "-") + ".summary.txt")).write_text(
                         summary)
                     log(f"profile {name}:\n{summary}")
@@ -166,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{med(reads) if reads else 0:,.0f} | "
               f"{med(mb) if gs else 0:.0f} | {med(waits) if gs else 0:.0f} | {_fmt(ttfb)} |")
     return 0
+
+
+def profiled(raw: Path, out: dict[str, Any]) -> str | None:
+    """The summary of a profiled child's samples (`profile_summary`); None when the child
+    failed or timed out (its samples, if any, are of a run cut short) or wrote none."""
+    if "error" in out or not raw.is_file():
+        return None
+    return profile_summary(raw, max(1, out.get("records", 0)))
 
 
 def profile_summary(raw: Path, records: int, top: int = 20) -> str:

@@ -13,7 +13,8 @@ its live worker processes) at its first batch and at its last, so start-up (spaw
 importing in the workers, opening the files) is left out; the figure is the records after the
 first batch ÷ those CPU seconds. The bare loop is timed in CPU seconds of its thread.
 
-Contenders run in turn within each round (bare, then each tree's pipelines), and each ratio
+Contenders run in turn within each round (bare, then each tree's pipelines; every other
+round in the reverse order, ABBA), and each ratio
 (pipeline ÷ bare, records per CPU-second) is taken per round, so a loaded machine's drift
 hits both sides alike: CPU time is steadier than wall time where other jobs share the cores.
 `--tree NAME=PATH` (repeatable) measures several aioloader checkouts side by side in one run
@@ -119,6 +120,14 @@ def bare(paths: list[str], decode: str) -> tuple[int, float]:
 # -- the table ------------------------------------------------------------------------------
 
 
+def round_order(trees: list[str], workers: list[int], rnd: int) -> list[Any]:
+    """The runs of round `rnd`, in turn: the bare loop, then each tree's pipelines at each
+    worker count; every other round in reverse (ABBA), so that a drift of the machine's
+    load within a round does not always favour the same side of a pair."""
+    runs: list[Any] = ["bare", *((name, w) for name in trees for w in workers)]
+    return runs if rnd % 2 == 0 else runs[::-1]
+
+
 def _fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
 
@@ -155,14 +164,21 @@ def main(argv: list[str] | None = None) -> int:
             rates[kind], ratios[kind], whole[kind] = {}, {}, {}
             bare(paths, decode)  # warm-up: page cache, allocator
             for rnd in range(args.rounds):
-                n, cpu = bare(paths, decode)
-                base = n / cpu
+                got: dict[Any, dict[str, Any]] = {}
+                for who in round_order(list(trees), args.workers, rnd):
+                    if who == "bare":
+                        n, cpu = bare(paths, decode)
+                        got[who] = {"rate": n / cpu}
+                        continue
+                    name, w = who
+                    spec = {"paths": paths, "decode": decode, "workers": w, "seed": 0,
+                            "total": sizes[kind]}
+                    got[who] = run_child(Path(trees[name]), neutral, spec)
+                base = got["bare"]["rate"]
                 rates[kind].setdefault("bare", []).append(base)
-                for name, tree in trees.items():
+                for name in trees:
                     for w in args.workers:
-                        spec = {"paths": paths, "decode": decode, "workers": w, "seed": 0,
-                                "total": sizes[kind]}
-                        r = run_child(Path(tree), neutral, spec)
+                        r = got[(name, w)]
                         rate = r["records"] / r["cpu"]
                         rates[kind].setdefault((name, w), []).append(rate)
                         ratios[kind].setdefault((name, w), []).append(rate / base)

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from .state import LoaderState
 
 TASK_RECORDS = 2048  # small batches are grouped into tasks of about this many records...
-MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this
+MAX_BATCHES_PER_TASK = 8  # ... but no more batches than this...
+SLOT_SHARE = 2  # ... and filling at most 1/SLOT_SHARE of a slot: a batch up to twice the
+# largest seen so far still fits, so a task does not outgrow its slot and run again
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,9 @@ class Plan:
         Small batches from local files (or a remote dataset kept in memory) go several to a
         task, so the per-task cost of scheduling and the process hop amortizes, as long as
         they fit a slot. Read record by record from a bucket, the reads dominate, and bigger
-        tasks would only queue more reads behind io_concurrency. A window's outputs are cut
+        tasks would only queue more reads behind io_concurrency. `batch_nbytes` is the
+        largest batch seen so far; the task fills a share of its slot (SLOT_SHARE), since
+        later batches may be larger (a rerun costs the whole task). A window's outputs are cut
         by the parent whatever the task size, so windows group up to TASK_RECORDS.
         `grouped`: as if local (a remote dataset's records the disk tier holds).
         """
@@ -256,7 +260,7 @@ class Plan:
             return 1
         most = MAX_BATCHES_PER_TASK if self.batch_mode else TASK_RECORDS
         return max(1, min(most, TASK_RECORDS // self.unit,
-                          self.slot_size // (batch_nbytes + 4096)))
+                          self.slot_size // SLOT_SHARE // (batch_nbytes + 4096)))
 
 
 class Opened(Protocol):

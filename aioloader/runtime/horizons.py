@@ -22,8 +22,9 @@ cache serves, and nothing here is used.
 
 An epoch of more records than one horizon holds decodes every chunk once per horizon, so
 an exact shuffle's CPU per record grows with the dataset's decoded bytes over half of
-`memory_budget`: the first stash of such an epoch says so once (a warning naming the
-setting, and the `horizons` figures of `stats()`).
+`memory_budget`: the first stash of such an epoch says so, once a loader (a warning naming
+the setting, and the `horizons` figures of `stats()`). An epoch is the loader's own
+positions of one (its shard, its slice), not every record in the files.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
+from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
+from ..index.sampling import Repeat
 from ..workers.decode import BOUND_BYTES
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, StashRef, Task
@@ -157,9 +160,10 @@ class Horizons:
                 (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]})
 
     def _tell(self, length: int, mean: float) -> None:
-        """The horizons an epoch needs, worked out once; more than one is told (a warning:
-        each chunk is decoded that many times an epoch), with the budget that makes one."""
-        n = len(self.runner.source)
+        """The horizons an epoch (this loader's positions of one: its shard, its slice)
+        needs, worked out once; more than one is told (a warning: each chunk is decoded
+        that many times an epoch), with the budget that makes one."""
+        n = epoch_positions(self.runner.plan.index, len(self.runner.source))
         self.per_epoch = max(1, math.ceil(n / length))
         if self.per_epoch == 1:
             return
@@ -237,6 +241,17 @@ class Horizons:
                            decoded / len(source))
             self._share_mean = got
         return got
+
+
+def epoch_positions(index: IndexPlan, records: int) -> int:
+    """Output positions of one epoch of a loader (of its shard, of its slice): the index's
+    epoch length; where epochs do not run in even steps, what its outermost repeat repeats;
+    `records`, every record in the files, where neither is known (a mix)."""
+    if index.epoch_length:
+        return index.epoch_length
+    repeats = [i for i, op in enumerate(index.ops) if isinstance(op, Repeat)]
+    per_repeat = index.lengths[repeats[-1]] if repeats else index.length
+    return per_repeat or records
 
 
 def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:

@@ -47,6 +47,12 @@ LEGEND: tuple[tuple[str, str], ...] = (
      "records per read"),
     ("chunk cache", "chunks of a remote dataset found already read (hits) or read (misses), "
      "and the MB it holds"),
+    ("exact shuffle over large chunks", "an exact shuffle of files whose chunks decode to "
+     "megabytes: its positions are cut into horizons of as many records as half of "
+     "`memory_budget` holds, and every chunk is decoded once a horizon. The horizons one "
+     "epoch of this loader (its shard or slice) needs, the records each holds and the "
+     "horizons filled so far; shown when an epoch needs more than one (the loader also "
+     "warns, once)"),
     ("kept in memory", "a remote dataset's bytes held in memory (`resident_bytes`): later "
      "epochs read no bytes; \"in part\" when the dataset is larger"),
     ("Ray actors", "executor=\"ray\": the actors, the tasks each ran and its time running "
@@ -140,7 +146,7 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
                      f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
     if cache.get("horizons_per_epoch", 0) > 1:
         lines.append(f"exact shuffle over large chunks: {cache['horizons_per_epoch']} horizons "
-                     f"an epoch of {cache['horizon_records']:,} records "
+                     f"an epoch, of {cache['horizon_records']:,} records each "
                      f"({cache['horizons']:,} filled), each chunk decoded once per horizon: "
                      "raise memory_budget for fewer, or use a block shuffle")
     if cache.get("tier_fetched"):

@@ -23,7 +23,7 @@ from ..index.planning import ChunkRefs
 from ..io.storage import StorageError
 from ..source.bytepath import BytePath, Link
 from ..workers import Executor, Result, Task
-from ..workers.arena import array_leaves
+from ..workers.arena import slot_bytes
 from .horizons import Horizons
 from .readahead import Readahead
 
@@ -51,7 +51,8 @@ class TaskRunner:
         # where each task's bytes come from: memory tier, disk tier (`disk`), store
         self.bytes = BytePath(source, disk)
         self.batches_per_task = 1  # grows after the first batch (see `observe`)
-        self._goals: dict[Link, int] | None = None  # per serving link, from the first batch
+        self._goals: dict[Link, int] | None = None  # per serving link (see `observe`)
+        self._largest = 0  # bytes of the largest batch (or window) a task has returned
         self._ahead: tuple | None = None  # see _lookup
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
@@ -163,9 +164,10 @@ class TaskRunner:
         pins and hops; once a task is not served (sparse reads), they shrink back."""
         if not batches:
             return
-        if self._goals is None:  # the goal of each link that may serve, once
-            nbytes = sum(a.nbytes for a in array_leaves(batches[0]))
-            self._goals = {link: link.goal(self.plan, nbytes) for link in self.bytes.links}
+        largest = max(slot_bytes(b) for b in batches)
+        if self._goals is None or largest > self._largest:  # each link's goal, from the
+            self._largest = largest  # largest batch so far: a task must fit its slot
+            self._goals = {link: link.goal(self.plan, largest) for link in self.bytes.links}
         goal = self._goals[self.bytes.serving()]
         self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task

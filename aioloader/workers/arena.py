@@ -341,3 +341,22 @@ class Arena:
 def needed_bytes(payload: Any) -> int:
     """The bytes a result's arrays take in a slot (as `SlotAlloc` lays them out)."""
     return sum(_aligned(a.nbytes) for a in array_leaves(payload))
+
+
+def slot_bytes(batch: Any) -> int:
+    """About the bytes `batch` takes in a slot: its arrays (as `SlotAlloc` lays them out),
+    and its strings and bytes, pickled after them (a few bytes each besides their text)."""
+    if isinstance(batch, dict):
+        return sum(slot_bytes(v) for v in batch.values())
+    if isinstance(batch, (tuple, list)):
+        if batch and isinstance(batch[0], (int, float)):  # numbers (pickled, 9 bytes each)
+            return 9 * len(batch)
+        return sum(slot_bytes(v) for v in batch)
+    if isinstance(batch, np.ndarray):
+        return _aligned(batch.nbytes) if batch.dtype != object else \
+            sum(slot_bytes(v) for v in batch.flat)
+    if isinstance(batch, bytes):
+        return len(batch) + 8
+    if isinstance(batch, str):
+        return (len(batch) if batch.isascii() else 4 * len(batch)) + 8
+    return 8

@@ -80,6 +80,31 @@ async def test_old_slots_are_let_go_after_growing_and_kept_batches_stay_intact(b
         assert arena.idle
 
 
+def _flat(batch) -> bytes:
+    return b"".join(batch["b"]) if isinstance(batch, dict) else batch.tobytes()
+
+
+@pytest.mark.parametrize("fn", [fns.as_uint8, fns.as_bytes])
+async def test_tasks_sized_from_a_small_first_batch_shrink_before_they_overflow(tmp_path, fn):
+    """The first batch is of small records, the rest of records twelve times larger: tasks
+    sized from the first batch alone would hold more large batches than a slot does, outgrow
+    it and run again. Tasks are sized from the largest batch seen (its arrays, and the bytes
+    pickled after them), with room to spare: none runs twice and the slots never grow. The
+    batches are those of workers=0."""
+    path = tmp_path / "skew.array_record"
+    with al.ArrayRecordWriter(path, group_size=1) as w:
+        for i in range(16 + 512):  # zeros: the files hint at nothing (they compress away)
+            w.write(bytes(1024 if i < 16 else 12 << 10))
+    ds = al.Dataset.from_arrayrecord([str(path)]).map(fn).batch(16)
+    got = {}
+    for workers, slot in ((0, 64 << 20), (2, 1 << 20)):
+        async with ds.loader(workers=workers, slot_size=slot, prefetch=2) as it:
+            got[workers] = [_flat(b) async for b in it]
+            transfers = it.stats().as_dict()["transfers"]
+    assert got[2] == got[0] and len(got[0]) == 33
+    assert transfers["reruns"] == 0 and transfers["grown"] == 0, transfers
+
+
 def _pss_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:

@@ -368,3 +368,38 @@ def test_an_epoch_of_several_horizons_is_told_once_naming_memory_budget(
     assert again.get("horizons_per_epoch", 1) == 1
     assert not [r for r in caplog.records if "horizons" in r.getMessage()]
     assert got == want
+
+
+def test_the_horizons_an_epoch_needs_count_this_loaders_positions(
+        tmp_path, caplog, small_chunks_count_as_large):
+    """Under shard() (or a slice) an epoch is this loader's positions, not every record in
+    the files: the warning, its suggested budget and stats() count those."""
+    import logging
+    import math
+
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(5).shard(0, 4).repeat(2).batch(64)
+    with caplog.at_level(logging.WARNING, logger="aioloader"), \
+            ds.loader(workers=0, memory_budget=400_000) as loader:
+        got = sum(len(b) for b in loader)
+        figures = loader.stats().as_dict()["cache"]
+    told = [r.getMessage() for r in caplog.records if "horizons" in r.getMessage()]
+    assert got == 2 * 750
+    assert len(told) == 1 and "an epoch of 750 records" in told[0], told
+    assert figures["horizons_per_epoch"] == math.ceil(750 / figures["horizon_records"]) == 2
+    assert figures["horizons"] == math.ceil(2 * 750 / figures["horizon_records"])
+
+
+def test_an_epoch_is_the_positions_one_pass_of_the_loader_gives():
+    from aioloader.index.indexplan import IndexPlan
+    from aioloader.index.sampling import Repeat, Shard, Shuffle, Slice
+    from aioloader.runtime.horizons import epoch_positions
+
+    def epoch(*ops) -> int:
+        return epoch_positions(IndexPlan(3000, ops), 3000)
+
+    assert epoch(Shuffle(5)) == 3000
+    assert epoch(Shuffle(5), Shard(0, 4)) == epoch(Shuffle(5), Shard(0, 4), Repeat(2)) == 750
+    assert epoch(Slice(None, 500), Shuffle(5), Repeat()) == 500
+    assert epoch(Repeat(3), Shard(1, 4)) == 750  # a shard of each epoch
+    assert epoch(Shard(0, 3), Repeat(2), Shuffle(1)) == 1000  # epochs mixed: the repeated

@@ -89,8 +89,10 @@ def test_small_local_batches_may_share_a_task_remote_ones_do_not():
     assert local.task_size_goal(30 << 20) == 1  # two would not fit a 32 MiB slot
     remote = compile(DS.batch(16), _meta(1000, local=False), LoaderOptions())
     assert remote.task_size_goal(16 * 8) == 1
-    small_slots = LoaderOptions(worker=WorkerOptions(slot_size=64 << 10))
-    assert compile(DS.batch(16), _meta(1000), small_slots).task_size_goal(16 << 10) == 3
+    small_slots = compile(DS.batch(16), _meta(1000),
+                          LoaderOptions(worker=WorkerOptions(slot_size=64 << 10)))
+    assert small_slots.task_size_goal(4 << 10) == 4  # half the slot: room for larger ones
+    assert small_slots.task_size_goal(16 << 10) == 1
 
 
 def test_batches_of_256_small_records_go_eight_to_a_task():

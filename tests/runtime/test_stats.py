@@ -114,7 +114,9 @@ def _run(clock: Clock) -> PipelineStats:
                        io_source=lambda: {"reads": 6, "requests": 6, "bytes": 3_000_000,
                                           "retries": 0, "hedges": 0, "hedge_wins": 0,
                                           "peak_in_flight": 3},
-                       cache_source=lambda: {"hits": 5, "misses": 2, "bytes": 1_000_000})
+                       cache_source=lambda: {"hits": 5, "misses": 2, "bytes": 1_000_000,
+                                             "horizons": 3, "horizons_per_epoch": 2,
+                                             "horizon_records": 546})
     for _ in range(4):
         with ps.fetch.timed(items=64):
             clock.t += 0.1
@@ -156,7 +158,8 @@ def test_io_adds_the_workers_own_reads_without_touching_storage(clock):
     assert (io["worker_reads"], io["worker_bytes"]) == (4, 1_000_000)
     assert io["records_per_read"] == pytest.approx(25.6)
     assert ps.io_source()["reads"] == 6
-    assert ps.cache == {"hits": 5, "misses": 2, "bytes": 1_000_000}
+    assert ps.cache == {"hits": 5, "misses": 2, "bytes": 1_000_000, "horizons": 3,
+                        "horizons_per_epoch": 2, "horizon_records": 546}
 
 
 def test_io_and_cache_may_be_set_as_dicts(clock):
@@ -236,13 +239,16 @@ def test_the_legend_explains_every_column_row_and_line_the_table_prints(clock):
             if ln and not ln.startswith((" ", "-", "stage ")) and ln.split()[0] in ps.stages]
     assert rows == ["fetch", "decode+transform"]
     lines = [ln.split(":")[0] for ln in text.splitlines() if re.match(r"^[A-Za-z/ ]+: ", ln)]
-    assert {"pipeline", "executor", "I/O", "chunk cache"} <= set(lines)
+    assert {"pipeline", "executor", "I/O", "chunk cache",
+            "exact shuffle over large chunks"} <= set(lines)
     for label in [*columns, *rows, *lines, *ps.stages, "  transform"]:
         assert _explained(legend, label.strip()), label
     for words in ("first batch after", "consumer waited", "batches ready", "records per read",
                   "by the workers", "hedges", "kept in memory"):
         assert words in legend, words
     assert text.splitlines()[-1] == FOOTER  # print(it.stats()) points to it, once
+    # horizons: how many an epoch, each of how many records (not an epoch of that many)
+    assert "2 horizons an epoch, of 546 records each (3 filled)" in text
 
 
 def test_the_ray_executors_figures_make_a_line_the_legend_explains(clock):

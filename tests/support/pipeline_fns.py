@@ -115,6 +115,11 @@ def as_uint8(record: bytes) -> np.ndarray:
     return np.frombuffer(record, dtype=np.uint8)
 
 
+def as_bytes(record: bytes) -> dict:
+    """A record's bytes as they are (a batch of them is pickled into its slot)."""
+    return {"b": bytes(record)}
+
+
 def as_uint8_x4(record: bytes) -> np.ndarray:
     """Four times the record, so that the batch is larger than the files suggest."""
     return np.tile(np.frombuffer(record, dtype=np.uint8), 4)
