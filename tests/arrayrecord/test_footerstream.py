@@ -23,6 +23,7 @@ import aioloader.arrayrecord.index as index_mod
 from aioloader.arrayrecord import ArrayRecordWriter, read_index
 from aioloader.arrayrecord import footerstream as fs
 from aioloader.arrayrecord.errors import ArrayRecordFormatError
+from aioloader.arrayrecord.footer import _native
 from aioloader.arrayrecord.layout import BLOCK_SIZE
 
 pytestmark = pytest.mark.skipif(not fs.available(), reason="_footer / _highwayhash not built")
@@ -146,3 +147,32 @@ def test_the_budget_counts_what_streaming_keeps():
     assert refused[0] == "error" and "memory budget" in refused[1]
     refused, _ = _open(data, None, small=True, max_decoded=budget)  # read whole: refused
     assert refused[0] == "error"
+
+
+@pytest.mark.parametrize("state", [
+    [-(1 << 40), 0, 0, 0, 0, 0],  # rows done: negative
+    [5, 0, 0, 0, 0, 0],  # more rows done than the columns hold
+    [0, -1, 0, 0, 0, 0],  # the last offset: negative
+    [0, 0, -1, 0, 0, 0],  # the total: negative
+])
+def test_stream_entries_refuses_a_state_out_of_range(state):
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    with pytest.raises(ValueError, match="state"):
+        _native.stream_entries(bytes([8, 100, 16, 5, 24, 1]), 1 << 20, offsets, decoded,
+                               None, np.array(state, np.int64))
+
+
+@pytest.mark.parametrize("state", [[-(1 << 40), 4, 0], [3, 2, 0], [0, 5, 0]])
+def test_stream_sizes_refuses_a_state_out_of_range(state):
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    with pytest.raises(ValueError, match="state"):
+        _native.stream_sizes(bytes([6]), offsets, decoded, None, np.array(state, np.int64))
+
+
+def test_stream_entries_refuses_a_record_count_that_overflows_the_total():
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    records = np.ones(4, np.int64)
+    state = np.array([1, 64, (1 << 63) - 2, 1, 0, 0], np.int64)
+    entry = bytes([8, 0xC8, 0x01, 16, 5, 24, 3])  # offset 200, 5 bytes, 3 records
+    _native.stream_entries(entry, 1 << 20, offsets, decoded, records, state)
+    assert state[5] == 1 and state[0] == 1 and state[2] == (1 << 63) - 2
