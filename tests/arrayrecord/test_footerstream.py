@@ -16,15 +16,18 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aioloader.arrayrecord.index as index_mod
 from aioloader.arrayrecord import ArrayRecordWriter, read_index
 from aioloader.arrayrecord import footerstream as fs
+from aioloader.arrayrecord.codecs import ZSTD
 from aioloader.arrayrecord.errors import ArrayRecordFormatError
 from aioloader.arrayrecord.footer import _native
 from aioloader.arrayrecord.layout import BLOCK_SIZE
+from aioloader.arrayrecord.varint import encode_varint
 
 pytestmark = pytest.mark.skipif(not fs.available(), reason="_footer / _highwayhash not built")
 
@@ -139,15 +142,74 @@ def test_the_budget_counts_what_streaming_keeps():
     data = _files()[0]
     whole, _ = _open(data, None, small=True)
     m = whole[0]
-    window = 4096
-    budget = fs.KEPT_PER_ENTRY * m + 8 + 3 * window
-    streamed, got = _open(data, window, small=True, max_decoded=budget)
+    budget = fs.KEPT_PER_ENTRY * m + 8 + 3 * fs.MIN_WINDOW
+    streamed, got = _open(data, 1 << 20, small=True, max_decoded=budget)  # windows shrunk
     assert streamed == whole and got[-1] is not None
-    refused, _ = _open(data, window, small=True, max_decoded=budget - 1)
+    refused, got = _open(data, 1 << 20, small=True, max_decoded=budget - 1)
+    assert got[-1] is None  # not streamed: read whole, whose own check decides
+    assert refused == _open(data, None, small=True, max_decoded=budget - 1)[0]
     assert refused[0] == "error" and "memory budget" in refused[1]
-    refused, _ = _open(data, None, small=True, max_decoded=budget)  # read whole: refused
-    assert refused[0] == "error"
 
+
+@pytest.mark.parametrize("small", [True, False])
+def test_a_genuine_file_opens_under_a_budget_smaller_than_the_default_windows(small):
+    data = _files()[0]
+    budget = 1 << 20  # holds this file's footer whole, not three windows of 1 MiB
+    whole, _ = _open(data, None, small=small, max_decoded=budget)
+    assert whole[0] == 7000
+    streamed, got = _open(data, 1 << 20, small=small, max_decoded=budget)
+    assert streamed == whole and got[-1] is not None
+
+
+def _zstd_frame(window_log: int, n: int) -> bytes:
+    params = zstandard.ZstdCompressionParameters.from_level(
+        1, window_log=window_log, write_content_size=0)
+    c = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return c.compress(b"\x08" * n) + c.flush()
+
+
+@pytest.fixture
+def decompressors(monkeypatch):
+    """The zstd decompressors made (noted by a wrapper: the C type is not to be subclassed,
+    whose instances then crash the garbage collector)."""
+    made: list = []
+    real = zstandard.ZstdDecompressor
+
+    def noted(*args, **kw):
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", noted)
+    return made
+
+
+def test_a_zstd_window_beyond_the_budget_is_refused_before_it_is_reserved(decompressors):
+    n = 1 << 16
+    stored = encode_varint(n) + _zstd_frame(31, n)  # 2 GiB window, no content size
+    budget = fs._Budget(64 << 20)
+    block = fs._Block(ZSTD, len(stored), n, n, lambda piece: None, exact=True, budget=budget)
+    with pytest.raises(fs._Refused):
+        for k in range(len(stored)):  # a byte at a time: the frame header comes in pieces
+            block.feed(memoryview(stored)[k : k + 1])
+    assert k < 20 and decompressors == [] and budget.left == 64 << 20
+
+
+def test_a_zstd_window_within_the_budget_is_counted_then_given_back(decompressors):
+    n = 1 << 16
+    stored = encode_varint(n) + _zstd_frame(20, n)
+    budget = fs._Budget(64 << 20)
+    got: list[int] = []
+    block = fs._Block(ZSTD, len(stored), n, n, lambda piece: got.append(len(piece)),
+                      exact=True, budget=budget)
+    for k in range(0, len(stored), 3):
+        block.feed(memoryview(stored)[k : k + 3])
+        if block.writer is not None:
+            assert (64 << 20) - budget.left >= 1 << 20  # the window, counted while held
+    block.finish()
+    block.close()
+    assert sum(got) == n and budget.left == 64 << 20
+    assert [d.memory_size() for d in decompressors] and all(
+        d.memory_size() < 2 << 20 for d in decompressors)
 
 @pytest.mark.parametrize("state", [
     [-(1 << 40), 0, 0, 0, 0, 0],  # rows done: negative
