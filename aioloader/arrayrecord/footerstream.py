@@ -53,6 +53,9 @@ from .varint import MAX_VARINT64_BYTES, read_varint
 
 STREAM_FROM = 1 << 20
 """Footer ranges longer than this are streamed; shorter ones are read whole."""
+REMOTE_STREAM_FROM = 1 << 23
+"""From a bucket, where a round trip costs more than the copy saves, a footer up to this
+long is read whole (in one request, not a few windows) where the budget holds it whole."""
 LOCAL_WINDOW = 1 << 18
 """Physical bytes per read of a local file (round trips are cheap)."""
 REMOTE_WINDOW = 1 << 22

@@ -61,6 +61,7 @@ def _streaming(window: int | None):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(index_mod, "STREAM_FROM", -1 if window else 1 << 62)
+        mp.setattr(index_mod, "REMOTE_STREAM_FROM", -1 if window else 1 << 62)
         mp.setattr(fs, "stream_footer", spy)
         yield got
 
@@ -159,6 +160,26 @@ def test_a_genuine_file_opens_under_a_budget_smaller_than_the_default_windows(sm
     assert whole[0] == 7000
     streamed, got = _open(data, 1 << 20, small=small, max_decoded=budget)
     assert streamed == whole and got[-1] is not None
+
+
+def test_a_footer_under_the_remote_threshold_is_read_whole_from_a_bucket(monkeypatch):
+    data = _files()[0]
+    footer_offset = _open(data, None, small=True)[0][-1]
+    span = len(data) - BLOCK_SIZE - footer_offset
+    monkeypatch.setattr(index_mod, "STREAM_FROM", span // 4)  # over it: streamed locally
+    monkeypatch.setattr(index_mod, "REMOTE_STREAM_FROM", span)
+    for small, most in ((False, 2), (True, 1 << 30)):
+        requests: list[int] = []
+
+        def fetch(offset: int, length: int) -> bytes:
+            requests.append(length)
+            return data[offset : offset + length]
+
+        ix = read_index(len(data), fetch, small_reads=small, max_decoded=1 << 30,
+                        span=None if small else 64)
+        assert ix.num_records == 7000 and len(requests) <= most
+        if small:  # streamed in windows: no read holds the footer whole
+            assert max(requests) < span
 
 
 def _zstd_frame(window_log: int, n: int) -> bytes:
