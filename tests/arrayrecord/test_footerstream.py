@@ -171,7 +171,7 @@ def test_a_footer_under_the_remote_threshold_is_read_whole_from_a_bucket(monkeyp
     for small, most in ((False, 2), (True, 1 << 30)):
         requests: list[int] = []
 
-        def fetch(offset: int, length: int) -> bytes:
+        def fetch(offset: int, length: int, requests: list[int] = requests) -> bytes:
             requests.append(length)
             return data[offset : offset + length]
 
