@@ -265,6 +265,7 @@ static Py_ssize_t parse_stream(const uint8_t *buf, Py_ssize_t len, Py_ssize_t m,
         }
         if (r == 0) break;
         if (r < 0 || k >= m || v[1] > UINT32_MAX || v[2] < 1 ||
+            v[2] > (uint64_t)(INT64_MAX - total) ||
             v[0] >= (uint64_t)footer_offset || (k == 0 && v[0] < 64) ||
             (k > 0 && (int64_t)v[0] <= prev)) {
             status = 1;
@@ -368,7 +369,17 @@ static PyObject *footer_stream_entries(PyObject *module, PyObject *const *args,
     int got = 0;
     PyObject *result = NULL;
     if (stream_buffers(rest, bufs, &got, 6) == 0) {
+        const int64_t *st = (const int64_t *)bufs[4].buf;
         Py_ssize_t used;
+        if (footer_offset < 0 || st[0] < 0 || st[0] > bufs[1].len / 8 || st[1] < 0 ||
+            st[1] > footer_offset || st[2] < 0 || st[3] < 0 || st[4] < 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stream_entries(): footer_offset must be >= 0 and the state "
+                            "[rows done (0..m), last offset (0..footer_offset), total, most, "
+                            "widest (all >= 0), status]");
+            release_buffers(bufs, got);
+            return NULL;
+        }
         Py_BEGIN_ALLOW_THREADS
         used = parse_stream((const uint8_t *)bufs[0].buf, bufs[0].len, bufs[1].len / 8,
                             (int64_t)footer_offset, (int64_t *)bufs[1].buf,
@@ -394,8 +405,10 @@ static PyObject *footer_stream_sizes(PyObject *module, PyObject *const *args,
     PyObject *result = NULL;
     if (stream_buffers(args, bufs, &got, 3) == 0) {
         int64_t *st = (int64_t *)bufs[4].buf;
-        if (st[1] > bufs[1].len / 8) {
-            PyErr_SetString(PyExc_ValueError, "stream_sizes(): more rows than the columns hold");
+        if (st[0] < 0 || st[1] < st[0] || st[1] > bufs[1].len / 8) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stream_sizes(): the state must be [rows done, rows] with "
+                            "0 <= rows done <= rows <= what the columns hold");
         } else {
             Py_ssize_t used;
             Py_BEGIN_ALLOW_THREADS

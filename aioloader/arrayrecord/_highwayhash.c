@@ -538,11 +538,13 @@ static PyObject *hh_hash64_impl(PyObject *module, PyObject *const *args, Py_ssiz
 /* A hash over data that arrives in pieces (a footer read in windows). */
 
 PyDoc_STRVAR(hash64_update_doc,
-"hash64_update(state, data, /) -> None\n"
+"hash64_update(state, data, impl=None, /) -> None\n"
 "\n"
 "Feed whole 32-byte packets of `data` (its length a multiple of 32) into `state`, a\n"
 "writable buffer of 128 bytes; a state of all zero bytes is taken as fresh (Riegeli's\n"
-"key). `hash64_final(state, tail)` then gives hash64 of everything fed and `tail`.");
+"key). `hash64_final(state, tail)` then gives hash64 of everything fed and `tail`.\n"
+"`impl` (\"portable\" or \"avx2\", see IMPLS) runs one named implementation, whatever\n"
+"the CPU would choose: lets the tests compare them; None: the one in use.");
 
 static int get_state(PyObject *obj, Py_buffer *view) {
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) return -1;
@@ -564,10 +566,29 @@ static int get_state(PyObject *obj, Py_buffer *view) {
 
 static PyObject *hh_hash64_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "hash64_update() takes exactly 2 arguments (%zd given)",
+    if (nargs != 2 && nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "hash64_update() takes 2 or 3 arguments (%zd given)",
                      nargs);
         return NULL;
+    }
+    hh_packets_fn packets = hh_packets;
+    if (nargs == 3 && args[2] != Py_None) {
+        const char *name =
+            PyUnicode_Check(args[2]) ? PyUnicode_AsUTF8AndSize(args[2], NULL) : NULL;
+        if (name == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "impl must be a str");
+            return NULL;
+        }
+        packets = NULL;
+        if (strcmp(name, "portable") == 0) packets = hh_portable_packets;
+#ifdef HH_HAVE_AVX2
+        else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2"))
+            packets = hh_avx2_packets;
+#endif
+        if (packets == NULL) {
+            PyErr_Format(PyExc_ValueError, "implementation %R is not available here", args[2]);
+            return NULL;
+        }
     }
     Py_buffer sview, dview;
     if (get_state(args[0], &sview) < 0) return NULL;
@@ -585,7 +606,7 @@ static PyObject *hh_hash64_update(PyObject *module, PyObject *const *args, Py_ss
     memcpy(&s, sview.buf, sizeof s);
     const uint8_t *p = (const uint8_t *)dview.buf;
     Py_BEGIN_ALLOW_THREADS
-    hh_packets(&s, p, (size_t)dview.len);
+    packets(&s, p, (size_t)dview.len);
     Py_END_ALLOW_THREADS
     memcpy(sview.buf, &s, sizeof s);
     PyBuffer_Release(&dview);

@@ -15,10 +15,13 @@ every record size against the length of the entry parsed into that row, which pr
 delimiting. The columns are returned only once the data hash matches.
 
 Streamed are the footers writers make: uncompressed or zstd (decompressed by a stream
-writer in bounded pieces, so a crafted ratio costs no memory), canonical entries. Anything
-else (another codec, an odd entry, a damaged byte) makes `stream_footer` return None, and
-the caller reads the footer whole, as for a small one, which parses what is valid and names
-what is not: errors read the same either way. Sans-I/O, as `index` is.
+writer in bounded pieces, so a crafted ratio costs no memory), canonical entries. What it
+holds is counted against the memory budget before it is taken: the columns, the windows
+(made smaller to fit), and zstd's window (read from the frame's header first). Anything
+else (another codec, an odd entry, a damaged byte, a budget too small to stream in) makes
+`stream_footer` return None, and the caller reads the footer whole, as for a small one,
+whose own checks decide: it parses what is valid and names what is not, so errors read the
+same either way. Sans-I/O, as `index` is.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 
 import numpy as np
-import zstandard
 
 from .codecs import NONE, ZSTD
 from .decoding import check_gap, fills_end
 from .errors import ArrayRecordFormatError
 from .fileindex import ones_like
 from .footer import FooterData, _native
+from .footerblocks import _Block, _Budget, _FirstVarint, _Refused
 from .hashing import HashStream
 from .layout import (
     BLOCK_HEADER_SIZE,
@@ -50,22 +53,23 @@ from .varint import MAX_VARINT64_BYTES, read_varint
 
 STREAM_FROM = 1 << 20
 """Footer ranges longer than this are streamed; shorter ones are read whole."""
+REMOTE_STREAM_FROM = 1 << 23
+"""From a bucket, where a round trip costs more than the copy saves, a footer up to this
+long is read whole (in one request, not a few windows) where the budget holds it whole."""
 LOCAL_WINDOW = 1 << 18
 """Physical bytes per read of a local file (round trips are cheap)."""
 REMOTE_WINDOW = 1 << 22
 """Physical bytes per read of a remote one (fewer round trips, a few MiB held)."""
+MIN_WINDOW = 1 << 12
+"""The smallest window streaming shrinks to under a small budget (else the footer is read
+whole)."""
 KEPT_PER_ENTRY = 12
 """What the index keeps per chunk of one record: its offset (int64), decoded size (uint32)."""
 _WITH_COUNTS = 20  # ... and its record count (int64), when chunks hold more than one
 _META_MAX = 1 << 20  # the metadata record (writer options, element spec): a few KiB
-_PIECE = 1 << 16  # zstd's output, handed on in pieces of this size
 
 ReadRequest = tuple[int, int]
 Steps = Generator[ReadRequest, "bytes | memoryview", "FooterData | None"]
-
-
-class _Refused(Exception):
-    """Not a footer this path takes: the caller reads it whole and names what is wrong."""
 
 
 def available() -> bool:
@@ -100,7 +104,19 @@ def stream_footer(footer_offset: int, size: int, *, path: str | None, check: boo
         return None
     sizes_at, values_at = layout
     m = header.num_records - 1
-    _check_budget(m, KEPT_PER_ENTRY, window, max_decoded, footer_offset, path)
+    codec = logical[CHUNK_HEADER_SIZE]
+    budget = _Budget(max_decoded)
+    try:
+        budget.take(KEPT_PER_ENTRY * m + 8)
+        # the windows (a read, its stripped copy, zstd's pieces), shrunk to fit; with zstd,
+        # half of what is left stays for its decoder
+        fit = budget.left // (3 if codec == NONE else 6)
+        if fit < min(window, MIN_WINDOW):
+            raise _Refused
+        window = min(window, fit)
+        budget.take(3 * window)
+    except _Refused:
+        return None
     stop = chunk_end(footer_offset, header.data_size, header.num_records)
     if stop != post_at:
         want = fills_end(stop, post_at) - stop
@@ -110,11 +126,10 @@ def stream_footer(footer_offset: int, size: int, *, path: str | None, check: boo
             check_gap(gap, stop, post_at, footer_offset)
         except ArrayRecordFormatError:
             return None
-    codec = logical[CHUNK_HEADER_SIZE]
     data_end = CHUNK_HEADER_SIZE + header.data_size
     try:
         return (yield from _passes(header, codec, sizes_at, values_at, data_end, m,
-                                   footer_offset, path, check, max_decoded, window))
+                                   footer_offset, path, check, budget, window))
     except _Refused:
         return None
 
@@ -141,20 +156,8 @@ def _layout(header: ChunkHeader, logical, footer_offset: int, post_at: int) -> t
     return sizes_at, sizes_at + sizes_len
 
 
-def _check_budget(m: int, per_entry: int, window: int, max_decoded: int, footer_offset: int,
-                  path: str | None) -> None:
-    need = per_entry * m + 8 + 3 * window
-    if need > max_decoded:
-        raise ArrayRecordFormatError(
-            f"the footer declares {m} chunks, whose index takes {need} bytes, more than the "
-            f"memory budget of {max_decoded} bytes allows", path=path, offset=footer_offset,
-            hint="the file is corrupted or crafted; if it is genuine, raise the budget (the "
-                 "loader's memory_budget, or max_decoded)",
-        )
-
-
 def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data_end: int,
-            m: int, footer_offset: int, path: str | None, check: bool, max_decoded: int,
+            m: int, footer_offset: int, path: str | None, check: bool, budget: _Budget,
             window: int) -> Steps:
     """The three passes of the module's docstring; _Refused when anything is otherwise."""
     def read(a: int, b: int, sink: Callable[[memoryview, int], None]):
@@ -163,7 +166,7 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
     data_hash, sizes_hash = HashStream(), HashStream()
     first = _FirstVarint()
     sizes = _Block(codec, values_at - sizes_at, m + 1, (m + 1) * MAX_VARINT64_BYTES,
-                   first.feed)
+                   first.feed, budget=budget)
 
     def pass_one(piece: memoryview, at: int) -> None:
         if check:
@@ -176,12 +179,14 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
                 sizes.feed(part)
 
     yield from read(CHUNK_HEADER_SIZE, values_at, pass_one)
+    sizes.close()
     meta_len = first.value
     if meta_len is None or meta_len > min(_META_MAX, header.decoded_data_size):
         raise _Refused
-    columns = _Columns(m, footer_offset, meta_len, max_decoded, window, path)
+    columns = _Columns(m, footer_offset, meta_len, budget)
     decoded = header.decoded_data_size
-    values = _Block(codec, data_end - values_at, decoded, decoded, columns.feed, exact=True)
+    values = _Block(codec, data_end - values_at, decoded, decoded, columns.feed, exact=True,
+                    budget=budget)
 
     def pass_two(piece: memoryview, at: int) -> None:
         if check:
@@ -190,13 +195,14 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
 
     yield from read(values_at, data_end, pass_two)
     values.finish()
+    values.close()
     columns.finish()
     if check and data_hash.digest() != header.data_hash:
         raise _Refused
     recheck = HashStream()
     compare = _Sizes(columns)
     sizes = _Block(codec, values_at - sizes_at, m + 1, (m + 1) * MAX_VARINT64_BYTES,
-                   compare.feed)
+                   compare.feed, budget=budget)
 
     def pass_three(piece: memoryview, at: int) -> None:
         if check:
@@ -205,6 +211,7 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
 
     yield from read(sizes_at, values_at, pass_three)
     sizes.finish()
+    sizes.close()
     compare.finish(meta_len)
     if check and recheck.digest() != sizes_hash.digest():
         raise _Refused  # the file changed between the passes
@@ -232,88 +239,12 @@ def _read(footer_offset: int, a: int, b: int, window: int, check: bool, path: st
         p = q
 
 
-class _FirstVarint:
-    """The first varint of a stream (the metadata record's size)."""
-
-    def __init__(self) -> None:
-        self.head = b""
-        self.value: int | None = None
-
-    def feed(self, piece) -> int:
-        """Take the varint's bytes from `piece`; how many it took."""
-        if self.value is not None:
-            return 0
-        had = len(self.head)
-        self.head += bytes(piece[: MAX_VARINT64_BYTES - had])
-        try:
-            self.value, used = read_varint(self.head, 0)
-        except ArrayRecordFormatError:
-            if len(self.head) >= MAX_VARINT64_BYTES:
-                raise _Refused from None
-            return len(self.head) - had
-        return used - had
-
-
-class _Block:
-    """One block of a simple chunk (`length` stored bytes), decoded as it arrives and handed
-    on to `sink` in order: `at_least` to `at_most` decoded bytes, exactly `at_most` with
-    `exact`. A zstd block is `varint(decoded length) || frame`."""
-
-    def __init__(self, codec: int, length: int, at_least: int, at_most: int,
-                 sink: Callable[[memoryview], object], exact: bool = False) -> None:
-        self.codec, self.sink = codec, sink
-        self.at_least, self.at_most = (at_most if exact else at_least), at_most
-        self.prefix = b""
-        self.declared: int | None = length if codec == NONE else None
-        self.out = 0
-        self.writer: zstandard.ZstdDecompressionWriter | None = None
-
-    def feed(self, piece) -> None:
-        if self.codec == NONE:
-            self.write(piece)
-            return
-        if self.writer is None:
-            had = len(self.prefix)
-            self.prefix += bytes(piece[: MAX_VARINT64_BYTES - had])
-            try:
-                self.declared, used = read_varint(self.prefix, 0)
-            except ArrayRecordFormatError:
-                if len(self.prefix) >= MAX_VARINT64_BYTES:
-                    raise _Refused from None
-                return
-            if not self.at_least <= self.declared <= self.at_most:
-                raise _Refused
-            zstd = zstandard.ZstdDecompressor(max_window_size=1 << 31)  # (one a block: a
-            # decompressor is not to be shared between threads)
-            self.writer = zstd.stream_writer(self, write_size=_PIECE)  # type: ignore[arg-type]
-            piece = memoryview(piece)[used - had :]
-        try:
-            self.writer.write(piece)
-        except zstandard.ZstdError:
-            raise _Refused from None
-
-    def write(self, data) -> int:
-        """(The stream writer's output.)"""
-        self.out += len(data)
-        if self.declared is None or self.out > self.declared:
-            raise _Refused
-        self.sink(memoryview(data))
-        return len(data)
-
-    def finish(self) -> None:
-        if self.declared is None or self.out != self.declared or \
-                not self.at_least <= self.out <= self.at_most:
-            raise _Refused
-
-
 class _Columns:
     """The values block after the metadata record, parsed into the index's columns (rows of
     a chunk offset, its decoded size, and its record count once one is not 1)."""
 
-    def __init__(self, m: int, footer_offset: int, meta_len: int, max_decoded: int,
-                 window: int, path: str | None) -> None:
-        self.m, self.footer_offset, self.max_decoded = m, footer_offset, max_decoded
-        self.window, self.path = window, path
+    def __init__(self, m: int, footer_offset: int, meta_len: int, budget: _Budget) -> None:
+        self.m, self.footer_offset, self.budget = m, footer_offset, budget
         self.bounds = np.empty(m + 1, dtype=np.int64)  # the offsets, then the footer's
         self.bounds[m] = footer_offset
         self.offsets = self.bounds[:m]
@@ -346,8 +277,7 @@ class _Columns:
                                       self.records, self.state)
         status = int(self.state[5])
         if status == 2:  # a chunk of several records: keep the counts from here on
-            _check_budget(self.m, _WITH_COUNTS, self.window, self.max_decoded,
-                          self.footer_offset, self.path)
+            self.budget.take((_WITH_COUNTS - KEPT_PER_ENTRY) * self.m)
             self.records = np.ones(self.m, dtype=np.int64)
             self.state[5] = 0
             return used + self._parse(memoryview(buf)[used:])

@@ -178,12 +178,14 @@ highwayhash64_pair: Callable[[Buffer, Buffer], tuple[int, int]] = (
 
 class HashStream:
     """`highwayhash64` of data fed in pieces (`update`, then `digest`), for a footer read in
-    windows; needs the C extension (`HashStream.available`)."""
+    windows; needs the C extension (`HashStream.available`). `impl` names one of the
+    extension's implementations (its `IMPLS`), for the tests; None: the one in use."""
 
-    __slots__ = ("_state", "_tail")
+    __slots__ = ("_impl", "_state", "_tail")
     available: bool = _highwayhash is not None and hasattr(_highwayhash, "hash64_update")
 
-    def __init__(self) -> None:
+    def __init__(self, impl: str | None = None) -> None:
+        self._impl = impl
         self._state = bytearray(128)  # all zero: the extension starts it with Riegeli's key
         self._tail = b""  # under 32 bytes, not yet a whole packet
 
@@ -195,11 +197,11 @@ class HashStream:
             view = view[need:]
             if len(self._tail) < 32:
                 return
-            _highwayhash.hash64_update(self._state, self._tail)
+            _highwayhash.hash64_update(self._state, self._tail, self._impl)
             self._tail = b""
         whole = len(view) - len(view) % 32
         if whole:
-            _highwayhash.hash64_update(self._state, view[:whole])
+            _highwayhash.hash64_update(self._state, view[:whole], self._impl)
         self._tail = bytes(view[whole:])
 
     def digest(self) -> int:

@@ -29,7 +29,7 @@ from .decoding import decode_chunk, decode_records, fills_end
 from .errors import CORRUPT_HINT, ArrayRecordFormatError
 from .fileindex import FileIndex, compact_counts, compact_sizes, ones_like
 from .footer import FooterData, decode_footer_data
-from .footerstream import LOCAL_WINDOW, REMOTE_WINDOW, STREAM_FROM
+from .footerstream import LOCAL_WINDOW, REMOTE_STREAM_FROM, REMOTE_WINDOW, STREAM_FROM
 from .footerstream import check_length as _check_length
 from .layout import (
     _HEADER,
@@ -122,8 +122,10 @@ def _footer_from(buf, buf_at: int, footer_offset: int, size: int, path: str | No
         footer_raw: bytes | memoryview = (
             memoryview(buf)[footer_offset - buf_at : post_at - buf_at])
     else:
+        span = post_at - footer_offset  # read whole from a bucket up to REMOTE_STREAM_FROM
+        stream_from = REMOTE_STREAM_FROM if 4 * span <= max_decoded else STREAM_FROM
         streamed = yield from _streamed(footer_offset, size, path, verify, max_decoded,
-                                        REMOTE_WINDOW)
+                                        REMOTE_WINDOW, max(stream_from, STREAM_FROM))
         if streamed is not None:
             return streamed
         _check_span(post_at - footer_offset, max_decoded, footer_offset, path)
@@ -134,10 +136,12 @@ def _footer_from(buf, buf_at: int, footer_offset: int, size: int, path: str | No
 
 
 def _streamed(footer_offset: int, size: int, path: str | None, verify: str, max_decoded: int,
-              window: int) -> Generator[ReadRequest, bytes | memoryview, FileIndex | None]:
+              window: int, stream_from: int,
+              ) -> Generator[ReadRequest, bytes | memoryview, FileIndex | None]:
     """A large footer's index by `footerstream` (read in windows, never held whole); None
-    for a small footer, or one that path does not take (the caller reads it whole)."""
-    if size - BLOCK_SIZE - footer_offset <= STREAM_FROM or not footerstream.available():
+    for a footer up to `stream_from` bytes, or one that path does not take (the caller
+    reads it whole)."""
+    if size - BLOCK_SIZE - footer_offset <= stream_from or not footerstream.available():
         return None
     check = postscript.index_verify(verify) != "none"
     footer = yield from footerstream.stream_footer(footer_offset, size, path=path, check=check,
@@ -200,7 +204,7 @@ def _open_small(size: int, path: str | None, verify: str, tail_start: int, max_d
     footer_offset = yield from _postscript_from(head, size, path, verify)
     span = post_at - footer_offset
     streamed = yield from _streamed(footer_offset, size, path, verify, max_decoded,
-                                    LOCAL_WINDOW)
+                                    LOCAL_WINDOW, STREAM_FROM)
     if streamed is not None:
         return streamed
     if footer_offset < tail_start:

@@ -16,14 +16,18 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aioloader.arrayrecord.index as index_mod
 from aioloader.arrayrecord import ArrayRecordWriter, read_index
 from aioloader.arrayrecord import footerstream as fs
+from aioloader.arrayrecord.codecs import ZSTD
 from aioloader.arrayrecord.errors import ArrayRecordFormatError
+from aioloader.arrayrecord.footer import _native
 from aioloader.arrayrecord.layout import BLOCK_SIZE
+from aioloader.arrayrecord.varint import encode_varint
 
 pytestmark = pytest.mark.skipif(not fs.available(), reason="_footer / _highwayhash not built")
 
@@ -57,6 +61,7 @@ def _streaming(window: int | None):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(index_mod, "STREAM_FROM", -1 if window else 1 << 62)
+        mp.setattr(index_mod, "REMOTE_STREAM_FROM", -1 if window else 1 << 62)
         mp.setattr(fs, "stream_footer", spy)
         yield got
 
@@ -138,11 +143,119 @@ def test_the_budget_counts_what_streaming_keeps():
     data = _files()[0]
     whole, _ = _open(data, None, small=True)
     m = whole[0]
-    window = 4096
-    budget = fs.KEPT_PER_ENTRY * m + 8 + 3 * window
-    streamed, got = _open(data, window, small=True, max_decoded=budget)
+    budget = fs.KEPT_PER_ENTRY * m + 8 + 3 * fs.MIN_WINDOW
+    streamed, got = _open(data, 1 << 20, small=True, max_decoded=budget)  # windows shrunk
     assert streamed == whole and got[-1] is not None
-    refused, _ = _open(data, window, small=True, max_decoded=budget - 1)
+    refused, got = _open(data, 1 << 20, small=True, max_decoded=budget - 1)
+    assert got[-1] is None  # not streamed: read whole, whose own check decides
+    assert refused == _open(data, None, small=True, max_decoded=budget - 1)[0]
     assert refused[0] == "error" and "memory budget" in refused[1]
-    refused, _ = _open(data, None, small=True, max_decoded=budget)  # read whole: refused
-    assert refused[0] == "error"
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_a_genuine_file_opens_under_a_budget_smaller_than_the_default_windows(small):
+    data = _files()[0]
+    budget = 1 << 20  # holds this file's footer whole, not three windows of 1 MiB
+    whole, _ = _open(data, None, small=small, max_decoded=budget)
+    assert whole[0] == 7000
+    streamed, got = _open(data, 1 << 20, small=small, max_decoded=budget)
+    assert streamed == whole and got[-1] is not None
+
+
+def test_a_footer_under_the_remote_threshold_is_read_whole_from_a_bucket(monkeypatch):
+    data = _files()[0]
+    footer_offset = _open(data, None, small=True)[0][-1]
+    span = len(data) - BLOCK_SIZE - footer_offset
+    monkeypatch.setattr(index_mod, "STREAM_FROM", span // 4)  # over it: streamed locally
+    monkeypatch.setattr(index_mod, "REMOTE_STREAM_FROM", span)
+    for small, most in ((False, 2), (True, 1 << 30)):
+        requests: list[int] = []
+
+        def fetch(offset: int, length: int, requests: list[int] = requests) -> bytes:
+            requests.append(length)
+            return data[offset : offset + length]
+
+        ix = read_index(len(data), fetch, small_reads=small, max_decoded=1 << 30,
+                        span=None if small else 64)
+        assert ix.num_records == 7000 and len(requests) <= most
+        if small:  # streamed in windows: no read holds the footer whole
+            assert max(requests) < span
+
+
+def _zstd_frame(window_log: int, n: int) -> bytes:
+    params = zstandard.ZstdCompressionParameters.from_level(
+        1, window_log=window_log, write_content_size=0)
+    c = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return c.compress(b"\x08" * n) + c.flush()
+
+
+@pytest.fixture
+def decompressors(monkeypatch):
+    """The zstd decompressors made (noted by a wrapper: the C type is not to be subclassed,
+    whose instances then crash the garbage collector)."""
+    made: list = []
+    real = zstandard.ZstdDecompressor
+
+    def noted(*args, **kw):
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", noted)
+    return made
+
+
+def test_a_zstd_window_beyond_the_budget_is_refused_before_it_is_reserved(decompressors):
+    n = 1 << 16
+    stored = encode_varint(n) + _zstd_frame(31, n)  # 2 GiB window, no content size
+    budget = fs._Budget(64 << 20)
+    block = fs._Block(ZSTD, len(stored), n, n, lambda piece: None, exact=True, budget=budget)
+    with pytest.raises(fs._Refused):
+        for k in range(len(stored)):  # a byte at a time: the frame header comes in pieces
+            block.feed(memoryview(stored)[k : k + 1])
+    assert k < 20 and decompressors == [] and budget.left == 64 << 20
+
+
+def test_a_zstd_window_within_the_budget_is_counted_then_given_back(decompressors):
+    n = 1 << 16
+    stored = encode_varint(n) + _zstd_frame(20, n)
+    budget = fs._Budget(64 << 20)
+    got: list[int] = []
+    block = fs._Block(ZSTD, len(stored), n, n, lambda piece: got.append(len(piece)),
+                      exact=True, budget=budget)
+    for k in range(0, len(stored), 3):
+        block.feed(memoryview(stored)[k : k + 3])
+        if block.writer is not None:
+            assert (64 << 20) - budget.left >= 1 << 20  # the window, counted while held
+    block.finish()
+    block.close()
+    assert sum(got) == n and budget.left == 64 << 20
+    assert [d.memory_size() for d in decompressors] and all(
+        d.memory_size() < 2 << 20 for d in decompressors)
+
+@pytest.mark.parametrize("state", [
+    [-(1 << 40), 0, 0, 0, 0, 0],  # rows done: negative
+    [5, 0, 0, 0, 0, 0],  # more rows done than the columns hold
+    [0, -1, 0, 0, 0, 0],  # the last offset: negative
+    [0, 0, -1, 0, 0, 0],  # the total: negative
+])
+def test_stream_entries_refuses_a_state_out_of_range(state):
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    with pytest.raises(ValueError, match="state"):
+        _native.stream_entries(bytes([8, 100, 16, 5, 24, 1]), 1 << 20, offsets, decoded,
+                               None, np.array(state, np.int64))
+
+
+@pytest.mark.parametrize("state", [[-(1 << 40), 4, 0], [3, 2, 0], [0, 5, 0]])
+def test_stream_sizes_refuses_a_state_out_of_range(state):
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    with pytest.raises(ValueError, match="state"):
+        _native.stream_sizes(bytes([6]), offsets, decoded, None, np.array(state, np.int64))
+
+
+def test_stream_entries_refuses_a_record_count_that_overflows_the_total():
+    offsets, decoded = np.zeros(4, np.int64), np.zeros(4, np.uint32)
+    records = np.ones(4, np.int64)
+    state = np.array([1, 64, (1 << 63) - 2, 1, 0, 0], np.int64)
+    entry = bytes([8, 0xC8, 0x01, 16, 5, 24, 3])  # offset 200, 5 bytes, 3 records
+    _native.stream_entries(entry, 1 << 20, offsets, decoded, records, state)
+    assert state[5] == 1 and state[0] == 1 and state[2] == (1 << 63) - 2

@@ -381,12 +381,18 @@ def test_batched_decode_checks_data_hashes_inline(codec: str, monkeypatch) -> No
     assert "f3.ar" in str(info.value) and "chunk 3" in str(info.value)
 
 
+@pytest.mark.parametrize("impl", NATIVE_IMPLS)
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=12))
-def test_a_hash_fed_in_pieces_is_the_hash_of_the_whole(data, cuts):
-    stream = HashStream()
+def test_a_hash_fed_in_pieces_is_the_hash_of_the_whole(impl, data, cuts):
+    stream = HashStream(impl)
     at = 0
     for cut in [*sorted(cuts), len(data)]:
         stream.update(data[at : max(at, cut)])
         at = max(at, cut)
     assert stream.digest() == highwayhash64(data) == highwayhash64_py(data)
+
+
+def test_a_hash_stream_names_an_implementation_this_machine_has():
+    with pytest.raises(ValueError, match="not available"):
+        HashStream("neon-on-x86").update(bytes(64))
