@@ -21,6 +21,7 @@ import aioloader as al
 from aioloader.formats.tfrecord import frame
 from tests.formats.test_parquet_hostile import CASES as HOSTILE
 from tests.formats.test_parquet_hostile import _good
+from tests.support.elastic import elastic_ids
 
 N = 240  # rows in the glob's files together
 
@@ -193,27 +194,9 @@ def test_elastic_resume_covers_every_row_once(files, monkeypatch):
     """2 processes (told so, as jax would) stop after 3 steps; 3 resume; every row comes
     once in the epoch across the change."""
     pytest.importorskip("jax")
-    import aioloader.jax as aljax
-
     base = al.Dataset.from_parquet(files["glob"], columns=["id"]).shuffle(seed=4)
-
-    def run(procs, state=None, stop=None):
-        ds = base.shard_by_jax_process().map(_ids_of).batch(12 // procs, drop_remainder=True)
-        seen, states = [], []
-        for p in range(procs):
-            monkeypatch.setattr(aljax, "process_shard", lambda ds, p=p: (p, procs))
-            it = ds.loader(workers=0, state=state)
-            for k, b in enumerate(it):
-                seen += np.asarray(b).tolist()
-                if stop is not None and k + 1 == stop:
-                    break
-            states.append(it.get_state())
-            it.close()
-        return seen, states[0]
-
-    first, state = run(2, stop=3)
-    rest, _ = run(3, state=state)
-    got = first + rest
+    got = elastic_ids(monkeypatch, lambda procs: base.shard_by_jax_process().map(_ids_of)
+                      .batch(12 // procs, drop_remainder=True))
     assert len(got) == len(set(got)) == N // 12 * 12
 
 

@@ -17,6 +17,7 @@ import aioloader as al
 from aioloader.formats.tfrecord import TFRecordFormatError, frame
 from aioloader.tools.convert import read_tfrecord
 from tests.support import pipeline_fns as fns
+from tests.support.elastic import elastic_ids
 
 beam = pytest.importorskip("apache_beam", reason="Beam is the oracle")
 
@@ -121,28 +122,9 @@ def test_elastic_resume_covers_every_record_once(files, monkeypatch):
     """2 processes (told so, as jax would) stop after 3 steps; 3 resume; every record comes
     once in the epoch across the change."""
     pytest.importorskip("jax")
-    import aioloader.jax as aljax
-
     base = al.Dataset.from_tfrecord(files["glob"]).shuffle(seed=4)
-
-    def run(procs, state=None, stop=None):
-        ds = base.shard_by_jax_process().map(fns.decode).map(fns.just_id) \
-            .batch(12 // procs, drop_remainder=True)
-        seen, states = [], []
-        for p in range(procs):
-            monkeypatch.setattr(aljax, "process_shard", lambda ds, p=p: (p, procs))
-            it = ds.loader(workers=0, state=state)
-            for k, b in enumerate(it):
-                seen += np.asarray(b).tolist()
-                if stop is not None and k + 1 == stop:
-                    break
-            states.append(it.get_state())
-            it.close()
-        return seen, states[0]
-
-    first, state = run(2, stop=3)
-    rest, _ = run(3, state=state)
-    got = first + rest
+    got = elastic_ids(monkeypatch, lambda procs: base.shard_by_jax_process().map(fns.decode)
+                      .map(fns.just_id).batch(12 // procs, drop_remainder=True))
     assert len(got) == len(set(got)) == N // 12 * 12
 
 
