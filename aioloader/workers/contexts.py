@@ -5,9 +5,11 @@ context; Parquet's is its footer).
 A task names a record's file by its number in the source (`ChunkRefs.ids`) and the
 opened table by a token (`Task.table`); it carries no context. `FileStates.lacking` says
 which of a task's files this process has no state for; the task then comes back once with
-their contexts (`Task.contexts`), which `learn` turns into states (`RecordFormat.prepare`,
-once per file per process). States are kept least recently used out, never those of the
-task at hand, so a process keeps at most `MAX_FILES` of them beyond one task's.
+the contexts of all its contextual files (`Task.contexts`, `contextual_ids`: the pool may
+give it to another process, which lacks others), which `learn` turns into states
+(`RecordFormat.prepare`, once per file per process). States are kept least recently used
+out, never those of the task at hand, so a process keeps at most `MAX_FILES` of them beyond
+one task's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ def _contextual(refs: ChunkRefs) -> np.ndarray:
     return np.unique(refs.file[np.isin(refs.format, codes)])
 
 
+def contextual_ids(refs: ChunkRefs) -> list[int]:
+    """The source's numbers of the files of `refs` that are of contextual formats."""
+    files = _contextual(refs)
+    if not len(files):
+        return []
+    if refs.ids is None:
+        raise ValueError("records of a contextual format need their files' numbers")
+    return [int(i) for i in refs.ids[files].tolist()]
+
+
 class FileStates:
     """Decoding states by (table token, file number in the source)."""
 
@@ -46,12 +58,7 @@ class FileStates:
 
     def lacking(self, refs: ChunkRefs, table: str) -> list[int]:
         """The source's numbers of the files of `refs` whose contexts this process lacks."""
-        files = _contextual(refs)
-        if not len(files):
-            return []
-        if refs.ids is None:
-            raise ValueError("records of a contextual format need their files' numbers")
-        return [i for i in refs.ids[files].tolist() if (table, i) not in self._states]
+        return [i for i in contextual_ids(refs) if (table, i) not in self._states]
 
     def learn(self, refs: ChunkRefs, table: str, contexts: Mapping[int, bytes], *,
               max_decoded: int) -> None:

@@ -291,3 +291,15 @@ def test_a_damaged_data_page_names_the_file_and_row_group(tmp_path, workers):
     path.write_bytes(bytes(data))
     with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
         list(al.Dataset.from_parquet(str(path)).loader(workers=workers))
+
+
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_an_exact_shuffle_over_many_files_whichever_worker_runs_the_retry(tmp_path, executor):
+    """A task sent again with contexts may go to another worker, which lacks other files of
+    the task than the first one did: it must run there all the same."""
+    for k in range(64):
+        pq.write_table(pa.table({"id": np.arange(k * 10, (k + 1) * 10)}),
+                       tmp_path / f"p{k:03d}.parquet", row_group_size=5)
+    ds = al.Dataset.from_parquet(str(tmp_path / "p*.parquet")).shuffle(seed=0).repeat(2
+                                                                                 ).batch(4)
+    assert _digest(ds, workers=2, executor=executor) == _digest(ds, workers=0)
