@@ -64,3 +64,21 @@ def test_a_damaged_chunk_is_an_error_naming_the_file(tmp_path):
         chunks.records(data[start:end], start + 1, [0], max_decoded=BUDGET)
     with pytest.raises(ParquetFormatError, match="index has 7"):
         chunks.records(data[start:end], start, [0], max_decoded=BUDGET, expected_records=7)
+
+
+def test_kept_bytes_stay_the_sum_of_the_kept_costs_when_another_thread_evicted():
+    """A row group grown (its values converted) after another thread evicted it comes back
+    with its whole cost counted, which its eviction later takes off."""
+    from aioloader.formats.parquetchunks import KeptRowGroups, _Kept
+
+    kept = KeptRowGroups()
+    one = _Kept(pa.table({"a": np.arange(100)}))
+    kept.put((0, 0), one, 1 << 30)
+    big = _Kept(pa.table({"b": np.arange(1000)}))
+    kept.put((0, 1), big, one.cost + big.cost - 1)  # (another thread's: `one` goes)
+    assert kept.get((0, 0)) is None
+    kept.put((0, 0), one, 1 << 30, grown=500)  # (the values converted meanwhile)
+    assert kept.bytes == sum(k.cost for k in kept._items.values())
+    kept.put((0, 2), _Kept(pa.table({"c": np.arange(10)})), 0)  # everything else out
+    assert len(kept._items) == 1
+    assert kept.bytes == sum(k.cost for k in kept._items.values())
