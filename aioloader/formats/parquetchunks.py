@@ -67,7 +67,6 @@ def unpack_context(path: str, context: bytes | memoryview
 
 
 Raw: TypeAlias = bytes | memoryview | Callable[[], bytes | memoryview]  # (bytes, or how)
-VALUE_BYTES = 64  # what a row's value costs kept as a Python object, besides its data
 
 
 class _Kept:
@@ -162,11 +161,12 @@ class ParquetChunks:
         with self._lock:
             kept = self._kept_one(raw, start, max_decoded, expected_records)
             if kept.values is None:
-                from .parquet.rows import column_values
+                from .parquet.rows import column_values, values_cost
 
                 kept.values = [column_values(c) for c in kept.table.columns]
-                grown = kept.table.nbytes + VALUE_BYTES * kept.table.num_rows * \
-                    max(1, kept.table.num_columns)
+                # (the Table is counted already: the values' objects, and their copies of
+                # strings' and bytes' data)
+                grown = sum(values_cost(c) for c in kept.table.columns)
                 KEPT.put((self._id, start), kept, max_decoded // 4, grown=grown)
             names, values, n = kept.table.column_names, kept.values, kept.table.num_rows
         out = []

@@ -82,3 +82,32 @@ def test_kept_bytes_stay_the_sum_of_the_kept_costs_when_another_thread_evicted()
     kept.put((0, 2), _Kept(pa.table({"c": np.arange(10)})), 0)  # everything else out
     assert len(kept._items) == 1
     assert kept.bytes == sum(k.cost for k in kept._items.values())
+
+
+def test_a_kept_row_groups_cost_covers_its_values_of_nested_and_string_columns(tmp_path):
+    """Rows taken of a row group of list, struct and string columns: what the kept row
+    group is counted as covers its Table once and the Python values made of it."""
+    import tracemalloc
+
+    from aioloader.formats import parquetchunks as pc
+
+    n = 5000
+    table = pa.table({"tok": [list(range(i % 3)) for i in range(n)],
+                      "words": [[f"w{i}"] * (i % 3) for i in range(n)],
+                      "meta": [{"k": i, "s": "x"} for i in range(n)],
+                      "s": [f"r{i}" for i in range(n)], "x": np.arange(n)})
+    path = tmp_path / "m.parquet"
+    pq.write_table(table, path, row_group_size=n)
+    data, index, chunks = _open(path)
+    start, end = int(index.chunk_offsets[0]), int(index.chunk_ends[0])
+    pc.KEPT.clear()
+    tracemalloc.start()
+    try:
+        chunks.rows(data[start:end], start, [0], max_decoded=BUDGET)
+        traced = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    (kept,) = pc.KEPT._items.values()
+    assert kept.cost >= kept.table.nbytes + traced, (kept.cost, kept.table.nbytes, traced)
+    assert kept.cost <= 2 * (kept.table.nbytes + traced), (kept.cost, traced)  # (once)
+    pc.KEPT.clear()
