@@ -393,6 +393,11 @@ def _indices(files: list, arrays: dict[str, np.ndarray], infos: Sequence[ObjectI
                        writer_options=str(options), element_spec=str(spec),
                        context=contexts[x_at : x_at + lengths[k]].tobytes())
         vars(ix)["chunk_ends"] = bounds[lo + 1 : lo + n + 1]
+        if fmts.get(kinds[k]).contextual:
+            try:
+                fmts.get(kinds[k]).check_cached(ix)
+            except Exception as err:
+                raise CacheEntryError(f"file {k}: {err}") from None
         d_at += n
         x_at += lengths[k]
         out.append(ix)

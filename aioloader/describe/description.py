@@ -273,7 +273,7 @@ def stage_lines(ds: Described) -> list[str]:
     else:
         paths = source.paths
         more = f" +{len(paths) - 1} more" if len(paths) > 1 else ""
-        lines = [f"{source_verb(source)}({redact(paths[0])}{more})"]
+        lines = [f"{source_verb(source)}({redact(paths[0])}{more}{columns_shown(source)})"]
     lines += [op.describe() for op in ds.index_ops]
     lines += [op.describe() for op in ds.record_ops]
     if ds.batching is not None:
@@ -291,6 +291,16 @@ def source_verb(source: Any) -> str:
     if all(k == fmts.ARRAYRECORD for k in kinds):
         return "source"
     return "+".join(dict.fromkeys(kinds))
+
+
+def columns_shown(source: Any) -> str:
+    """", columns=[...]" when a source's files are read with one selection of columns
+    (`fmts.reading`), else ""."""
+    kinds = getattr(source, "formats", ())
+    selections = {fmts.split(k)[1] for k in kinds}
+    if len(selections) != 1 or None in selections:
+        return ""
+    return f", columns={list(selections.pop() or ())!r}"
 
 
 def check_picklable(ds: Described) -> None:

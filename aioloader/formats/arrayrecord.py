@@ -63,6 +63,9 @@ class ArrayRecordFormat:
     def proof_offset(self, index: FileIndex) -> int:
         return index.footer_offset  # the footer chunk's header, with its hash
 
+    def check_cached(self, index: FileIndex) -> None:
+        """(no context: the cache's own checks are all there is)"""
+
     def codec(self, index: FileIndex) -> str:
         c = index.options.compression if index.options is not None else None
         if c is None:

@@ -82,6 +82,11 @@ class RecordFormat(Protocol):
         does not (`cache.index_cache.HEAD_BYTES` of them from here, fewer at the end)."""
         ...
 
+    def check_cached(self, index: FileIndex) -> None:
+        """Raise ValueError where an index read back from the index cache disagrees with
+        what its file's context (a contextual format's) says of its chunks."""
+        ...
+
     def codec(self, index: FileIndex) -> str:
         """How the file's chunks are compressed, in a word ("zstd:3", "none")."""
         ...

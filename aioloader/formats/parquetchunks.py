@@ -67,7 +67,6 @@ def unpack_context(path: str, context: bytes | memoryview
 
 
 Raw: TypeAlias = bytes | memoryview | Callable[[], bytes | memoryview]  # (bytes, or how)
-VALUE_BYTES = 64  # what a row's value costs kept as a Python object, besides its data
 
 
 class _Kept:
@@ -97,13 +96,18 @@ class KeptRowGroups:
                 self._items.move_to_end(key)
             return kept
 
-    def put(self, key: tuple[int, int], kept: _Kept, grown: int, max_bytes: int) -> None:
-        """`kept` (new, or `grown` bytes more than when it was put) in, then the oldest
-        out until the bound holds."""
+    def put(self, key: tuple[int, int], kept: _Kept, max_bytes: int, *,
+            grown: int = 0) -> None:
+        """`kept` in (its cost `grown` bytes more: its values converted), then the oldest
+        out until the bound holds. Its cost changes under the lock eviction takes, and one
+        evicted meanwhile by another thread comes back with its whole cost counted."""
         with self._lock:
+            kept.cost += grown
             if key not in self._items:
                 self._items[key] = kept
-            self.bytes += grown
+                self.bytes += kept.cost
+            else:
+                self.bytes += grown
             while len(self._items) > 1 and self.bytes > max_bytes:
                 _, old = self._items.popitem(last=False)
                 self.bytes -= old.cost
@@ -157,13 +161,13 @@ class ParquetChunks:
         with self._lock:
             kept = self._kept_one(raw, start, max_decoded, expected_records)
             if kept.values is None:
-                from .parquet.rows import column_values
+                from .parquet.rows import column_values, values_cost
 
                 kept.values = [column_values(c) for c in kept.table.columns]
-                grown = kept.table.nbytes + VALUE_BYTES * kept.table.num_rows * \
-                    max(1, kept.table.num_columns)
-                kept.cost += grown
-                KEPT.put((self._id, start), kept, grown, max_decoded // 4)
+                # (the Table is counted already: the values' objects, and their copies of
+                # strings' and bytes' data)
+                grown = sum(values_cost(c) for c in kept.table.columns)
+                KEPT.put((self._id, start), kept, max_decoded // 4, grown=grown)
             names, values, n = kept.table.column_names, kept.values, kept.table.num_rows
         out = []
         for j in within:
@@ -189,7 +193,7 @@ class ParquetChunks:
                            expected_records=expected_records)
         self.decoded += 1
         kept = _Kept(table)
-        KEPT.put((self._id, start), kept, kept.cost, max_decoded // 4)
+        KEPT.put((self._id, start), kept, max_decoded // 4)
         return kept
 
     def table(self, raw: bytes | memoryview, start: int, *, max_decoded: int,

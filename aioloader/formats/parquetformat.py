@@ -112,6 +112,20 @@ class ParquetFormat:
     def proof_offset(self, index: FileIndex) -> int:
         return max(0, index.size - _PROOF)  # the footer's end, its length and magic
 
+    def check_cached(self, index: FileIndex) -> None:
+        """The chunk table the index's footer (its context) gives must be the index's: a
+        cached entry's row counts are believed only where the footer says so."""
+        import numpy as np
+
+        from .parquetindex import chunk_table
+
+        state = self.prepare(index.context, path=index.path, max_decoded=1 << 62)
+        want = chunk_table(state.layout, path=index.path)
+        if not (np.array_equal(want.chunk_offsets, index.chunk_offsets)
+                and np.array_equal(want.chunk_records, index.chunk_records)):
+            raise ValueError("its chunks or row counts are not the row groups its footer "
+                             "describes")
+
     def codec(self, index: FileIndex) -> str:
         """The selected column chunks' codecs ("snappy", "zstd+gzip"), from the footer."""
         if not index.context or not index.num_chunks:

@@ -252,6 +252,9 @@ class TFRecordFormat:
     def proof_offset(self, index: FileIndex) -> int:
         return max(0, index.size - 64)  # the last record's tail and payload checksum
 
+    def check_cached(self, index: FileIndex) -> None:
+        """(no context: the cache's own checks are all there is)"""
+
     def codec(self, index: FileIndex) -> str:
         return "none"
 

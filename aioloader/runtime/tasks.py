@@ -24,6 +24,7 @@ from ..io.storage import StorageError
 from ..source.bytepath import BytePath, Link
 from ..workers import Executor, Result, Task
 from ..workers.arena import slot_bytes
+from ..workers.contexts import contextual_ids
 from .horizons import Horizons
 from .readahead import Readahead
 
@@ -121,12 +122,14 @@ class TaskRunner:
         return result
 
     async def _run(self, task: Task, describe: str) -> Result:
-        """`task` run by the pool; once more with the contexts of the files whose contexts
-        the worker lacked (`workers.contexts`: a worker is given each file's once)."""
+        """`task` run by the pool; if the worker lacked some of its files' contexts, once
+        more with the contexts of all its contextual files (`workers.contexts`: a worker is
+        given each file's once), as the pool may give it to another worker, which lacks
+        others."""
         raws = task.raws
         result = await self.pool.run(task, describe=describe)
         if result.missing:
-            task.contexts = self.source.table.contexts(result.missing)
+            task.contexts = self.source.table.contexts(contextual_ids(task.refs))
             task.raws, task.raw_spans = raws, None
             result = await self.pool.run(task, describe=describe)
             if result.missing:

@@ -287,6 +287,9 @@ class ArrayRecordSource(DecodedReads):
         t = self._table
         state = f"{len(t.urls)} files, {len(t):,} records" if t is not None else "not opened"
         more = ", ..." if len(self._patterns) > 1 else ""
+        selections = {fmts.split(k)[1] for k in self.formats}
+        if len(selections) == 1 and None not in selections:
+            more += f", columns={list(selections.pop() or ())!r}"
         return f"{type(self).__name__}({redact(self._patterns[0])!r}{more}; {state})"
 
 

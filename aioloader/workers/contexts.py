@@ -5,9 +5,13 @@ context; Parquet's is its footer).
 A task names a record's file by its number in the source (`ChunkRefs.ids`) and the
 opened table by a token (`Task.table`); it carries no context. `FileStates.lacking` says
 which of a task's files this process has no state for; the task then comes back once with
-their contexts (`Task.contexts`), which `learn` turns into states (`RecordFormat.prepare`,
-once per file per process). States are kept least recently used out, never those of the
-task at hand, so a process keeps at most `MAX_FILES` of them beyond one task's.
+the contexts of all its contextual files (`Task.contexts`, `contextual_ids`: the pool may
+give it to another process, which lacks others), which `learn` turns into states
+(`RecordFormat.prepare`, once per file per process). States are kept least recently used
+out, never those of the task at hand, so a process keeps at most `MAX_FILES` of them beyond
+one task's, and within a byte bound (a quarter of the memory budget the worker decodes
+under): a state is counted as `STATE_PER_CONTEXT_BYTE` times its context's size, as a
+parsed footer takes several times its bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .. import formats as fmts
 from ..index.planning import ChunkRefs
 
 MAX_FILES = 4096
+STATE_PER_CONTEXT_BYTE = 16  # a prepared state's memory per byte of its context (a bound)
 
 
 def _contextual(refs: ChunkRefs) -> np.ndarray:
@@ -34,24 +39,32 @@ def _contextual(refs: ChunkRefs) -> np.ndarray:
     return np.unique(refs.file[np.isin(refs.format, codes)])
 
 
+def contextual_ids(refs: ChunkRefs) -> list[int]:
+    """The source's numbers of the files of `refs` that are of contextual formats."""
+    files = _contextual(refs)
+    if not len(files):
+        return []
+    if refs.ids is None:
+        raise ValueError("records of a contextual format need their files' numbers")
+    return [int(i) for i in refs.ids[files].tolist()]
+
+
 class FileStates:
     """Decoding states by (table token, file number in the source)."""
 
-    def __init__(self, max_files: int = MAX_FILES) -> None:
+    def __init__(self, max_files: int = MAX_FILES, max_bytes: int | None = None) -> None:
         self.max_files = max_files
+        self.max_bytes = max_bytes  # None: a quarter of `learn`'s `max_decoded`
         self._states: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._costs: dict[tuple[str, int], int] = {}
+        self.bytes = 0  # the kept states' costs
 
     def __len__(self) -> int:
         return len(self._states)
 
     def lacking(self, refs: ChunkRefs, table: str) -> list[int]:
         """The source's numbers of the files of `refs` whose contexts this process lacks."""
-        files = _contextual(refs)
-        if not len(files):
-            return []
-        if refs.ids is None:
-            raise ValueError("records of a contextual format need their files' numbers")
-        return [i for i in refs.ids[files].tolist() if (table, i) not in self._states]
+        return [i for i in contextual_ids(refs) if (table, i) not in self._states]
 
     def learn(self, refs: ChunkRefs, table: str, contexts: Mapping[int, bytes], *,
               max_decoded: int) -> None:
@@ -70,9 +83,14 @@ class FileStates:
             code = int(refs.format[np.flatnonzero(refs.file == f)[0]])  # type: ignore[index]
             self._states[key] = fmts.by_code(code).prepare(context, path=refs.name(f),
                                                            max_decoded=max_decoded)
-        old = [k for k in self._states if k not in keep]
-        for k in old[: max(0, len(self._states) - self.max_files)]:
+            self._costs[key] = STATE_PER_CONTEXT_BYTE * len(context)
+            self.bytes += self._costs[key]
+        max_bytes = max_decoded // 4 if self.max_bytes is None else self.max_bytes
+        for k in [k for k in self._states if k not in keep]:  # least recently used first
+            if len(self._states) <= self.max_files and self.bytes <= max_bytes:
+                break
             del self._states[k]
+            self.bytes -= self._costs.pop(k)
 
     def of(self, refs: ChunkRefs, table: str) -> list[Any]:
         """Each record's file's state (None for files of formats without one)."""

@@ -64,3 +64,50 @@ def test_a_damaged_chunk_is_an_error_naming_the_file(tmp_path):
         chunks.records(data[start:end], start + 1, [0], max_decoded=BUDGET)
     with pytest.raises(ParquetFormatError, match="index has 7"):
         chunks.records(data[start:end], start, [0], max_decoded=BUDGET, expected_records=7)
+
+
+def test_kept_bytes_stay_the_sum_of_the_kept_costs_when_another_thread_evicted():
+    """A row group grown (its values converted) after another thread evicted it comes back
+    with its whole cost counted, which its eviction later takes off."""
+    from aioloader.formats.parquetchunks import KeptRowGroups, _Kept
+
+    kept = KeptRowGroups()
+    one = _Kept(pa.table({"a": np.arange(100)}))
+    kept.put((0, 0), one, 1 << 30)
+    big = _Kept(pa.table({"b": np.arange(1000)}))
+    kept.put((0, 1), big, one.cost + big.cost - 1)  # (another thread's: `one` goes)
+    assert kept.get((0, 0)) is None
+    kept.put((0, 0), one, 1 << 30, grown=500)  # (the values converted meanwhile)
+    assert kept.bytes == sum(k.cost for k in kept._items.values())
+    kept.put((0, 2), _Kept(pa.table({"c": np.arange(10)})), 0)  # everything else out
+    assert len(kept._items) == 1
+    assert kept.bytes == sum(k.cost for k in kept._items.values())
+
+
+def test_a_kept_row_groups_cost_covers_its_values_of_nested_and_string_columns(tmp_path):
+    """Rows taken of a row group of list, struct and string columns: what the kept row
+    group is counted as covers its Table once and the Python values made of it."""
+    import tracemalloc
+
+    from aioloader.formats import parquetchunks as pc
+
+    n = 5000
+    table = pa.table({"tok": [list(range(i % 3)) for i in range(n)],
+                      "words": [[f"w{i}"] * (i % 3) for i in range(n)],
+                      "meta": [{"k": i, "s": "x"} for i in range(n)],
+                      "s": [f"r{i}" for i in range(n)], "x": np.arange(n)})
+    path = tmp_path / "m.parquet"
+    pq.write_table(table, path, row_group_size=n)
+    data, index, chunks = _open(path)
+    start, end = int(index.chunk_offsets[0]), int(index.chunk_ends[0])
+    pc.KEPT.clear()
+    tracemalloc.start()
+    try:
+        chunks.rows(data[start:end], start, [0], max_decoded=BUDGET)
+        traced = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    (kept,) = pc.KEPT._items.values()
+    assert kept.cost >= kept.table.nbytes + traced, (kept.cost, kept.table.nbytes, traced)
+    assert kept.cost <= 2 * (kept.table.nbytes + traced), (kept.cost, traced)  # (once)
+    pc.KEPT.clear()

@@ -274,3 +274,47 @@ def test_a_damaged_data_page_names_the_file_and_row_group(tmp_path, workers):
     path.write_bytes(bytes(data))
     with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
         list(al.Dataset.from_parquet(str(path)).loader(workers=workers))
+
+
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_an_exact_shuffle_over_many_files_whichever_worker_runs_the_retry(tmp_path, executor):
+    """A task sent again with contexts may go to another worker, which lacks other files of
+    the task than the first one did: it must run there all the same."""
+    for k in range(64):
+        pq.write_table(pa.table({"id": np.arange(k * 10, (k + 1) * 10)}),
+                       tmp_path / f"p{k:03d}.parquet", row_group_size=5)
+    ds = al.Dataset.from_parquet(str(tmp_path / "p*.parquet")).shuffle(seed=0).repeat(2
+                                                                                 ).batch(4)
+    assert _digest(ds, workers=2, executor=executor) == _digest(ds, workers=0)
+
+
+def test_describe_and_repr_show_the_selected_columns(files):
+    ds = al.Dataset.from_parquet(files["glob"], columns=["id", "score"])
+    assert "columns=['id', 'score']" in ds.describe()[0]
+    assert "columns=['id', 'score']" in repr(ds)
+    assert "columns" not in al.Dataset.from_parquet(files["glob"]).describe()[0]
+    src = al.ParquetSource(files["glob"], columns=["id"])
+    assert "columns=['id']" in repr(src)
+    assert "columns" not in repr(al.ParquetSource(files["glob"]))
+
+
+def test_a_cached_index_whose_row_counts_disagree_with_its_footer_is_a_miss(files, tmp_path):
+    """An entry edited with its checksum made again (row counts larger than the row groups
+    its cached footer describes) is not believed: the files are indexed afresh."""
+    from aioloader.cache import index_cache
+    from tests.cache.test_index_cache import _entries, _load_raw, _save_raw
+
+    cache = tmp_path / "idx"
+    with al.ParquetSource(files["paths"][0], columns=["id"], index_cache_dir=cache) as src:
+        n = len(src)
+    (name,) = _entries(cache)
+    header, arrays = _load_raw(cache / name)
+    assert len(arrays["counts"])
+    arrays["counts"] = arrays["counts"] + 1000
+    _save_raw(cache / name, header, arrays)
+    header, arrays = _load_raw(cache / name)
+    header["digest"] = index_cache._digest(header["key"], header["files"], arrays)
+    _save_raw(cache / name, header, arrays)
+    with al.ParquetSource(files["paths"][0], columns=["id"], index_cache_dir=cache) as src:
+        assert not src.table.from_index_cache
+        assert len(src) == n

@@ -42,3 +42,29 @@ def test_a_context_goes_to_a_process_once(tmp_path):
         other = Task(2, first.indices, first.epochs, refs=first.refs, table="another table")
         assert sorted(run_task(other, pipeline, decoder).missing) == [0, 1]
     decoder.close()
+
+
+def test_kept_states_are_bounded_by_bytes_least_recently_used_out(tmp_path):
+    """A process keeps decoding states within a byte bound (their contexts' sizes times
+    `STATE_PER_CONTEXT_BYTE`), not only a count: a file of a large footer pushes the least
+    recently used out, never a state of the task at hand."""
+    from aioloader.workers.contexts import STATE_PER_CONTEXT_BYTE, FileStates
+
+    for k in range(3):
+        pq.write_table(pa.table({f"c{j}": np.arange(k * 40, k * 40 + 40) for j in range(8)}),
+                       tmp_path / f"p{k}.parquet", row_group_size=4)
+    with al.ParquetSource(str(tmp_path / "p*.parquet")) as src:
+        table = src.table
+        one = len(table.indices[0].context) * STATE_PER_CONTEXT_BYTE
+        states = FileStates(max_bytes=2 * one + one // 2)  # two fit, not three
+        for k in range(3):
+            refs = table.chunk_refs(np.asarray([k * 40], dtype=np.int64))
+            states.learn(refs, table.token, table.contexts([k]), max_decoded=1 << 30)
+            assert states.lacking(refs, table.token) == []
+        assert len(states) == 2 and states.bytes <= 2 * one + one // 2
+        first = table.chunk_refs(np.asarray([0], dtype=np.int64))
+        assert states.lacking(first, table.token) == [0]  # the oldest went
+        tiny = FileStates(max_bytes=1)  # the task's own states stay whatever the bound
+        both = table.chunk_refs(np.asarray([0, 40], dtype=np.int64))
+        tiny.learn(both, table.token, table.contexts([0, 1]), max_decoded=1 << 30)
+        assert tiny.lacking(both, table.token) == []

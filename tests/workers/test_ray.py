@@ -396,3 +396,21 @@ async def test_more_actors_than_the_cluster_can_place_do_not_hang_the_loader(
     assert digests(got) == digests(expected)
     if workers == "auto":
         assert stats["transfers"]["actors"] <= 2
+
+
+async def test_an_exact_shuffle_over_many_parquet_files_whichever_actor_runs_the_retry(
+        tmp_path):
+    """A task sent again with its files' contexts may go to the other actor, which lacks
+    other files of it than the first did: it runs there all the same."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for k in range(64):
+        pq.write_table(pa.table({"id": np.arange(k * 10, (k + 1) * 10)}),
+                       tmp_path / f"p{k:03d}.parquet", row_group_size=5)
+    ds = al.Dataset.from_parquet(str(tmp_path / "p*.parquet")).shuffle(seed=0).repeat(2
+                                                                                 ).batch(4)
+    got = await collect(ds, workers=2, executor="ray")
+    expected = await collect(ds, workers=0)
+    assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in expected]
