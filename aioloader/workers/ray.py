@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import pickle
 import threading
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractAsyncContextManager
@@ -42,18 +41,18 @@ from typing import Any
 
 from ..errors import WorkerError
 from ..io.gate import Gate
-from .decode import Decoder
 from .executor import CLOSE_GRACE_S, gate_limit
 from .extract import StashFile
 from .inputs import as_bytes
 from .localfiles import LocalFiles
 from .messages import Pipeline, Result, Task
-from .raycalls import Calls, Raised
+from .rayactor import RayActor
+from .raycalls import Calls
 from .raycluster import CLUSTER, import_ray
 from .rayplace import Placement
-from .rayslots import RaySlots, map_slot
+from .rayslots import RaySlots
 from .raytally import Tally
-from .worker import _load_pipeline, _map, _pack_pipeline, _raise_malloc_thresholds, run_task
+from .worker import _pack_pipeline
 
 __all__ = ["RAY", "RayActors", "RayExecutor"]
 
@@ -111,52 +110,6 @@ class RayExecutor:
         import_ray()  # the extra's error now, not at the first task
         return RayActors(self, pipeline, workers, lanes=lanes, auto=lanes is not None,
                          slots=RaySlots(slots * self.tasks_per_call, slot_size))
-
-
-class _Actor:
-    """What runs in an actor (made a Ray actor class by `RayActors`): the pipeline, loaded
-    once, and its decoder; `run` runs each task of a call as a worker process would
-    (`run_task`: into its slot, `here`, on the parent's host), and returns each one's
-    result, or what it raised (`Raised`)."""
-
-    def __init__(self, parts: tuple, cache_bytes: int) -> None:
-        _raise_malloc_thresholds()
-        self.decoder = Decoder(cache_bytes)
-        self.pipeline: Pipeline | None = None
-        self.error: str | None = None
-        try:
-            self.pipeline = _load_pipeline(parts)
-        except WorkerError as exc:
-            self.error = str(exc).replace("worker process", "Ray actor")
-        except Exception as exc:
-            self.error = f"a Ray actor could not start ({type(exc).__name__}: {exc})"
-
-    def ready(self) -> tuple[int, str]:
-        """The actor's process and node."""
-        return os.getpid(), import_ray().get_runtime_context().get_node_id()
-
-    def run(self, tasks: list[Task], here: bool) -> list[Result | Raised]:
-        if self.pipeline is None:
-            raise WorkerError(self.error)
-        out: list[Result | Raised] = []
-        for task in tasks:
-            try:  # `sendable`: what is not an array must pickle, with a worker's error
-                if here:
-                    map_slot(task, _map)
-                out.append(run_task(task, self.pipeline, self.decoder, None, True,
-                                    worker=here))
-            except Exception as exc:
-                out.append(Raised(_sendable(exc)))
-        return out
-
-
-def _sendable(exc: Exception) -> Exception:
-    """`exc`, or one that says what it was where it cannot travel back."""
-    try:
-        pickle.dumps(exc)
-    except Exception:
-        return WorkerError(f"{type(exc).__name__}: {exc}")
-    return exc
 
 
 class RayActors:
@@ -232,7 +185,7 @@ class RayActors:
                 options["address"] = kind.address
             self._own_cluster = CLUSTER.join(options)
             self._node = ray.get_runtime_context().get_node_id()
-            self._actor_class = ray.remote(_Actor)
+            self._actor_class = ray.remote(RayActor)
             self._parts = ray.put(_pack_pipeline(self.pipeline))
             if self._auto:
                 free = ray.available_resources().get("CPU", 0)
