@@ -21,7 +21,7 @@ import aioloader as al
 from aioloader.formats.tfrecord import frame
 from tests.formats.test_parquet_hostile import CASES as HOSTILE
 from tests.formats.test_parquet_hostile import _good
-from tests.support.elastic import elastic_ids
+from tests.support.elastic import elastic_ids, resumed
 
 N = 240  # rows in the glob's files together
 
@@ -177,16 +177,8 @@ def _pipeline_of(files) -> al.Dataset:
 
 @pytest.mark.parametrize("at", [0, 11, 37])
 def test_resume_is_bit_for_bit(files, at):
-    ds = _pipeline_of(files)
-    it = ds.loader(workers=0)
-    whole, state = [], None
-    for k, b in enumerate(it):
-        whole.append(np.asarray(b).tolist())
-        if k == at:
-            state = json.loads(json.dumps(it.get_state()))
-    it.close()
+    whole, rest, state = resumed(_pipeline_of(files), at)
     assert all(isinstance(v, (int, str, list, dict, type(None))) for v in state.values())
-    rest = [np.asarray(b).tolist() for b in ds.loader(workers=2, state=state)]
     assert rest == whole[at + 1:]
 
 

@@ -10,14 +10,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import aioloader as al
 from aioloader.formats.tfrecord import TFRecordFormatError, frame
 from aioloader.tools.convert import read_tfrecord
 from tests.support import pipeline_fns as fns
-from tests.support.elastic import elastic_ids
+from tests.support.elastic import elastic_ids, resumed
 
 beam = pytest.importorskip("apache_beam", reason="Beam is the oracle")
 
@@ -106,15 +105,7 @@ def _pipeline_of(files) -> al.Dataset:
 
 @pytest.mark.parametrize("at", [0, 7, 41])
 def test_resume_is_bit_for_bit(files, at):
-    ds = _pipeline_of(files)
-    it = ds.loader(workers=0)
-    whole, state = [], None
-    for k, b in enumerate(it):
-        whole.append(np.asarray(b).tolist())
-        if k == at:
-            state = json.loads(json.dumps(it.get_state()))
-    it.close()
-    rest = [np.asarray(b).tolist() for b in ds.loader(workers=2, state=state)]
+    whole, rest, _ = resumed(_pipeline_of(files), at)
     assert rest == whole[at + 1:]
 
 

@@ -32,3 +32,20 @@ def elastic_ids(monkeypatch: Any, make: Callable[[int], Any], *, before: int = 2
     first, state = run(before, stop=stop)
     rest, _ = run(after, state=state)
     return first + rest
+
+
+def resumed(ds: Any, at: int) -> tuple[list, list, dict]:
+    """(every batch of one workers=0 run, the batches a workers=2 loader gives from the state
+    saved after batch `at` (through JSON, as a checkpoint keeps it), that state)."""
+    import json
+
+    it = ds.loader(workers=0)
+    whole, state = [], None
+    for k, b in enumerate(it):
+        whole.append(np.asarray(b).tolist())
+        if k == at:
+            state = json.loads(json.dumps(it.get_state()))
+    it.close()
+    assert state is not None, f"the run ended before batch {at}"
+    rest = [np.asarray(b).tolist() for b in ds.loader(workers=2, state=state)]
+    return whole, rest, state
