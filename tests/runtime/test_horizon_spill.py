@@ -62,7 +62,20 @@ def test_the_spill_gives_the_batches_of_no_spill_decoding_each_chunk_about_once(
     # per horizon: the later horizons' fills read the spill
     assert figures["spill_hits"] >= 6 * (figures["horizons"] - 1) - 6
     assert decoded < off_decoded / 3
-    assert os.listdir(spill_dir) == []
+    assert os.listdir(spill_dir) == [] and not _held_in(spill_dir)  # (closed: let go)
+
+
+def _held_in(where) -> list[str]:
+    """This process's descriptors of files in `where` (named or not)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(where) + "/"):
+            out.append(target)
+    return out
 
 
 def test_a_spilled_loader_resumes_exactly_mid_epoch(tmp_path, small_chunks_count_as_large):
@@ -87,13 +100,17 @@ def test_the_warning_and_stats_say_whether_the_spill_is_on(tmp_path, caplog,
                                                            small_chunks_count_as_large):
     path = _write(tmp_path)
     ds = al.Dataset.from_arrayrecord(path).shuffle(5).repeat(2).batch(64)
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
     for options, said in (({}, "is on ("), ({"spill_bytes": 0}, "is off (spill_bytes=0)")):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="aioloader"), \
-                ds.loader(workers=0, memory_budget=BUDGET, **options) as loader:
-            for _ in loader:
-                pass
+                ds.loader(workers=0, memory_budget=BUDGET, spill_dir=spill_dir,
+                          **options) as loader:
+            # (unnamed, held open; a fill job in flight opens it too)
+            held = max(len(_held_in(spill_dir)) for _ in loader)
             text = str(loader.stats())
+        assert (held > 0) == (not options) and not _held_in(spill_dir)
         told = [r.getMessage() for r in caplog.records if "horizons" in r.getMessage()]
         assert len(told) == 1 and said in told[0], told
         assert ("the spill holds" in text) == (not options), text
