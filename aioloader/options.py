@@ -151,6 +151,16 @@ class ReadOptions:
       kept (`aioloader.cache.index_cache`): a later open lists the files, then maps one table,
       instead of reading and parsing every file's tail (on a bucket, a request per file).
       It must belong to this user and be writable by no one else (else `PermissionError`).
+    - `spill_dir` (None: the system's temporary directory, or /var/tmp where that is held
+      in memory): a local directory for the spill of an exact shuffle over large chunks
+      (`aioloader.workers.spill`): when an epoch needs more than one horizon, each chunk's
+      decoded records are written there once, by the first horizon that decodes it, and
+      later horizons and epochs of the loader read them back instead of decoding the chunk
+      again. The file has no name (nothing is left behind, even by a killed process) and
+      goes when the loader closes.
+    - `spill_bytes` (None: the decoded bytes of the files' chunks, if the directory's free
+      space keeps half of itself and 5% of the disk free after them; else no spill): the
+      most the spill may take; chunks past it are decoded per horizon. 0: no spill.
     - `gcs_client` (None: the AIOLOADER_GCS_CLIENT environment variable, else "auto"): what
       serves gs:// range reads: "curl" (libcurl, about half the CPU per request; needs
       pycurl, in the `gcs` extra), "fsspec" (gcsfs's own reads), or "auto" (curl when pycurl
@@ -166,6 +176,8 @@ class ReadOptions:
     cache_dir: str | None = None
     cache_bytes: int = 64 << 30
     index_cache_dir: str | None = None
+    spill_dir: str | None = None
+    spill_bytes: int | None = None
     gcs_client: GcsClient | None = None
 
     def __post_init__(self) -> None:
@@ -174,6 +186,7 @@ class ReadOptions:
         _whole(self, "max_gap", 0, optional=True)
         _whole(self, "resident_bytes", 0)
         _whole(self, "cache_bytes", 0)
+        _whole(self, "spill_bytes", 0, optional=True)
         if self.cache_dir is not None:
             if not isinstance(self.cache_dir, (str, os.PathLike)):
                 raise TypeError(f"cache_dir must be a path or None, got "
@@ -187,6 +200,14 @@ class ReadOptions:
             if not self.index_cache_dir:
                 raise ValueError("index_cache_dir must name a directory, or be None (no "
                                  "index cache); got ''")
+        if self.spill_dir is not None:
+            if not isinstance(self.spill_dir, (str, os.PathLike)):
+                raise TypeError(f"spill_dir must be a path or None, got "
+                                f"{type(self.spill_dir).__name__}")
+            object.__setattr__(self, "spill_dir", os.fspath(self.spill_dir))
+            if not self.spill_dir:
+                raise ValueError("spill_dir must name a directory, or be None (the "
+                                 "temporary directory); got ''")
         if self.gcs_client is not None:
             object.__setattr__(self, "gcs_client", gcs_client_named(self.gcs_client))
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):

@@ -21,8 +21,10 @@ to the first batch in hand (and the import before it), 20 shards of 1 KiB JSON, 
 `groups`: one file of N 1 KiB JSON records written with group_size 65536, `json.loads`, batch
 256, one full epoch (but the last batch) under an exact or a block shuffle, workers 0/1/2: the
 same figures, the multi-record chunks the run decoded (`decoded`) and the horizons an
-epoch needed (`horizons`: 0 when the exact shuffle took no stash); `--budgets` runs each at
-several `memory_budget`s (the cost of an exact shuffle as records ÷ memory_budget grows).
+epoch needed (`horizons`: 0 when the exact shuffle took no stash), and what the spill of
+decoded records held and served (`spill_mb`, `spill_hits`: fills that read it instead of
+decoding); `--budgets` runs each at several `memory_budget`s (the cost of an exact shuffle as
+records ÷ memory_budget grows).
 """
 
 from __future__ import annotations
@@ -278,6 +280,8 @@ def child_big(spec: dict[str, Any]) -> dict[str, Any]:
             "decoded": stats.get("cache", {}).get("decoded", 0),
             "horizons": stats.get("cache", {}).get("horizons_per_epoch", 0),
             "horizon_records": stats.get("cache", {}).get("horizon_records", 0),
+            "spill_mb": stats.get("cache", {}).get("spill_bytes", 0) / 1e6,
+            "spill_hits": stats.get("cache", {}).get("spill_hits", 0),
             "stats": {k: v for k, v in stats.items() if k in ("arena", "workers")},
             **({"peak_by": peak["by"]} if "by" in peak else {})}
 
@@ -415,7 +419,8 @@ def main() -> None:
     for (name, t), runs in res.items():
         cols = (["ttfb", "import", "total", "cpu"] if a.mode == "first"
                 else ["rate", "ttfb", "hwm_mb", "pss_mb", "cpu_us"]
-                + (["decoded", "horizons", "horizon_records"] if a.mode == "groups"
+                + (["decoded", "horizons", "horizon_records", "spill_mb", "spill_hits"]
+                   if a.mode == "groups"
                    else []))
         print(f"| {name} | {t} | " + " | ".join(_fmt([x[c] for x in runs]) for c in cols) + " |")
 

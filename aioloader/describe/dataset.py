@@ -212,6 +212,8 @@ class Dataset(Stages):
         cache_dir: str | os.PathLike | None = None,
         cache_bytes: int | None = None,
         index_cache_dir: str | os.PathLike | None = None,
+        spill_dir: str | os.PathLike | None = None,
+        spill_bytes: int | None = None,
         gcs_client: GcsClient | None = None,
         slot_size: int | None = None,
         window: int | None = None,
@@ -227,12 +229,12 @@ class Dataset(Stages):
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
-        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor),
-        `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
-        ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
-        LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
-        its group, and `read=`/`worker=` replace that group of `options=`; None means "not
-        given here". `state` is a `get_state()` dict to resume from.
+        index_cache_dir, spill_dir, spill_bytes, gcs_client), `WorkerOptions` (workers,
+        slot_size, window, executor), `PrefetchOptions` (prefetch). Give them flat
+        (`workers=2`), by group (`read=ReadOptions(...)`, `worker=WorkerOptions(...)`), or
+        all at once (`options=LoaderOptions(...)`). The most specific wins: a flat setting
+        overrides that field of its group, and `read=`/`worker=` replace that group of
+        `options=`; None means "not given here". `state` is a `get_state()` dict to resume from.
         `trace` records a Chrome/Perfetto trace of the stages and workers
         (`it.stats().trace("trace.json")`; a path: written there on close; see
         `LoaderOptions`).
@@ -248,7 +250,8 @@ class Dataset(Stages):
             read=read, worker=worker, workers=workers, prefetch=prefetch,
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
-            cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, gcs_client=gcs_client,
+            cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, spill_dir=spill_dir,
+            spill_bytes=spill_bytes, gcs_client=gcs_client,
             slot_size=slot_size, window=window, executor=executor, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a

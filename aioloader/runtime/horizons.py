@@ -20,11 +20,16 @@ already gone (or a record a region had no room for) pulls its records out alone:
 never different. Files of small chunks, a block shuffle's window, a sequential read: the
 cache serves, and nothing here is used.
 
-An epoch of more records than one horizon holds decodes every chunk once per horizon, so
-an exact shuffle's CPU per record grows with the dataset's decoded bytes over half of
-`memory_budget`: the first stash of such an epoch says so, once a loader (a warning naming
-the setting, and the `horizons` figures of `stats()`). An epoch is the loader's own
-positions of one (its shard, its slice), not every record in the files.
+An epoch of more records than one horizon holds would decode every chunk once per horizon
+(an exact shuffle's CPU per record growing with the dataset's decoded bytes over half of
+`memory_budget`), so it has a spill (`workers.spill`): a fill that first decodes a chunk
+writes all its decoded records to a local file, and the chunk's later fills (later
+horizons, later epochs of this loader) copy their records out of it. Where the spill is off
+(no room on the disk, `spill_bytes=0`, an executor whose workers cannot open a file of this
+host) or full, chunks are decoded per horizon as before. The first stash of such an epoch
+says so, once a loader (a warning naming the settings, and the `horizons` and `spill_`
+figures of `stats()`). An epoch is the loader's own positions of one (its shard, its
+slice), not every record in the files.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
 from ..workers.decode import BOUND_BYTES
 from ..workers.extract import HEAD
-from ..workers.messages import Fill, StashRef, Task
+from ..workers.messages import Fill, Result, Spill, StashRef, Task
+from ..workers.spill import SpillFile, open_spill, region_bytes
 
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
@@ -76,8 +82,11 @@ class Horizons:
     """The horizons of one task runner (`runtime.tasks.TaskRunner`): its plan, source and
     pool, and its byte path (the fill jobs read chunks as its tasks do)."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: Any, spill_dir: str | None = None,
+                 spill_bytes: int | None = None) -> None:
         self.runner = runner
+        self._spill_at = (spill_dir, spill_bytes)
+        self.spill: SpillFile | None = None  # (made once an epoch needs horizons)
         self.count = 0  # horizons whose stash was filled
         self.probed = 0  # horizons checked for thrashing
         self._gen = 0
@@ -122,6 +131,8 @@ class Horizons:
         """Stop the horizons in the works (the loader closes)."""
         for fut in list(self._preparing):
             fut.cancel()
+        if self.spill is not None:
+            self.spill.close()
 
     def release(self, h: Horizon | None) -> None:
         if h is not None:
@@ -147,10 +158,11 @@ class Horizons:
         if h.before is not None:
             await h.before.drained()
         stash = self.runner.pool.stash
-        offsets, sizes = stash.regions(self._estimates(wants, refs))
+        decoded = self._decoded(wants, refs)
+        offsets, sizes = stash.regions(self._estimates(wants, decoded))
         got = await asyncio.gather(*(self._fill(c, wants, records, refs, int(offsets[c]),
-                                                int(sizes[c])) for c in range(len(sizes))),
-                                   return_exceptions=True)
+                                                int(sizes[c]), int(decoded[c]))
+                                     for c in range(len(sizes))), return_exceptions=True)
         for g in got:
             if isinstance(g, BaseException):
                 raise g
@@ -167,24 +179,38 @@ class Horizons:
         self.per_epoch = max(1, math.ceil(n / length))
         if self.per_epoch == 1:
             return
+        said = self._open_spill()
         share = self.runner.pool.pipeline.chunk_cache_bytes
         one = 2 * share * n / length  # memory_budget whose half holds the epoch's records
         log.warning(
             "exact shuffle over large chunks: an epoch of %s records (~%.0f MB decoded) "
-            "needs %d horizons of %s records, so every chunk is decoded %d times an epoch "
-            "(half of memory_budget, %.0f MB, holds one horizon's records). For one "
-            "decode per chunk, raise memory_budget to about %.0f MB (the shared stash "
-            "takes half of it), or use shuffle(strategy=\"block\").",
-            f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}", self.per_epoch,
-            share / 1e6, _round_up(one, 256 << 20) / 1e6)
+            "needs %d horizons of %s records (half of memory_budget, %.0f MB, holds one "
+            "horizon's records). The spill of decoded records (spill_dir, spill_bytes) is "
+            "%s. Without it every chunk is decoded %d times an epoch; raise memory_budget "
+            "to about %.0f MB for one horizon (the shared stash takes half of it), or use "
+            "shuffle(strategy=\"block\").",
+            f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}", share / 1e6, said,
+            self.per_epoch, _round_up(one, 256 << 20) / 1e6)
+
+    def _open_spill(self) -> str:
+        """Make the spill (`self.spill`) where it can be; what to say of it."""
+        if not getattr(self.runner.pool, "spills", False):
+            return "off: the executor's workers cannot open a file of this host"
+        need = sum(int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes)[
+            ix.chunk_records > 1].sum()) for ix in self.runner.source.table.indices)
+        self.spill, said = open_spill(*self._spill_at, need)
+        return said
 
     def figures(self) -> dict[str, int]:
         """For `stats()`: horizons filled, and (once known) how many an epoch needs and
         the positions each holds; empty when no stash was used."""
         if not self.per_epoch:
             return {}
-        return {"horizons": self.count, "horizons_per_epoch": self.per_epoch,
-                "horizon_records": self.length}
+        out = {"horizons": self.count, "horizons_per_epoch": self.per_epoch,
+               "horizon_records": self.length}
+        if self.spill is not None:
+            out.update(self.spill.figures())
+        return out
 
     def _wants(self, plan: Any, n: int, a: int, b: int
                ) -> tuple[ChunkWants, np.ndarray, ChunkRefs]:
@@ -192,36 +218,58 @@ class Horizons:
         refs = self.runner.source.chunk_refs(records)
         return chunk_wants(refs, n), records, refs
 
-    def _estimates(self, wants: ChunkWants, refs: ChunkRefs) -> np.ndarray:
-        """The bytes each chunk's entry should take: its records wanted at its mean size."""
+    def _decoded(self, wants: ChunkWants, refs: ChunkRefs) -> np.ndarray:
+        """Each wanted chunk's decoded bytes (the files' index says)."""
         indices = self.runner.source.table.indices
         ids = refs.ids if refs.ids is not None else np.arange(len(refs.paths))
         first = wants.first
-        decoded = np.array([indices[int(ids[f])].chunk_decoded_sizes[c] for f, c in
-                            zip(refs.file[first].tolist(), refs.chunk[first].tolist())],
-                           dtype=np.float64)
+        return np.array([indices[int(ids[f])].chunk_decoded_sizes[c] for f, c in
+                         zip(refs.file[first].tolist(), refs.chunk[first].tolist())],
+                        dtype=np.int64)
+
+    def _estimates(self, wants: ChunkWants, decoded: np.ndarray) -> np.ndarray:
+        """The bytes each chunk's entry should take: its records wanted at its mean size."""
         n = np.diff(wants.offsets)
         return HEAD + 8 + n * (16 + decoded / np.maximum(wants.count, 1))
 
     async def _fill(self, c: int, wants: ChunkWants, records: np.ndarray, refs: ChunkRefs,
-                    offset: int, size: int) -> int:
-        """Chunk c's wanted records pulled into its region by a worker; how many fit."""
-        runner = self.runner
-        i = int(wants.first[c])
-        carry = await runner.bytes.serve(refs.take(i, i + 1))
+                    offset: int, size: int, decoded: int) -> int:
+        """Chunk c's wanted records pulled into its region by a worker (out of the spill
+        when it holds them); how many fit."""
+        i, spill, job = int(wants.first[c]), self.spill, None
+        key = (wants.names[int(wants.file[c])], int(wants.start[c]))
+        if spill is not None and refs.count is not None:
+            job = spill.job(key, int(refs.count[i]), decoded)
+        if spill is not None and job is not None and not job.write:  # nothing fetched
+            result = await self._run(c, wants, records, refs.take(i, i + 1), None, offset,
+                                     size, job)
+            spill.outcome(key, job, result.spilled)
+            if result.spilled >= 0:
+                return result.count
+            job = None  # (it did not check: decoded, as without a spill)
+        carry = await self.runner.bytes.serve(refs.take(i, i + 1))
         try:
-            task = Task(-1, records[i : i + 1], np.zeros(1, np.int64), refs=carry.refs,
-                        raws=carry.raws)
-            task.fill = Fill(runner.pool.stash.path, offset, size,
-                             wants.within[wants.offsets[c] : wants.offsets[c + 1]])
-            name = wants.names[int(wants.file[c])]
-            result = await runner.pool.run(task, describe=(
-                f"pulling records of the chunk at {int(wants.start[c])} of {name} out for "
-                f"horizon {wants.horizon}"))
+            result = await self._run(c, wants, records, carry.refs, carry.raws, offset, size,
+                                     job)
         finally:
             carry.done()
-        runner.chunks_decoded += result.chunks_decoded
+        if spill is not None and job is not None:
+            spill.outcome(key, job, result.spilled)
+        self.runner.chunks_decoded += result.chunks_decoded
         return result.count
+
+    async def _run(self, c: int, wants: ChunkWants, records: np.ndarray, refs: ChunkRefs,
+                   raws: Any, offset: int, size: int, spill: Spill | None) -> Result:
+        """The fill job of chunk c (refs: of its first wanted record) run by a worker."""
+        runner = self.runner
+        i = int(wants.first[c])
+        task = Task(-1, records[i : i + 1], np.zeros(1, np.int64), refs=refs, raws=raws)
+        task.fill = Fill(runner.pool.stash.path, offset, size,
+                         wants.within[wants.offsets[c] : wants.offsets[c + 1]], spill)
+        name = wants.names[int(wants.file[c])]
+        return await runner.pool.run(task, describe=(
+            f"pulling records of the chunk at {int(wants.start[c])} of {name} out for "
+            f"horizon {wants.horizon}"))
 
     def share(self) -> tuple[int, float]:
         """The decoded-chunk cache (all workers' together: the stash is shared), and the

@@ -172,7 +172,7 @@ class Parts:
                 MIN_SEGMENTS * src.fetcher.segment_bytes, MIN_SEGMENTS)
         self.disk = self._disk_tier(src)
         self.runner = TaskRunner(self.position, src, self.pool, self.stats, owner=owner,
-                                 disk=self.disk)
+                                 disk=self.disk, spill=(read.spill_dir, read.spill_bytes))
         return plan
 
     def _check_blocks(self, shuffle: Shuffle, resident_bytes: int, segment: int) -> None:

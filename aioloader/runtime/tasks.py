@@ -40,7 +40,8 @@ class TaskRunner:
     """Runs tasks of the position's plan over one opened source, on an executor (`pool`)."""
 
     def __init__(self, position: Position, source: Any, pool: Executor, stats: Any,
-                 owner: object = None, disk: DiskTier | None = None) -> None:
+                 owner: object = None, disk: DiskTier | None = None,
+                 spill: tuple[str | None, int | None] = (None, None)) -> None:
         # The loader: its running tasks keep it alive, so that when a loop ends under an
         # `async for` left without `async with`, its LoopGuard still finds it to close.
         self.owner = owner
@@ -59,7 +60,7 @@ class TaskRunner:
         self.chunks_decoded = 0
         self.readahead = Readahead(source)
         # exact shuffles over large chunks: records pulled out per horizon, shared
-        self.horizons = Horizons(self)
+        self.horizons = Horizons(self, *spill)  # (`spill`: where, and its most bytes)
         table = getattr(source, "table", None)  # (files: their contexts' token)
         self._token = table.token if table is not None else ""
 

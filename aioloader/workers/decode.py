@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import mmap
 import os
 from collections import OrderedDict
@@ -33,10 +34,11 @@ from ..arrayrecord.layout import BLOCK_HEADER_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS
 from ..index.planning import ChunkRefs
 from .contexts import FileStates
-from .extract import HEAD, extract, lookup, read_entry
+from .extract import HEAD, extract, lookup, read_entry, slices
 from .localfiles import LocalFiles
-from .messages import DEFAULT_CHUNK_CACHE_BYTES, Fill, StashRef
+from .messages import DEFAULT_CHUNK_CACHE_BYTES, SPILL_BAD, Fill, StashRef
 from .ones import PREADV, read_ones
+from .spill import SpillWriter, read_into
 
 # The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
 # shares it out among its workers (`Pool`), so the loader holds no more than before.
@@ -128,8 +130,7 @@ class Decoder:
         self.files = LocalFiles()
         self.cache = ChunkCache(cache_bytes)
         self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
-        self.decoded = 0
-        self.hits = 0
+        self.decoded = self.hits = self.spilled = 0  # (`spilled`: of the last fill job)
         self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
         # How records of each format are decoded here (by format code): ArrayRecord by its
@@ -300,21 +301,35 @@ class Decoder:
     def fill(self, refs: ChunkRefs, raws: Sequence | None, job: Fill, *,
              verify: str = DEFAULT_VERIFY, max_decoded: int = DEFAULT_MAX_DECODED) -> int:
         """A fill job: records `job.wanted` of the chunk of `refs`' first record pulled out
-        into the job's region of the stash file; how many went in (a prefix)."""
+        into the job's region of the stash file; how many went in (a prefix).
+
+        With `job.spill`, the chunk's records are read from the spill instead (`spilled`:
+        `SPILL_BAD` if they did not check), or are written there as well (`spilled`: what
+        `SpillWriter.end` said)."""
         self.cache.clear()
+        self.spilled = 0
         if job.size < HEAD + 8 or not len(refs):
             return 0
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
         region = self._view(job.path)[job.offset : job.offset + job.size]
-        wanted = self._extract(refs, raws, 0, names[int(refs.file[0])],
-                               np.asarray(job.wanted, dtype=np.int64), verify, max_decoded,
-                               into=region)[0]
+        wanted, spill = np.asarray(job.wanted, dtype=np.int64), job.spill
+        if spill is not None and not spill.write:  # decoded before: copied out of the spill
+            got = read_into(spill, wanted, functools.partial(slices, into=region))
+            self.spilled, self.hits = (SPILL_BAD, 0) if got is None else (0, 1)
+            return 0 if got is None else len(got[0])
+        writer = SpillWriter(spill) if spill is not None else None
+        try:
+            wanted = self._extract(refs, raws, 0, names[int(refs.file[0])], wanted, verify,
+                                   max_decoded, into=region, sink=writer)[0]
+        finally:
+            if writer is not None:
+                self.spilled = writer.end()
         return len(wanted)
 
     def _extract(self, refs: ChunkRefs, raws: Sequence | None, i: int, name: str,
                  wanted: np.ndarray, verify: str, max_decoded: int,
-                 into: memoryview | None = None) -> Any:
+                 into: memoryview | None = None, sink: SpillWriter | None = None) -> Any:
         """Records `wanted` of record i's chunk pulled out in one streamed pass (its
         physical bytes fetched, `raws`, or read here)."""
         raw = raws[i] if raws is not None else \
@@ -323,7 +338,7 @@ class Decoder:
         return extract(raw, int(refs.start[i]), wanted, verify=verify, path=name,
                        chunk=int(refs.chunk[i]),
                        expected_records=int(refs.count[i]),  # type: ignore[index]
-                       max_decoded=max_decoded, into=into)
+                       max_decoded=max_decoded, into=into, sink=sink)
 
     def _view(self, path: str) -> memoryview:
         """The stash file at `path`, mapped once (a pool has one for its life)."""

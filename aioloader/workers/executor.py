@@ -46,6 +46,9 @@ class Executor(Protocol):
     # this many times its prefetch in flight, so that a grouped call leaves as many calls
     # in flight as single tasks would. Optional: an executor without it counts as 1.
     tasks_per_call: int
+    # whether every process that runs tasks can open this host's files (the spill of decoded
+    # records, `workers.spill`, is one). Optional: an executor without it counts as False.
+    spills: bool
 
     async def run(self, task: Task, describe: str = "") -> Result:
         """The task's result, or its error (a `WorkerError` naming `describe`)."""
@@ -95,6 +98,7 @@ class SlotExecutor:
     whose output outgrew its slot. A subclass says how a task is submitted (`_submit`)."""
 
     tasks_per_call = 1  # each task is its own call
+    spills = True  # (its workers are processes or threads of this host)
 
     def __init__(self, pipeline: Pipeline, workers: int, *, slots: int,
                  slot_size: int = 32 << 20, lanes: int | None = None) -> None:

@@ -41,7 +41,8 @@ HEAD = 16  # an entry in the stash file: records n, data bytes; n numbers; n + 1
 def extract(raw: Any, start: int, wanted: np.ndarray, *, verify: str = DEFAULT_VERIFY,
             path: str | None = None, chunk: int | None = None,
             expected_records: int | None = None,
-            max_decoded: int = DEFAULT_MAX_DECODED, into: Any = None) -> Entry:
+            max_decoded: int = DEFAULT_MAX_DECODED, into: Any = None,
+            sink: Any = None) -> Entry:
     """Records `wanted` (sorted, distinct) of the chunk in `raw` (its whole physical range,
     at file offset `start`), as bytes and offsets: record `wanted[k]` is
     `data[offs[k]:offs[k + 1]]`. `into`: a writable region (of the stash file, 24 bytes or
@@ -50,22 +51,27 @@ def extract(raw: Any, start: int, wanted: np.ndarray, *, verify: str = DEFAULT_V
     returned is then that prefix, as views of it. Checks what `decode_chunk` checks (the
     header, the budget before anything is allocated); a zstd values block is decoded as a
     stream, up to the last wanted record; other codecs and transposed chunks are decoded
-    whole."""
+    whole. `sink`: a `spill.SpillWriter` that every decoded record goes to as well (the
+    stream is then decoded to its end)."""
     got: list[Entry] = []
 
     def decoder(header, data, max_decoded):
         _check(wanted, header.num_records)
         if header.chunk_type != CHUNK_SIMPLE:  # transposed (or an error decode_simple names)
             records = decode_transposed(header, data, max_decoded)
-            got.append(_slices(records.values, records.bounds, wanted, into))
+            if sink is not None:
+                sink.whole(records.bounds, records.values)
+            got.append(slices(records.values, records.bounds, wanted, into))
             return records
         codec, bounds, values = simple_parts(header, data, max_decoded)
         size = header.decoded_data_size
         if codec != ZSTD or size <= PIECE:
             whole = decompress_block(codec, values, size, size)
-            got.append(_slices(whole, bounds, wanted, into))
+            if sink is not None:
+                sink.whole(bounds, whole)
+            got.append(slices(whole, bounds, wanted, into))
         else:
-            got.append(_streamed(values, bounds, wanted, size, into))
+            got.append(_streamed(values, bounds, wanted, size, into, sink))
         return None
 
     decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
@@ -110,7 +116,9 @@ def _check(wanted: np.ndarray, n: int) -> None:
                                      "records")
 
 
-def _slices(values: Any, bounds: np.ndarray, wanted: np.ndarray, into: Any) -> Entry:
+def slices(values: Any, bounds: np.ndarray, wanted: np.ndarray, into: Any) -> Entry:
+    """Records `wanted` of decoded `values` (record j at `bounds[j]:bounds[j + 1]`) copied
+    out, as `extract` gives them (into `into`, when given)."""
     wanted, offs, dst = _place(bounds, wanted, into)
     view = memoryview(values)
     b, o = bounds.tolist(), offs.tolist()
@@ -120,8 +128,9 @@ def _slices(values: Any, bounds: np.ndarray, wanted: np.ndarray, into: Any) -> E
 
 
 def _streamed(values: Any, bounds: np.ndarray, wanted: np.ndarray, size: int,
-              into: Any) -> Entry:
-    """Decode the zstd values block piece by piece, copying out the wanted records."""
+              into: Any, sink: Any = None) -> Entry:
+    """Decode the zstd values block piece by piece, copying out the wanted records (and
+    every piece to `sink`, when given)."""
     declared, pos = read_varint(values, 0)
     stream = memoryview(values)[pos:]
     if declared != size:
@@ -134,11 +143,18 @@ def _streamed(values: Any, bounds: np.ndarray, wanted: np.ndarray, size: int,
     s_list, e_list = bounds[wanted].tolist(), bounds[wanted + 1].tolist()
     o_list = offs.tolist()
     m, k, lo = len(s_list), 0, 0
+    if sink is not None:
+        sink.begin(bounds, size)
     try:
         for piece in _zstd_decompressor().read_to_iter(stream, read_size=PIECE // 4,
                                                        write_size=PIECE):
+            if sink is not None:
+                sink.piece(piece)
             if k == m:
-                break
+                if sink is None or not sink.live:
+                    break
+                lo += len(piece)
+                continue
             hi = lo + len(piece)
             src = memoryview(piece)
             if s_list[k] < lo:  # the rest of a record begun in the last piece

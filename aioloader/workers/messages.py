@@ -80,15 +80,34 @@ class StashRef:
 
 
 @dataclass(frozen=True)
+class Spill:
+    """A chunk's region of the decoded-record spill (`workers.spill`), the file at `path`:
+    `write`, the job decodes the chunk and writes all its `records` there, in at most
+    `size` bytes from `offset`; else the region holds them (`size` bytes written) and the
+    job copies its wanted records out of it instead of decoding the chunk. `ident`: the
+    file's (device, inode), which what `path` opens must be (its number may be another
+    file's once the loader closed it)."""
+
+    path: str
+    offset: int
+    size: int
+    records: int
+    write: bool
+    ident: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
 class Fill:
     """A fill job: records `wanted` (sorted, distinct) of the task's one chunk, laid out at
     `offset` of the stash file `path` in at most `size` bytes (the longest prefix that fits);
-    its Result's `count` says how many went in."""
+    its Result's `count` says how many went in. `spill`: the chunk's region of the spill,
+    to write or to read from (None: decoded, nothing kept)."""
 
     path: str
     offset: int
     size: int
     wanted: np.ndarray
+    spill: Spill | None = None
 
 
 @dataclass
@@ -126,5 +145,12 @@ class Result:
     ended_ns: int = 0
     # the files (numbers in the source) whose contexts the worker lacked: nothing was run
     missing: list[int] | None = None
+    # a fill job with a spill region: bytes it wrote there (0: none), `SPILL_REFUSED` (the
+    # disk refused a write), or `SPILL_BAD` (a region read back failed its checks)
+    spilled: int = 0
+
+
+SPILL_REFUSED = -1
+SPILL_BAD = -2
 
 

@@ -117,6 +117,8 @@ class RayActors:
     the actor with the fewest calls at it; results come back in `slots` (`rayslots`) from
     the actors on this host, by value from the others."""
 
+    spills = False  # (actors on other nodes cannot open a file of this host)
+
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
                  lanes: int | None = None, auto: bool = False,
                  slots: RaySlots | None = None) -> None:

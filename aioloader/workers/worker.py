@@ -274,8 +274,8 @@ def _filled(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, began: i
                          verify=pipeline.verify, max_decoded=pipeline.max_decoded)
     return Result(task.task_id, None, count, reads=decoder.files.reads - reads,
                   bytes_read=decoder.files.bytes - nbytes, chunks_decoded=decoder.decoded,
-                  pid=os.getpid(), tid=threading.get_native_id(), began_ns=began,
-                  ended_ns=time.perf_counter_ns())
+                  chunk_hits=decoder.hits, spilled=decoder.spilled, pid=os.getpid(),
+                  tid=threading.get_native_id(), began_ns=began, ended_ns=time.perf_counter_ns())
 
 
 def _whole(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: list[str],

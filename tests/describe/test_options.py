@@ -154,3 +154,15 @@ def test_errors_is_a_leaf_and_every_error_is_one_type():
                 StoreUnavailableError, CollateError, TransformError, WorkerError,
                 al.ArrayRecordFormatError):
         assert getattr(errors, old.__name__) is old is getattr(al, old.__name__)
+
+
+def test_the_spill_settings_are_a_directory_and_a_size():
+    read = al.ReadOptions(spill_dir=pathlib.Path("/var/tmp"), spill_bytes=1e9)
+    assert read.spill_dir == "/var/tmp" and read.spill_bytes == 10**9
+    assert al.ReadOptions().spill_dir is None and al.ReadOptions().spill_bytes is None
+    with pytest.raises(ValueError, match="spill_dir must name a directory"):
+        al.ReadOptions(spill_dir="")
+    with pytest.raises(TypeError, match="spill_dir must be a path"):
+        al.ReadOptions(spill_dir=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="spill_bytes"):
+        al.ReadOptions(spill_bytes=-1)

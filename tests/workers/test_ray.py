@@ -414,3 +414,27 @@ async def test_an_exact_shuffle_over_many_parquet_files_whichever_actor_runs_the
     got = await collect(ds, workers=2, executor="ray")
     expected = await collect(ds, workers=0)
     assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in expected]
+
+
+async def test_an_exact_shuffle_over_large_chunks_takes_no_spill_on_actors(
+        tmp_path, monkeypatch, caplog):
+    """Actors on other nodes could not open a file of this host: under the ray executor the
+    horizons' fills decode per horizon (the spill is off, and the warning says why), and
+    the batches are those of workers=0."""
+    import logging
+
+    from aioloader.runtime import horizons
+
+    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # (chunks of ~80 KB count as large)
+    path = tmp_path / "big.array_record"
+    with al.ArrayRecordWriter(path, group_size=500) as w:
+        for i in range(3000):
+            w.write(b"%d:" % i + b"x" * (i % 300))
+    ds = al.Dataset.from_arrayrecord(str(path)).shuffle(3).repeat(2).batch(64)
+    want, _, _ = await take(ds, workers=0, memory_budget=400_000, spill_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        got, _, stats = await take(ds, workers=1, executor="ray", memory_budget=400_000)
+    assert [list(b) for b in got] == [list(b) for b in want]
+    assert stats["cache"]["horizons_per_epoch"] >= 2 and "spill_bytes" not in stats["cache"]
+    told = [r.getMessage() for r in caplog.records if "horizons" in r.getMessage()]
+    assert told and "is off: the executor's workers cannot open a file" in told[-1]
