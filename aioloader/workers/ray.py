@@ -117,6 +117,11 @@ class RayActors:
     the actor with the fewest calls at it; results come back in `slots` (`rayslots`) from
     the actors on this host, by value from the others."""
 
+    # chunks that fit each actor's cache (whatever their format keeps) are decoded by each
+    # actor, not shared through the stash (`runtime.horizons`): actors on other nodes
+    # cannot read this host's file
+    stash_shared = False
+
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
                  lanes: int | None = None, auto: bool = False,
                  slots: RaySlots | None = None) -> None:
