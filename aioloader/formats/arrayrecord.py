@@ -28,7 +28,7 @@ class ArrayRecordFormat:
     name = "arrayrecord"
     contextual = False
     stashable = True
-    stash_from = 1 << 20  # (a zstd chunk decodes at hundreds of MB/s: only large ones)
+    stash_from = 1 << 20  # (a chunk decodes fast: only large ones are worth the stash)
     stash_shared = False
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
