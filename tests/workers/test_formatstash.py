@@ -160,3 +160,24 @@ def test_an_entry_laid_out_reads_back_and_keeps_the_prefix_that_fits():
     have, offs3, data3 = read_entry(memoryview(small))
     assert 0 < len(have) < len(records) and have.tolist() == wanted[: len(have)].tolist()
     assert [bytes(data3[a:b]) for a, b in itertools.pairwise(offs3)] == records[: len(have)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_row_group_met_by_a_fill_job_names_the_file_and_row_group(
+        tmp_path, workers, row_groups_count_as_large):
+    """A fill job that cannot decode its row group fails the horizon: every task waiting on
+    it gets the file's error (no hang, no rows made up)."""
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"s": [f"value {i} " * 20 for i in range(300)]}), path,
+                   row_group_size=100, compression="snappy", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    with al.ParquetSource(str(path)) as src:
+        ix = src.file_indices[0]
+        start, end = int(ix.chunk_offsets[1]), int(ix.chunk_ends[1])
+    for at in range(start + 40, end, 7):  # the page's compressed values, not its header
+        data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    ds = al.Dataset.from_parquet(str(path)).shuffle(seed=0).batch(16)
+    with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
+        # (a budget whose kept quarter cannot hold the row groups: the stash at workers=0)
+        list(ds.loader(workers=workers, memory_budget=200_000))
