@@ -88,6 +88,7 @@ class Horizons:
         self._preparing: set[asyncio.Future] = set()
         self.length = 0  # output positions a horizon holds (once worked out)
         self.per_epoch = 0  # horizons an epoch needs (once a stash was filled; 0 before)
+        self._chunks: int | None = None  # the source's multi-record chunks (`_shared`)
 
     def use(self) -> None:
         """A new plan: horizons numbered afresh (the stash still waits for the old ones)."""
@@ -268,13 +269,15 @@ class Horizons:
         """Whether the stash serves chunks that would not thrash a worker's cache: several
         processes decode tasks, every file's format would rather share one decode of a
         chunk than decode it in each (`RecordFormat.stash_shared`), and most tasks of
-        `head` want most of its chunks (an exact shuffle), so that each process would
-        decode nearly every chunk."""
+        `head` want most of the chunks, of which it meets most (an exact shuffle:
+        `everywhere`), so that each process would decode nearly every chunk."""
         pool, table = self.runner.pool, self.runner.source.table
         if getattr(pool, "workers", 0) <= 1 or not getattr(pool, "stash_shared", True) or \
                 not all(fmts.get(k).stash_shared for k in set(table.formats)):
             return False
-        return tasks_per_chunk(head, task) >= SHARED
+        if self._chunks is None:  # (multi-record chunks of all files: counted once)
+            self._chunks = sum(int((ix.chunk_records > 1).sum()) for ix in table.indices)
+        return everywhere(head, task, self._chunks)
 
 
 def epoch_positions(index: IndexPlan, records: int) -> int:
@@ -301,6 +304,17 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
 
 def _round_up(x: float, step: int) -> int:
     return math.ceil(x / step) * step
+
+
+def everywhere(head: ChunkRefs, task: int, chunks: int) -> bool:
+    """Whether `head` reads as an exact shuffle: most of its tasks (of `task` records) want
+    most of the chunks they meet, and it meets most of the source's `chunks` multi-record
+    chunks (a block shuffle's windows, or a sequential read, meet a few at a time)."""
+    if head.count is None or not chunks:
+        return False
+    many = head.count > 1
+    met = np.unique((head.file * (1 << 44) + head.start)[many]).size
+    return met >= SHARED * chunks and tasks_per_chunk(head, task) >= SHARED
 
 
 def tasks_per_chunk(head: ChunkRefs, task: int) -> float:

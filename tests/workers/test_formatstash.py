@@ -17,7 +17,7 @@ import pytest
 
 import aioloader as al
 from aioloader.index.planning import ChunkRefs
-from aioloader.runtime.horizons import tasks_per_chunk
+from aioloader.runtime.horizons import everywhere, tasks_per_chunk
 from aioloader.workers.extract import lay_out, read_entry
 
 ROWS, FILES, GROUP = 400, 4, 50
@@ -181,3 +181,16 @@ def test_a_damaged_row_group_met_by_a_fill_job_names_the_file_and_row_group(
     with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
         # (a budget whose kept quarter cannot hold the row groups: the stash at workers=0)
         list(ds.loader(workers=workers, memory_budget=200_000))
+
+
+def test_everywhere_tells_an_exact_shuffle_from_a_block_shuffle_and_a_sequential_read():
+    rng = np.random.default_rng(1)
+    keys = [(f, s) for f in range(3) for s in range(10) for _ in range(100)]  # 30 chunks
+    exact = _refs([keys[i] for i in rng.permutation(len(keys))])
+    windows = [rng.permutation(np.arange(w, w + 300)) for w in range(0, len(keys), 300)]
+    block = _refs([keys[i] for w in rng.permutation(len(windows)) for i in windows[w]])
+    assert everywhere(exact, 300, 30)
+    assert not everywhere(_refs(keys[:1500]), 300, 30)  # a sequential read
+    # a block shuffle's first windows: every task wants their few chunks, not most chunks
+    assert not everywhere(_refs([keys[i] for w in windows[:4] for i in w]), 300, 30)
+    assert tasks_per_chunk(block, 300) < 0.5  # windows of 3 chunks: a task or two each
