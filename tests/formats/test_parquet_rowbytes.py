@@ -98,3 +98,10 @@ def test_rows_as_the_stash_keeps_them_round_trip_exactly(columns):
 def test_a_stashed_row_without_a_known_tag_is_refused():
     with pytest.raises(ValueError, match="tag"):
         row_from_stash(b"Xjunk")
+
+
+def test_a_row_group_with_a_name_twice_is_pickled_as_rows_gives_it():
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array(["12", "b"])], names=["x", "x"])
+    stashed = rows_for_stash(table, [0, 1])
+    assert all(b[:1] == b"P" for b in stashed)
+    _same([row_from_stash(b) for b in stashed], rows(table))
