@@ -28,6 +28,8 @@ class ArrayRecordFormat:
     name = "arrayrecord"
     contextual = False
     stashable = True
+    stash_from = 1 << 20  # (a chunk decodes fast: only large ones are worth the stash)
+    stash_shared = False
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -53,6 +55,21 @@ class ArrayRecordFormat:
         return decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
                             expected_records=expected_records, max_decoded=max_decoded,
                             whole_range=True)[1]
+
+    def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
+                      path: str | None, chunk: int | None, expected_records: int | None,
+                      max_decoded: int, state: Any = None) -> list[bytes]:
+        """(the workers pull ArrayRecord records out themselves, streamed: `workers.extract`)"""
+        records = self.decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
+                                    expected_records=expected_records,
+                                    max_decoded=max_decoded)
+        return [bytes(records.record(j)) for j in wanted]
+
+    def from_stash(self, data: bytes | memoryview) -> bytes:
+        return bytes(data)
+
+    def kept_bytes(self, max_decoded: int) -> int | None:
+        return None
 
     def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
         raise TypeError(f"{self.name} files need no context to decode")

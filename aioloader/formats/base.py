@@ -40,6 +40,12 @@ class RecordFormat(Protocol):
     # whether the stash of large chunks (`workers.extract`) can pull its records out: an
     # exact shuffle over large chunks of other formats decodes each chunk per task instead
     stashable: bool
+    # the mean decoded bytes of a file's chunks from which an exact shuffle's records go
+    # through the stash (`runtime.horizons`): below it each task decodes its chunks
+    stash_from: int
+    # whether several decoding processes share one decode of a chunk through the stash even
+    # where each could keep every chunk (a decode costs far more than the stash's copy)
+    stash_shared: bool
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -65,6 +71,23 @@ class RecordFormat(Protocol):
                      chunk: int | None, expected_records: int | None,
                      max_decoded: int, state: Any = None) -> ChunkRecords:
         """Every record of the chunk whose range's bytes `raw` start at `start`."""
+        ...
+
+    def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
+                      path: str | None, chunk: int | None, expected_records: int | None,
+                      max_decoded: int, state: Any = None) -> list[bytes]:
+        """Records `wanted` (sorted, distinct) of the chunk whose bytes `raw` start at
+        `start`, as the stash keeps them: bytes (`from_stash` gives each record back)."""
+        ...
+
+    def from_stash(self, data: bytes | memoryview) -> Any:
+        """The record `stash_records` made `data` of."""
+        ...
+
+    def kept_bytes(self, max_decoded: int) -> int | None:
+        """The decoded bytes of chunks a decoding process keeps for its next tasks, where
+        the format keeps its decoded chunks itself (under `max_decoded`, the memory
+        budget); None: they are kept in its share of the decoded-chunk cache."""
         ...
 
     def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:

@@ -32,7 +32,7 @@ from .parquet.decode import RowGroupDecoder
 from .parquet.errors import CORRUPT_HINT, ParquetFormatError
 from .parquet.footer import parse_footer
 from .parquet.layout import read_layout
-from .parquetrows import rows_as_bytes
+from .parquetrows import rows_as_bytes, rows_for_stash
 
 __all__ = ["ParquetChunks", "pack_context", "unpack_context"]
 
@@ -219,3 +219,17 @@ class ParquetChunks:
         table = self.table(raw, start, max_decoded=max_decoded,
                            expected_records=expected_records)
         return rows_as_bytes(table, within)
+
+    def stashed(self, raw: bytes | memoryview, start: int, within: Sequence[int], *,
+                max_decoded: int, expected_records: int | None = None) -> list[bytes]:
+        """Rows `within` of that row group as the stash keeps them (`parquetrows.
+        rows_for_stash`): the row group kept (`KEPT`) if it is, else decoded and not kept
+        (a horizon wants each row once)."""
+        with self._lock:
+            if KEPT.get((self._id, start)) is not None:
+                table = self._kept_one(raw, start, max_decoded, expected_records).table
+            else:
+                table = self.table(raw, start, max_decoded=max_decoded,
+                                   expected_records=expected_records)
+                self.decoded += 1
+        return rows_for_stash(table, within)

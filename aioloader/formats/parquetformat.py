@@ -8,9 +8,11 @@ column chunk to the next row group, and the file's context (footer and selected 
 file with it, so the footer is parsed once per process, not per task.
 
 A record is the row itself, not bytes: `decode_records` gives the rows as the Parquet layer
-gives them (`parquet.rows`), so no row is pickled on its way to the transforms. A format
-kind names the columns read (`formats.reading("parquet", ["a", "b"])`): `selecting` is
-the format reading those.
+gives them (`parquet.rows`), so no row is pickled on its way to the transforms. Only where
+an exact shuffle shares one decode of each row group among tasks through the stash
+(`runtime.horizons`) is a row pickled once there (`stash_records`) and unpickled for its task
+(`from_stash`). A format kind names the columns read (`formats.reading("parquet", ["a",
+"b"])`): `selecting` is the format reading those.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .parquet.errors import ParquetFormatError
+from .parquetrows import row_from_stash
 
 if TYPE_CHECKING:
     from ..arrayrecord.fileindex import FileIndex
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 _MAGIC = 4  # "PAR1" opens the file: a row group's first column chunk starts after it
 _TRAILER = 8  # the footer's length and the closing "PAR1"
 _PROOF = 64  # the file's last bytes tie a cached index to its content
+_KEPT_PER_DECODED = 2  # a kept row group's bytes (Table and values) per decoded byte
 
 
 class RowGroupRecords:
@@ -53,7 +57,11 @@ class ParquetFormat:
 
     name = "parquet"
     contextual = True
-    stashable = False
+    stashable = True
+    # a row group's decode (pages to Arrow to Python values) costs microseconds a row: an
+    # exact shuffle shares one decode of each row group a horizon, among all its workers
+    stash_from = 64 << 10
+    stash_shared = True
 
     def __init__(self, columns: Sequence[str] | None = None) -> None:
         self.columns = None if columns is None else tuple(columns)
@@ -105,6 +113,25 @@ class ParquetFormat:
         table = state.kept_table(raw, start, max_decoded=max_decoded,
                                  expected_records=expected_records)
         return RowGroupRecords(state, table)
+
+    def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
+                      path: str | None, chunk: int | None, expected_records: int | None,
+                      max_decoded: int, state: Any = None) -> list[bytes]:
+        """The rows `wanted` of the row group as the stash keeps them
+        (`parquetrows.rows_for_stash`)."""
+        if state is None:
+            raise TypeError("a Parquet chunk decodes by its file's state (prepare)")
+        return state.stashed(raw, start, wanted, max_decoded=max_decoded,
+                             expected_records=expected_records)
+
+    def from_stash(self, data: bytes | memoryview) -> dict[str, Any]:
+        return row_from_stash(data)
+
+    def kept_bytes(self, max_decoded: int) -> int | None:
+        """A decoding process keeps row groups in a quarter of the budget
+        (`parquetchunks.KEPT`), each counted as its Table and its values, which take about
+        its decoded bytes again (strings copied, numbers as objects)."""
+        return max_decoded // 4 // _KEPT_PER_DECODED
 
     def index_limits(self, size: int) -> tuple[int, int]:
         return _MAGIC, size - _TRAILER

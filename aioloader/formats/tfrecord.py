@@ -215,6 +215,8 @@ class TFRecordFormat:
     name = "tfrecord"
     contextual = False
     stashable = False
+    stash_from = 1 << 20  # (not stashable: a chunk holds one record)
+    stash_shared = False
 
     def open_index(self, size: int, *, path: str | None, verify: str, max_decoded: int,
                    local: bool, span: int | None = None) -> IndexSteps:
@@ -242,6 +244,17 @@ class TFRecordFormat:
 
         data = payload(raw, start, verify=verify, path=path, chunk=chunk)
         return ChunkRecords._one(memoryview(data), data)
+
+    def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
+                      path: str | None, chunk: int | None, expected_records: int | None,
+                      max_decoded: int, state: Any = None) -> list[bytes]:
+        raise TypeError(f"{self.name} records do not go through the stash")
+
+    def from_stash(self, data: bytes | memoryview) -> bytes:
+        return bytes(data)
+
+    def kept_bytes(self, max_decoded: int) -> int | None:
+        return None
 
     def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
         raise TypeError(f"{self.name} files need no context to decode")

@@ -47,7 +47,8 @@ from .. import formats as fmts
 from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
-from ..workers.decode import BOUND_BYTES
+from ..workers.chunkcache import BOUND_BYTES
+from ..workers.contexts import contextual_ids
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, Result, Spill, StashRef, Task
 from ..workers.spill import SpillFile, open_spill, region_bytes
@@ -55,6 +56,7 @@ from ..workers.spill import SpillFile, open_spill, region_bytes
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
+SHARED = 0.5  # of the tasks, the share that want each chunk: a stash shared by workers
 
 log = logging.getLogger("aioloader")
 
@@ -95,6 +97,7 @@ class Horizons:
         self._preparing: set[asyncio.Future] = set()
         self.length = 0  # output positions a horizon holds (once worked out)
         self.per_epoch = 0  # horizons an epoch needs (once a stash was filled; 0 before)
+        self._chunks: int | None = None  # the source's multi-record chunks (`_shared`)
 
     def use(self) -> None:
         """A new plan: horizons numbered afresh (the stash still waits for the old ones)."""
@@ -148,8 +151,9 @@ class Horizons:
         records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
                                                  dtype=np.int64))
         self.probed += 1
-        if not thrashes(self.runner.source.chunk_refs(records), self.runner.pool.cache_bytes,
-                        mean + BOUND_BYTES, slack):
+        head = self.runner.source.chunk_refs(records)
+        if not (thrashes(head, self._kept(), mean + BOUND_BYTES, slack)
+                or self._shared(head, slack)):
             return None
         if not self.per_epoch:
             self._tell(length, mean)
@@ -167,9 +171,10 @@ class Horizons:
             if isinstance(g, BaseException):
                 raise g
         self.count += 1
-        return StashRef(stash.path, h.key[1], {
-            (wants.names[int(wants.file[c])], int(wants.start[c])):
-                (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]})
+        stash.fills += 1
+        at = {(wants.names[int(wants.file[c])], int(wants.start[c])):
+              (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]}
+        return StashRef(stash.path, h.key[1], at, serial=stash.fills)
 
     def _tell(self, length: int, mean: float) -> None:
         """The horizons an epoch (this loader's positions of one: its shard, its slice)
@@ -238,7 +243,8 @@ class Horizons:
         when it holds them); how many fit."""
         i, spill, job = int(wants.first[c]), self.spill, None
         key = (wants.names[int(wants.file[c])], int(wants.start[c]))
-        if spill is not None and refs.count is not None:
+        if spill is not None and refs.count is not None and (
+                refs.format is None or int(refs.format[i]) == fmts.code(fmts.ARRAYRECORD)):
             job = spill.job(key, int(refs.count[i]), decoded)
         if spill is not None and job is not None and not job.write:  # nothing fetched
             result = await self._run(c, wants, records, refs.take(i, i + 1), None, offset,
@@ -264,6 +270,10 @@ class Horizons:
         runner = self.runner
         i = int(wants.first[c])
         task = Task(-1, records[i : i + 1], np.zeros(1, np.int64), refs=refs, raws=raws)
+        ids = contextual_ids(refs)
+        if ids:  # (a contextual format's chunk decodes by its file's context)
+            task.table = runner.source.table.token
+            task.contexts = runner.source.table.contexts(ids)
         task.fill = Fill(runner.pool.stash.path, offset, size,
                          wants.within[wants.offsets[c] : wants.offsets[c + 1]], spill)
         name = wants.names[int(wants.file[c])]
@@ -273,9 +283,10 @@ class Horizons:
 
     def share(self) -> tuple[int, float]:
         """The decoded-chunk cache (all workers' together: the stash is shared), and the
-        files' mean decoded record size; (0, 0) when chunks are small (under `LARGE_CHUNK`
-        decoded on average: each task decodes its own, as before) or hold one record, or
-        there are no files (from_source), or a file's format is not `stashable`."""
+        files' mean decoded record size; (0, 0) when chunks are small (under the formats'
+        `stash_from`, at most `LARGE_CHUNK`, decoded on average: each task decodes its
+        own, as before) or hold one record, or there are no files (from_source), or a
+        file's format is not `stashable`."""
         got = self._share_mean
         if got is None:
             source = self.runner.source
@@ -284,11 +295,38 @@ class Horizons:
             if table is not None and table.max_group_size > 1 and len(source) and \
                     all(fmts.get(k).stashable for k in set(table.formats)):
                 decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
-                if decoded >= LARGE_CHUNK * max(1, table.chunk_count):
+                kinds = set(table.formats)
+                least = min(LARGE_CHUNK, max(fmts.get(k).stash_from for k in kinds))
+                if decoded >= least * max(1, table.chunk_count):
                     got = (self.runner.pool.pipeline.chunk_cache_bytes,
                            decoded / len(source))
             self._share_mean = got
         return got
+
+    def _kept(self) -> int:
+        """The decoded bytes of chunks each decoding process keeps: its share of the
+        decoded-chunk cache, or less where a format keeps its chunks itself
+        (`RecordFormat.kept_bytes`)."""
+        pool = self.runner.pool
+        if not getattr(pool, "stash_shared", True):  # (its workers may not read the stash)
+            return pool.cache_bytes
+        kept = [fmts.get(k).kept_bytes(pool.pipeline.max_decoded)
+                for k in set(self.runner.source.table.formats)]
+        return min([pool.cache_bytes] + [k for k in kept if k is not None])
+
+    def _shared(self, head: ChunkRefs, task: int) -> bool:
+        """Whether the stash serves chunks that would not thrash a worker's cache: several
+        processes decode tasks, every file's format would rather share one decode of a
+        chunk than decode it in each (`RecordFormat.stash_shared`), and most tasks of
+        `head` want most of the chunks, of which it meets most (an exact shuffle:
+        `everywhere`), so that each process would decode nearly every chunk."""
+        pool, table = self.runner.pool, self.runner.source.table
+        if getattr(pool, "workers", 0) <= 1 or not getattr(pool, "stash_shared", True) or \
+                not all(fmts.get(k).stash_shared for k in set(table.formats)):
+            return False
+        if self._chunks is None:  # (multi-record chunks of all files: counted once)
+            self._chunks = sum(int((ix.chunk_records > 1).sum()) for ix in table.indices)
+        return everywhere(head, task, self._chunks)
 
 
 def epoch_positions(index: IndexPlan, records: int) -> int:
@@ -315,6 +353,34 @@ def _settle(ready: asyncio.Future, fut: asyncio.Future) -> None:
 
 def _round_up(x: float, step: int) -> int:
     return math.ceil(x / step) * step
+
+
+def everywhere(head: ChunkRefs, task: int, chunks: int) -> bool:
+    """Whether `head` reads as an exact shuffle: most of its tasks (of `task` records) want
+    most of the chunks they meet, and it meets most of the source's `chunks` multi-record
+    chunks (a block shuffle's windows, or a sequential read, meet a few at a time)."""
+    if head.count is None or not chunks:
+        return False
+    many = head.count > 1
+    met = np.unique((head.file * (1 << 44) + head.start)[many]).size
+    return met >= SHARED * chunks and tasks_per_chunk(head, task) >= SHARED
+
+
+def tasks_per_chunk(head: ChunkRefs, task: int) -> float:
+    """Of the tasks of `task` consecutive records of `head` (a short `head` cut into at
+    least 8), the share that want each multi-record chunk, on average over the chunks: near
+    1 under an exact shuffle, near 1 / the tasks under a sequential read."""
+    if head.count is None or not len(head):
+        return 0.0
+    many = head.count > 1
+    if not many.any():
+        return 0.0
+    task = max(1, min(task, len(head) // 8))
+    key = (head.file * (1 << 44) + head.start)[many]
+    which = (np.arange(len(head), dtype=np.int64) // task)[many]
+    tasks = (len(head) + task - 1) // task
+    pairs = len(np.unique(np.stack([key, which], axis=1), axis=0))  # (chunk, task) pairs
+    return pairs / np.unique(key).size / tasks
 
 
 def thrashes(head: ChunkRefs, share: int, mean: float, task: int) -> bool:

@@ -19,85 +19,27 @@ import dataclasses
 import functools
 import mmap
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import formats as fmts
-from ..arrayrecord import ArrayRecordFormatError, ChunkRecords
+from ..arrayrecord import ArrayRecordFormatError
 from ..arrayrecord.chunk import DEFAULT_MAX_DECODED, DEFAULT_VERIFY
 from ..arrayrecord.errors import CORRUPT_HINT
 from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS
 from ..index.planning import ChunkRefs
+from . import formatstash
+from .chunkcache import ChunkCache, chunk_keys, unpacked
 from .contexts import FileStates
 from .extract import HEAD, extract, lookup, read_entry, slices
 from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, SPILL_BAD, Fill, StashRef
 from .ones import PREADV, read_ones
 from .spill import SpillWriter, read_into
-
-# The parent used to keep this much of decoded chunks (ArrayRecordSource's cache): the pool
-# shares it out among its workers (`Pool`), so the loader holds no more than before.
-
-
-Chunk = tuple[bytes, list[int]]  # a decoded chunk: record j is data[bounds[j]:bounds[j + 1]]
-BOUND_BYTES = 40  # what the cache counts for each record's bound (a Python int in a list)
-
-
-def _unpacked(records: ChunkRecords) -> Chunk:
-    """A decoded chunk as bytes and Python ints: a record is then one slice, no view made
-    (and no view kept of the arena or a map, which later tasks reuse)."""
-    values = records.values
-    obj = values.obj
-    data = obj if type(obj) is bytes and len(obj) == len(values) else bytes(values)
-    return data, records.bounds.tolist()
-
-
-class ChunkCache:
-    """Decoded multi-record chunks by where their bytes lie (path or URL, offset), least
-    recently used out first, bounded in bytes (their data, and `BOUND_BYTES` a record for
-    the bounds)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[tuple[str, int], tuple[Chunk, int]] = OrderedDict()
-
-    def get(self, key: tuple[str, int]) -> Chunk | None:
-        item = self._items.get(key)
-        if item is None:
-            return None
-        self._items.move_to_end(key)
-        return item[0]
-
-    def put(self, key: tuple[str, int], chunk: Chunk) -> None:
-        size = len(chunk[0]) + BOUND_BYTES * len(chunk[1])
-        if size > self.max_bytes or key in self._items:
-            return
-        self._items[key] = (chunk, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, (_, old) = self._items.popitem(last=False)
-            self.bytes -= old
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def chunk_keys(refs: ChunkRefs) -> list[tuple[int, int]] | None:
-    """Each record's chunk as (file, start), for spotting records that share one; None when
-    every chunk holds one record (group size 1: records share chunks only by repeating)."""
-    if refs.count is None or not len(refs) or int(refs.count.max()) <= 1:
-        return None
-    return list(zip(refs.file.tolist(), refs.start.tolist()))
 
 
 def _pick(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
@@ -130,6 +72,7 @@ class Decoder:
         self.files = LocalFiles()
         self.cache = ChunkCache(cache_bytes)
         self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
+        self._stash_index = formatstash.StashIndex()  # (stashable formats' entries read)
         self.decoded = self.hits = self.spilled = 0  # (`spilled`: of the last fill job)
         self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
@@ -180,6 +123,8 @@ class Decoder:
                    stash: StashRef | None) -> list[Any]:
         """Records of one format's chunks by its `decode_records` (local files read here)."""
         fmt = fmts.by_code(int(refs.format[0]))  # type: ignore[index]  # set for these
+        if stash is not None and fmt.stashable:
+            return self._format_stashed(fmt, refs, raws, verify, max_decoded, paths, stash)
         states = None
         if fmt.contextual:
             states = self.states.of(refs, self._table)
@@ -195,6 +140,43 @@ class Decoder:
                                   verify=verify, paths=names, chunks=refs.chunk.tolist(),
                                   counts=None if refs.count is None else refs.count.tolist(),
                                   max_decoded=max_decoded, states=states)
+
+    def _format_stashed(self, fmt: Any, refs: ChunkRefs, raws: Sequence | None, verify: str,
+                        max_decoded: int, paths: Sequence[str] | None,
+                        stash: StashRef) -> list[Any]:
+        """Records of a stashable format from the horizon's entries; those the entries
+        lack, decoded as without a stash (`workers.formatstash`)."""
+        names = [refs.name(f) for f in range(len(refs.paths))]
+        out, rest = formatstash.from_stash(fmt, refs, names, stash, self._view(stash.path),
+                                           self._stash_index)
+        if len(rest):
+            r = rest.tolist()
+            # (the chunks decoded for this task alone, or found kept: counted as decoded)
+            self.decoded += len(set(zip(refs.file[rest].tolist(), refs.start[rest].tolist())))
+            got = self._by_format(_pick(refs, rest),
+                                  None if raws is None else [raws[i] for i in r], verify,
+                                  max_decoded, None if paths is None else [paths[i] for i in r],
+                                  None)
+            for i, record in zip(r, got):
+                out[i] = record
+        return out
+
+    def _format_fill(self, fmt: Any, refs: ChunkRefs, raws: Sequence | None, job: Fill,
+                     region: memoryview, names: list[str], verify: str, max_decoded: int,
+                     table: str) -> int:
+        """A fill job of a format that decodes its chunks itself (`workers.formatstash`)."""
+        state = None
+        if fmt.contextual:
+            state = self.states.of(refs, table)[0]
+            if state is None:
+                raise ValueError("a fill job's chunk decodes by its file's context, which "
+                                 "this process was not given")
+        raw = raws[0] if raws is not None else \
+            self.files.read(_pick(refs, np.zeros(1, dtype=np.int64)))[0]
+        self.decoded += 1
+        return formatstash.fill(fmt, refs, raw, state, job, region,
+                                name=names[int(refs.file[0])], verify=verify,
+                                max_decoded=max_decoded)
 
     def _arrayrecord(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
                      max_decoded: int, paths: Sequence[str] | None,
@@ -255,7 +237,7 @@ class Decoder:
                                           chunk=int(refs.chunk[i]),
                                           expected_records=counts[i], max_decoded=max_decoded,
                                           whole_range=True)
-                chunks[j] = chunk = _unpacked(records)
+                chunks[j] = chunk = unpacked(records)
                 if counts[i] > 1:
                     self.decoded += 1
                     self.cache.put(where[j], chunk)
@@ -299,7 +281,8 @@ class Decoder:
         return out
 
     def fill(self, refs: ChunkRefs, raws: Sequence | None, job: Fill, *,
-             verify: str = DEFAULT_VERIFY, max_decoded: int = DEFAULT_MAX_DECODED) -> int:
+             verify: str = DEFAULT_VERIFY, max_decoded: int = DEFAULT_MAX_DECODED,
+             table: str = "") -> int:
         """A fill job: records `job.wanted` of the chunk of `refs`' first record pulled out
         into the job's region of the stash file; how many went in (a prefix).
 
@@ -313,6 +296,10 @@ class Decoder:
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
         region = self._view(job.path)[job.offset : job.offset + job.size]
+        code = fmts.code(fmts.ARRAYRECORD) if refs.format is None else int(refs.format[0])
+        if code != fmts.code(fmts.ARRAYRECORD):  # (its format decodes the chunk; no spill)
+            return self._format_fill(fmts.by_code(code), refs, raws, job, region, names,
+                                     verify, max_decoded, table)
         wanted, spill = np.asarray(job.wanted, dtype=np.int64), job.spill
         if spill is not None and not spill.write:  # decoded before: copied out of the spill
             got = read_into(spill, wanted, functools.partial(slices, into=region))

@@ -84,8 +84,23 @@ def _place(bounds: np.ndarray, wanted: np.ndarray, into: Any
            ) -> tuple[np.ndarray, np.ndarray, memoryview]:
     """Where the records go: the wanted records that do (all, or the prefix that fits
     `into` with the entry's head), their offsets, and the buffer their bytes go in."""
+    return _placed(bounds[wanted + 1] - bounds[wanted], wanted, into)
+
+
+def lay_out(records: list[bytes], wanted: np.ndarray, into: Any = None) -> Entry:
+    """An entry of `records` (record `wanted[k]` is `records[k]`: a format's records as
+    the stash keeps them, `RecordFormat.stash_records`), laid out in `into` as `extract`
+    lays one out (the longest prefix that fits)."""
+    sizes = np.fromiter((len(r) for r in records), dtype=np.int64, count=len(records))
+    wanted, offs, dst = _placed(sizes, np.asarray(wanted, dtype=np.int64), into)
+    dst[:] = b"".join(records[: len(wanted)])  # (one copy into the region)
+    return wanted, offs, dst
+
+
+def _placed(sizes: np.ndarray, wanted: np.ndarray, into: Any
+            ) -> tuple[np.ndarray, np.ndarray, memoryview]:
     offs = np.zeros(len(wanted) + 1, dtype=np.int64)
-    np.cumsum(bounds[wanted + 1] - bounds[wanted], out=offs[1:])
+    np.cumsum(sizes, out=offs[1:])
     if into is None:
         return wanted, offs, memoryview(bytearray(int(offs[-1])))
     need = HEAD + 8 + 16 * np.arange(len(offs), dtype=np.int64) + offs  # k records: need[k]
@@ -191,6 +206,7 @@ class StashFile:
     def __init__(self, size: int) -> None:
         self.size = size
         self._file: MemoryFile | None = None
+        self.fills = 0  # horizons filled (`StashRef.serial`)
         self._closed = False
 
     @property

@@ -77,6 +77,9 @@ class StashRef:
     path: str
     horizon: int
     at: dict[tuple[str, int], tuple[int, int]]
+    # which fill of the stash this is (unique over the pool's life; -1: none): a region's
+    # entry is the same while it is, so a worker may keep what it read of it
+    serial: int = -1
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,10 @@ class RayActors:
     the actors on this host, by value from the others."""
 
     spills = False  # (actors on other nodes cannot open a file of this host)
+    # chunks that fit each actor's cache (whatever their format keeps) are decoded by each
+    # actor, not shared through the stash (`runtime.horizons`): actors on other nodes
+    # cannot read this host's file
+    stash_shared = False
 
     def __init__(self, kind: RayExecutor, pipeline: Pipeline, workers: int, *,
                  lanes: int | None = None, auto: bool = False,

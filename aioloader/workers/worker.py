@@ -210,6 +210,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         arena = (_map((path, size, _)), size, place)
     mem = arena[0] if arena is not None else None
     if task.fill is not None:  # a fill job of the shared stash (`workers.extract`)
+        if task.contexts:  # (a contextual format's chunk: its file's context comes along)
+            decoder.states.learn(task.refs, task.table, task.contexts,
+                                 max_decoded=pipeline.max_decoded)
         return _filled(task, pipeline, decoder, mem, began)
     if pipeline.records is None:  # files of a contextual format: their states first
         if task.contexts:
@@ -271,7 +274,8 @@ def _filled(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, began: i
     reads, nbytes = decoder.files.reads, decoder.files.bytes
     decoder.decoded = decoder.hits = 0
     count = decoder.fill(task.refs, raws, task.fill,  # type: ignore[arg-type]  # a fill
-                         verify=pipeline.verify, max_decoded=pipeline.max_decoded)
+                         verify=pipeline.verify, max_decoded=pipeline.max_decoded,
+                         table=task.table)
     return Result(task.task_id, None, count, reads=decoder.files.reads - reads,
                   bytes_read=decoder.files.bytes - nbytes, chunks_decoded=decoder.decoded,
                   chunk_hits=decoder.hits, spilled=decoder.spilled, pid=os.getpid(),
