@@ -7,7 +7,9 @@ as below; TFRecord: one sequential scan of the whole file), driven here the same
 Opening lists the files (one listing for a glob), then reads every file's footer, all files
 in parallel: local files in a few batched thread-pool jobs, by small reads of what they
 declare (the postscript's head, then the footer); remote files, as many in flight as the
-storage allows, by one speculative read each of the footer's likely span and the
+storage allows: a small one (a few blocks: `formats.arrayrecord.SMALL_FILE`) by the same
+small reads, two round trips of a few KiB, since its footer's likely span would be most of
+the file; a larger one by one speculative read of the footer's likely span and the
 postscript's head, sized by the files opened before (a footer that does not fit costs one
 more read). A gs:// file named without a glob takes one request (a suffix-range GET also
 gives its size and generation). With an index cache, the listing is followed by one mapped
