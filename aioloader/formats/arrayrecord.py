@@ -1,9 +1,8 @@
 """ArrayRecord as a `RecordFormat`: a thin adapter over `aioloader.arrayrecord`, which stays
 the pure format package (it knows nothing of this interface).
 
-Opening is `arrayrecord.open_index`: small reads (the postscript's head, then the footer)
-for a local file and for a small remote one, one speculative read of the footer's likely
-span for a larger remote file (`small_reads`); decoding is its `decode_records` /
+Opening is `arrayrecord.open_index` (small reads for a local file, one speculative read of
+the footer's likely span for a remote one); decoding is its `decode_records` /
 `decode_chunk`. The workers keep their own faster paths for ArrayRecord's one-record chunks
 (`workers.ones`) and large multi-record chunks (`workers.extract`); what they cannot serve
 comes here.
@@ -21,20 +20,6 @@ if TYPE_CHECKING:
 
 # A chunk starts after the file's signature chunk; the footer lies before the postscript.
 _FIRST_CHUNK = 64
-# A remote file of at most this many bytes opens by small reads, as a local file does. The
-# footer lies anywhere in the 64 KiB before the postscript's block (its padding fills the
-# rest), so the one speculative read that finds it in one round trip spans a block and more:
-# for a file of a few blocks, most of the file. Two round trips of a few KiB (the
-# postscript's head, then the footer; a third only for a footer larger than the first read)
-# move what the file declares instead, so opening many small files from a bucket costs
-# their footers, not their bytes. A larger file keeps its one round trip; a footer of a
-# file this small is never large enough to be streamed (`footerstream.STREAM_FROM`).
-SMALL_FILE = 8 * 64 * 1024  # eight 64 KiB blocks
-
-
-def small_reads(size: int, local: bool) -> bool:
-    """Whether a file of `size` bytes opens by small reads (see SMALL_FILE)."""
-    return local or size <= SMALL_FILE
 
 
 class ArrayRecordFormat:
@@ -48,9 +33,8 @@ class ArrayRecordFormat:
                    local: bool, span: int | None = None) -> IndexSteps:
         from ..arrayrecord.index import open_index
 
-        small = small_reads(size, local)
         return open_index(size, path=path, verify=verify, max_decoded=max_decoded,
-                          small_reads=small, span=None if small else span)
+                          small_reads=local, span=None if local else span)
 
     def decode_records(self, raws: Sequence, starts: Sequence[int], within: Sequence[int], *,
                        verify: str, paths: Sequence[str | None] | None,

@@ -105,9 +105,8 @@ async def test_open_costs_at_most_two_round_trips_per_file(tmp_path, gcs):
     url, opts = _place("gs", gcs, paths)
     src = ArrayRecordSource(url, storage_options=opts)
     await src.aopen()
-    # one listing for the glob (not counted here), then per file (a small one) two small
-    # reads: the postscript's head, then the footer
-    assert src.storage.stats.requests == 2 * SHARDS
+    # one listing for the glob, then one tail read per file (postscript + footer)
+    assert src.storage.stats.requests == SHARDS
     await src.aclose()
 
 
