@@ -10,9 +10,10 @@ declare (the postscript's head, then the footer); remote files, as many in fligh
 storage allows, by one speculative read each of the footer's likely span and the
 postscript's head: the first files' reads hold any footer of up to 64 KiB, later ones
 the largest footer seen so far, wherever its padding ends (a footer that does not fit
-costs one more read). A gs:// file named without a glob takes one request (a suffix-range GET also
-gives its size and generation). With an index cache, the listing is followed by one mapped
-table instead (`index_cache`). Each file is pinned to the version first seen, so a rewrite
+costs one more read). A gs:// file named without a glob takes one request (a suffix-range
+GET also gives its size and generation). With an index cache, the listing is followed by
+one mapped table instead (`index_cache`: no request a file where the listing gives each
+object's generation). Each file is pinned to the version first seen, so a rewrite
 shows up as an error, not as other records.
 
 A name ending in a read instruction, `path[start:end]` (array_record's and Grain's syntax,
@@ -196,10 +197,14 @@ class _Opener:
         by the padding; an index without a footer, as a scanned TFRecord file's, takes
         none)."""
         need = vars(index).get("footer_need")
-        took = need if need is not None else index.size - BLOCK_SIZE - index.footer_offset
-        if took <= 0:
-            return
-        fit = min(CLOUD_SPAN, took + BLOCK_SIZE + PAD_SLACK)
+        if need is not None:
+            fit = need + BLOCK_SIZE + PAD_SLACK
+        else:  # (an overestimate: it only ever widens the first read)
+            took = index.size - BLOCK_SIZE - index.footer_offset
+            if took <= 0:
+                return
+            fit = max(FIRST_SPAN, took + BLOCK_SIZE + PAD_SLACK)
+        fit = min(CLOUD_SPAN, fit)
         self.span = fit if self.span is None else max(self.span, fit)
 
     async def resolve(self, pattern: str) -> tuple[str, bool, tuple[int, int] | None]:

@@ -17,12 +17,12 @@ import random
 
 import pytest
 
-from aioloader.arrayrecord import ArrayRecordFormatError
+from aioloader.arrayrecord import ArrayRecordFormatError, read_index
 from aioloader.arrayrecord.codecs import ZSTD
 from aioloader.arrayrecord.index import POSTSCRIPT_PROBE
 from aioloader.arrayrecord.layout import BLOCK_SIZE
 from aioloader.io.storage import Storage
-from aioloader.source import ArrayRecordSource
+from aioloader.source import ArrayRecordSource, opening
 from aioloader.source.opening import FIRST_SPAN, PAD_SLACK
 from aioloader.testing import ProxyStats, local_gcs
 
@@ -131,3 +131,23 @@ async def test_a_cached_open_is_the_listing_alone_and_a_rewrite_misses(gcs, smal
         assert await src.read([start]) == [small[2][1][0]]
     finally:
         await src.aclose()
+
+
+def test_the_first_read_narrows_to_the_footers_seen_and_widens_past_them(small):
+    """A footer whose own bytes are known narrows later reads below FIRST_SPAN; an index
+    that knows only its footer and padding together (a small-reads open, another format)
+    only ever widens them, from FIRST_SPAN."""
+    data = small[0][0].read_bytes()
+
+    def fetch(offset: int, length: int) -> bytes:
+        return data[offset : offset + length]
+
+    opener = opening._Opener(Storage(), "headers")
+    assert opener._span() == FIRST_SPAN
+    spanned = read_index(len(data), fetch, span=FIRST_SPAN)
+    opener.learn(spanned)
+    assert BLOCK_SIZE < opener._span() < BLOCK_SIZE + 4096 + PAD_SLACK
+    by_small_reads = read_index(len(data), fetch, small_reads=True)
+    assert "footer_need" not in vars(by_small_reads)
+    opener.learn(by_small_reads)
+    assert opener._span() >= FIRST_SPAN
