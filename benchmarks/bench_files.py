@@ -20,8 +20,11 @@ temporary `PYTHONPYCACHEPREFIX`, as an installed package's is (the trees are not
   (local files only: Grain reads a bucket through a FUSE mount, which this machine lacks).
 
 `--bucket` adds `first` and `warm` rows for the files in the emulated bucket behind a 30 ms
-delay line (a process of its own), the same glob as a gs:// URL. `--digests` first checks that
-every tree gives the same first three batches (workers 0 and 2, local files).
+delay line (a process of its own), the same glob as a gs:// URL, and `bucket open` (`open`
+from the bucket: wall, and the open's requests and bytes, listing excluded, in a table of
+its own; with `--cached` also `bucket open cached`, its index cache entry written by the
+untimed run). `--digests` first checks that every tree gives the same first three batches
+(workers 0 and 2, local files).
 
 Reported: wall, median [min–max] over rounds; each row's first batch over its own first batch
 at the fewest files (per round), and over Grain's local first batch (per round).
@@ -44,17 +47,21 @@ RECORDS = 200_000
 LATENCY_MS = 30
 
 
-def _open_child(paths: str, storage_options: dict | None) -> dict:
+def _open_child(paths: str, storage_options: dict | None, index_cache_dir: str | None) -> dict:
     import time
 
     import aioloader as al
     from benchmarks.common import cpu_seconds
 
     cpu, t = cpu_seconds(), time.perf_counter()
-    src = al.ArrayRecordSource(paths, storage_options=storage_options)
+    src = al.ArrayRecordSource(paths, storage_options=storage_options,
+                               index_cache_dir=index_cache_dir)
     n = len(src)
+    opened = src.storage.stats  # (the open's requests and bytes, before the record read)
+    requests, got = opened.requests, opened.bytes
     src[n // 2]
-    return {"wall": time.perf_counter() - t, "cpu": cpu_seconds() - cpu, "n": n}
+    return {"wall": time.perf_counter() - t, "cpu": cpu_seconds() - cpu, "n": n,
+            "requests": requests, "bytes": got}
 
 
 def _digest_child(spec: dict) -> dict:
@@ -76,7 +83,8 @@ def _digest_child(spec: dict) -> dict:
 def _child(spec: dict) -> dict:
     """One measurement, in this fresh process: the library imported before timing."""
     if spec["lib"] == "open":
-        return _open_child(spec["paths"][0], spec.get("storage_options"))
+        return _open_child(spec["paths"][0], spec.get("storage_options"),
+                           spec.get("index_cache_dir"))
     if spec["lib"] == "digest":
         return _digest_child(spec)
     if spec["lib"] == "grain":
@@ -109,6 +117,16 @@ def run_child(tree: str | None, spec: dict, pycache: str) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"child failed: {out.stderr.strip()[-600:]}")
+
+
+def _measured(key: tuple, tree: str | None, spec: dict, pycache: str) -> dict:
+    """`run_child`, a failure kept as an infinite wall (shown as `inf` in its row) so that
+    one starved run (a read timed out on a loaded machine) does not lose the others."""
+    try:
+        return run_child(tree, spec, pycache)
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        print(f"  {key}: FAILED {err}", file=sys.stderr)
+        return {"wall": float("inf"), "cpu": float("inf"), "error": str(err)[-300:]}
 
 
 def _bucket(folders: dict[int, Path]):
@@ -195,6 +213,13 @@ def main() -> None:
                     remote = {**first, "paths": [bucket[2][files]],
                               "storage_options": bucket[1].storage_options}
                     todo.append(((files, name, "bucket"), tree, remote))
+                    opens = {"lib": "open", "paths": [bucket[2][files]],
+                             "storage_options": bucket[1].storage_options}
+                    todo.append(((files, name, "bucket-open"), tree, opens))
+                    if args.cached:
+                        cache = tempfile.mkdtemp(prefix=f"idx-{name}-{files}-gs-")
+                        todo.append(((files, name, "bucket-open-cached"), tree,
+                                     {**opens, "index_cache_dir": cache}))
                     if not args.no_warm:
                         todo.append(((files, name, "bucket-warm"), tree,
                                      {**remote, "warm": True}))
@@ -204,10 +229,10 @@ def main() -> None:
                     todo.append(((files, "grain", f"N{n}"), None,
                                  {**base, "lib": "grain", "threads": n, "paths": paths}))
         for key, tree, spec in todo:
-            run_child(tree, spec, caches[key[1]])
+            _measured(key, tree, spec, caches[key[1]])
         for r in range(args.rounds):
             for key, tree, spec in (todo if r % 2 == 0 else todo[::-1]):
-                out = run_child(tree, spec, caches[key[1]])
+                out = _measured(key, tree, spec, caches[key[1]])
                 res.setdefault(key, []).append(out)
                 print(f"  {key}: {out}", file=sys.stderr)
     finally:
@@ -296,6 +321,28 @@ def _report(res: dict, counts: list[int], names: list[str], args) -> None:
             blank = ["-"] * (len(kinds) - 1 + 2 + args.bucket)
             print(" | ".join([f"| {files}", "Grain (faster of N=1, 4)", "-", _cell(grain),
                               *blank, "1 |"]))
+    if args.bucket:
+        _report_bucket_open(res, counts, names)
+
+
+def _report_bucket_open(res: dict, counts: list[int], names: list[str]) -> None:
+    """The open from the bucket (and with an index cache): wall, and its requests and bytes
+    per file (listing aside)."""
+    print(f"\n| files | tree | open | s | ÷ own at {counts[0]} | requests a file | "
+          "KiB a file |")
+    print("|---" * 7 + "|")
+    for files, name, kind in ((f, n, k) for f in counts for n in names
+                              for k in ("bucket-open", "bucket-open-cached")):
+        got = res.get((files, name, kind))
+        if not got:
+            continue
+        at = [x["wall"] for x in res[(counts[0], name, kind)]]
+        ratio = _cell([x["wall"] / b for x, b in zip(got, at)], ".2f")
+        reqs = statistics.median(x.get("requests", 0) for x in got) / files
+        kib = statistics.median(x.get("bytes", 0) for x in got) / files / 1024
+        how = "cached" if kind.endswith("cached") else "cold"
+        print(f"| {files} | {name} | {how} | {_cell([x['wall'] for x in got])} | "
+              f"{ratio} | {reqs:.2f} | {kib:.1f} |")
 
 
 if __name__ == "__main__":

@@ -132,7 +132,10 @@ def _footer_from(buf, buf_at: int, footer_offset: int, size: int, path: str | No
         footer_raw = yield (footer_offset, post_at - footer_offset)
         _check_length(footer_raw, post_at - footer_offset, footer_offset, path)
     with _locating(path, footer_offset):
-        return _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
+        index = _parse_footer(footer_raw, footer_offset, size, verify, path, max_decoded)
+    # the footer's own bytes, without its padding (None: unknown): what sizes the next read
+    vars(index)["footer_need"] = _footer_needs(footer_raw, footer_offset, post_at)
+    return index
 
 
 def _streamed(footer_offset: int, size: int, path: str | None, verify: str, max_decoded: int,

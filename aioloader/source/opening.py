@@ -8,10 +8,12 @@ Opening lists the files (one listing for a glob), then reads every file's footer
 in parallel: local files in a few batched thread-pool jobs, by small reads of what they
 declare (the postscript's head, then the footer); remote files, as many in flight as the
 storage allows, by one speculative read each of the footer's likely span and the
-postscript's head, sized by the files opened before (a footer that does not fit costs one
-more read). A gs:// file named without a glob takes one request (a suffix-range GET also
-gives its size and generation). With an index cache, the listing is followed by one mapped
-table instead (`index_cache`). Each file is pinned to the version first seen, so a rewrite
+postscript's head: the first files' reads hold any footer of up to 64 KiB, later ones
+the largest footer seen so far, wherever its padding ends (a footer that does not fit
+costs one more read). A gs:// file named without a glob takes one request (a suffix-range
+GET also gives its size and generation). With an index cache, the listing is followed by
+one mapped table instead (`index_cache`: no request a file where the listing gives each
+object's generation). Each file is pinned to the version first seen, so a rewrite
 shows up as an error, not as other records.
 
 A name ending in a read instruction, `path[start:end]` (array_record's and Grain's syntax,
@@ -41,9 +43,12 @@ from .table import RecordTable
 # A remote file's one speculative read: this much before its postscript (with the
 # postscript's head). A footer chunk is followed by padding to the next 64 KiB boundary at
 # least a chunk header on, so a footer of f bytes and its padding take less than
-# f + BLOCK_SIZE + PAD_SLACK: FIRST_SPAN holds any footer of up to 64 KiB wherever it ends,
-# and once a file's footer and padding took more (a second read), later files' reads are
-# sized to hold that footer wherever it ends (`_Opener.learn`), up to CLOUD_SPAN.
+# f + BLOCK_SIZE + PAD_SLACK: FIRST_SPAN holds any footer of up to 64 KiB wherever it ends.
+# Once files are open, later files' reads are sized to hold the largest footer seen
+# wherever it ends (`_Opener.learn`), up to CLOUD_SPAN: smaller than FIRST_SPAN for the
+# usual small footer (the padding is then most of what is read), larger after a footer
+# that took a second read. The open of many files from a bucket is bound by requests
+# more than bytes, so it stays one request a file.
 FIRST_SPAN = 2 * BLOCK_SIZE
 PAD_SLACK = 128  # the padding chunk's header (40 bytes) and a block header (24) inside it
 CLOUD_SPAN = 1 << 20  # the most learned: footers of up to ~300k chunks in one round trip
@@ -176,18 +181,31 @@ class _Opener:
     def __init__(self, storage: Storage, verify: str) -> None:
         self.storage = storage
         self.verify = verify
-        self.span = FIRST_SPAN  # how much before a remote file's postscript to read first
+        # how much before a remote file's postscript to read first: FIRST_SPAN until a
+        # file is open, then what the largest footer seen needs (`learn`)
+        self.span: int | None = None
 
     def _span(self) -> int:
         """`span`, within the byte budget."""
-        return max(0, min(self.span, self.storage.max_inflight_bytes - POSTSCRIPT_PROBE))
+        span = FIRST_SPAN if self.span is None else self.span
+        return max(0, min(span, self.storage.max_inflight_bytes - POSTSCRIPT_PROBE))
 
     def learn(self, index: FileIndex) -> None:
         """Size later files' first reads to hold a footer as large as this one's, wherever
-        its padding ends (see FIRST_SPAN)."""
-        took = index.size - BLOCK_SIZE - index.footer_offset  # footer and padding (an
-        # index without a footer, as a scanned TFRecord file's, takes none)
-        self.span = max(self.span, min(CLOUD_SPAN, took + BLOCK_SIZE + PAD_SLACK))
+        its padding ends (see FIRST_SPAN): by the footer's own bytes where the format says
+        them (`footer_need`), else by the footer and its padding together (an overestimate
+        by the padding; an index without a footer, as a scanned TFRecord file's, takes
+        none)."""
+        need = vars(index).get("footer_need")
+        if need is not None:
+            fit = need + BLOCK_SIZE + PAD_SLACK
+        else:  # (an overestimate: it only ever widens the first read)
+            took = index.size - BLOCK_SIZE - index.footer_offset
+            if took <= 0:
+                return
+            fit = max(FIRST_SPAN, took + BLOCK_SIZE + PAD_SLACK)
+        fit = min(CLOUD_SPAN, fit)
+        self.span = fit if self.span is None else max(self.span, fit)
 
     async def resolve(self, pattern: str) -> tuple[str, bool, tuple[int, int] | None]:
         """What `pattern` names: (the path to open, whether it is a glob, the records
