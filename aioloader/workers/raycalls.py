@@ -3,8 +3,13 @@ and go to it up to `tasks_per_call` in one call, so that the driver's own cost o
 submit, the wait for its result, the hop back to the event loop) is paid once per group.
 
 An actor has at most `CALLS_PER_ACTOR` calls at it (one running, one queued behind it, as a
-worker process has): a task waits here, not behind a busy actor, so a group forms only while
-every actor is busy, and a task that finds one free goes at once, alone if alone. The runtime
+worker process has): a task waits here, not behind a busy actor. An idle actor gets what
+waits at once (alone if alone); a busy one gets the call to queue behind its running one
+only once a whole group waits (`tasks_per_call` tasks, or one that is to go alone). Tasks
+come from the runtime one at a time as results are consumed, so sending each to the first
+actor with room would make every other call a single task; held for a group, they go
+`tasks_per_call` a call in the steady state, and a task that waits for one goes, at the
+latest, when an actor comes free (that actor idles for one hop, no longer). The runtime
 keeps `tasks_per_call` times its prefetch in flight for this executor (`tasks_per_call` on
 the `Executor`), so grouping leaves the actors as many calls in flight as before, each of
 more records. Each task of a call runs as it would alone (`run_task`) and comes back as its
@@ -122,7 +127,8 @@ class Calls:
                 self.owner.ray.cancel(call.ref)
 
     def dispatch(self) -> None:
-        """Send the queued tasks to the actors with room, up to `tasks_per_call` a call."""
+        """Send the queued tasks to the actors with room, up to `tasks_per_call` a call: to
+        an idle actor what waits, to a busy one a whole group only."""
         owner = self.owner
         while self.pending:
             if owner.closed:
@@ -130,7 +136,7 @@ class Calls:
                     "cannot run a task after the ray executor was closed"))
                 return
             at = self._free()
-            if at is None:
+            if at is None or (self.lines[at] and not self._group_waits()):
                 return
             try:
                 remote = owner.elsewhere(at)
@@ -148,6 +154,18 @@ class Calls:
                         break
             if entries:
                 self._send(at, entries, remote)
+
+    def _group_waits(self) -> bool:
+        """Whether a whole call waits: `tasks_per_call` tasks wanted, or one to go alone."""
+        wanted = 0
+        for entry in self.pending:
+            if entry.alone:
+                return True
+            if not entry.future.done():  # (not a cancelled caller's)
+                wanted += 1
+                if wanted >= self.tasks_per_call:
+                    return True
+        return False
 
     def _free(self) -> int | None:
         """Of the actors up, the one with the fewest calls, if it has room; else None (and

@@ -259,6 +259,24 @@ async def test_a_crash_in_a_grouped_call_is_charged_to_the_task_that_crashed(fil
     assert lo <= at <= hi, (at, str(err.value)[:80])
 
 
+async def test_a_busy_actor_is_sent_whole_groups(files):  # noqa: F811
+    """The runtime hands tasks over one at a time as batches are consumed; an actor with a
+    call running gets the next only as a whole group, so calls carry two tasks but for
+    each actor's first (idle, it takes one alone) and the tail. Slow tasks (50 ms of
+    sleep, no CPU) keep the actors the bottleneck on a loaded machine too; a small slot
+    keeps each task to one batch."""
+    base = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.only_id_noise_det)
+            .batch(16))
+    expected = digests(await collect(base, workers=0))
+    ds = base.map(functools.partial(fns.nap, 0.05))
+    got, _, stats = await take(ds, workers=2, executor=RayExecutor(tasks_per_call=2),
+                              slot_size=8192)
+    transfers = stats["transfers"]
+    tasks = transfers["in_slot"] + transfers["by_value"]
+    assert digests(got) == expected
+    assert tasks == len(expected) and tasks / transfers["calls"] >= 1.75, transfers
+
+
 @pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy
 async def test_a_buckets_files_through_the_actors(files, resident_bytes):  # noqa: F811
     with local_gcs() as gcs:
