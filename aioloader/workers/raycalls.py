@@ -22,6 +22,11 @@ to blame for it, and a grouped call is not charged either: its tasks run again o
 so that the task that takes an actor down is the one charged, and its error names it. The
 tasks of every failed call go back to the front of the queue, in task order, and run again
 on the other actors or on the one made in the dead one's place.
+
+A call's tasks travel pickled, cut in pieces under Ray's default size for an argument it
+sends inside the call (`call_args`): Ray puts a larger one in its object store, which costs
+this process several times more per call, and the tasks of a call of local files' records
+(their records' places) reach that size. Tasks that carry chunk bytes go as they are.
 """
 
 from __future__ import annotations
@@ -30,16 +35,19 @@ import asyncio
 import collections
 import contextlib
 import logging
+import pickle
 import time
 from typing import Any
 
 from ..errors import WorkerError
 from .messages import Result, Task
 
-__all__ = ["CALLS_PER_ACTOR", "Call", "Calls", "Entry", "Raised"]
+__all__ = ["CALLS_PER_ACTOR", "Call", "Calls", "Entry", "Raised", "call_args", "pieces"]
 
 log = logging.getLogger("aioloader")
 CALLS_PER_ACTOR = 2  # one running, one queued behind it: the actor never waits for a hop
+INLINE_BYTES = 96 << 10  # an argument Ray sends inside the call (its default limit: 100 KiB)
+PIECES_MAX = 16  # tasks pickled larger than this many pieces go as they are
 
 
 class Raised:
@@ -217,7 +225,8 @@ class Calls:
         for e in entries:
             e.call = call
             owner.slots.route(e.task, not remote)
-        call.ref = call.actor.run.remote([e.task for e in entries], not remote)
+        tasks, parts = call_args([e.task for e in entries])
+        call.ref = call.actor.run.remote(tasks, not remote, *parts)
         line.append(call)
         owner.tally.calls += 1
         call.ref.future().add_done_callback(lambda f: self._soon(self._back, call, f))
@@ -307,3 +316,22 @@ def _raised(exc: BaseException, describe: str) -> BaseException:
     if isinstance(cause, WorkerError):
         return WorkerError(f"{describe}: {cause}")
     return cause
+
+
+def call_args(tasks: list[Task]) -> tuple[list[Task] | None, list[bytes]]:
+    """How a call's tasks travel: pickled, in pieces Ray sends inside the call (None, the
+    pieces). Ray puts a larger argument in its object store instead, which costs this
+    process several times more per call (the tasks of a call of local files' records reach
+    that size). Tasks with chunk bytes, or pickled larger than `PIECES_MAX` pieces, go as
+    they are (the tasks, no pieces): through the object store, as one object."""
+    if any(t.raws is not None for t in tasks):
+        return tasks, []
+    blob = pickle.dumps(tasks, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(blob) > INLINE_BYTES * PIECES_MAX:
+        return tasks, []
+    return None, pieces(blob, INLINE_BYTES)
+
+
+def pieces(blob: bytes, size: int) -> list[bytes]:
+    """`blob` cut in order into pieces of at most `size` bytes (one piece if it is empty)."""
+    return [blob[k:k + size] for k in range(0, len(blob), size)] or [blob]

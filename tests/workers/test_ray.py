@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 
 import aioloader as al  # noqa: E402
 from aioloader.testing import local_gcs  # noqa: E402
+from aioloader.workers import raycalls  # noqa: E402
 from aioloader.workers.ray import RayExecutor  # noqa: E402
 
 from ..conftest import _snapshot  # noqa: E402
@@ -189,7 +190,9 @@ def _kill_one_actor(it) -> None:
 
 
 async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa: F811
-    ds = batched(files[1])
+    """The kill comes at the third batch, while both actors have calls: a batch takes 10 ms
+    (sleep), so the actors stay the bottleneck, busy, on a loaded machine too."""
+    ds = batched(files[1]).map(functools.partial(fns.nap, 0.01))
     expected = digests(await collect(ds, workers=2))
     async with ds.loader(workers=2, executor="ray", prefetch=6) as it:
         got = []
@@ -275,6 +278,15 @@ async def test_a_busy_actor_is_sent_whole_groups(files):  # noqa: F811
     tasks = transfers["in_slot"] + transfers["by_value"]
     assert digests(got) == expected
     assert tasks == len(expected) and tasks / transfers["calls"] >= 1.75, transfers
+
+
+async def test_tasks_sent_in_pieces_give_the_same_batches(files, monkeypatch):  # noqa: F811
+    """A call's tasks go pickled in pieces under Ray's inline size (made 512 bytes here:
+    most calls many pieces, the largest as they are), joined again in the actor."""
+    monkeypatch.setattr(raycalls, "INLINE_BYTES", 512)
+    ds = batched(files[1])
+    expected = digests(await collect(ds, workers=2))
+    assert digests(await collect(ds, workers=2, executor="ray")) == expected
 
 
 @pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy
