@@ -25,7 +25,7 @@ on the other actors or on the one made in the dead one's place.
 
 A call's tasks travel pickled, cut in pieces under Ray's default size for an argument it
 sends inside the call (`call_args`): Ray puts a larger one in its object store, which costs
-this process several times more per call, and the tasks of a call of local files' records
+this process more per call, and the tasks of a call of local files' records
 (their records' places) reach that size. Tasks that carry chunk bytes go as they are.
 """
 
@@ -321,7 +321,7 @@ def _raised(exc: BaseException, describe: str) -> BaseException:
 def call_args(tasks: list[Task]) -> tuple[list[Task] | None, list[bytes]]:
     """How a call's tasks travel: pickled, in pieces Ray sends inside the call (None, the
     pieces). Ray puts a larger argument in its object store instead, which costs this
-    process several times more per call (the tasks of a call of local files' records reach
+    process more per call (the tasks of a call of local files' records reach
     that size). Tasks with chunk bytes, or pickled larger than `PIECES_MAX` pieces, go as
     they are (the tasks, no pieces): through the object store, as one object."""
     if any(t.raws is not None for t in tasks):
