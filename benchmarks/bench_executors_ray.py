@@ -18,31 +18,75 @@ round and as min/median/max of the ratio ray ÷ processes:
   training host's cost of loading when the workers run elsewhere;
 - for ray, the time tasks waited from being sent to starting, and from ending to arriving
   (the executor's `figures()`), and the tasks per call to an actor (`--tasks-per-call`: the
-  most a call carries, the executor's `tasks_per_call`; the default: its own).
+  most a call carries, the executor's `tasks_per_call`; the default: its own);
+- with `--threads`, the steady parent CPU per record by thread name (each thread's
+  `/proc/self/task/<tid>/schedstat` at the first batch and at the last: the event loop,
+  the pool's threads, Ray's driver threads), summed over the rounds, and what threads
+  that ended before the last batch took (`(ended)`: process time less the threads').
+
+The tree measured is the one `PYTHONPATH` names (the repository this file is in comes
+after it): one copy of this file measures two trees in turn.
 
 Run from the repository root with the `ray` extra installed:
 
     python benchmarks/bench_executors_ray.py --rounds 4
     python benchmarks/bench_executors_ray.py --quick
+    PYTHONPATH=<tree> python benchmarks/bench_executors_ray.py --rounds 3 --threads
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
+import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: the repository root on the path, after
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # PYTHONPATH's tree
 
 from benchmarks import fns
 from benchmarks.common import dataset, log, machine_info
 
 WORKLOADS = {"text": ("decode_text", 40_000), "img": ("decode_image", 6_000)}
+
+
+def thread_cpu() -> dict[int, tuple[str, int]]:
+    """This process's threads now: tid -> (name, CPU ns so far); a Python thread by its
+    `threading` name, the others (Ray's, the interpreter's) by the kernel's, less a
+    trailing number."""
+    out = {}
+    main = os.getpid()
+    named = {t.native_id: f"py:{t.name}" for t in threading.enumerate()}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:  # (ended meanwhile)
+            continue
+        name = "main thread" if int(tid) == main else named.get(int(tid), name)
+        name = re.sub(r"[-_.]?\d+(_\d+)?$", "", name)
+        out[int(tid)] = (name, ns)
+    return out
+
+
+def thread_delta(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                 process_ns: int) -> dict[str, int]:
+    """CPU ns by thread name between two `thread_cpu()`s, and `(ended)`: what the process
+    took beyond its threads alive at the end (threads that ended in between)."""
+    out: collections.Counter[str] = collections.Counter()
+    for tid, (name, ns) in after.items():
+        out[name] += ns - before.get(tid, (name, 0))[1]
+    out["(ended)"] = max(0, process_ns - sum(out.values()))
+    return dict(out)
 
 
 def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
@@ -58,6 +102,7 @@ def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
           .batch(256))
     t0, cpu0 = time.perf_counter(), time.process_time()
     first = last = cpu_first = 0.0
+    threads_first: dict[int, tuple[str, int]] = {}
     records = first_size = 0
     sized = {"slot_size": slot_size} if slot_size else {}
     with ds.loader(workers=workers, prefetch=prefetch, executor=kind, **sized) as it:
@@ -67,14 +112,36 @@ def one_run(path: Path, decode: str, executor: str, workers: int, prefetch: int,
             records += len(value)
             if not first:
                 first, first_size, cpu_first = last, records, time.process_time()
+                threads_first = thread_cpu()
         cpu = time.process_time()
+        threads = thread_delta(threads_first, thread_cpu(), int((cpu - cpu_first) * 1e9))
         transfers = it.stats().as_dict()["transfers"]
     wall = last - t0
     return {"records": records, "wall": wall, "rate": records / wall,
             "steady": (records - first_size) / (last - first), "ttfb": first - t0,
             "parent_cpu_us": 1e6 * (cpu - cpu0) / records,
             "steady_cpu_us": 1e6 * (cpu - cpu_first) / (records - first_size),
-            "transfers": transfers}
+            "transfers": transfers, "threads": threads, "steady_records": records - first_size}
+
+
+def thread_table(results: dict[str, dict[str, list[dict]]]) -> None:
+    """Steady parent CPU µs per record by thread name, each executor's rounds summed."""
+    print("\n| workload | thread | processes µs/rec | ray µs/rec |\n|---|---|---:|---:|")
+    for name, runs in results.items():
+        per: dict[str, dict[str, float]] = {}
+        for executor, rounds in runs.items():
+            total: collections.Counter[str] = collections.Counter()
+            for got in rounds:
+                total.update(got["threads"])
+            records = sum(got["steady_records"] for got in rounds)
+            per[executor] = {k: v / 1e3 / records for k, v in total.items()}
+        names = sorted(set(per["processes"]) | set(per["ray"]),
+                       key=lambda k: -max(per["processes"].get(k, 0), per["ray"].get(k, 0)))
+        for k in [*names, "all"]:
+            p, y = ((sum(per[e].values()) if k == "all" else per[e].get(k, 0))
+                    for e in ("processes", "ray"))
+            if k == "all" or max(p, y) >= 0.05:
+                print(f"| {name} | {k} | {p:.2f} | {y:.2f} |")
 
 
 def spread(values: list[float]) -> str:
@@ -94,6 +161,8 @@ def main() -> None:
                         help="slot_size for ray only (MiB): how many batches a task groups")
     parser.add_argument("--tasks-per-call", type=int, default=None,
                         help="for ray: the most tasks one call to an actor carries")
+    parser.add_argument("--threads", action="store_true",
+                        help="also the parent's steady CPU per record by thread name")
     args = parser.parse_args()
     import ray
 
@@ -145,6 +214,8 @@ def main() -> None:
               f"{med(b['ttfb'] for b in y):.1f} | {med(a['steady_cpu_us'] for a in p):.1f} / "
               f"{med(b['steady_cpu_us'] for b in y):.1f} | {ratio('steady_cpu_us')} | "
               f"{ratio('parent_cpu_us')} | {wait:.1f} / {back:.1f} | {per_call:.2f} |")
+    if args.threads:
+        thread_table(results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
 

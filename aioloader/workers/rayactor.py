@@ -40,9 +40,14 @@ class RayActor:
         """The actor's process and node."""
         return os.getpid(), import_ray().get_runtime_context().get_node_id()
 
-    def run(self, tasks: list[Task], here: bool) -> list[Result | Raised]:
+    def run(self, tasks: list[Task] | None, here: bool, *parts: bytes
+            ) -> list[Result | Raised]:
+        """Each task's result (`tasks`, or with None the tasks pickled in `parts`:
+        `raycalls.call_args`)."""
         if self.pipeline is None:
             raise WorkerError(self.error)
+        if tasks is None:
+            tasks = pickle.loads(b"".join(parts))
         out: list[Result | Raised] = []
         for task in tasks:
             try:  # `sendable`: what is not an array must pickle, with a worker's error

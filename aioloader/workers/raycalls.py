@@ -3,8 +3,13 @@ and go to it up to `tasks_per_call` in one call, so that the driver's own cost o
 submit, the wait for its result, the hop back to the event loop) is paid once per group.
 
 An actor has at most `CALLS_PER_ACTOR` calls at it (one running, one queued behind it, as a
-worker process has): a task waits here, not behind a busy actor, so a group forms only while
-every actor is busy, and a task that finds one free goes at once, alone if alone. The runtime
+worker process has): a task waits here, not behind a busy actor. An idle actor gets what
+waits at once (alone if alone); a busy one gets the call to queue behind its running one
+only once a whole group waits (`tasks_per_call` tasks, or one that is to go alone). Tasks
+come from the runtime one at a time as results are consumed, so sending each to the first
+actor with room would make every other call a single task; held for a group, they go
+`tasks_per_call` a call in the steady state, and a task that waits for one goes, at the
+latest, when an actor comes free (that actor idles for one hop, no longer). The runtime
 keeps `tasks_per_call` times its prefetch in flight for this executor (`tasks_per_call` on
 the `Executor`), so grouping leaves the actors as many calls in flight as before, each of
 more records. Each task of a call runs as it would alone (`run_task`) and comes back as its
@@ -17,6 +22,11 @@ to blame for it, and a grouped call is not charged either: its tasks run again o
 so that the task that takes an actor down is the one charged, and its error names it. The
 tasks of every failed call go back to the front of the queue, in task order, and run again
 on the other actors or on the one made in the dead one's place.
+
+A call's tasks travel pickled, cut in pieces under Ray's default size for an argument it
+sends inside the call (`call_args`): Ray puts a larger one in its object store, which costs
+this process more per call, and the tasks of a call of local files' records
+(their records' places) reach that size. Tasks that carry chunk bytes go as they are.
 """
 
 from __future__ import annotations
@@ -25,16 +35,19 @@ import asyncio
 import collections
 import contextlib
 import logging
+import pickle
 import time
 from typing import Any
 
 from ..errors import WorkerError
 from .messages import Result, Task
 
-__all__ = ["CALLS_PER_ACTOR", "Call", "Calls", "Entry", "Raised"]
+__all__ = ["CALLS_PER_ACTOR", "Call", "Calls", "Entry", "Raised", "call_args", "pieces"]
 
 log = logging.getLogger("aioloader")
 CALLS_PER_ACTOR = 2  # one running, one queued behind it: the actor never waits for a hop
+INLINE_BYTES = 96 << 10  # an argument Ray sends inside the call (its default limit: 100 KiB)
+PIECES_MAX = 16  # tasks pickled larger than this many pieces go as they are
 
 
 class Raised:
@@ -122,7 +135,8 @@ class Calls:
                 self.owner.ray.cancel(call.ref)
 
     def dispatch(self) -> None:
-        """Send the queued tasks to the actors with room, up to `tasks_per_call` a call."""
+        """Send the queued tasks to the actors with room, up to `tasks_per_call` a call: to
+        an idle actor what waits, to a busy one a whole group only."""
         owner = self.owner
         while self.pending:
             if owner.closed:
@@ -130,7 +144,7 @@ class Calls:
                     "cannot run a task after the ray executor was closed"))
                 return
             at = self._free()
-            if at is None:
+            if at is None or (self.lines[at] and not self._group_waits()):
                 return
             try:
                 remote = owner.elsewhere(at)
@@ -148,6 +162,18 @@ class Calls:
                         break
             if entries:
                 self._send(at, entries, remote)
+
+    def _group_waits(self) -> bool:
+        """Whether a whole call waits: `tasks_per_call` tasks wanted, or one to go alone."""
+        wanted = 0
+        for entry in self.pending:
+            if entry.alone:
+                return True
+            if not entry.future.done():  # (not a cancelled caller's)
+                wanted += 1
+                if wanted >= self.tasks_per_call:
+                    return True
+        return False
 
     def _free(self) -> int | None:
         """Of the actors up, the one with the fewest calls, if it has room; else None (and
@@ -199,7 +225,8 @@ class Calls:
         for e in entries:
             e.call = call
             owner.slots.route(e.task, not remote)
-        call.ref = call.actor.run.remote([e.task for e in entries], not remote)
+        tasks, parts = call_args([e.task for e in entries])
+        call.ref = call.actor.run.remote(tasks, not remote, *parts)
         line.append(call)
         owner.tally.calls += 1
         call.ref.future().add_done_callback(lambda f: self._soon(self._back, call, f))
@@ -289,3 +316,22 @@ def _raised(exc: BaseException, describe: str) -> BaseException:
     if isinstance(cause, WorkerError):
         return WorkerError(f"{describe}: {cause}")
     return cause
+
+
+def call_args(tasks: list[Task]) -> tuple[list[Task] | None, list[bytes]]:
+    """How a call's tasks travel: pickled, in pieces Ray sends inside the call (None, the
+    pieces). Ray puts a larger argument in its object store instead, which costs this
+    process more per call (the tasks of a call of local files' records reach
+    that size). Tasks with chunk bytes, or pickled larger than `PIECES_MAX` pieces, go as
+    they are (the tasks, no pieces): through the object store, as one object."""
+    if any(t.raws is not None for t in tasks):
+        return tasks, []
+    blob = pickle.dumps(tasks, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(blob) > INLINE_BYTES * PIECES_MAX:
+        return tasks, []
+    return None, pieces(blob, INLINE_BYTES)
+
+
+def pieces(blob: bytes, size: int) -> list[bytes]:
+    """`blob` cut in order into pieces of at most `size` bytes (one piece if it is empty)."""
+    return [blob[k:k + size] for k in range(0, len(blob), size)] or [blob]

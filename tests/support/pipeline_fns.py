@@ -110,6 +110,14 @@ def slow_batch(batch):
     return batch
 
 
+def nap(seconds: float, batch):
+    """A batch op that sleeps `seconds`: a task that keeps its worker busy, not a CPU."""
+    import time
+
+    time.sleep(seconds)
+    return batch
+
+
 def as_uint8(record: bytes) -> np.ndarray:
     """A record's bytes as a uint8 array (big records: batches larger than a slot)."""
     return np.frombuffer(record, dtype=np.uint8)

@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 
 import aioloader as al  # noqa: E402
 from aioloader.testing import local_gcs  # noqa: E402
+from aioloader.workers import raycalls  # noqa: E402
 from aioloader.workers.ray import RayExecutor  # noqa: E402
 
 from ..conftest import _snapshot  # noqa: E402
@@ -189,7 +190,9 @@ def _kill_one_actor(it) -> None:
 
 
 async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa: F811
-    ds = batched(files[1])
+    """The kill comes at the third batch, while both actors have calls: a batch takes 10 ms
+    (sleep), so the actors stay the bottleneck, busy, on a loaded machine too."""
+    ds = batched(files[1]).map(functools.partial(fns.nap, 0.01))
     expected = digests(await collect(ds, workers=2))
     async with ds.loader(workers=2, executor="ray", prefetch=6) as it:
         got = []
@@ -257,6 +260,33 @@ async def test_a_crash_in_a_grouped_call_is_charged_to_the_task_that_crashed(fil
     assert found is not None, str(err.value)
     lo, hi = map(int, found.groups())
     assert lo <= at <= hi, (at, str(err.value)[:80])
+
+
+async def test_a_busy_actor_is_sent_whole_groups(files):  # noqa: F811
+    """The runtime hands tasks over one at a time as batches are consumed; an actor with a
+    call running gets the next only as a whole group, so calls carry two tasks but for
+    each actor's first (idle, it takes one alone) and the tail. Slow tasks (50 ms of
+    sleep, no CPU) keep the actors the bottleneck on a loaded machine too; a small slot
+    keeps each task to one batch."""
+    base = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.only_id_noise_det)
+            .batch(16))
+    expected = digests(await collect(base, workers=0))
+    ds = base.map(functools.partial(fns.nap, 0.05))
+    got, _, stats = await take(ds, workers=2, executor=RayExecutor(tasks_per_call=2),
+                              slot_size=8192)
+    transfers = stats["transfers"]
+    tasks = transfers["in_slot"] + transfers["by_value"]
+    assert digests(got) == expected
+    assert tasks == len(expected) and tasks / transfers["calls"] >= 1.75, transfers
+
+
+async def test_tasks_sent_in_pieces_give_the_same_batches(files, monkeypatch):  # noqa: F811
+    """A call's tasks go pickled in pieces under Ray's inline size (made 512 bytes here:
+    most calls many pieces, the largest as they are), joined again in the actor."""
+    monkeypatch.setattr(raycalls, "INLINE_BYTES", 512)
+    ds = batched(files[1])
+    expected = digests(await collect(ds, workers=2))
+    assert digests(await collect(ds, workers=2, executor="ray")) == expected
 
 
 @pytest.mark.parametrize("resident_bytes", [0, 1 << 30])  # bytes shipped / a memory copy
