@@ -216,6 +216,7 @@ class Dataset(Stages):
         slot_size: int | None = None,
         window: int | None = None,
         executor: Literal["processes", "threads", "ray"] | Any = None,
+        first_in_parent: bool | None = None,
         read: ReadOptions | None = None,
         worker: WorkerOptions | None = None,
         options: LoaderOptions | None = None,
@@ -227,8 +228,8 @@ class Dataset(Stages):
 
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
-        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor),
-        `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
+        index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor,
+        first_in_parent), `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
         ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
         LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
         its group, and `read=`/`worker=` replace that group of `options=`; None means "not
@@ -249,7 +250,8 @@ class Dataset(Stages):
             io_concurrency=io_concurrency, memory_budget=memory_budget, retry=retry,
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
             cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, gcs_client=gcs_client,
-            slot_size=slot_size, window=window, executor=executor, trace=trace)
+            slot_size=slot_size, window=window, executor=executor,
+            first_in_parent=first_in_parent, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a
         # circle, and describing a pipeline should not load the runtime.

@@ -240,6 +240,8 @@ def test_async_for_left_without_async_with_releases_everything_when_the_loop_end
     async def main() -> None:
         it = rc.pipeline(paths, batch=8).loader(workers=2, prefetch=2)
         async for batch in it:
+            # (the first batch may have come from this process while the workers started)
+            await asyncio.to_thread(it.pool.wait_started, 30)
             seen.update(threads=_aioloader_threads() - threads,
                         workers=worker_pids(me) - children, mem=memory_files(me.pid) - mem)
             del batch  # (a batch kept alive keeps its shared memory with it)
