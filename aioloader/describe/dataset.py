@@ -229,11 +229,11 @@ class Dataset(Stages):
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
         index_cache_dir, gcs_client), `WorkerOptions` (workers, slot_size, window, executor,
-        first_in_parent), `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by group (`read=
-        ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once (`options=
-        LoaderOptions(...)`). The most specific wins: a flat setting overrides that field of
-        its group, and `read=`/`worker=` replace that group of `options=`; None means "not
-        given here". `state` is a `get_state()` dict to resume from.
+        first_in_parent), `PrefetchOptions` (prefetch). Give them flat (`workers=2`), by
+        group (`read=ReadOptions(...)`, `worker=WorkerOptions(...)`), or all at once
+        (`options=LoaderOptions(...)`). The most specific wins: a flat setting overrides
+        that field of its group, and `read=`/`worker=` replace that group of `options=`;
+        None means "not given here". `state` is a `get_state()` dict to resume from.
         `trace` records a Chrome/Perfetto trace of the stages and workers
         (`it.stats().trace("trace.json")`; a path: written there on close; see
         `LoaderOptions`).

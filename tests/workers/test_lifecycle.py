@@ -168,7 +168,8 @@ def test_close_terminates_a_worker_stuck_in_a_transform_after_a_grace_period(pat
     from ..support.lifecycle_child import never_returns
 
     ds = rc.pipeline(paths, batch=8).map(never_returns)
-    it = ds.loader(workers=1, prefetch=2)
+    # (every task in the worker: a first task run here would leave its thread stuck)
+    it = ds.loader(workers=1, prefetch=2, first_in_parent=False)
     it.start_prefetch()
     me = psutil.Process()
     deadline = time.monotonic() + 30
