@@ -63,7 +63,8 @@ def _run(ds, state=None, **kw) -> list:
 
 
 def test_the_first_batch_comes_while_the_workers_are_held_at_their_start(paths, held):
-    ds = al.Dataset.from_arrayrecord(paths).shuffle(2).map(hs.decode).map(hs.where).batch(8)
+    ds = (al.Dataset.from_arrayrecord(paths).shuffle(2).repeat(3).map(hs.decode).map(hs.where)
+          .batch(8))
     want = [b["id"].tolist() for b in _run(ds, workers=0)]
     me = os.getpid()
     with ds.loader(workers=2, prefetch=4) as it:
@@ -73,6 +74,8 @@ def test_the_first_batch_comes_while_the_workers_are_held_at_their_start(paths, 
         assert not it.pool.wait_started(0)  # type: ignore[union-attr]
         assert it.stats().as_dict()["transfers"]["in_parent"] >= 1
         held.touch()
+        # (till a worker is up, tasks may go on running here, one at a time; after, none)
+        assert it.pool.wait_started(30)  # type: ignore[union-attr]
         got.extend(batches)
         transfers = it.stats().as_dict()["transfers"]
     assert [b["id"].tolist() for b in got] == want  # the same batches, in order
@@ -95,7 +98,7 @@ def test_the_same_bytes_and_an_exact_resume_whether_the_first_tasks_run_here(pat
     held.unlink()
     it = ds.loader(workers=2, prefetch=2)
     head = [next(iter(it))]  # (made here: the workers are held)
-    assert it.stats().as_dict()["transfers"]["in_parent"] == 1
+    assert it.stats().as_dict()["transfers"]["in_parent"] >= 1
     state = json.loads(json.dumps(it.get_state()))
     held.touch()
     it.close()
