@@ -147,3 +147,23 @@ def test_a_loader_closed_before_its_workers_came_up_leaves_nothing_behind(paths,
     while any(left()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left() == (set(), set(), set())
+
+
+def test_the_chunks_decoded_here_are_let_go_once_the_workers_took_over(tmp_path, held):
+    """Multi-record chunks decoded by a first task stay in this process's share of the
+    chunk cache only until a worker is up."""
+    grouped = _write(tmp_path, n=N, shards=2, group=8)
+    ds = al.Dataset.from_arrayrecord(grouped).shuffle(3).map(hs.decode).map(hs.where).batch(8)
+    with ds.loader(workers=2, prefetch=2) as it:
+        batches = iter(it)
+        next(batches)  # made here: the workers are held
+        cache = it.pool._decoder.cache  # type: ignore[union-attr]
+        assert cache.bytes > 0
+        held.touch()
+        assert it.pool.wait_started(30)  # type: ignore[union-attr]
+        rest = list(batches)
+        deadline = time.monotonic() + 10
+        while cache.bytes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert cache.bytes == 0
+    assert len(rest) == N // 8 - 1
