@@ -236,17 +236,28 @@ class WorkerOptions:
       extra), or an executor kind object (`aioloader.workers.kinds.ExecutorKind`). The
       batches, the state and resuming are the same whichever runs them; with workers=0
       tasks run on one thread of this process whatever is named.
+    - `first_in_parent` (False): True runs the first tasks one at a time on a thread of this
+      process while the worker processes start (a fresh worker server takes a fraction of a
+      second to a few seconds), with the workers' code, so the first batch does not wait for
+      them; the batches and the state are the same. Off by default: with it, a transform
+      that can crash its process (a segfault in a native decoder) could take down this
+      process instead of a worker (a `WorkerError`). Processes only: threads start at once,
+      Ray actors never run tasks here.
     """
 
     workers: int | Literal["auto"] = 0
     slot_size: int = 32 << 20
     window: int | None = None
     executor: Any = "processes"
+    first_in_parent: bool = False
 
     def __post_init__(self) -> None:
         _whole(self, "workers", 0, auto=True)
         _whole(self, "slot_size", 1)
         _whole(self, "window", 1, optional=True)
+        if not isinstance(self.first_in_parent, bool):
+            raise TypeError(f"first_in_parent must be True or False, got "
+                            f"{self.first_in_parent!r}")
         if isinstance(self.executor, str):
             if self.executor not in EXECUTORS:
                 raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))} "

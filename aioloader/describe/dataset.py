@@ -218,6 +218,7 @@ class Dataset(Stages):
         slot_size: int | None = None,
         window: int | None = None,
         executor: Literal["processes", "threads", "ray"] | Any = None,
+        first_in_parent: bool | None = None,
         read: ReadOptions | None = None,
         worker: WorkerOptions | None = None,
         options: LoaderOptions | None = None,
@@ -230,11 +231,12 @@ class Dataset(Stages):
         Each setting is documented in its group: `ReadOptions` (io_concurrency,
         memory_budget, retry, max_gap, resident_bytes, cache_dir, cache_bytes,
         index_cache_dir, spill_dir, spill_bytes, gcs_client), `WorkerOptions` (workers,
-        slot_size, window, executor), `PrefetchOptions` (prefetch). Give them flat
-        (`workers=2`), by group (`read=ReadOptions(...)`, `worker=WorkerOptions(...)`), or
-        all at once (`options=LoaderOptions(...)`). The most specific wins: a flat setting
-        overrides that field of its group, and `read=`/`worker=` replace that group of
-        `options=`; None means "not given here". `state` is a `get_state()` dict to resume from.
+        slot_size, window, executor, first_in_parent), `PrefetchOptions` (prefetch). Give
+        them flat (`workers=2`), by group (`read=ReadOptions(...)`,
+        `worker=WorkerOptions(...)`), or all at once (`options=LoaderOptions(...)`). The most
+        specific wins: a flat setting overrides that field of its group, and
+        `read=`/`worker=` replace that group of `options=`; None means "not given here".
+        `state` is a `get_state()` dict to resume from.
         `trace` records a Chrome/Perfetto trace of the stages and workers
         (`it.stats().trace("trace.json")`; a path: written there on close; see
         `LoaderOptions`).
@@ -252,7 +254,8 @@ class Dataset(Stages):
             max_gap=max_gap, resident_bytes=resident_bytes, cache_dir=cache_dir,
             cache_bytes=cache_bytes, index_cache_dir=index_cache_dir, spill_dir=spill_dir,
             spill_bytes=spill_bytes, gcs_client=gcs_client,
-            slot_size=slot_size, window=window, executor=executor, trace=trace)
+            slot_size=slot_size, window=window, executor=executor,
+            first_in_parent=first_in_parent, trace=trace)
         # Imported here, not at the top: this module is the description and the runtime
         # builds on it (runtime.loader imports dataset), so importing it above would be a
         # circle, and describing a pipeline should not load the runtime.

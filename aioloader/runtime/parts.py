@@ -131,7 +131,7 @@ class Parts:
             pipeline, most.workers if tuned else first.workers,
             slots=most.prefetch + SYNC_HANDOFF_DEPTH + HELD_SLOTS,
             slot_size=opts.worker.slot_size, lanes=first.workers if tuned else None,
-            kind=opts.worker.executor)
+            first_in_parent=opts.worker.first_in_parent, kind=opts.worker.executor)
         owner = self._owner()
         self._finalizer = weakref.finalize(owner if owner is not None else self,
                                            self.pool.close)

@@ -69,6 +69,11 @@ class Scheduler:
                 self._changed.set()
                 lo = span[1]
                 k += 1
+                # Not kept in this frame: cancelled while waiting for room, the frame lives
+                # on in its error's traceback, a cycle that would hold the last task's
+                # result (and the slot its batch is lent from) until the garbage collector
+                # ran, after the loader closed.
+                del fut, t
         finally:
             self._changed.set()
 

@@ -16,8 +16,9 @@ which runs an event loop and threads; never importing the user's `__main__`), an
 `workers=0` runs the same task code on one daemon thread of the parent, for debugging
 (`aioloader.workers.inline`); both are an `Executor` (`aioloader.workers.executor`), and
 `open_executor` (`aioloader.workers.kinds`) picks one. The pool also runs tasks on such a
-thread itself: all of them while the tuner has set 0 workers, and, with `first_in_parent`,
-the first ones while the workers start.
+thread itself: all of them while the tuner has set 0 workers, and, with `first_in_parent`
+(a loader's default), the first ones, one at a time, while no worker is up: the first batch
+then waits for neither the worker server nor a worker's start.
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
 cannot hold up a shutdown.
@@ -86,8 +87,10 @@ class Pool(SlotExecutor):
         self._up = threading.Event()
         self._first: InlineExecutor | None = None
         self._first_busy = False
-        # Off by default: a transform that crashes its process (a segfault in a C decoder,
-        # os._exit) would take this one down instead of a worker (a clear WorkerError).
+        self._let_go = False  # whether the chunks decoded here were let go (`_here`)
+        # A loader asks for it unless told not to (`WorkerOptions.first_in_parent`): a
+        # transform that crashes its process (a segfault in a C decoder, os._exit) then takes
+        # this one down if it does so in a first task, instead of a worker (a WorkerError).
         self._first_in_parent = first_in_parent
         # workers="auto" tuned down to 0: every task runs on that thread of this process
         self._in_parent = lanes == 0
@@ -222,6 +225,10 @@ class Pool(SlotExecutor):
         if self._in_parent and not self._closed:
             self._first = self._first or InlineExecutor("aioloader-first-tasks")
             return self._first
+        if self._up.is_set() and self._first is not None and not self._let_go:
+            self._let_go = True  # the workers took over: the chunks decoded here go
+            with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                self._first.submit(self._decoder.cache.clear, label="clearing its cache")
         if not self._first_in_parent or self._up.is_set() or self._first_busy or self._closed:
             return None
         if self._first is None:
@@ -278,6 +285,10 @@ class Pool(SlotExecutor):
                         p.kill()
                 raise
             ex.shutdown(wait=True)  # the workers are gone: the manager thread ends at once
+        with self._names_lock:  # closed before every worker came up: none will open the
+            if self._unstarted:  # semaphores by name now, so their names go too
+                self._unstarted = 0
+                forget_names([*pool_semaphores(ex), self._started])
 
 
 PROCESSES = Processes()

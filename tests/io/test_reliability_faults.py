@@ -368,7 +368,9 @@ def test_worker_killed_mid_epoch_is_a_quick_clear_worker_error(tmp_path, small, 
     it = ds.loader(workers=1, prefetch=2)
     batches = iter(it)
     try:
-        got = [rc.ids_of(next(batches))]  # the worker is up: its start-up is not timed
+        got = [rc.ids_of(next(batches))]
+        # (the first batch may have come from this process while the worker started)
+        assert it.pool.wait_started(30)  # the worker is up: its start-up is not timed
         workers = _our_children() - before
         assert len(workers) == 1, (before, _describe(psutil.Process()))
         with pytest.raises(al.WorkerError) as info:

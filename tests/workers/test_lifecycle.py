@@ -168,7 +168,8 @@ def test_close_terminates_a_worker_stuck_in_a_transform_after_a_grace_period(pat
     from ..support.lifecycle_child import never_returns
 
     ds = rc.pipeline(paths, batch=8).map(never_returns)
-    it = ds.loader(workers=1, prefetch=2)
+    # (every task in the worker: a first task run here would leave its thread stuck)
+    it = ds.loader(workers=1, prefetch=2, first_in_parent=False)
     it.start_prefetch()
     me = psutil.Process()
     deadline = time.monotonic() + 30
@@ -240,6 +241,8 @@ def test_async_for_left_without_async_with_releases_everything_when_the_loop_end
     async def main() -> None:
         it = rc.pipeline(paths, batch=8).loader(workers=2, prefetch=2)
         async for batch in it:
+            # (the first batch may have come from this process while the workers started)
+            await asyncio.to_thread(it.pool.wait_started, 30)
             seen.update(threads=_aioloader_threads() - threads,
                         workers=worker_pids(me) - children, mem=memory_files(me.pid) - mem)
             del batch  # (a batch kept alive keeps its shared memory with it)

@@ -81,8 +81,10 @@ import aioloader as al
 
 if __name__ == "__main__":
     ds = al.Dataset.from_arrayrecord(sys.argv[1]).repeat().batch(8)
-    it = iter(ds.loader(workers=2))
+    loader = ds.loader(workers=2)
+    it = iter(loader)
     next(it)
+    loader.pool.wait_started(30)  # (the first batch may come before the workers are up)
     print("READY", flush=True)
     time.sleep(120)
 """

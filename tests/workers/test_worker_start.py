@@ -32,7 +32,7 @@ def path(tmp_path_factory) -> list[str]:
 
 def test_workers_load_only_the_workers_side_of_the_package(path):
     ds = al.Dataset.from_arrayrecord(path).map(fns.loaded).batch(16)
-    with ds.loader(workers=2) as it:
+    with ds.loader(workers=2, first_in_parent=False) as it:  # (every task in a worker)
         batches = list(it)
     assert len(batches) == 4
     assert all(b["pid"][0] != os.getpid() for b in batches)  # ran in workers
@@ -58,7 +58,7 @@ import aioloader as al
 early = "aioloader.workers.server" in sys.modules
 import tests.support.worker_start_fns as fns
 ds = al.Dataset.from_arrayrecord(sys.argv[1:]).map(fns.loaded).batch(64)
-loader = ds.loader(workers=1)
+loader = ds.loader(workers=1, first_in_parent=False)
 from aioloader.workers import server
 made = server.server_pid()
 with loader as it:
@@ -90,7 +90,7 @@ def test_workers_see_the_environment_of_when_the_loader_was_made(path, monkeypat
     pool hands each worker the parent's as it is when the loader is made."""
     monkeypatch.setenv("AIOLOADER_TEST_ENV", "7")
     ds = al.Dataset.from_arrayrecord(path).map(fns.env_value).batch(64)
-    with ds.loader(workers=1) as it:
+    with ds.loader(workers=1, first_in_parent=False) as it:
         assert next(iter(it)).tolist() == [7] * 64
 
 
