@@ -207,6 +207,25 @@ async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa:
     assert transfers["in_slot"] > 0 and transfers["slots_dropped"] >= 1
 
 
+async def test_a_call_that_cannot_be_sent_fails_its_tasks_and_none_waits(files, monkeypatch):  # noqa: F811
+    """A fault in sending a grouped call (its tasks' pickling, Ray's submit) is every one of
+    its tasks' error: none of them is left waiting for a result that cannot come."""
+    sent = raycalls.call_args
+    calls = []
+
+    def third_fails(tasks):
+        calls.append(len(tasks))
+        if len(calls) == 3:
+            raise OSError("the submit failed")
+        return sent(tasks)
+
+    monkeypatch.setattr(raycalls, "call_args", third_fails)
+    ds = batched(files[1]).map(functools.partial(fns.nap, 0.01))
+    with pytest.raises(OSError, match="the submit failed"):
+        await asyncio.wait_for(collect(ds, workers=2, executor="ray"), 120)
+    assert len(calls) >= 3
+
+
 async def test_a_transform_that_raises_gives_the_error_the_process_pool_gives(files):  # noqa: F811
     ds = (al.Dataset.from_arrayrecord(files[1]).map(fns.decode).map(fns.fail_on_13)
           .map(fns.only_id_noise_det).batch(8))
