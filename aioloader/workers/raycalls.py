@@ -225,8 +225,15 @@ class Calls:
         for e in entries:
             e.call = call
             owner.slots.route(e.task, not remote)
-        tasks, parts = call_args([e.task for e in entries])
-        call.ref = call.actor.run.remote(tasks, not remote, *parts)
+        try:
+            tasks, parts = call_args([e.task for e in entries])
+            call.ref = call.actor.run.remote(tasks, not remote, *parts)
+        except Exception as exc:  # nothing went: each of its tasks fails, none waits
+            for e in entries:
+                e.call = None
+                if not e.future.done():
+                    e.future.set_exception(_raised(exc, e.describe))
+            return
         line.append(call)
         owner.tally.calls += 1
         call.ref.future().add_done_callback(lambda f: self._soon(self._back, call, f))

@@ -326,7 +326,7 @@ def test_a_block_shuffle_whose_window_fits_one_workers_cache_keeps_whole_chunks(
 def test_thrashes_asks_whether_a_chunk_would_be_decoded_again(root):
     """Chunks of 200 records: three wanted together by every task thrash a cache of two,
     not one of three; wanted one after the other, they fit a cache of one."""
-    from aioloader.runtime.horizons import thrashes
+    from aioloader.index.chunkaccess import thrashes
 
     _path, _records, src = _file(root, "group_size:200,zstd:3")
     mixed = src.chunk_refs(np.random.default_rng(0).permutation(600))

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import aioloader as al
+from aioloader.index.chunkaccess import everywhere, tasks_per_chunk
 from aioloader.index.planning import ChunkRefs
-from aioloader.runtime.horizons import everywhere, tasks_per_chunk
 from aioloader.workers.extract import lay_out, read_entry
 
 ROWS, FILES, GROUP = 400, 4, 50
