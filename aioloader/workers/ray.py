@@ -58,7 +58,7 @@ __all__ = ["RAY", "RayActors", "RayExecutor"]
 
 log = logging.getLogger("aioloader")
 MAX_RERUNS = 2  # actors a task may take down before it fails: a kill is not a crash
-TASKS_PER_CALL = 2  # tasks one call to an actor carries at most (see `raycalls`)
+TASKS_PER_CALL = 4  # tasks one call to an actor carries at most (see `raycalls`)
 
 
 class RayExecutor:

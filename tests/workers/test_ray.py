@@ -31,7 +31,7 @@ ray = pytest.importorskip("ray")
 import aioloader as al  # noqa: E402
 from aioloader.testing import local_gcs  # noqa: E402
 from aioloader.workers import raycalls  # noqa: E402
-from aioloader.workers.ray import RayExecutor  # noqa: E402
+from aioloader.workers.ray import TASKS_PER_CALL, RayExecutor  # noqa: E402
 
 from ..conftest import _snapshot  # noqa: E402
 from ..support import pipeline_fns as fns  # noqa: E402
@@ -352,8 +352,9 @@ async def test_closing_kills_the_actors_of_a_users_cluster(files):  # noqa: F811
         async for _ in it:
             break
         assert len(_alive_actors()) == 2
-        # tasks go two to a call: twice the tasks in flight, as many calls as prefetch
-        assert it._parts.run.scheduler.depth == 3 * 2
+        # tasks go `TASKS_PER_CALL` to a call: that many times the tasks in flight, as many
+        # calls as prefetch
+        assert it._parts.run.scheduler.depth == 3 * TASKS_PER_CALL == 3 * 4
     assert ray.is_initialized() and _alive_actors() == []
 
 
