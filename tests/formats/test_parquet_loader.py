@@ -22,6 +22,7 @@ from aioloader.formats.tfrecord import frame
 from tests.formats.test_parquet_hostile import CASES as HOSTILE
 from tests.formats.test_parquet_hostile import _good
 from tests.support.elastic import elastic_ids, resumed
+from tests.support.parquet_files import damaged_row_group
 
 N = 240  # rows in the glob's files together
 
@@ -255,15 +256,7 @@ def test_a_hostile_file_through_the_loader_is_an_error_naming_it(tmp_path, case)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_damaged_data_page_names_the_file_and_row_group(tmp_path, workers):
     path = tmp_path / "bad.parquet"
-    pq.write_table(pa.table({"s": [f"value {i} " * 5 for i in range(300)]}), path,
-                   row_group_size=100, compression="snappy", use_dictionary=False)
-    data = bytearray(path.read_bytes())
-    with al.ParquetSource(str(path)) as src:
-        ix = src.file_indices[0]
-        start, end = int(ix.chunk_offsets[1]), int(ix.chunk_ends[1])
-    for at in range(start + 40, end, 7):  # the page's compressed values, not its header
-        data[at] ^= 0xFF
-    path.write_bytes(bytes(data))
+    damaged_row_group(path, 5)
     with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
         list(al.Dataset.from_parquet(str(path)).loader(workers=workers))
 

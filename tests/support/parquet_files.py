@@ -253,3 +253,20 @@ def page_header(data: bytes, offset: int) -> tuple[list, int]:
     """The page header at `offset` and where its page's bytes begin."""
     t = Thrift(data, offset)
     return t.struct(), t.pos
+
+
+def damaged_row_group(path: Any, repeat: int) -> None:
+    """Writes to `path` a Parquet file of 300 rows of text (each "value i " × `repeat`), 100
+    a row group, snappy, no dictionary, whose row group 1's data page bytes (not its header)
+    are flipped: a file whose footer is honest and whose row group 1 cannot decode."""
+    import aioloader as al
+
+    pq.write_table(pa.table({"s": [f"value {i} " * repeat for i in range(300)]}), path,
+                   row_group_size=100, compression="snappy", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    with al.ParquetSource(str(path)) as src:
+        ix = src.file_indices[0]
+        start, end = int(ix.chunk_offsets[1]), int(ix.chunk_ends[1])
+    for at in range(start + 40, end, 7):  # the page's compressed values, not its header
+        data[at] ^= 0xFF
+    path.write_bytes(bytes(data))

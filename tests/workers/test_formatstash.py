@@ -20,6 +20,8 @@ from aioloader.index.chunkaccess import everywhere, tasks_per_chunk
 from aioloader.index.planning import ChunkRefs
 from aioloader.workers.extract import lay_out, read_entry
 
+from ..support.parquet_files import damaged_row_group
+
 ROWS, FILES, GROUP = 400, 4, 50
 
 
@@ -168,15 +170,7 @@ def test_a_damaged_row_group_met_by_a_fill_job_names_the_file_and_row_group(
     """A fill job that cannot decode its row group fails the horizon: every task waiting on
     it gets the file's error (no hang, no rows made up)."""
     path = tmp_path / "bad.parquet"
-    pq.write_table(pa.table({"s": [f"value {i} " * 20 for i in range(300)]}), path,
-                   row_group_size=100, compression="snappy", use_dictionary=False)
-    data = bytearray(path.read_bytes())
-    with al.ParquetSource(str(path)) as src:
-        ix = src.file_indices[0]
-        start, end = int(ix.chunk_offsets[1]), int(ix.chunk_ends[1])
-    for at in range(start + 40, end, 7):  # the page's compressed values, not its header
-        data[at] ^= 0xFF
-    path.write_bytes(bytes(data))
+    damaged_row_group(path, 20)
     ds = al.Dataset.from_parquet(str(path)).shuffle(seed=0).batch(16)
     with pytest.raises(al.ParquetFormatError, match=r"bad\.parquet, row group 1"):
         # (a budget whose kept quarter cannot hold the row groups: the stash at workers=0)
