@@ -15,15 +15,9 @@ import pytest
 
 import aioloader as al
 
+from .test_chunk_horizon import _write
+
 BUDGET = 400_000  # the cache of a loader's half holds about one of the 6 chunks
-
-
-def _write(tmp_path, n: int = 3000, group: int = 500) -> str:
-    path = tmp_path / "big.array_record"
-    with al.ArrayRecordWriter(path, group_size=group) as w:
-        for i in range(n):
-            w.write(b"%d:" % i + b"x" * (i % 300))
-    return str(path)
 
 
 @pytest.fixture
