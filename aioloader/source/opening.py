@@ -8,10 +8,10 @@ Opening lists the files (one listing for a glob), then reads every file's footer
 in parallel: local files in a few batched thread-pool jobs, by small reads of what they
 declare (the postscript's head, then the footer); remote files, as many in flight as the
 storage allows, by one speculative read each of the footer's likely span and the
-postscript's head: the first files' reads hold any footer of up to 64 KiB, later ones
-the largest footer seen so far, wherever its padding ends (a footer that does not fit
-costs one more read). A gs:// file named without a glob takes one request (a suffix-range
-GET also gives its size and generation). With an index cache, the listing is followed by
+postscript's head: any footer of up to 64 KiB, or the largest footer seen so far if it was
+larger, wherever its padding ends (a footer that does not fit costs one more read). A
+gs:// file named without a glob takes one request (a suffix-range GET also gives its size
+and generation). With an index cache, the listing is followed by
 one mapped table instead (`index_cache`: no request a file where the listing gives each
 object's generation). Each file is pinned to the version first seen, so a rewrite
 shows up as an error, not as other records.
@@ -45,10 +45,10 @@ from .table import RecordTable
 # least a chunk header on, so a footer of f bytes and its padding take less than
 # f + BLOCK_SIZE + PAD_SLACK: FIRST_SPAN holds any footer of up to 64 KiB wherever it ends.
 # Once files are open, later files' reads are sized to hold the largest footer seen
-# wherever it ends (`_Opener.learn`), up to CLOUD_SPAN: smaller than FIRST_SPAN for the
-# usual small footer (the padding is then most of what is read), larger after a footer
-# that took a second read. The open of many files from a bucket is bound by requests
-# more than bytes, so it stays one request a file.
+# wherever it ends (`_Opener.learn`), up to CLOUD_SPAN, and never less than FIRST_SPAN: the
+# open of many files from a bucket is bound by requests more than bytes, and a read
+# narrowed to small footers seen would cost a second request for every later file whose
+# footer is larger (footers that grow from file to file).
 FIRST_SPAN = 2 * BLOCK_SIZE
 PAD_SLACK = 128  # the padding chunk's header (40 bytes) and a block header (24) inside it
 CLOUD_SPAN = 1 << 20  # the most learned: footers of up to ~300k chunks in one round trip
@@ -192,10 +192,10 @@ class _Opener:
 
     def learn(self, index: FileIndex) -> None:
         """Size later files' first reads to hold a footer as large as this one's, wherever
-        its padding ends (see FIRST_SPAN): by the footer's own bytes where the format says
-        them (`footer_need`), else by the footer and its padding together (an overestimate
-        by the padding; an index without a footer, as a scanned TFRecord file's, takes
-        none)."""
+        its padding ends, and never less than FIRST_SPAN: by the footer's own bytes where
+        the format says them (`footer_need`), else by the footer and its padding together
+        (an overestimate by the padding; an index without a footer, as a scanned TFRecord
+        file's, takes none)."""
         need = vars(index).get("footer_need")
         if need is not None:
             fit = need + BLOCK_SIZE + PAD_SLACK
@@ -204,7 +204,7 @@ class _Opener:
             if took <= 0:
                 return
             fit = max(FIRST_SPAN, took + BLOCK_SIZE + PAD_SLACK)
-        fit = min(CLOUD_SPAN, fit)
+        fit = min(CLOUD_SPAN, max(FIRST_SPAN, fit))
         self.span = fit if self.span is None else max(self.span, fit)
 
     async def resolve(self, pattern: str) -> tuple[str, bool, tuple[int, int] | None]:

@@ -17,8 +17,8 @@ which runs an event loop and threads; never importing the user's `__main__`), an
 (`aioloader.workers.inline`); both are an `Executor` (`aioloader.workers.executor`), and
 `open_executor` (`aioloader.workers.kinds`) picks one. The pool also runs tasks on such a
 thread itself: all of them while the tuner has set 0 workers, and, with `first_in_parent`
-(a loader's default), the first ones, one at a time, while no worker is up: the first batch
-then waits for neither the worker server nor a worker's start.
+(off by default: `WorkerOptions.first_in_parent`), the first ones, one at a time, while no
+worker is up: the first batch then waits for neither the worker server nor a worker's start.
 Workers ignore Ctrl-C: the parent decides, and `Pool.close` gives a worker still busy
 `CLOSE_GRACE_S` seconds to finish before terminating it, so a transform that never returns
 cannot hold up a shutdown.
@@ -88,8 +88,8 @@ class Pool(SlotExecutor):
         self._first: InlineExecutor | None = None
         self._first_busy = False
         self._let_go = False  # whether the chunks decoded here were let go (`_here`)
-        # A loader asks for it unless told not to (`WorkerOptions.first_in_parent`): a
-        # transform that crashes its process (a segfault in a C decoder, os._exit) then takes
+        # Off unless the loader asks for it (`WorkerOptions.first_in_parent`): with it, a
+        # transform that crashes its process (a segfault in a C decoder, os._exit) takes
         # this one down if it does so in a first task, instead of a worker (a WorkerError).
         self._first_in_parent = first_in_parent
         # workers="auto" tuned down to 0: every task runs on that thread of this process

@@ -1,9 +1,10 @@
 """Opening many small files from a bucket: what it costs and that it stays exact.
 
-Each remote ArrayRecord file opens in one request; once files are open, that request is
-sized to the largest footer seen (its padding is the rest), not the 128 KiB that holds any
-footer of up to 64 KiB: for a file of a few blocks, half of it or more. (A footer larger
-than the read takes one more: tests/io/test_open_gcs.py.) A postscript that lies fails as
+Each remote ArrayRecord file opens in one request of the 128 KiB that holds any footer of
+up to 64 KiB wherever it ends, or more once a larger footer was seen, never less: a read
+narrowed to the small footers seen first would cost every later file with a larger footer
+a second request, and the open is bound by requests. (A footer larger than the read takes
+one more: tests/io/test_open_gcs.py.) A postscript that lies fails as
 it does locally, naming the object. With an index cache, opening the same files again is
 the listing alone (the listing's generations and sizes are the entry's key), and a
 rewritten object misses. Counted at the delay line in front of the emulator, over real
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import types
 
 import pytest
 
@@ -70,9 +72,8 @@ async def _open(gcs, url: str, **kw) -> tuple[ArrayRecordSource, dict[str, int]]
     return src, _delta(before, gcs.proxy_stats)
 
 
-async def test_small_files_open_in_one_request_of_what_their_footers_need(gcs, small):
-    """Four at once: the first four files' reads hold any footer of up to 64 KiB (most of
-    these files); the later ones' hold the largest footer seen, wherever it ends."""
+async def test_small_files_open_in_one_request_each(gcs, small):
+    """Four at once, each file's one read holds any footer of up to 64 KiB."""
     storage = Storage(storage_options=gcs.storage_options, concurrency=4)
     before = gcs.proxy_stats
     src = await ArrayRecordSource.open(_upload(gcs, small, "footers"), storage=storage)
@@ -80,8 +81,7 @@ async def test_small_files_open_in_one_request_of_what_their_footers_need(gcs, s
         seen = _delta(before, gcs.proxy_stats)
         assert seen["requests"] == 1 + FILES  # the listing; one read a file
         assert seen["downloads"] == FILES == storage.stats.requests
-        later = BLOCK_SIZE + 4096 + PAD_SLACK + POSTSCRIPT_PROBE  # (these footers: < 4 KiB)
-        assert storage.stats.bytes <= 4 * (FIRST_SPAN + POSTSCRIPT_PROBE) + (FILES - 4) * later
+        assert storage.stats.bytes <= FILES * (FIRST_SPAN + POSTSCRIPT_PROBE)
         expected = [r for _, records in small for r in records]
         assert len(src) == len(expected)
         picks = [0, 59, 60, len(expected) // 2, len(expected) - 1]
@@ -133,10 +133,11 @@ async def test_a_cached_open_is_the_listing_alone_and_a_rewrite_misses(gcs, smal
         await src.aclose()
 
 
-def test_the_first_read_narrows_to_the_footers_seen_and_widens_past_them(small):
-    """A footer whose own bytes are known narrows later reads below FIRST_SPAN; an index
-    that knows only its footer and padding together (a small-reads open, another format)
-    only ever widens them, from FIRST_SPAN."""
+def test_the_first_read_never_narrows_below_any_64_kib_footer_and_widens_past_them(small):
+    """Small footers seen first leave later reads at FIRST_SPAN (a later footer of up to
+    64 KiB still opens in one request: footers that grow from file to file); a footer that
+    needs more widens them; an index that knows only its footer and padding together (a
+    small-reads open, another format) only ever widens them too."""
     data = small[0][0].read_bytes()
 
     def fetch(offset: int, length: int) -> bytes:
@@ -146,7 +147,12 @@ def test_the_first_read_narrows_to_the_footers_seen_and_widens_past_them(small):
     assert opener._span() == FIRST_SPAN
     spanned = read_index(len(data), fetch, span=FIRST_SPAN)
     opener.learn(spanned)
-    assert BLOCK_SIZE < opener._span() < BLOCK_SIZE + 4096 + PAD_SLACK
+    assert opener._span() == FIRST_SPAN
+    for need in (10_685, 47_282):  # later, larger footers (of up to 64 KiB): still FIRST_SPAN
+        opener.learn(types.SimpleNamespace(size=1 << 20, footer_offset=0, footer_need=need))
+        assert opener._span() == FIRST_SPAN
+    opener.learn(types.SimpleNamespace(size=1 << 20, footer_offset=0, footer_need=200_000))
+    assert opener._span() == 200_000 + BLOCK_SIZE + PAD_SLACK  # (a footer past 64 KiB)
     by_small_reads = read_index(len(data), fetch, small_reads=True)
     assert "footer_need" not in vars(by_small_reads)
     opener.learn(by_small_reads)
