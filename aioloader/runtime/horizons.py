@@ -130,9 +130,14 @@ class Horizons:
         return h
 
     def close(self) -> None:
-        """Stop the horizons in the works (the loader closes)."""
+        """Stop the horizons in the works (the loader closes; `close_spill` once the pool
+        has stopped)."""
         for fut in list(self._preparing):
             fut.cancel()
+
+    def close_spill(self) -> None:
+        """Let the spill go: after the pool stopped, so that no job of it is left to open
+        the spill's path once its number is another file's (its checks are the backstop)."""
         if self.spill is not None:
             self.spill.close()
 
