@@ -176,8 +176,8 @@ class ReadOptions:
       of an exact shuffle over large chunks (`aioloader.workers.spill`): when an epoch
       needs more than one horizon, each chunk's decoded records are written there once, by
       the first horizon that decodes it, and later horizons and epochs of the loader read
-      them back instead of decoding the chunk again. The file has no name (nothing is left behind, even by a killed process) and
-      goes when the loader closes.
+      them back instead of decoding the chunk again. The file has no name (nothing is left
+      behind, even by a killed process) and goes when the loader closes.
     - `spill_bytes` (None: the decoded bytes of the files' chunks, if they fit a quarter of
       the directory's free space and leave a tenth of the disk free; else no spill): the
       most the spill may take (never the disk's last tenth); it is taken on the disk when
