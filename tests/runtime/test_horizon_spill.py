@@ -114,3 +114,28 @@ def test_ray_actors_never_spill():
     from aioloader.workers.ray import RayActors
 
     assert RayActors.spills is False
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_the_pool_stops_before_the_spill_closes(tmp_path, executor, monkeypatch,
+                                                 small_chunks_count_as_large):
+    """No fill job is left running when the spill lets its file go (its number, and its
+    inode, may be another file's at once)."""
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(7).repeat(2).batch(64)
+    pool_closed_then = []
+    with ds.loader(workers=2, executor=executor, memory_budget=BUDGET) as loader:
+        it = iter(loader)
+        while loader._parts.runner is None or loader._parts.runner.horizons.spill is None:
+            next(it)
+        next(it)  # (fills in flight)
+        parts = loader._parts
+        spill, pool = parts.runner.horizons.spill, parts.pool
+        close = spill.close
+
+        def closing() -> None:
+            pool_closed_then.append(pool._closed)
+            close()
+
+        monkeypatch.setattr(spill, "close", closing)
+    assert pool_closed_then and pool_closed_then[0]
