@@ -110,10 +110,24 @@ def test_the_warning_and_stats_say_whether_the_spill_is_on(tmp_path, caplog,
         assert ("the spill holds" in text) == (not options), text
 
 
-def test_ray_actors_never_spill():
-    from aioloader.workers.ray import RayActors
-
-    assert RayActors.spills is False
+def test_ray_actors_never_spill(tmp_path, caplog, small_chunks_count_as_large):
+    """Actors may run on other nodes: a Ray loader of more than one horizon an epoch says
+    the spill is off, and gives the batches of one without it."""
+    ray = pytest.importorskip("ray")
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(7).repeat(1).batch(64)
+    want, _, _ = _run(ds, workers=0, spill_bytes=0)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="aioloader"):
+            got, figures, _ = _run(ds, workers=1, executor="ray")
+    finally:
+        ray.shutdown()
+    assert got == want
+    assert figures["horizons_per_epoch"] >= 2 and "spill_bytes" not in figures
+    told = [r.getMessage() for r in caplog.records if "horizons" in r.getMessage()]
+    assert told and "executor's workers cannot open a file of this host" in told[0]
 
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])
