@@ -106,7 +106,7 @@ class SpillFile:
     def outcome(self, key: Any, job: Spill, spilled: int) -> None:
         """What a job with `job` reported (`Result.spilled`)."""
         if job.write:
-            if spilled > 0:
+            if spilled > 0 and key in self._at:  # (not given back after a refusal)
                 self._done[key] = spilled
                 self.written += spilled
             elif spilled == SPILL_REFUSED:

@@ -121,8 +121,8 @@ def test_a_region_that_does_not_check_is_never_copied_out(spill):
     finally:
         os.close(fd)
     # a region of other size than written, or a record the chunk has not
-    assert read_into(Spill(job.path, job.offset, job.size + 8, 3, False, job.ident),
-                     np.array([0]), _copy_out) is None
+    assert read_into(dataclasses.replace(job, size=job.size + 8), np.array([0]),
+                     _copy_out) is None
     assert read_into(job, np.array([3]), _copy_out) is None
 
 
@@ -402,3 +402,17 @@ def test_a_job_never_uses_a_file_with_a_name_or_without_the_spills_nonce(spill, 
         w.piece(b"xyz")
         assert w.end() == 0
     assert named.read_bytes() == spill.nonce + bytes(1 << 16)
+
+
+def test_a_write_that_ends_after_a_refusal_is_not_kept(spill):
+    """A job in flight when another's write was refused: its region was given back, so
+    what it wrote is never read, and the file is cut again."""
+    late = spill.job(("f", 1), 1, 3)
+    refused = spill.job(("f", 2), 2, 1 << 20)
+    assert late is not None and refused is not None
+    spill.outcome(("f", 2), refused, SPILL_REFUSED)
+    w = SpillWriter(late)
+    w.whole(np.array([0, 3]), b"abc")
+    spill.outcome(("f", 1), late, w.end())
+    assert spill.job(("f", 1), 1, 3) is None and spill.figures()["spill_bytes"] == 0
+    assert os.stat(spill.path).st_size == spill_mod.ALIGN
