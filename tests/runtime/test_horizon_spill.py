@@ -134,3 +134,25 @@ def test_the_pool_stops_before_the_spill_closes(tmp_path, executor, monkeypatch,
 
         monkeypatch.setattr(spill, "close", closing)
     assert pool_closed_then and pool_closed_then[0]
+
+
+def test_the_spill_is_sized_by_the_chunks_of_the_loaders_own_positions(
+        tmp_path, small_chunks_count_as_large):
+    """A contiguous shard of half the file meets half its chunks: its spill takes their
+    bytes, not the whole file's (each rank of a host its own share)."""
+    from aioloader.workers.spill import region_bytes
+
+    path = _write(tmp_path)
+    whole = al.Dataset.from_arrayrecord(path)
+    sizes = []
+    for ds in (whole, whole.shard(0, 2, contiguous=True)):
+        with ds.shuffle(7).batch(64).loader(workers=0, memory_budget=BUDGET) as loader:
+            for _ in loader:
+                if loader._parts.runner.horizons.spill is not None:
+                    break
+            spill = loader._parts.runner.horizons.spill
+            assert spill is not None
+            sizes.append(spill.max_bytes)
+            ix = loader._parts.source.table.indices[0]
+    assert sizes[0] == int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes).sum())
+    assert sizes[1] < sizes[0] * 0.6
