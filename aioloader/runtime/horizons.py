@@ -218,17 +218,18 @@ class Horizons:
         indices = table.indices
         plan = self.runner.plan
         n = n if plan.length is None else min(n, plan.length)
-        met = [np.zeros(len(ix.chunk_records), dtype=bool) for ix in indices]
+        first = np.zeros(len(indices) + 1, dtype=np.int64)  # each file's first chunk
+        np.cumsum([len(ix.chunk_records) for ix in indices], out=first[1:])
+        met = np.zeros(int(first[-1]), dtype=bool)
         for a in range(0, n, NEED_BLOCK):
             records, _ = plan.index.lookup(np.arange(a, min(n, a + NEED_BLOCK),
                                                      dtype=np.int64))
             refs = table.chunk_refs(records)
             ids = refs.ids if refs.ids is not None else np.arange(len(refs.paths))
-            files = np.asarray(ids)[refs.file]
-            for f in np.unique(files).tolist():
-                met[f][refs.chunk[files == f]] = True
+            met[first[np.asarray(ids)[refs.file]] + refs.chunk] = True
         return sum(int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes)[
-            m & (ix.chunk_records > 1)].sum()) for ix, m in zip(indices, met))
+            met[first[f] : first[f + 1]] & (ix.chunk_records > 1)].sum())
+            for f, ix in enumerate(indices))
 
     def figures(self) -> dict[str, int]:
         """For `stats()`: horizons filled, and (once known) how many an epoch needs and
