@@ -56,7 +56,7 @@ from ..workers.spill import SpillFile, open_spill, region_bytes
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
-NEED_BLOCK = 1 << 20  # positions looked up at a time for the chunks an epoch meets
+NEED_BLOCK = 1 << 16  # positions looked up at a time for the chunks an epoch meets (memory)
 
 log = logging.getLogger("aioloader")
 
