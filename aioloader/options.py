@@ -37,6 +37,7 @@ DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
 GCS_CLIENTS = ("auto", "curl", "fsspec")
 """The gs:// clients `gcs_client` names (`aioloader.io.gcs.client` makes them)."""
 GcsClient = Literal["auto", "curl", "fsspec"]
+MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs"})  # file systems held in memory
 
 
 def _outside_level() -> int:
@@ -49,6 +50,24 @@ def _outside_level() -> int:
             or frame.f_code.co_filename.startswith("<")):
         frame, level = frame.f_back, level + 1
     return level + 1
+
+
+def in_memory(directory: str) -> bool:
+    """Whether `directory` lies on a file system held in memory (tmpfs), by the longest
+    mount point over it in /proc/self/mounts; False where that cannot be read."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f]
+    except OSError:
+        return False
+    where = os.path.realpath(directory)
+    best, kind = "", ""
+    for point, fs in mounts:
+        point = point.replace("\\040", " ")
+        if (where == point or where.startswith(point.rstrip("/") + "/")) and \
+                len(point) >= len(best):
+            best, kind = point, fs
+    return kind in MEMORY_FS
 
 
 def gcs_client_named(client: str, source: str = "gcs_client") -> str:
@@ -152,15 +171,17 @@ class ReadOptions:
       instead of reading and parsing every file's tail (on a bucket, a request per file).
       It must belong to this user and be writable by no one else (else `PermissionError`).
     - `spill_dir` (None: the system's temporary directory, or /var/tmp where that is held
-      in memory): a local directory for the spill of an exact shuffle over large chunks
-      (`aioloader.workers.spill`): when an epoch needs more than one horizon, each chunk's
-      decoded records are written there once, by the first horizon that decodes it, and
-      later horizons and epochs of the loader read them back instead of decoding the chunk
-      again. The file has no name (nothing is left behind, even by a killed process) and
-      goes when the loader closes.
-    - `spill_bytes` (None: the decoded bytes of the files' chunks, if the directory's free
-      space keeps half of itself and 5% of the disk free after them; else no spill): the
-      most the spill may take; chunks past it are decoded per horizon. 0: no spill.
+      in memory; else a `ValueError` if it is not an existing directory, and a warning if
+      it is held in memory: RAM outside `memory_budget`): a local directory for the spill
+      of an exact shuffle over large chunks (`aioloader.workers.spill`): when an epoch
+      needs more than one horizon, each chunk's decoded records are written there once, by
+      the first horizon that decodes it, and later horizons and epochs of the loader read
+      them back instead of decoding the chunk again. The file has no name (nothing is left
+      behind, even by a killed process) and goes when the loader closes.
+    - `spill_bytes` (None: the decoded bytes of the files' chunks, if they fit a quarter of
+      the directory's free space and leave a tenth of the disk free; else no spill): the
+      most the spill may take (never the disk's last tenth); it is taken on the disk when
+      the spill opens; chunks past it are decoded per horizon. 0: no spill.
     - `gcs_client` (None: the AIOLOADER_GCS_CLIENT environment variable, else "auto"): what
       serves gs:// range reads: "curl" (libcurl, about half the CPU per request; needs
       pycurl, in the `gcs` extra), "fsspec" (gcsfs's own reads), or "auto" (curl when pycurl
@@ -208,6 +229,16 @@ class ReadOptions:
             if not self.spill_dir:
                 raise ValueError("spill_dir must name a directory, or be None (the "
                                  "temporary directory); got ''")
+            if not os.path.isdir(self.spill_dir):
+                what = "is not a directory" if os.path.exists(self.spill_dir) else \
+                    "does not exist"
+                raise ValueError(f"spill_dir {self.spill_dir!r} {what}: name an existing "
+                                 "directory of local disk, or None (the temporary "
+                                 "directory)")
+            if in_memory(self.spill_dir):
+                warnings.warn(f"spill_dir {self.spill_dir!r} is held in memory (tmpfs): the "
+                              "spill there takes RAM outside memory_budget; name a "
+                              "directory of local disk", stacklevel=_outside_level())
         if self.gcs_client is not None:
             object.__setattr__(self, "gcs_client", gcs_client_named(self.gcs_client))
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):

@@ -29,7 +29,7 @@ horizons, later epochs of this loader) copy their records out of it. Where the s
 host) or full, chunks are decoded per horizon as before. The first stash of such an epoch
 says so, once a loader (a warning naming the settings, and the `horizons` and `spill_`
 figures of `stats()`). An epoch is the loader's own positions of one (its shard, its
-slice), not every record in the files.
+slice), not every record in the files; the spill is sized by the chunks they meet.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from ..workers.spill import SpillFile, open_spill, region_bytes
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
+NEED_BLOCK = 1 << 16  # positions looked up at a time for the chunks an epoch meets (memory)
 
 log = logging.getLogger("aioloader")
 
@@ -130,9 +131,14 @@ class Horizons:
         return h
 
     def close(self) -> None:
-        """Stop the horizons in the works (the loader closes)."""
+        """Stop the horizons in the works (the loader closes; `close_spill` once the pool
+        has stopped)."""
         for fut in list(self._preparing):
             fut.cancel()
+
+    def close_spill(self) -> None:
+        """Let the spill go: after the pool stopped, so that no job of it is left to open
+        the spill's path once its number is another file's (its checks are the backstop)."""
         if self.spill is not None:
             self.spill.close()
 
@@ -155,7 +161,7 @@ class Horizons:
                 or self._shared(head, slack)):
             return None
         if not self.per_epoch:
-            self._tell(length, mean)
+            await self._tell(length, mean)
         lo = max(0, a - slack)
         wants, records, refs = await asyncio.to_thread(self._wants, plan, h.key[1], lo, b)
         if h.before is not None:
@@ -175,7 +181,7 @@ class Horizons:
               (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]}
         return StashRef(stash.path, h.key[1], at, serial=stash.fills)
 
-    def _tell(self, length: int, mean: float) -> None:
+    async def _tell(self, length: int, mean: float) -> None:
         """The horizons an epoch (this loader's positions of one: its shard, its slice)
         needs, worked out once; more than one is told (a warning: each chunk is decoded
         that many times an epoch), with the budget that makes one."""
@@ -183,7 +189,7 @@ class Horizons:
         self.per_epoch = max(1, math.ceil(n / length))
         if self.per_epoch == 1:
             return
-        said = self._open_spill()
+        said = await self._open_spill(n)
         share = self.runner.pool.pipeline.chunk_cache_bytes
         one = 2 * share * n / length  # memory_budget whose half holds the epoch's records
         log.warning(
@@ -196,14 +202,34 @@ class Horizons:
             f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}", share / 1e6, said,
             self.per_epoch, _round_up(one, 256 << 20) / 1e6)
 
-    def _open_spill(self) -> str:
-        """Make the spill (`self.spill`) where it can be; what to say of it."""
+    async def _open_spill(self, n: int) -> str:
+        """Make the spill (`self.spill`) where it can be, sized by the chunks the epoch's `n`
+        positions meet (worked out on a thread); what to say of it."""
         if not getattr(self.runner.pool, "spills", False):
             return "off: the executor's workers cannot open a file of this host"
-        need = sum(int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes)[
-            ix.chunk_records > 1].sum()) for ix in self.runner.source.table.indices)
+        need = await asyncio.to_thread(self._own_need, n)
         self.spill, said = open_spill(*self._spill_at, need)
         return said
+
+    def _own_need(self, n: int) -> int:
+        """The spill's bytes for the multi-record chunks that positions [0, n) (an epoch of
+        this loader: its shard, its slice) meet, not every chunk of the files."""
+        table = self.runner.source.table
+        indices = table.indices
+        plan = self.runner.plan
+        n = n if plan.length is None else min(n, plan.length)
+        first = np.zeros(len(indices) + 1, dtype=np.int64)  # each file's first chunk
+        np.cumsum([len(ix.chunk_records) for ix in indices], out=first[1:])
+        met = np.zeros(int(first[-1]), dtype=bool)
+        for a in range(0, n, NEED_BLOCK):
+            records, _ = plan.index.lookup(np.arange(a, min(n, a + NEED_BLOCK),
+                                                     dtype=np.int64))
+            refs = table.chunk_refs(records)
+            ids = refs.ids if refs.ids is not None else np.arange(len(refs.paths))
+            met[first[np.asarray(ids)[refs.file]] + refs.chunk] = True
+        return sum(int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes)[
+            met[first[f] : first[f + 1]] & (ix.chunk_records > 1)].sum())
+            for f, ix in enumerate(indices))
 
     def figures(self) -> dict[str, int]:
         """For `stats()`: horizons filled, and (once known) how many an epoch needs and

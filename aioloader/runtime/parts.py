@@ -285,9 +285,12 @@ class Parts:
     async def aclose(self) -> None:
         if self.run is not None:
             await self.run.aclose()
-        if self.runner is not None:
-            self.runner.horizons.close()
-        self.free()
+        horizons = self.runner.horizons if self.runner is not None else None
+        if horizons is not None:
+            horizons.close()
+        self.free()  # (the pool stopped first: no job of it opens the spill once it closed)
+        if horizons is not None:
+            horizons.close_spill()
         disk, self.disk = self.disk, None
         if disk is not None:
             await disk.aclose()

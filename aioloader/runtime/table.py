@@ -145,10 +145,14 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
         lines.append(f"chunk cache: {cache['hits']:,} hits, {cache['misses']:,} misses, "
                      f"{cache.get('bytes', 0) / 1e6:.1f} MB held")
     if cache.get("horizons_per_epoch", 0) > 1:
-        spilled = cache.get("spill_bytes", 0)
+        spilled, refused = cache.get("spill_bytes", 0), cache.get("spill_refused", 0)
         how = (f"the spill holds {spilled / 1e6:,.1f} MB of decoded records and served "
                f"{cache.get('spill_hits', 0):,} chunks' fills without decoding them"
                if spilled else "no spill: each chunk decoded once per horizon")
+        if refused:
+            how = (f"{how} (then refused (disk full): the chunks not in it decoded once "
+                   "per horizon)" if spilled else
+                   "spill refused (disk full): each chunk decoded once per horizon")
         lines.append(f"exact shuffle over large chunks: {cache['horizons_per_epoch']} horizons "
                      f"an epoch, of {cache['horizon_records']:,} records each "
                      f"({cache['horizons']:,} filled); {how}; raise memory_budget for fewer, "

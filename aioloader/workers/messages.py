@@ -88,8 +88,8 @@ class Spill:
     `write`, the job decodes the chunk and writes all its `records` there, in at most
     `size` bytes from `offset`; else the region holds them (`size` bytes written) and the
     job copies its wanted records out of it instead of decoding the chunk. `ident`: the
-    file's (device, inode), which what `path` opens must be (its number may be another
-    file's once the loader closed it)."""
+    file's (device, inode), and `nonce`: its first bytes, which what `path` opens must have
+    (its number, and its inode, may be another file's once the loader closed it)."""
 
     path: str
     offset: int
@@ -97,6 +97,7 @@ class Spill:
     records: int
     write: bool
     ident: tuple[int, int] = (0, 0)
+    nonce: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,20 @@ holds the chunks' decoded bytes for the loader's life.
 `SpillFile` is the parent's: a file made already unlinked (`O_TMPFILE`, or a name removed at
 once) in a directory of local disk, kept open, so nothing is left behind when the loader
 closes, the process exits or is killed; the regions it reserved; and which of them a job
-reported fully written (only those are ever read). Workers of this host (processes, threads,
-the inline one) open it per job through `/proc/<pid>/fd/<fd>`. A region is written with
-`pwrite` (a full disk is an `OSError` the job reports, never a signal as a written map would
-give); what is read back is checked (record count, lengths, ascending offsets within the
-region) before a record is copied out, and a region that fails is decoded again.
+reported fully written (only those are ever read). Its bytes are taken on the disk when it
+opens (`posix_fallocate`), so that a loader opened later sees them gone and a write never
+meets a full disk halfway; a write refused all the same gives the unwritten tail back and
+no more are tried. Workers of this host (processes, threads, the inline one) open it per
+job through `/proc/<pid>/fd/<fd>`, and use what that opens only if it is the same file: its
+(device, inode), no name, and the random nonce of its first bytes (once the loader closed
+it, the number, and the inode too, may be another file's). A region is written with `pwrite`
+(a full disk is an `OSError` the job reports, never a signal as a written map would give);
+what is read back is checked (record count, lengths, ascending offsets within the region)
+before a record is copied out, and a region that fails is decoded again.
 
-A region: records n and data bytes m (int64 each), the chunk's n + 1 record offsets (int64),
-then its m bytes of records.
+The file: the nonce in its first `ALIGN` bytes, then the regions. A region: records n and
+data bytes m (int64 each), the chunk's n + 1 record offsets (int64), then its m bytes of
+records.
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from ..options import in_memory
 from .messages import SPILL_REFUSED, Spill
 
 HEAD = 16  # records n, data bytes m
 ALIGN = mmap.ALLOCATIONGRANULARITY  # regions start where a map may
-MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
+NONCE = 16  # random bytes at offset 0 that say the file is this spill
+SHARE = 4  # the default spill takes at most 1/SHARE of the disk's free space
+KEEP = 10  # and leaves at least 1/KEEP of the disk free (so does a set spill_bytes)
 
 
 def region_bytes(records: Any, decoded: Any) -> Any:
@@ -47,8 +56,9 @@ def region_bytes(records: Any, decoded: Any) -> Any:
 
 class SpillFile:
     """The parent's side: the unlinked file (`path` opens it from any process of this
-    host), at most `max_bytes` of regions reserved in it, one per chunk key, and the
-    figures for `stats()` (`written` bytes, `hits`: fills served, decodes avoided)."""
+    host), with `max_bytes` of regions taken on the disk at once (an `OSError` when the disk
+    cannot give them: no spill), reserved one per chunk key, and the figures for `stats()`
+    (`written` bytes, `hits`: fills served, decodes avoided)."""
 
     def __init__(self, directory: str, max_bytes: int) -> None:
         self.directory = directory
@@ -64,9 +74,15 @@ class SpillFile:
         self._finalizer = weakref.finalize(self, os.close, self._fd)
         st = os.fstat(self._fd)
         self.ident = (st.st_dev, st.st_ino)
-        if not os.path.exists(self.path):  # (no /proc: workers could not open it)
+        self.nonce = os.urandom(NONCE)
+        try:
+            if not os.path.exists(self.path):  # (no /proc: workers could not open it)
+                raise OSError(errno.ENOENT, "no /proc/<pid>/fd to share the spill file by")
+            os.posix_fallocate(self._fd, 0, ALIGN + max_bytes)  # (ENOSPC: the disk is full)
+            _write_all(self._fd, self.nonce, 0)
+        except OSError:
             self.close()
-            raise OSError(errno.ENOENT, "no /proc/<pid>/fd to share the spill file by")
+            raise
 
     def job(self, key: Any, records: int, decoded: int) -> Spill | None:
         """The spill part of a fill job of chunk `key`: read its region when written, else
@@ -76,32 +92,48 @@ class SpillFile:
         done = self._done.get(key)
         at = self._at.get(key)
         if done is not None and at is not None:
-            return Spill(self.path, at[0], done, at[2], False, self.ident)
+            return Spill(self.path, at[0], done, at[2], False, self.ident, self.nonce)
         if self.refused:
             return None
         if at is None:
             room = int(region_bytes(records, decoded))
             if self.reserved + room > self.max_bytes:
                 return None
-            at = self._at[key] = (self.reserved, room, int(records))
+            at = self._at[key] = (ALIGN + self.reserved, room, int(records))
             self.reserved += room
-        return Spill(self.path, at[0], at[1], at[2], True, self.ident)
+        return Spill(self.path, at[0], at[1], at[2], True, self.ident, self.nonce)
 
     def outcome(self, key: Any, job: Spill, spilled: int) -> None:
         """What a job with `job` reported (`Result.spilled`)."""
         if job.write:
-            if spilled > 0:
+            if spilled > 0 and key in self._at:  # (not given back after a refusal)
                 self._done[key] = spilled
                 self.written += spilled
             elif spilled == SPILL_REFUSED:
                 self.refused = True
+            if self.refused:  # (a job still in flight may have written past what is kept)
+                self._give_back()
         elif spilled < 0:  # read back wrong: never read again (the chunk is decoded)
             self._done.pop(key, None)
         else:
             self.hits += 1
 
+    def _give_back(self) -> None:
+        """After a refused write: the file cut to its last written region (the regions
+        reserved but not written are forgotten), so that it takes no more than it holds."""
+        self._at = {k: v for k, v in self._at.items() if k in self._done}
+        end = max((v[0] + v[1] for v in self._at.values()), default=ALIGN)
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+
     def figures(self) -> dict[str, int]:
-        return {"spill_bytes": self.written, "spill_hits": self.hits}
+        """`spill_bytes` written, `spill_hits`, and `spill_refused` (1) once the disk
+        refused a write."""
+        out = {"spill_bytes": self.written, "spill_hits": self.hits}
+        if self.refused:
+            out["spill_refused"] = 1
+        return out
 
     def close(self) -> None:
         """Let the file go (the workers' descriptors are per job). Idempotent."""
@@ -124,22 +156,11 @@ def _unlinked(directory: str) -> int:
     return fd
 
 
-def in_memory(directory: str) -> bool:
-    """Whether `directory` lies on a file system held in memory (tmpfs), by the longest
-    mount point over it in /proc/self/mounts; False where that cannot be read."""
-    try:
-        with open("/proc/self/mounts") as f:
-            mounts = [line.split()[1:3] for line in f]
-    except OSError:
-        return False
-    where = os.path.realpath(directory)
-    best, kind = "", ""
-    for point, fs in mounts:
-        point = point.replace("\\040", " ")
-        if (where == point or where.startswith(point.rstrip("/") + "/")) and \
-                len(point) >= len(best):
-            best, kind = point, fs
-    return kind in MEMORY_FS
+def _write_all(fd: int, data: Any, at: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
 
 
 class SpillWriter:
@@ -159,7 +180,7 @@ class SpillWriter:
         self._need = HEAD + 8 * len(bounds) + size
         if n != job.records or self._need > job.size or not len(bounds):
             return  # (not what the index said: this chunk is not spilled)
-        self._fd = _open(job, os.O_WRONLY)
+        self._fd = _open(job, os.O_RDWR)  # (read: its nonce)
         if self._fd is None:  # (the loader closed it meanwhile)
             return
         self._size, self.live = size, True
@@ -190,12 +211,9 @@ class SpillWriter:
         return self._need if self.live and self._pos == self._size else 0
 
     def _write(self, data: Any, at: int) -> None:
-        view, fd = memoryview(data).cast("B"), self._fd
-        assert fd is not None  # (live: open)
+        assert self._fd is not None  # (live: open)
         try:
-            while len(view):
-                n = os.pwrite(fd, view, at)
-                view, at = view[n:], at + n
+            _write_all(self._fd, data, at)
         except OSError:
             self.live, self.refused = False, True
 
@@ -220,14 +238,20 @@ def read_into(job: Spill, wanted: np.ndarray, copy: Any) -> Any:
 
 
 def _open(job: Spill, flags: int) -> int | None:
-    """The spill file of `job`, opened; None when it is gone (or its number is now
-    another file's: the loader closed it)."""
+    """The spill file of `job`, opened; None when it is gone or what its path opens is not
+    it (the loader closed it: the number, and the inode too, may be another file's now):
+    not of its (device, inode), or named, or without its nonce at offset 0."""
     try:
         fd = os.open(job.path, flags | os.O_CLOEXEC | os.O_NONBLOCK)  # (never a FIFO's wait)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != job.ident:
+    try:
+        st = os.fstat(fd)
+        same = (st.st_dev, st.st_ino) == job.ident and st.st_nlink == 0 and \
+            len(job.nonce) == NONCE and os.pread(fd, NONCE, 0) == job.nonce
+    except OSError:
+        same = False
+    if not same:
         os.close(fd)
         return None
     return fd
@@ -251,15 +275,17 @@ def _checked(mem: mmap.mmap, job: Spill, wanted: np.ndarray, copy: Any) -> Any:
 def open_spill(directory: str | None, max_bytes: int | None, need: int
                ) -> tuple[SpillFile | None, str]:
     """The spill for chunks whose regions take `need` bytes, in `directory` (None: the
-    default, `default_dir`), of at most `max_bytes` (None: `need`, all or nothing; 0: no
-    spill), within what the disk has free with margin (`room`); and what to say of it."""
+    default, `default_dir`), of at most `max_bytes` (None: `need`, all or nothing, within a
+    quarter of the disk's free space; 0: no spill), never past the disk's last tenth
+    (`room`), taken on the disk as it opens (where it cannot be: off); and what to say of
+    it."""
     if max_bytes == 0:
         return None, "off (spill_bytes=0)"
     where = directory or default_dir()
     if where is None:
         return None, "off: the temporary directory is held in memory (set spill_dir)"
     try:
-        free = room(where)
+        free = room(where, default=max_bytes is None)
     except OSError as exc:
         return None, f"off: {where} cannot hold it ({exc})"
     if max_bytes is None and need > free:
@@ -276,12 +302,15 @@ def open_spill(directory: str | None, max_bytes: int | None, need: int
     return spill, f"on ({need / 1e6:.0f} MB in {where}): each chunk is decoded once"
 
 
-def room(directory: str) -> int:
-    """What a spill may take of the disk of `directory`: at most half of its free space,
-    and never its last 5%."""
+def room(directory: str, default: bool = True) -> int:
+    """What a spill may take of the disk of `directory`: never its last tenth (`KEEP`), and
+    by `default` (no `spill_bytes` set) at most a quarter (`SHARE`) of its free space, so
+    that loaders of one host (the ranks of a shard, each with its spill) together leave
+    room: each takes its bytes as it opens, and the next sees them gone."""
     s = os.statvfs(directory)
     free, disk = s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize
-    return max(0, min(free // 2, free - disk // 20))
+    most = free - disk // KEEP - ALIGN
+    return max(0, min(free // SHARE, most) if default else most)
 
 
 def default_dir() -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 import pathlib
 
 import pytest
@@ -164,5 +165,19 @@ def test_the_spill_settings_are_a_directory_and_a_size():
         al.ReadOptions(spill_dir="")
     with pytest.raises(TypeError, match="spill_dir must be a path"):
         al.ReadOptions(spill_dir=3)  # type: ignore[arg-type]
+
+
+def test_a_spill_dir_that_is_not_a_directory_is_refused_and_one_in_memory_is_warned(
+        tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        al.ReadOptions(spill_dir=str(tmp_path / "missing"))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a directory"):
+        al.ReadOptions(spill_dir=str(tmp_path / "file"))
+    from aioloader.options import in_memory
+    if not os.path.isdir("/dev/shm") or not in_memory("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm")
+    with pytest.warns(UserWarning, match="held in memory"):
+        al.ReadOptions(spill_dir="/dev/shm")
     with pytest.raises(ValueError, match="spill_bytes"):
         al.ReadOptions(spill_bytes=-1)

@@ -3,7 +3,8 @@ decoded records once (`workers.spill`, `runtime.horizons`): the batches are thos
 without the spill, whatever the workers or executor, and resume exactly; each chunk is
 decoded about once per loader instead of once per horizon; the spill leaves no file; the
 warning and stats() say whether it is on; where it is off or refused, chunks are decoded per
-horizon as before (`tests/workers/test_spill.py`: a refused write)."""
+horizon as before (`tests/workers/test_spill.py`: a refused write; `tests/workers/test_ray.py`:
+a Ray loader, whose actors never spill); the pool stops before the spill closes."""
 
 from __future__ import annotations
 
@@ -110,7 +111,48 @@ def test_the_warning_and_stats_say_whether_the_spill_is_on(tmp_path, caplog,
         assert ("the spill holds" in text) == (not options), text
 
 
-def test_ray_actors_never_spill():
-    from aioloader.workers.ray import RayActors
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_the_pool_stops_before_the_spill_closes(tmp_path, executor, monkeypatch,
+                                                 small_chunks_count_as_large):
+    """No fill job is left running when the spill lets its file go (its number, and its
+    inode, may be another file's at once)."""
+    path = _write(tmp_path)
+    ds = al.Dataset.from_arrayrecord(path).shuffle(7).repeat(2).batch(64)
+    pool_closed_then = []
+    with ds.loader(workers=2, executor=executor, memory_budget=BUDGET) as loader:
+        it = iter(loader)
+        while loader._parts.runner is None or loader._parts.runner.horizons.spill is None:
+            next(it)
+        next(it)  # (fills in flight)
+        parts = loader._parts
+        spill, pool = parts.runner.horizons.spill, parts.pool
+        close = spill.close
 
-    assert RayActors.spills is False
+        def closing() -> None:
+            pool_closed_then.append(pool._closed)
+            close()
+
+        monkeypatch.setattr(spill, "close", closing)
+    assert pool_closed_then and pool_closed_then[0]
+
+
+def test_the_spill_is_sized_by_the_chunks_of_the_loaders_own_positions(
+        tmp_path, small_chunks_count_as_large):
+    """A contiguous shard of half the file meets half its chunks: its spill takes their
+    bytes, not the whole file's (each rank of a host its own share)."""
+    from aioloader.workers.spill import region_bytes
+
+    path = _write(tmp_path)
+    whole = al.Dataset.from_arrayrecord(path)
+    sizes = []
+    for ds in (whole, whole.shard(0, 2, contiguous=True)):
+        with ds.shuffle(7).batch(64).loader(workers=0, memory_budget=BUDGET) as loader:
+            for _ in loader:
+                if loader._parts.runner.horizons.spill is not None:
+                    break
+            spill = loader._parts.runner.horizons.spill
+            assert spill is not None
+            sizes.append(spill.max_bytes)
+            ix = loader._parts.source.table.indices[0]
+    assert sizes[0] == int(region_bytes(ix.chunk_records, ix.chunk_decoded_sizes).sum())
+    assert sizes[1] < sizes[0] * 0.6

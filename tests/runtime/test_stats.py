@@ -298,3 +298,18 @@ def test_reads_made_only_by_the_workers_have_no_peak_in_flight_of_0(clock):
     io_line = next(ln for ln in str(ps).splitlines() if ln.startswith("I/O:"))
     assert io_line.startswith("I/O: 10 reads (10 by the workers), 0.040 MB (0.040 MB/s)")
     assert "peak in flight not measured" in io_line and "peak 0" not in io_line
+
+
+@pytest.mark.parametrize("spill, said", [
+    ({}, "no spill: each chunk decoded once per horizon"),
+    ({"spill_bytes": 0, "spill_hits": 0, "spill_refused": 1},
+     "spill refused (disk full): each chunk decoded once per horizon"),
+    ({"spill_bytes": 2_000_000, "spill_hits": 9, "spill_refused": 1},
+     "the spill holds 2.0 MB of decoded records and served 9 chunks' fills without "
+     "decoding them (then refused (disk full)"),
+])
+def test_the_table_says_whether_the_spill_was_refused(clock, spill, said):
+    ps = _run(clock)
+    ps.cache_source = lambda: {"horizons": 3, "horizons_per_epoch": 2,
+                               "horizon_records": 546, **spill}
+    assert said in str(ps)

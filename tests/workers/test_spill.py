@@ -32,6 +32,24 @@ from aioloader.workers.spill import SpillFile, SpillWriter, open_spill, read_int
 
 
 @pytest.fixture
+def tmpfs(tmp_path):
+    """A 4 MiB file system held in memory (a full disk in a test); skipped where it cannot
+    be mounted (not root)."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                      capture_output=True).returncode:
+        pytest.skip("a tmpfs cannot be mounted here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def _free(where) -> int:
+    s = os.statvfs(where)
+    return s.f_bavail * s.f_frsize
+
+
+@pytest.fixture
 def spill(tmp_path):
     f = SpillFile(str(tmp_path), 64 << 20)
     yield f
@@ -103,8 +121,8 @@ def test_a_region_that_does_not_check_is_never_copied_out(spill):
     finally:
         os.close(fd)
     # a region of other size than written, or a record the chunk has not
-    assert read_into(Spill(job.path, job.offset, job.size + 8, 3, False, job.ident),
-                     np.array([0]), _copy_out) is None
+    assert read_into(dataclasses.replace(job, size=job.size + 8), np.array([0]),
+                     _copy_out) is None
     assert read_into(job, np.array([3]), _copy_out) is None
 
 
@@ -196,7 +214,10 @@ def test_the_spill_file_has_no_name_and_goes_with_its_process(tmp_path):
 
 
 def test_the_default_spill_is_all_or_nothing_within_the_disks_room(tmp_path):
+    s = os.statvfs(tmp_path)
+    free, disk = s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize
     room = spill_mod.room(str(tmp_path))
+    assert room <= free // 4 and free - room >= disk // 10
     f, said = open_spill(str(tmp_path), None, room + 1)
     assert f is None and "off" in said and str(tmp_path) in said
     f, said = open_spill(str(tmp_path), 0, 10)
@@ -211,11 +232,12 @@ def test_the_default_spill_is_all_or_nothing_within_the_disks_room(tmp_path):
     assert f is None and "cannot hold it" in said
 
 
-def test_a_directory_held_in_memory_is_not_the_default():
-    if not os.path.isdir("/dev/shm") or not spill_mod.in_memory("/dev/shm"):
-        pytest.skip("no tmpfs at /dev/shm")
+def test_a_directory_held_in_memory_is_not_the_default(tmpfs, monkeypatch):
+    """The system's temporary directory on a tmpfs: /var/tmp instead (or none, if that is
+    held in memory too)."""
+    monkeypatch.setattr(spill_mod.tempfile, "gettempdir", lambda: str(tmpfs))
     where = spill_mod.default_dir()
-    assert where is None or not spill_mod.in_memory(where)
+    assert where == (None if spill_mod.in_memory("/var/tmp") else "/var/tmp")
 
 
 def _chunk_file(tmp_path, options: str) -> tuple[str, list[bytes], ChunkRefs]:
@@ -308,3 +330,89 @@ def test_a_fill_whose_spill_the_disk_refuses_still_lays_out_its_records(tmp_path
         dec.close()
         stash.close()
         f.close()
+
+
+def test_the_spill_takes_its_bytes_as_it_opens_so_the_next_loader_sees_them_gone(tmpfs):
+    """Two default spills on one disk (two ranks of a host): the first takes its bytes at
+    once, the second, asked the same, finds no room (before, each saw the same free space
+    and the two together could fill the disk)."""
+    free = _free(tmpfs)
+    need = spill_mod.room(str(tmpfs)) - spill_mod.ALIGN
+    first, said = open_spill(str(tmpfs), None, need)
+    try:
+        assert first is not None and said.startswith("on")
+        assert free - _free(tmpfs) >= need  # (taken, not yet written)
+        second, said = open_spill(str(tmpfs), None, need)
+        assert second is None and "off" in said
+        assert _free(tmpfs) >= free // 2  # the default leaves most of the disk free
+    finally:
+        if first is not None:
+            first.close()
+    assert _free(tmpfs) == free  # (let go)
+
+
+def test_a_spill_the_disk_cannot_hold_is_off_and_takes_nothing(tmpfs):
+    free = _free(tmpfs)
+    with pytest.raises(OSError):
+        SpillFile(str(tmpfs), 8 << 20)  # (more than the disk)
+    assert _free(tmpfs) == free and os.listdir(tmpfs) == []
+
+
+def test_a_refused_write_gives_the_unwritten_tail_back(tmp_path):
+    """After a refused write the file keeps only its written regions: the rest of what it
+    took is the disk's again, and no region is reserved any more."""
+    f = SpillFile(str(tmp_path), 32 << 20)
+    try:
+        assert os.stat(f.path).st_blocks * 512 >= 32 << 20
+        done = _write(f, ("f", 0), [b"abc" * 100])
+        key = ("f", 1)
+        job = f.job(key, 2, 1 << 20)
+        assert job is not None
+        f.outcome(key, job, SPILL_REFUSED)
+        st = os.stat(f.path)
+        assert st.st_size == done.offset + int(region_bytes(1, 300))
+        assert st.st_blocks * 512 < 1 << 20
+        assert read_into(done, np.array([0]), _copy_out) == [b"abc" * 100]  # (kept)
+        assert f.job(("f", 2), 1, 10) is None and f.figures()["spill_refused"] == 1
+    finally:
+        f.close()
+
+
+def test_a_job_never_uses_a_file_with_a_name_or_without_the_spills_nonce(spill, tmp_path):
+    """What a job's path opens must have no name and the spill's nonce at its start, even
+    where its (device, inode) is the spill's (a file made after the spill closed may take
+    both its number and its inode)."""
+    job = _write(spill, ("f", 0), [b"abc"])
+    wrong = dataclasses.replace(job, nonce=os.urandom(spill_mod.NONCE))
+    assert read_into(wrong, np.array([0]), _copy_out) is None
+    w = SpillWriter(dataclasses.replace(wrong, write=True, size=1 << 16))
+    w.begin(np.array([0, 3]), 3)
+    w.piece(b"xyz")
+    assert w.end() == 0
+    assert read_into(job, np.array([0]), _copy_out) == [b"abc"]  # (untouched)
+    named = tmp_path / "named"
+    named.write_bytes(spill.nonce + bytes(1 << 16))
+    with open(named, "r+b") as h:
+        st = os.fstat(h.fileno())
+        fake = dataclasses.replace(job, path=f"/proc/{os.getpid()}/fd/{h.fileno()}",
+                                   ident=(st.st_dev, st.st_ino))
+        assert read_into(fake, np.array([0]), _copy_out) is None
+        w = SpillWriter(dataclasses.replace(fake, write=True, size=1 << 16))
+        w.begin(np.array([0, 3]), 3)
+        w.piece(b"xyz")
+        assert w.end() == 0
+    assert named.read_bytes() == spill.nonce + bytes(1 << 16)
+
+
+def test_a_write_that_ends_after_a_refusal_is_not_kept(spill):
+    """A job in flight when another's write was refused: its region was given back, so
+    what it wrote is never read, and the file is cut again."""
+    late = spill.job(("f", 1), 1, 3)
+    refused = spill.job(("f", 2), 2, 1 << 20)
+    assert late is not None and refused is not None
+    spill.outcome(("f", 2), refused, SPILL_REFUSED)
+    w = SpillWriter(late)
+    w.whole(np.array([0, 3]), b"abc")
+    spill.outcome(("f", 1), late, w.end())
+    assert spill.job(("f", 1), 1, 3) is None and spill.figures()["spill_bytes"] == 0
+    assert os.stat(spill.path).st_size == spill_mod.ALIGN
