@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from .arguments import whole
+from .mounts import in_memory
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -37,7 +38,6 @@ DEFAULT_WINDOW = 256  # output positions per task in filter/pack pipelines
 GCS_CLIENTS = ("auto", "curl", "fsspec")
 """The gs:// clients `gcs_client` names (`aioloader.io.gcs.client` makes them)."""
 GcsClient = Literal["auto", "curl", "fsspec"]
-MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs"})  # file systems held in memory
 
 
 def _outside_level() -> int:
@@ -50,24 +50,6 @@ def _outside_level() -> int:
             or frame.f_code.co_filename.startswith("<")):
         frame, level = frame.f_back, level + 1
     return level + 1
-
-
-def in_memory(directory: str) -> bool:
-    """Whether `directory` lies on a file system held in memory (tmpfs), by the longest
-    mount point over it in /proc/self/mounts; False where that cannot be read."""
-    try:
-        with open("/proc/self/mounts") as f:
-            mounts = [line.split()[1:3] for line in f]
-    except OSError:
-        return False
-    where = os.path.realpath(directory)
-    best, kind = "", ""
-    for point, fs in mounts:
-        point = point.replace("\\040", " ")
-        if (where == point or where.startswith(point.rstrip("/") + "/")) and \
-                len(point) >= len(best):
-            best, kind = point, fs
-    return kind in MEMORY_FS
 
 
 def gcs_client_named(client: str, source: str = "gcs_client") -> str:

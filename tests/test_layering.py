@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("formats", ("formats",)),
     # leaves: error types, typed settings (`RetryPolicy` among them), logging, URL handling,
     # argument checks, and helpers of the standard library only
-    ("leaves", ("errors", "options", "logs", "urls", "arguments", "preimport", "_moved")),
+    ("leaves", ("errors", "options", "logs", "urls", "arguments", "mounts", "preimport",
+                "_moved")),
     ("index", ("index",)),  # pure index algorithms: a position in, a position out
     ("elements", ("elements",)),  # what runs on elements: transforms, collation, packing
     ("describe", ("describe",)),  # the description and its compilation (pure)
@@ -50,7 +51,7 @@ RANK = {("aioloader." + name).rstrip("."): rank
         for rank, (_, names) in enumerate(LAYERS) for name in names}
 #: what may sit at the top of the package, beside the layer folders
 LOOSE = {"__init__", "__main__", "errors", "options", "logs", "urls", "arguments",
-         "preimport", "_moved", "jax"}
+         "mounts", "preimport", "_moved", "jax"}
 
 # The one upward edge: the Dataset starting its runtime (and opening its files) from inside
 # its methods; a module-level import along it is refused all the same. `loader()`'s return

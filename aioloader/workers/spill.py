@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..options import in_memory
+from ..mounts import in_memory
 from .messages import SPILL_REFUSED, Spill
 
 HEAD = 16  # records n, data bytes m

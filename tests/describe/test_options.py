@@ -174,7 +174,7 @@ def test_a_spill_dir_that_is_not_a_directory_is_refused_and_one_in_memory_is_war
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(ValueError, match="is not a directory"):
         al.ReadOptions(spill_dir=str(tmp_path / "file"))
-    from aioloader.options import in_memory
+    from aioloader.mounts import in_memory
     if not os.path.isdir("/dev/shm") or not in_memory("/dev/shm"):
         pytest.skip("no tmpfs at /dev/shm")
     with pytest.warns(UserWarning, match="held in memory"):
