@@ -78,7 +78,9 @@ def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[b
     if not names or len(set(names)) != len(names):  # (none, or a name twice: pickled as is)
         return bytes([_PICKLED]), _pickled(table, idx)
     types = tuple(kinds)
-    if len(types) == len(names) and not any(c.null_count for c in table.columns):
+    if len(types) == len(names) and all(names) and not any(c.null_count
+                                                            for c in table.columns):
+        # (NumPy names a record's field "" f0: such a row is marshalled)
         head = bytes([_PACKED]) + marshal.dumps((tuple(names), types))
         return head, _packed(table, idx, np.dtype([(n, d) for n, d in types]))
     head = bytes([_PLAIN]) + marshal.dumps((tuple(names), types))

@@ -111,6 +111,16 @@ def test_a_stashed_row_is_its_values_not_its_schema():
     sizes = {len(b) for b in stashed}
     assert sizes == {narrow.nbytes // narrow.num_rows} == {18}
     assert b"column_3" in head
+    _same([row_from_stash(b, head) for b in rows_for_stash(narrow, [7, 3])[1]],
+          [rows(narrow, j, j + 1)[0] for j in [7, 3]])
+    odd = pa.table({"": pa.array([1, 2]), "flag": pa.array([True, False]),
+                    "u": pa.array([2**64 - 1, 0], pa.uint64())})
+    head, stashed = rows_for_stash(odd, [1, 0])
+    _same([row_from_stash(b, head) for b in stashed], [rows(odd, j, j + 1)[0] for j in [1, 0]])
+    head, stashed = rows_for_stash(odd.select(["flag", "u"]), [1, 0])
+    assert head[:1] == b"N"
+    _same([row_from_stash(b, head) for b in stashed],
+          [rows(odd.select(["flag", "u"]), j, j + 1)[0] for j in [1, 0]])
     with_null = narrow.set_column(1, "column_0", pa.array([None] + [1] * 999, pa.int8()))
     head, stashed = rows_for_stash(with_null, range(1000))
     assert head[:1] == b"M" and max(len(b) for b in stashed) <= 18 + 6 * 11
