@@ -120,11 +120,12 @@ def _plain(table: Any, idx: Any) -> Iterator[bytes]:
 def row_from_stash(data: bytes | memoryview, head: bytes | memoryview) -> dict[str, Any]:
     """The row `rows_for_stash` made `data` of, in an entry of head `head`: its numbers as
     the NumPy scalars `rows` gives (nulls stay None)."""
-    read = _HEADS.get(bytes(head))
+    key = bytes(head)
+    read = _HEADS.get(key)
     if read is None:
-        read = _HEADS[bytes(head)] = _reader(bytes(head))
-        if len(_HEADS) > 4096:  # (schemas seen by this process: a bound)
-            _HEADS.pop(next(iter(_HEADS)))
+        if len(_HEADS) >= 4096:  # (schemas seen by this process: a bound; safe in threads)
+            _HEADS.clear()
+        read = _HEADS[key] = _reader(key)
     return read(data)
 
 
