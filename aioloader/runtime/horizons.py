@@ -325,10 +325,6 @@ class Horizons:
         if getattr(pool, "workers", 0) <= 1 or not getattr(pool, "stash_shared", True) or \
                 not all(fmts.get(k).stash_shared for k in set(table.formats)):
             return False
-        return self._everywhere(head, task)
-
-    def _everywhere(self, head: ChunkRefs, task: int) -> bool:
-        """Whether `head` reads as an exact shuffle (`chunkaccess.everywhere`)."""
         return everywhere(head, task, self._multi())
 
     def _multi(self) -> int:
