@@ -10,7 +10,7 @@ comes here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,14 +58,15 @@ class ArrayRecordFormat:
 
     def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
                       path: str | None, chunk: int | None, expected_records: int | None,
-                      max_decoded: int, state: Any = None) -> list[bytes]:
+                      max_decoded: int, state: Any = None
+                      ) -> tuple[bytes, Iterable[bytes]]:
         """(the workers pull ArrayRecord records out themselves, streamed: `workers.extract`)"""
         records = self.decode_chunk(raw, start, verify=verify, path=path, chunk=chunk,
                                     expected_records=expected_records,
                                     max_decoded=max_decoded)
-        return [bytes(records.record(j)) for j in wanted]
+        return b"", (bytes(records.record(j)) for j in wanted)
 
-    def from_stash(self, data: bytes | memoryview) -> bytes:
+    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b"") -> bytes:
         return bytes(data)
 
     def kept_bytes(self, max_decoded: int) -> int | None:

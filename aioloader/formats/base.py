@@ -21,7 +21,7 @@ The few other members say what a cached index of the format must satisfy
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # (types only: naming a format loads no codec)
@@ -75,13 +75,16 @@ class RecordFormat(Protocol):
 
     def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
                       path: str | None, chunk: int | None, expected_records: int | None,
-                      max_decoded: int, state: Any = None) -> list[bytes]:
+                      max_decoded: int, state: Any = None
+                      ) -> tuple[bytes, Iterable[bytes]]:
         """Records `wanted` (sorted, distinct) of the chunk whose bytes `raw` start at
-        `start`, as the stash keeps them: bytes (`from_stash` gives each record back)."""
+        `start`, as the stash keeps them: the entry's head (what its records share, kept
+        once; may be empty) and each record's bytes, in order, made as they are consumed
+        (the stash stops at the first that does not fit)."""
         ...
 
-    def from_stash(self, data: bytes | memoryview) -> Any:
-        """The record `stash_records` made `data` of."""
+    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b"") -> Any:
+        """The record `stash_records` made `data` of, in an entry of head `head`."""
         ...
 
     def kept_bytes(self, max_decoded: int) -> int | None:

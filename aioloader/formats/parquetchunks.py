@@ -25,7 +25,7 @@ import json
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 from .parquet.decode import RowGroupDecoder
@@ -221,10 +221,11 @@ class ParquetChunks:
         return rows_as_bytes(table, within)
 
     def stashed(self, raw: bytes | memoryview, start: int, within: Sequence[int], *,
-                max_decoded: int, expected_records: int | None = None) -> list[bytes]:
+                max_decoded: int, expected_records: int | None = None
+                ) -> tuple[bytes, Iterator[bytes]]:
         """Rows `within` of that row group as the stash keeps them (`parquetrows.
-        rows_for_stash`): the row group kept (`KEPT`) if it is, else decoded and not kept
-        (a horizon wants each row once)."""
+        rows_for_stash`: the entry's head, its rows made one at a time): the row group kept
+        (`KEPT`) if it is, else decoded and not kept (a horizon wants each row once)."""
         with self._lock:
             if KEPT.get((self._id, start)) is not None:
                 table = self._kept_one(raw, start, max_decoded, expected_records).table

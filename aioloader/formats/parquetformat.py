@@ -10,14 +10,14 @@ file with it, so the footer is parsed once per process, not per task.
 A record is the row itself, not bytes: `decode_records` gives the rows as the Parquet layer
 gives them (`parquet.rows`), so no row is pickled on its way to the transforms. Only where
 an exact shuffle shares one decode of each row group among tasks through the stash
-(`runtime.horizons`) is a row pickled once there (`stash_records`) and unpickled for its task
-(`from_stash`). A format kind names the columns read (`formats.reading("parquet", ["a",
+(`runtime.horizons`) is a row serialized once there (`stash_records`) and read back for its
+task (`from_stash`). A format kind names the columns read (`formats.reading("parquet", ["a",
 "b"])`): `selecting` is the format reading those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .parquet.errors import ParquetFormatError
@@ -116,16 +116,18 @@ class ParquetFormat:
 
     def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
                       path: str | None, chunk: int | None, expected_records: int | None,
-                      max_decoded: int, state: Any = None) -> list[bytes]:
+                      max_decoded: int, state: Any = None
+                      ) -> tuple[bytes, Iterator[bytes]]:
         """The rows `wanted` of the row group as the stash keeps them
-        (`parquetrows.rows_for_stash`)."""
+        (`parquetrows.rows_for_stash`): the entry's head, and its rows one at a time."""
         if state is None:
             raise TypeError("a Parquet chunk decodes by its file's state (prepare)")
         return state.stashed(raw, start, wanted, max_decoded=max_decoded,
                              expected_records=expected_records)
 
-    def from_stash(self, data: bytes | memoryview) -> dict[str, Any]:
-        return row_from_stash(data)
+    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b""
+                   ) -> dict[str, Any]:
+        return row_from_stash(data, head)
 
     def kept_bytes(self, max_decoded: int) -> int | None:
         """A decoding process keeps row groups in a quarter of the budget

@@ -10,16 +10,18 @@ column's arrays come back writable copies where `rows` gives read-only views, an
 is a pickling per row in the worker and an unpickling per element after it (a NumPy scalar
 takes about a hundred bytes pickled).
 
-The stash (`workers.formatstash`) keeps rows its own way (`rows_for_stash`): rows of numbers,
-strings and binaries marshalled, with their number columns' NumPy types, which is several
-times cheaper both ways than pickling NumPy scalars; any other row pickled as above.
+The stash (`workers.formatstash`) keeps rows its own way (`rows_for_stash`): what an entry's
+rows share (column names, NumPy types) once in its head, then each row as its values alone:
+packed as a NumPy record (numbers, no nulls: its decoded bytes), or marshalled (strings,
+binaries, nulls), which is several times cheaper both ways than pickling NumPy scalars;
+any other row pickled as above.
 """
 
 from __future__ import annotations
 
 import marshal
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = ["row_from_bytes", "row_from_stash", "rows_as_bytes", "rows_for_stash"]
@@ -41,18 +43,25 @@ def row_from_bytes(data: bytes | memoryview) -> dict[str, Any]:
     return row
 
 
-# A row as the stash keeps it: a tag byte, then either (`_PLAIN`) the marshalled pair (the row
-# with its numbers as Python numbers, the NumPy type of each number column) or (`_PICKLED`)
-# the pickled row. Unpickling a NumPy scalar costs several times unmarshalling a row of a
-# string and a number, and the stash's rows are made once and read once each.
-_PLAIN, _PICKLED = ord("M"), ord("P")
+# An entry of the stash (a row group's wanted rows) keeps what its rows share once, in its
+# head: a tag byte, then the marshalled (column names, each number column's NumPy type).
+# Its rows are then, by the tag: (`_PACKED`) the row's values packed as a NumPy record of
+# those types (numbers only, no nulls: a row takes its decoded bytes); (`_PLAIN`) the
+# marshalled tuple of its values, numbers as Python numbers (strings, binaries, nulls);
+# (`_PICKLED`) the pickled row. Unpickling a NumPy scalar costs several times unmarshalling
+# a row of a string and a number, and the stash's rows are made once and read once each.
+_PACKED, _PLAIN, _PICKLED = ord("N"), ord("M"), ord("P")
 _TYPES: dict[str, Any] = {}  # a dtype's name -> its NumPy scalar type
+_HEADS: dict[bytes, Any] = {}  # an entry's head -> what `row_from_stash` reads it as
+_STEP = 1024  # rows taken out of the row group's Table at a time
 
 
-def rows_for_stash(table: Any, within: Iterable[int]) -> list[bytes]:
-    """The rows at `within` of a decoded row group as the stash keeps them: a row of
-    numbers (integers, float32/64, bools), strings and binaries, nulls among them, is
-    marshalled with its number columns' NumPy types; any other row is pickled."""
+def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[bytes]]:
+    """The rows at `within` of a decoded row group as the stash keeps them: the entry's
+    head, and its rows, made one at a time (a consumer that stops early makes no more).
+    A row of numbers (integers, float32/64, bools) and no nulls is packed as a NumPy
+    record; of numbers, strings and binaries, nulls among them, marshalled; any other is
+    pickled."""
     import numpy as np
     import pyarrow as pa
 
@@ -65,36 +74,99 @@ def rows_for_stash(table: Any, within: Iterable[int]) -> list[bytes]:
             kinds.append((name, np.dtype(t.to_pandas_dtype()).str))
         elif not (pa.types.is_string(t) or pa.types.is_large_string(t)
                   or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-            return [bytes([_PICKLED]) + b for b in rows_as_bytes(table, idx.tolist())]
+            return bytes([_PICKLED]), _pickled(table, idx)
     if not names or len(set(names)) != len(names):  # (none, or a name twice: pickled as is)
-        return [bytes([_PICKLED]) + b for b in rows_as_bytes(table, idx.tolist())]
-    taken = table.take(pa.array(idx))
-    columns = [c.to_pylist() for c in taken.columns]
+        return bytes([_PICKLED]), _pickled(table, idx)
     types = tuple(kinds)
-    head = bytes([_PLAIN])
+    if len(types) == len(names) and all(names) and not any(c.null_count
+                                                            for c in table.columns):
+        # (NumPy names a record's field "" f0: such a row is marshalled)
+        head = bytes([_PACKED]) + marshal.dumps((tuple(names), types))
+        return head, _packed(table, idx, np.dtype([(n, d) for n, d in types]))
+    head = bytes([_PLAIN]) + marshal.dumps((tuple(names), types))
+    return head, _plain(table, idx)
+
+
+def _pickled(table: Any, idx: Any) -> Iterator[bytes]:
+    for lo in range(0, len(idx), _STEP):
+        yield from rows_as_bytes(table, idx[lo : lo + _STEP].tolist())
+
+
+def _packed(table: Any, idx: Any, dtype: Any) -> Iterator[bytes]:
+    import numpy as np
+    import pyarrow as pa
+
+    size = dtype.itemsize
+    for lo in range(0, len(idx), _STEP):
+        taken = table.take(pa.array(idx[lo : lo + _STEP]))
+        out = np.empty(taken.num_rows, dtype=dtype)
+        for name, column in zip(taken.column_names, taken.columns):
+            out[name] = column.to_numpy()
+        data = out.tobytes()
+        for k in range(taken.num_rows):
+            yield data[k * size : (k + 1) * size]
+
+
+def _plain(table: Any, idx: Any) -> Iterator[bytes]:
+    import pyarrow as pa
+
     dumps = marshal.dumps
-    return [head + dumps((dict(zip(names, values)), types)) for values in zip(*columns)]
+    for lo in range(0, len(idx), _STEP):
+        taken = table.take(pa.array(idx[lo : lo + _STEP]))
+        for values in zip(*(c.to_pylist() for c in taken.columns)):
+            yield dumps(values)
 
 
-def row_from_stash(data: bytes | memoryview) -> dict[str, Any]:
-    """The row `rows_for_stash` made `data` of: its numbers as the NumPy scalars `rows`
-    gives (nulls stay None)."""
-    view = memoryview(data)
-    if not len(view) or view[0] not in (_PLAIN, _PICKLED):
-        raise ValueError("a stashed Parquet row has no known tag")
-    if view[0] == _PICKLED:
-        return row_from_bytes(view[1:])
-    row, types = marshal.loads(view[1:])
-    for name, dtype in types:
-        value = row[name]
-        if value is not None:
-            t = _TYPES.get(dtype)
-            if t is None:
-                import numpy as np
+def row_from_stash(data: bytes | memoryview, head: bytes | memoryview) -> dict[str, Any]:
+    """The row `rows_for_stash` made `data` of, in an entry of head `head`: its numbers as
+    the NumPy scalars `rows` gives (nulls stay None)."""
+    key = bytes(head)
+    read = _HEADS.get(key)
+    if read is None:
+        if len(_HEADS) >= 4096:  # (schemas seen by this process: a bound; safe in threads)
+            _HEADS.clear()
+        read = _HEADS[key] = _reader(key)
+    return read(data)
 
-                t = _TYPES[dtype] = np.dtype(dtype).type
-            row[name] = t(value)
-    return row
+
+def _reader(head: bytes) -> Any:
+    """What reads a row of an entry of `head`."""
+    if not head or head[0] not in (_PACKED, _PLAIN, _PICKLED):
+        raise ValueError("a stashed Parquet row's entry has no known tag")
+    if head[0] == _PICKLED:
+        return row_from_bytes
+    import numpy as np
+
+    names, types = marshal.loads(head[1:])
+    if head[0] == _PACKED:
+        dtype = np.dtype([(n, d) for n, d in types])
+
+        def packed(data: bytes | memoryview) -> dict[str, Any]:
+            if len(data) != dtype.itemsize:
+                raise ValueError(f"a stashed Parquet row of {len(data)} bytes, not "
+                                 f"{dtype.itemsize}")
+            rec = np.frombuffer(data, dtype=dtype, count=1)[0]
+            return {n: rec[n] for n in names}
+
+        return packed
+    typed = []
+    for name, dtype_name in types:
+        t = _TYPES.get(dtype_name)
+        if t is None:
+            t = _TYPES[dtype_name] = np.dtype(dtype_name).type
+        typed.append((names.index(name), t))
+
+    def plain(data: bytes | memoryview) -> dict[str, Any]:
+        values = list(marshal.loads(data))
+        if len(values) != len(names):
+            raise ValueError(f"a stashed Parquet row of {len(values)} values, not "
+                             f"{len(names)}")
+        for k, t in typed:
+            if values[k] is not None:
+                values[k] = t(values[k])
+        return dict(zip(names, values))
+
+    return plain
 
 
 def _numeric(t: Any) -> bool:

@@ -23,7 +23,7 @@ does not parse as TFRecord says to convert it (`aioloader convert --from tfrecor
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
@@ -247,10 +247,11 @@ class TFRecordFormat:
 
     def stash_records(self, raw, start: int, wanted: Sequence[int], *, verify: str,
                       path: str | None, chunk: int | None, expected_records: int | None,
-                      max_decoded: int, state: Any = None) -> list[bytes]:
+                      max_decoded: int, state: Any = None
+                      ) -> tuple[bytes, Iterable[bytes]]:
         raise TypeError(f"{self.name} records do not go through the stash")
 
-    def from_stash(self, data: bytes | memoryview) -> bytes:
+    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b"") -> bytes:
         return bytes(data)
 
     def kept_bytes(self, max_decoded: int) -> int | None:

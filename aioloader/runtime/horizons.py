@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
-from ..index.chunkaccess import everywhere, thrashes
+from ..index.chunkaccess import everywhere, scattered, thrashes
 from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
@@ -157,6 +157,8 @@ class Horizons:
                                                  dtype=np.int64))
         self.probed += 1
         head = self.runner.source.chunk_refs(records)
+        if self._keeps_its_own() and not scattered(head, self._multi()):
+            return None  # (a block shuffle's window, a sequential read: kept chunks serve)
         if not (thrashes(head, self._kept(), mean + BOUND_BYTES, slack)
                 or self._shared(head, slack)):
             return None
@@ -349,9 +351,24 @@ class Horizons:
         if getattr(pool, "workers", 0) <= 1 or not getattr(pool, "stash_shared", True) or \
                 not all(fmts.get(k).stash_shared for k in set(table.formats)):
             return False
-        if self._chunks is None:  # (multi-record chunks of all files: counted once)
-            self._chunks = sum(int((ix.chunk_records > 1).sum()) for ix in table.indices)
-        return everywhere(head, task, self._chunks)
+        return everywhere(head, task, self._multi())
+
+    def _multi(self) -> int:
+        """The multi-record chunks of all files (counted once)."""
+        if self._chunks is None:
+            self._chunks = sum(int((ix.chunk_records > 1).sum())
+                               for ix in self.runner.source.table.indices)
+        return self._chunks
+
+    def _keeps_its_own(self) -> bool:
+        """Whether every file's format keeps its decoded chunks itself, in less than the
+        cache (`RecordFormat.kept_bytes`: Parquet's row groups), where `thrashes` judges a
+        block shuffle's window or a sequential read to thrash whenever the window does not
+        fit what is kept, though its chunks are wanted a few at a time: the stash then
+        only delays the first batch by a whole horizon's fill."""
+        pool = self.runner.pool
+        return all(fmts.get(k).kept_bytes(pool.pipeline.max_decoded) is not None
+                   for k in set(self.runner.source.table.formats))
 
 
 def epoch_positions(index: IndexPlan, records: int) -> int:

@@ -58,6 +58,7 @@ class TaskRunner:
         self._ahead: tuple | None = None  # see _lookup
         self.chunk_hits = 0  # multi-record chunks the workers found decoded, or decoded
         self.chunks_decoded = 0
+        self.stash_missed = 0  # records a horizon's stash lacked: decoded by their task
         self.readahead = Readahead(source)
         # exact shuffles over large chunks: records pulled out per horizon, shared
         self.horizons = Horizons(self, *spill)  # (`spill`: where, and its most bytes)
@@ -120,6 +121,7 @@ class TaskRunner:
             st.tracer.task(result, self.plan.op_names, k)
         self.chunk_hits += result.chunk_hits
         self.chunks_decoded += result.chunks_decoded
+        self.stash_missed += result.stash_missed
         return result
 
     async def _run(self, task: Task, describe: str) -> Result:

@@ -74,6 +74,7 @@ class Decoder:
         self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
         self._stash_index = formatstash.StashIndex()  # (stashable formats' entries read)
         self.decoded = self.hits = self.spilled = 0  # (`spilled`: of the last fill job)
+        self.missed = 0  # records of the last task its horizon's entries lacked
         self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
         # How records of each format are decoded here (by format code): ArrayRecord by its
@@ -96,7 +97,7 @@ class Decoder:
         Records of several formats (a mix) are decoded by format, then put back in order;
         those of a contextual format by their files' states (`states`, of `table`).
         """
-        self.decoded = self.hits = 0
+        self.decoded = self.hits = self.missed = 0
         self._table = table
         kinds = refs.format
         codes = [fmts.code(fmts.ARRAYRECORD)] if kinds is None or not len(kinds) else \
@@ -149,6 +150,7 @@ class Decoder:
         names = [refs.name(f) for f in range(len(refs.paths))]
         out, rest = formatstash.from_stash(fmt, refs, names, stash, self._view(stash.path),
                                            self._stash_index)
+        self.missed += len(rest)
         if len(rest):
             r = rest.tolist()
             # (the chunks decoded for this task alone, or found kept: counted as decoded)

@@ -136,6 +136,7 @@ class Result:
     op_seconds: list[float] = dataclasses.field(default_factory=list)
     chunks_decoded: int = 0
     chunk_hits: int = 0
+    stash_missed: int = 0  # records of a stashable format its horizon lacked: decoded here
     survivors: np.ndarray | None = None  # stream mode: each survivor's place in the task
     needed: int = 0  # > 0: the output did not fit the slot, and needs this many bytes
     # Where and when it ran, for the trace (`runtime.trace`): the process and thread, and

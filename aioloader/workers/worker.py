@@ -240,7 +240,8 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         payload, survivors, count, decoded = _whole(task, pipeline, decoder, mem, paths,
                                                     alloc, times)
     io: dict[str, Any] = {"reads": files.reads - reads, "bytes_read": files.bytes - nbytes,
-                          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits}
+                          "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits,
+                          "stash_missed": decoder.missed}
     slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
     if pipeline.batch is not None or has_arrays(payload):
         placed = alloc.export(payload) if alloc is not None else None

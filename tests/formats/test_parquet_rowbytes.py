@@ -83,25 +83,62 @@ def test_a_row_is_its_own_bytes_object():
 PLAIN = ["i8", "u64", "f32", "nan", "flag", "s", "b"]  # numbers, strings, binaries, nulls
 
 
-@pytest.mark.parametrize("columns", [PLAIN, None], ids=["marshalled", "pickled"])
+NUMBERS = ["i8", "f32", "nan"]  # numbers, no nulls: packed as NumPy records
+
+
+@pytest.mark.parametrize("columns", [NUMBERS, PLAIN, None],
+                         ids=["packed", "marshalled", "pickled"])
 def test_rows_as_the_stash_keeps_them_round_trip_exactly(columns):
-    """A row of numbers, strings and binaries goes into the stash marshalled, any other
-    pickled: either way it comes back as `rows` gives it, NumPy scalar types included."""
+    """A row of numbers without nulls goes into the stash packed, of numbers, strings and
+    binaries marshalled, any other pickled: either way it comes back as `rows` gives it,
+    NumPy scalar types included."""
     table = _table() if columns is None else _table().select(columns)
     picks = [5, 0, 39, 5, 21]
-    stashed = rows_for_stash(table, picks)
-    assert all(b[:1] == (b"M" if columns else b"P") for b in stashed)
-    got = [row_from_stash(memoryview(b)) for b in stashed]
+    head, stashed = rows_for_stash(table, picks)
+    assert head[:1] == (b"P" if columns is None else b"M" if columns is PLAIN else b"N")
+    got = [row_from_stash(memoryview(b), memoryview(head)) for b in stashed]
     _same(got, [rows(table, j, j + 1)[0] for j in picks])
+
+
+def test_a_stashed_row_is_its_values_not_its_schema():
+    """The column names and types are kept once an entry (its head), so a row of narrow
+    numbers takes its decoded bytes, and a marshalled row no more than a few bytes a value
+    over them."""
+    ids = np.arange(1000, dtype=np.int64)
+    narrow = pa.table({"id": ids, **{f"column_{j}": pa.array((ids + j) % 100, pa.int8())
+                                     for j in range(10)}})
+    head, stashed = rows_for_stash(narrow, range(1000))
+    sizes = {len(b) for b in stashed}
+    assert sizes == {narrow.nbytes // narrow.num_rows} == {18}
+    assert b"column_3" in head
+    _same([row_from_stash(b, head) for b in rows_for_stash(narrow, [7, 3])[1]],
+          [rows(narrow, j, j + 1)[0] for j in [7, 3]])
+    odd = pa.table({"": pa.array([1, 2]), "flag": pa.array([True, False]),
+                    "u": pa.array([2**64 - 1, 0], pa.uint64())})
+    head, stashed = rows_for_stash(odd, [1, 0])
+    _same([row_from_stash(b, head) for b in stashed], [rows(odd, j, j + 1)[0] for j in [1, 0]])
+    head, stashed = rows_for_stash(odd.select(["flag", "u"]), [1, 0])
+    assert head[:1] == b"N"
+    _same([row_from_stash(b, head) for b in stashed],
+          [rows(odd.select(["flag", "u"]), j, j + 1)[0] for j in [1, 0]])
+    with_null = narrow.set_column(1, "column_0", pa.array([None] + [1] * 999, pa.int8()))
+    head, stashed = rows_for_stash(with_null, range(1000))
+    assert head[:1] == b"M" and max(len(b) for b in stashed) <= 18 + 6 * 11
 
 
 def test_a_stashed_row_without_a_known_tag_is_refused():
     with pytest.raises(ValueError, match="tag"):
-        row_from_stash(b"Xjunk")
+        row_from_stash(b"junk", b"Xjunk")
+
+
+def test_a_packed_row_of_the_wrong_size_is_refused():
+    head, stashed = rows_for_stash(_table().select(NUMBERS), [0])
+    with pytest.raises(ValueError, match="bytes"):
+        row_from_stash(next(iter(stashed))[:-1], head)
 
 
 def test_a_row_group_with_a_name_twice_is_pickled_as_rows_gives_it():
     table = pa.Table.from_arrays([pa.array([1, 2]), pa.array(["12", "b"])], names=["x", "x"])
-    stashed = rows_for_stash(table, [0, 1])
-    assert all(b[:1] == b"P" for b in stashed)
-    _same([row_from_stash(b) for b in stashed], rows(table))
+    head, stashed = rows_for_stash(table, [0, 1])
+    assert head == b"P"
+    _same([row_from_stash(b, head) for b in stashed], rows(table))

@@ -19,6 +19,7 @@ import aioloader as al
 from aioloader.index.chunkaccess import everywhere, tasks_per_chunk
 from aioloader.index.planning import ChunkRefs
 from aioloader.workers.extract import lay_out, read_entry
+from aioloader.workers.formatstash import HEAD_RECORD, lay_out_each
 
 from ..support.parquet_files import damaged_row_group
 
@@ -57,10 +58,16 @@ def _digest(batches) -> str:
 
 def _run(ds: al.Dataset, **options) -> tuple[str, int, int]:
     """The batches' digest, the horizons filled and the chunks the workers decoded."""
+    return _runs(ds, **options)[:3]
+
+
+def _runs(ds: al.Dataset, **options) -> tuple[str, int, int, int]:
+    """`_run`'s, and the records the tasks decoded because their horizon lacked them."""
     with ds.loader(**options) as it:
         got = list(it)
         runner = it._parts.runner
-        return _digest(got), runner.horizons.count, runner.chunks_decoded
+        return (_digest(got), runner.horizons.count, runner.chunks_decoded,
+                runner.stash_missed)
 
 
 def _exact(glob: str) -> al.Dataset:
@@ -100,8 +107,11 @@ def test_a_stash_too_small_for_the_horizon_leaves_the_rest_to_the_tasks(
         glob, row_groups_count_as_large):
     ds = _exact(glob)
     want, _, _ = _run(ds, workers=0)
-    got, filled, _ = _run(ds, workers=2, memory_budget=100_000)
+    got, filled, _, missed = _runs(ds, workers=2, memory_budget=100_000)
     assert got == want and filled > 0
+    assert missed > 0  # (rows its regions had no room for: decoded by their tasks)
+    got, filled, _, missed = _runs(ds, workers=2)
+    assert got == want and filled > 0 and missed == 0  # (room for all: none left over)
 
 
 def test_row_groups_a_process_cannot_keep_go_through_the_stash_with_one_worker_too(
@@ -124,8 +134,17 @@ def test_a_sequential_read_decodes_row_groups_in_the_tasks(glob, row_groups_coun
 
 def test_a_block_shuffle_gives_the_same_batches_whatever_the_workers(
         glob, row_groups_count_as_large):
-    ds = al.Dataset.from_parquet(glob).shuffle(seed=1, strategy="block").batch(32)
-    assert _run(ds, workers=2)[0] == _run(ds, workers=0)[0]
+    """A block shuffle's windows meet a few row groups at a time: each task decodes its own
+    (kept by its process), with no horizon to wait for, even where the kept row groups are
+    a small part of the budget."""
+    ds = al.Dataset.from_parquet(glob).shuffle(seed=1, strategy="block", block_bytes=20_000,
+                                                window_bytes=60_000).batch(32)
+    want, filled, _ = _run(ds, workers=0)
+    assert filled == 0
+    for options in ({"workers": 2}, {"workers": 0, "memory_budget": 300_000},
+                    {"workers": 2, "memory_budget": 300_000}):
+        got, filled, _ = _run(ds, **options)
+        assert got == want and filled == 0, options
 
 
 def _refs(keys: list[tuple[int, int]]) -> ChunkRefs:
@@ -162,6 +181,28 @@ def test_an_entry_laid_out_reads_back_and_keeps_the_prefix_that_fits():
     have, offs3, data3 = read_entry(memoryview(small))
     assert 0 < len(have) < len(records) and have.tolist() == wanted[: len(have)].tolist()
     assert [bytes(data3[a:b]) for a, b in itertools.pairwise(offs3)] == records[: len(have)]
+
+
+def test_a_fill_lays_out_rows_one_at_a_time_and_makes_none_past_the_first_that_misses():
+    """The head once, then rows as they come, up to the first that does not fit: the rows
+    after it are never made (a fill holds no more than its region)."""
+    made = []
+
+    def rows():
+        for k in range(1000):
+            made.append(k)
+            yield bytes([k % 256]) * 50
+
+    wanted = np.arange(1000, dtype=np.int64) * 3
+    region = memoryview(bytearray(2_000))
+    n = lay_out_each(b"schema", rows(), wanted, region)
+    assert 0 < n < 30 and len(made) == n + 1
+    have, offs, data = read_entry(region)
+    assert have.tolist() == [HEAD_RECORD, *wanted[:n].tolist()]
+    got = [bytes(data[a:b]) for a, b in itertools.pairwise(offs)]
+    assert got[0] == b"schema" and got[1:] == [bytes([k]) * 50 for k in range(n)]
+    assert lay_out_each(b"x" * 5000, rows(), wanted, region) == 0
+    assert read_entry(region)[0].tolist() == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])
