@@ -43,19 +43,17 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
-from ..index.chunkaccess import everywhere, scattered, thrashes
 from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
-from ..workers.chunkcache import BOUND_BYTES
 from ..workers.contexts import contextual_ids
 from ..workers.extract import HEAD
 from ..workers.messages import Fill, Result, Spill, StashRef, Task
 from ..workers.spill import SpillFile, open_spill, region_bytes
+from .stashchoice import StashChoice
 
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
-LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
 NEED_BLOCK = 1 << 16  # positions looked up at a time for the chunks an epoch meets (memory)
 
 log = logging.getLogger("aioloader")
@@ -93,11 +91,10 @@ class Horizons:
         self.probed = 0  # horizons checked for thrashing
         self._gen = 0
         self._latest: Horizon | None = None
-        self._share_mean: tuple[int, float] | None = None
+        self.choice = StashChoice(runner)  # whether the stash serves, and its share
         self._preparing: set[asyncio.Future] = set()
         self.length = 0  # output positions a horizon holds (once worked out)
         self.per_epoch = 0  # horizons an epoch needs (once a stash was filled; 0 before)
-        self._chunks: int | None = None  # the source's multi-record chunks (`_shared`)
 
     def use(self) -> None:
         """A new plan: horizons numbered afresh (the stash still waits for the old ones)."""
@@ -106,7 +103,7 @@ class Horizons:
     def hold(self, at: int) -> Horizon | None:
         """The horizon of position `at`, held by one more task (`release` when done); None
         when chunks are small. Synchronous, so that tasks hold in the order they start."""
-        share, mean = self.share()
+        share, mean = self.choice.share()
         if not share:
             return None
         # a task is of the horizon of its last position: the horizon's stash holds the
@@ -152,15 +149,12 @@ class Horizons:
                        ) -> StashRef | None:
         plan = self.runner.plan
         b = a + length if plan.length is None else min(a + length, plan.length)
-        mean = self.share()[1]
+        mean = self.choice.share()[1]
         records, _ = plan.index.lookup(np.arange(a, a + min((b - a + 1) // 2, PROBE),
                                                  dtype=np.int64))
         self.probed += 1
         head = self.runner.source.chunk_refs(records)
-        if self._keeps_its_own() and not scattered(head, self._multi()):
-            return None  # (a block shuffle's window, a sequential read: kept chunks serve)
-        if not (thrashes(head, self._kept(), mean + BOUND_BYTES, slack)
-                or self._shared(head, slack)):
+        if not self.choice.serves(head, mean, slack):
             return None
         if not self.per_epoch:
             await self._tell(length, mean)
@@ -307,68 +301,6 @@ class Horizons:
         return await runner.pool.run(task, describe=(
             f"pulling records of the chunk at {int(wants.start[c])} of {name} out for "
             f"horizon {wants.horizon}"))
-
-    def share(self) -> tuple[int, float]:
-        """The decoded-chunk cache (all workers' together: the stash is shared), and the
-        files' mean decoded record size; (0, 0) when chunks are small (under the formats'
-        `stash_from`, at most `LARGE_CHUNK`, decoded on average: each task decodes its
-        own, as before) or hold one record, or there are no files (from_source), or a
-        file's format is not `stashable`."""
-        got = self._share_mean
-        if got is None:
-            source = self.runner.source
-            table = getattr(source, "table", None)
-            got = (0, 0.0)
-            if table is not None and table.max_group_size > 1 and len(source) and \
-                    all(fmts.get(k).stashable for k in set(table.formats)):
-                decoded = sum(int(ix.chunk_decoded_sizes.sum()) for ix in table.indices)
-                kinds = set(table.formats)
-                least = min(LARGE_CHUNK, max(fmts.get(k).stash_from for k in kinds))
-                if decoded >= least * max(1, table.chunk_count):
-                    got = (self.runner.pool.pipeline.chunk_cache_bytes,
-                           decoded / len(source))
-            self._share_mean = got
-        return got
-
-    def _kept(self) -> int:
-        """The decoded bytes of chunks each decoding process keeps: its share of the
-        decoded-chunk cache, or less where a format keeps its chunks itself
-        (`RecordFormat.kept_bytes`)."""
-        pool = self.runner.pool
-        if not getattr(pool, "stash_shared", True):  # (its workers may not read the stash)
-            return pool.cache_bytes
-        kept = [fmts.get(k).kept_bytes(pool.pipeline.max_decoded)
-                for k in set(self.runner.source.table.formats)]
-        return min([pool.cache_bytes] + [k for k in kept if k is not None])
-
-    def _shared(self, head: ChunkRefs, task: int) -> bool:
-        """Whether the stash serves chunks that would not thrash a worker's cache: several
-        processes decode tasks, every file's format would rather share one decode of a
-        chunk than decode it in each (`RecordFormat.stash_shared`), and most tasks of
-        `head` want most of the chunks, of which it meets most (an exact shuffle:
-        `everywhere`), so that each process would decode nearly every chunk."""
-        pool, table = self.runner.pool, self.runner.source.table
-        if getattr(pool, "workers", 0) <= 1 or not getattr(pool, "stash_shared", True) or \
-                not all(fmts.get(k).stash_shared for k in set(table.formats)):
-            return False
-        return everywhere(head, task, self._multi())
-
-    def _multi(self) -> int:
-        """The multi-record chunks of all files (counted once)."""
-        if self._chunks is None:
-            self._chunks = sum(int((ix.chunk_records > 1).sum())
-                               for ix in self.runner.source.table.indices)
-        return self._chunks
-
-    def _keeps_its_own(self) -> bool:
-        """Whether every file's format keeps its decoded chunks itself, in less than the
-        cache (`RecordFormat.kept_bytes`: Parquet's row groups), where `thrashes` judges a
-        block shuffle's window or a sequential read to thrash whenever the window does not
-        fit what is kept, though its chunks are wanted a few at a time: the stash then
-        only delays the first batch by a whole horizon's fill."""
-        pool = self.runner.pool
-        return all(fmts.get(k).kept_bytes(pool.pipeline.max_decoded) is not None
-                   for k in set(self.runner.source.table.formats))
 
 
 def epoch_positions(index: IndexPlan, records: int) -> int:

@@ -199,9 +199,9 @@ def _ids(batch) -> list[int]:
 
 @pytest.fixture
 def small_chunks_count_as_large(monkeypatch):
-    from aioloader.runtime import horizons
+    from aioloader.runtime import stashchoice
 
-    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
+    monkeypatch.setattr(stashchoice, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
 
 
 @pytest.mark.parametrize("workers, executor", [(0, "processes"), (2, "processes"),

@@ -23,9 +23,9 @@ BUDGET = 400_000  # the cache of a loader's half holds about one of the 6 chunks
 
 @pytest.fixture
 def small_chunks_count_as_large(monkeypatch):
-    from aioloader.runtime import horizons
+    from aioloader.runtime import stashchoice
 
-    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
+    monkeypatch.setattr(stashchoice, "LARGE_CHUNK", 1)  # the test files' chunks are ~80 KB
 
 
 def _run(ds, **options) -> tuple[str, dict, int]:

@@ -41,9 +41,9 @@ def glob(tmp_path_factory) -> str:
 
 @pytest.fixture
 def row_groups_count_as_large(monkeypatch):
-    from aioloader.runtime import horizons
+    from aioloader.runtime import stashchoice
 
-    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # the test files' row groups are small
+    monkeypatch.setattr(stashchoice, "LARGE_CHUNK", 1)  # the test files' row groups are small
 
 
 def _digest(batches) -> str:

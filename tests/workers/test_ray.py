@@ -473,9 +473,9 @@ async def test_an_exact_shuffle_over_large_chunks_takes_no_spill_on_actors(
     the batches are those of workers=0."""
     import logging
 
-    from aioloader.runtime import horizons
+    from aioloader.runtime import stashchoice
 
-    monkeypatch.setattr(horizons, "LARGE_CHUNK", 1)  # (chunks of ~80 KB count as large)
+    monkeypatch.setattr(stashchoice, "LARGE_CHUNK", 1)  # (chunks of ~80 KB count as large)
     path = tmp_path / "big.array_record"
     with al.ArrayRecordWriter(path, group_size=500) as w:
         for i in range(3000):
