@@ -71,7 +71,7 @@ def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[b
     for name, column in zip(names, table.columns):
         t = column.type
         if _numeric(t) and not pa.types.is_float16(t):
-            kinds.append((name, np.dtype(t.to_pandas_dtype()).str))
+            kinds.append((name, _numpy_type(t)))
         elif not (pa.types.is_string(t) or pa.types.is_large_string(t)
                   or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
             return bytes([_PICKLED]), _pickled(table, idx)
@@ -173,3 +173,11 @@ def _numeric(t: Any) -> bool:
     import pyarrow as pa
 
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _numpy_type(t: Any) -> str:
+    """The NumPy type string of a numeric Arrow type, as pyarrow converts its values (not by
+    `to_pandas_dtype`, which needs pandas installed)."""
+    import pyarrow as pa
+
+    return str(pa.array([], type=t).to_numpy(zero_copy_only=False).dtype.str)

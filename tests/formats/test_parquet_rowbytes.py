@@ -142,3 +142,26 @@ def test_a_row_group_with_a_name_twice_is_pickled_as_rows_gives_it():
     head, stashed = rows_for_stash(table, [0, 1])
     assert head == b"P"
     _same([row_from_stash(b, head) for b in stashed], rows(table))
+
+
+def test_rows_go_into_the_stash_without_pandas_installed():
+    """pandas is not a dependency: a row of numbers is packed by pyarrow and NumPy alone."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas is not installed")
+sys.meta_path.insert(0, NoPandas())
+import pyarrow as pa
+from aioloader.formats.parquetrows import row_from_stash, rows_for_stash
+t = pa.table({"a": pa.array([1, 2, 3], pa.int8()), "b": pa.array([1.5, 2, 3], pa.float32())})
+head, rows = rows_for_stash(t, [2, 0])
+print(len(list(rows)))
+"""
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["2"]
