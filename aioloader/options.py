@@ -80,6 +80,19 @@ def _whole(obj: Any, name: str, lo: int, *, optional: bool = False,
                                         alt=" or None" if optional else ""))
 
 
+def _path(obj: Any, name: str, *, none_means: str | None = None) -> None:
+    """`obj.name` as a str if it is a path (None stays None); with `none_means`, an empty
+    one is refused, saying what None would mean."""
+    value = getattr(obj, name)
+    if value is None:
+        return
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path or None, got {type(value).__name__}")
+    object.__setattr__(obj, name, os.fspath(value))
+    if none_means is not None and not getattr(obj, name):
+        raise ValueError(f"{name} must name a directory, or be None ({none_means}); got ''")
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How reads are retried, when a silent store is given up on, when a slow one is hedged.
@@ -190,27 +203,10 @@ class ReadOptions:
         _whole(self, "resident_bytes", 0)
         _whole(self, "cache_bytes", 0)
         _whole(self, "spill_bytes", 0, optional=True)
-        if self.cache_dir is not None:
-            if not isinstance(self.cache_dir, (str, os.PathLike)):
-                raise TypeError(f"cache_dir must be a path or None, got "
-                                f"{type(self.cache_dir).__name__}")
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.index_cache_dir is not None:
-            if not isinstance(self.index_cache_dir, (str, os.PathLike)):
-                raise TypeError(f"index_cache_dir must be a path or None, got "
-                                f"{type(self.index_cache_dir).__name__}")
-            object.__setattr__(self, "index_cache_dir", os.fspath(self.index_cache_dir))
-            if not self.index_cache_dir:
-                raise ValueError("index_cache_dir must name a directory, or be None (no "
-                                 "index cache); got ''")
+        _path(self, "cache_dir")
+        _path(self, "index_cache_dir", none_means="no index cache")
+        _path(self, "spill_dir", none_means="the temporary directory")
         if self.spill_dir is not None:
-            if not isinstance(self.spill_dir, (str, os.PathLike)):
-                raise TypeError(f"spill_dir must be a path or None, got "
-                                f"{type(self.spill_dir).__name__}")
-            object.__setattr__(self, "spill_dir", os.fspath(self.spill_dir))
-            if not self.spill_dir:
-                raise ValueError("spill_dir must name a directory, or be None (the "
-                                 "temporary directory); got ''")
             if not os.path.isdir(self.spill_dir):
                 what = "is not a directory" if os.path.exists(self.spill_dir) else \
                     "does not exist"

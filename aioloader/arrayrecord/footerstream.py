@@ -188,12 +188,7 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
     values = _Block(codec, data_end - values_at, decoded, decoded, columns.feed, exact=True,
                     budget=budget)
 
-    def pass_two(piece: memoryview, at: int) -> None:
-        if check:
-            data_hash.update(piece)
-        values.feed(piece)
-
-    yield from read(values_at, data_end, pass_two)
+    yield from read(values_at, data_end, _hashed(data_hash if check else None, values))
     values.finish()
     values.close()
     columns.finish()
@@ -204,18 +199,22 @@ def _passes(header: ChunkHeader, codec: int, sizes_at: int, values_at: int, data
     sizes = _Block(codec, values_at - sizes_at, m + 1, (m + 1) * MAX_VARINT64_BYTES,
                    compare.feed, budget=budget)
 
-    def pass_three(piece: memoryview, at: int) -> None:
-        if check:
-            recheck.update(piece)
-        sizes.feed(piece)
-
-    yield from read(sizes_at, values_at, pass_three)
+    yield from read(sizes_at, values_at, _hashed(recheck if check else None, sizes))
     sizes.finish()
     sizes.close()
     compare.finish(meta_len)
     if check and recheck.digest() != sizes_hash.digest():
         raise _Refused  # the file changed between the passes
     return columns.footer()
+
+
+def _hashed(hasher: HashStream | None, block: _Block) -> Callable[[memoryview, int], None]:
+    """A pass that feeds each piece to `block`, hashed on the way where `hasher` is given."""
+    def feed(piece: memoryview, at: int) -> None:
+        if hasher is not None:
+            hasher.update(piece)
+        block.feed(piece)
+    return feed
 
 
 def _read(footer_offset: int, a: int, b: int, window: int, check: bool, path: str | None,

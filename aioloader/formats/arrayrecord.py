@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .bytesrecords import BytesRecords
+
 if TYPE_CHECKING:
     from ..arrayrecord.chunk import ChunkRecords
     from ..arrayrecord.fileindex import FileIndex
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 _FIRST_CHUNK = 64
 
 
-class ArrayRecordFormat:
+class ArrayRecordFormat(BytesRecords):
     """ArrayRecord files (Riegeli chunks, a footer of chunk offsets, a postscript)."""
 
     name = "arrayrecord"
@@ -65,15 +67,6 @@ class ArrayRecordFormat:
                                     expected_records=expected_records,
                                     max_decoded=max_decoded)
         return b"", (bytes(records.record(j)) for j in wanted)
-
-    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b"") -> bytes:
-        return bytes(data)
-
-    def kept_bytes(self, max_decoded: int) -> int | None:
-        return None
-
-    def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
-        raise TypeError(f"{self.name} files need no context to decode")
 
     def index_limits(self, size: int) -> tuple[int, int]:
         return _FIRST_CHUNK, size - 1  # (the footer lies before the postscript's block)

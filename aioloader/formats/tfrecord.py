@@ -31,6 +31,7 @@ import numpy as np
 
 from ..arrayrecord.errors import ArrayRecordFormatError
 from ..arrayrecord.fileindex import FileIndex, compact_sizes, ones_like
+from .bytesrecords import BytesRecords
 
 if TYPE_CHECKING:
     from ..arrayrecord.chunk import ChunkRecords
@@ -209,7 +210,7 @@ def payload(raw, start: int, *, verify: str, path: str | None, chunk: int | None
     return data
 
 
-class TFRecordFormat:
+class TFRecordFormat(BytesRecords):
     """TFRecord files: framed records, no index (one is built by a scan)."""
 
     name = "tfrecord"
@@ -250,15 +251,6 @@ class TFRecordFormat:
                       max_decoded: int, state: Any = None
                       ) -> tuple[bytes, Iterable[bytes]]:
         raise TypeError(f"{self.name} records do not go through the stash")
-
-    def from_stash(self, data: bytes | memoryview, head: bytes | memoryview = b"") -> bytes:
-        return bytes(data)
-
-    def kept_bytes(self, max_decoded: int) -> int | None:
-        return None
-
-    def prepare(self, context: bytes, *, path: str | None, max_decoded: int) -> Any:
-        raise TypeError(f"{self.name} files need no context to decode")
 
     def index_limits(self, size: int) -> tuple[int, int]:
         return 0, size  # records from byte 0; the index ends at the file's end
