@@ -118,6 +118,18 @@ def nap(seconds: float, batch):
     return batch
 
 
+def held_while(path: str, batch):
+    """A batch op that waits while the file `path` exists (at most a minute): tasks held
+    at their workers until a test lets them go."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return batch
+
+
 def as_uint8(record: bytes) -> np.ndarray:
     """A record's bytes as a uint8 array (big records: batches larger than a slot)."""
     return np.frombuffer(record, dtype=np.uint8)

@@ -258,8 +258,15 @@ def test_async_for_left_without_async_with_releases_everything_when_the_loop_end
         else:
             with pytest.raises(KeyboardInterrupt):
                 asyncio.run(main())
-        after = (_aioloader_threads() - threads, worker_pids(me) - children,
-                 memory_files(me.pid) - mem)
+        # (multiprocessing's queue feeder thread may take a moment to see its queue closed:
+        # what is still there after a few seconds, with no collection, is a leak)
+        deadline = time.monotonic() + 5
+        while True:
+            after = (_aioloader_threads() - threads, worker_pids(me) - children,
+                     memory_files(me.pid) - mem)
+            if after == (set(), set(), 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         gc.enable()
         gc.collect()

@@ -189,22 +189,35 @@ def _kill_one_actor(it) -> None:
     ray.kill(actors[0])
 
 
-async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files):  # noqa: F811
-    """The kill comes at the third batch, while both actors have calls: a batch takes 10 ms
-    (sleep), so the actors stay the bottleneck, busy, on a loaded machine too."""
-    ds = batched(files[1]).map(functools.partial(fns.nap, 0.01))
+async def test_an_actor_killed_mid_epoch_gives_the_same_batches(files, tmp_path):  # noqa: F811
+    """The kill comes while the actor is running a call: the tasks are held at the actors
+    (by a file that exists) until the first actor has a call, then it is killed and the
+    tasks let go; whatever the machine's load, the call it ran runs again elsewhere."""
+    gate = tmp_path / "held"
+    ds = batched(files[1]).map(functools.partial(fns.held_while, str(gate)))
     expected = digests(await collect(ds, workers=2))
+    gate.touch()
     async with ds.loader(workers=2, executor="ray", prefetch=6) as it:
-        got = []
-        async for b in it:
-            got.append(b)
-            if len(got) == 3:
-                _kill_one_actor(it)
+        consumer = asyncio.ensure_future(_all(it))
+        try:
+            calls = it._parts.pool._calls
+            deadline = time.monotonic() + 60
+            while not calls.lines[0] and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert calls.lines[0], "the first actor never had a call"
+            _kill_one_actor(it)
+        finally:
+            gate.unlink()
+        got = await consumer
         transfers = it.stats().as_dict()["transfers"]
     assert digests(got) == expected
     assert transfers["replaced"] == 1 and transfers["reruns"] >= 1
     # the call it was running ran again in fresh slots; what it wrote was not read
     assert transfers["in_slot"] > 0 and transfers["slots_dropped"] >= 1
+
+
+async def _all(it) -> list:
+    return [b async for b in it]
 
 
 async def test_a_call_that_cannot_be_sent_fails_its_tasks_and_none_waits(files, monkeypatch):  # noqa: F811
