@@ -65,7 +65,8 @@ def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[b
     import numpy as np
     import pyarrow as pa
 
-    idx = np.asarray(list(within), dtype=np.int64)
+    idx = np.asarray(within if isinstance(within, np.ndarray) else list(within),
+                     dtype=np.int64)
     names = table.column_names
     kinds: list[tuple[str, str]] = []
     for name, column in zip(names, table.columns):
@@ -94,27 +95,39 @@ def _pickled(table: Any, idx: Any) -> Iterator[bytes]:
 
 def _packed(table: Any, idx: Any, dtype: Any) -> Iterator[bytes]:
     import numpy as np
-    import pyarrow as pa
 
     size = dtype.itemsize
+    out = np.empty(table.num_rows, dtype=dtype)
+    for name, column in zip(table.column_names, table.columns):
+        out[name] = _numbers(column, dtype[name])
     for lo in range(0, len(idx), _STEP):
-        taken = table.take(pa.array(idx[lo : lo + _STEP]))
-        out = np.empty(taken.num_rows, dtype=dtype)
-        for name, column in zip(taken.column_names, taken.columns):
-            out[name] = column.to_numpy()
-        data = out.tobytes()
-        for k in range(taken.num_rows):
+        data = out[idx[lo : lo + _STEP]].tobytes()
+        for k in range(len(data) // size):
             yield data[k * size : (k + 1) * size]
 
 
 def _plain(table: Any, idx: Any) -> Iterator[bytes]:
-    import pyarrow as pa
-
     dumps = marshal.dumps
-    for lo in range(0, len(idx), _STEP):
-        taken = table.take(pa.array(idx[lo : lo + _STEP]))
-        for values in zip(*(c.to_pylist() for c in taken.columns)):
-            yield dumps(values)
+    rows = list(zip(*(c.to_pylist() for c in table.columns)))  # (a row group's: decoded)
+    for k in idx.tolist():
+        yield dumps(rows[k])
+
+
+def _numbers(column: Any, dtype: Any) -> Any:
+    """A numeric column without nulls as a NumPy array of `dtype`, read from its Arrow
+    buffers: pyarrow's conversions (`to_numpy`, `take`, `pa.array`) import pandas where it
+    is installed, a third of a second in each worker's first fill."""
+    import numpy as np
+
+    parts = []
+    for chunk in column.chunks:
+        n, at, data = len(chunk), chunk.offset, chunk.buffers()[1]
+        if dtype == np.bool_:
+            bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
+            parts.append(bits[at : at + n].astype(np.bool_))
+        else:
+            parts.append(np.frombuffer(data, dtype, count=at + n)[at:])
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 def row_from_stash(data: bytes | memoryview, head: bytes | memoryview) -> dict[str, Any]:
@@ -176,8 +189,14 @@ def _numeric(t: Any) -> bool:
 
 
 def _numpy_type(t: Any) -> str:
-    """The NumPy type string of a numeric Arrow type, as pyarrow converts its values (not by
-    `to_pandas_dtype`, which needs pandas installed)."""
+    """The NumPy type string of a numeric Arrow type (integers, float32/64, bools), as
+    pyarrow converts its values: from the type's kind and width, with no conversion (one
+    of an empty array imports pandas where it is installed, a third of a second in each
+    worker, and `to_pandas_dtype` needs it)."""
+    import numpy as np
     import pyarrow as pa
 
-    return str(pa.array([], type=t).to_numpy(zero_copy_only=False).dtype.str)
+    if pa.types.is_boolean(t):
+        return np.dtype(np.bool_).str
+    kind = "f" if pa.types.is_floating(t) else "i" if pa.types.is_signed_integer(t) else "u"
+    return np.dtype(f"{kind}{t.bit_width // 8}").str

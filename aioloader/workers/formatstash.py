@@ -28,6 +28,7 @@ from ..index.planning import ChunkRefs
 from .extract import HEAD, read_entry
 from .messages import Fill, StashRef
 
+_COPY_BYTES = 256 << 10  # records copied into a region this many bytes at a time
 HEAD_RECORD = -1  # an entry's head (what its records share) is kept as this record
 Held = tuple[list[int], list[int], bytes]  # an entry as `StashIndex` holds it
 
@@ -68,13 +69,21 @@ def lay_out_each(head: bytes, records: Iterable[bytes], wanted: np.ndarray,
     ends = [len(head)]
     at = table + len(head)
     region[table:at] = head
+    pending: list[bytes] = []  # (copied in together: a copy per record costs more)
+    since = at
     for record in itertools.islice(records, len(wanted)):
         end = at + len(record)
         if end > size or len(ends) > n:
             break
-        region[at:end] = record
+        pending.append(record)
         at = end
         ends.append(at - table)
+        if at - since >= _COPY_BYTES:
+            region[since:at] = b"".join(pending)
+            pending.clear()
+            since = at
+    if pending:
+        region[since:at] = b"".join(pending)
     k = len(ends)  # (the head and the records that went in)
     data = ends[-1]
     start = HEAD + 16 * k + 8  # (where `read_entry` finds the data of k records)

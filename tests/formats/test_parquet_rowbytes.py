@@ -165,3 +165,57 @@ print(len(list(rows)))
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
     assert got.stdout.split() == ["2"]
+
+
+NUMERIC = [pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(),
+           pa.uint16(), pa.uint32(), pa.uint64(), pa.float32(), pa.float64()]
+
+
+@pytest.mark.parametrize("t", NUMERIC, ids=str)
+def test_a_number_column_is_packed_at_the_type_pyarrow_converts_it_to(t):
+    from aioloader.formats.parquetrows import _numpy_type
+
+    values = pa.array([True, False, True] if t == pa.bool_() else [1, 0, 1], type=t)
+    assert _numpy_type(t) == values.to_numpy(zero_copy_only=False).dtype.str
+    table = pa.table({"x": values, "y": pa.array([3, 4, 5], pa.int64())})
+    head, stashed = rows_for_stash(table, [2, 0, 1])
+    _same([row_from_stash(b, head) for b in stashed], [rows(table)[k] for k in (2, 0, 1)])
+
+
+def test_packing_rows_does_not_import_pandas(tmp_path):
+    """Where pandas is installed, converting an Arrow array to NumPy may import it (a third of
+    a second, in each worker's first fill): the stash's rows are made without it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import pyarrow.parquet as pq
+from aioloader.formats.parquetrows import rows_for_stash
+for columns in (["a", "b"], ["a", "b", "c"]):  # (packed; marshalled)
+    t = pq.ParquetFile(sys.argv[1]).read_row_group(0, columns=columns)
+    head, rows = rows_for_stash(t, [2, 0])
+    assert len(list(rows)) == 2
+print("pandas" in sys.modules)
+"""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": pa.array([1, 2, 3], pa.int8()),
+                             "b": pa.array([1.5, 2, 3], pa.float32()),
+                             "c": pa.array(["x", None, "z"])}), path)
+    got = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["False"]
+
+
+def test_packed_rows_of_sliced_and_chunked_columns_are_their_own():
+    """Columns of several chunks, each a slice at an offset (bools among them: bits)."""
+    t = pa.table({"b": pa.array([k % 3 == 0 for k in range(20)]),
+                  "i": pa.array(range(20), pa.int16()),
+                  "f": pa.array([k / 4 for k in range(20)], pa.float64())})
+    table = pa.concat_tables([t.slice(3, 5), t.slice(11, 7), t.slice(0, 1)])
+    assert table.column("b").num_chunks == 3
+    want = [12, 0, 5, 12, 3]
+    head, stashed = rows_for_stash(table, want)
+    assert head[:1] == b"N"
+    _same([row_from_stash(b, head) for b in stashed], [rows(table)[k] for k in want])
