@@ -26,24 +26,6 @@ def everywhere(head: ChunkRefs, task: int, chunks: int) -> bool:
     return met >= SHARED * chunks and tasks_per_chunk(head, task) >= SHARED
 
 
-def scattered(head: ChunkRefs, chunks: int, pieces: int = 8) -> bool:
-    """Whether runs of `head` meet the source's `chunks` multi-record chunks as random draws
-    do (an exact shuffle): each run of twice `chunks` records (the first `pieces` of them)
-    meets, on average, at least half as many chunks as it could (its records in
-    multi-record chunks, at most `chunks`), where a block shuffle's window or a sequential
-    read meets them a few at a time, each for many records in a row."""
-    if head.count is None or not chunks or not len(head):
-        return False
-    key = head.file * (1 << 44) + head.start
-    run = 2 * chunks
-    met = could = 0
-    for lo in range(0, min(len(head), run * pieces), run):
-        many = head.count[lo : lo + run] > 1
-        met += np.unique(key[lo : lo + run][many]).size
-        could += min(chunks, int(many.sum()))
-    return met > 0 and met >= SHARED * could
-
-
 def tasks_per_chunk(head: ChunkRefs, task: int) -> float:
     """Of the tasks of `task` consecutive records of `head` (a short `head` cut into at
     least 8), the share that want each multi-record chunk, on average over the chunks: near

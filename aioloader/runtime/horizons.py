@@ -17,8 +17,10 @@ One stash file serves one horizon at a time: a horizon fills it only once every 
 the one before has finished (tasks take their horizon, by their last position, in the
 order they start, before they wait for anything). A task that comes later to a horizon
 already gone (or a record a region had no room for) pulls its records out alone: slower,
-never different. Files of small chunks, a block shuffle's window, a sequential read: the
-cache serves, and nothing here is used.
+never different. Files of small chunks, a sequential read, a block shuffle's window that
+fits what a process keeps: the cache serves, and nothing here is used. A window that does
+not fit is served as an exact shuffle is (its records are shuffled together: each task
+wants most of its chunks).
 
 An epoch of more records than one horizon holds would decode every chunk once per horizon
 (an exact shuffle's CPU per record growing with the dataset's decoded bytes over half of
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
+from ..index.blocks import BlockShuffle
 from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
@@ -188,21 +191,26 @@ class Horizons:
         said = await self._open_spill(n)
         share = self.runner.pool.pipeline.chunk_cache_bytes
         one = 2 * share * n / length  # memory_budget whose half holds the epoch's records
+        block = any(isinstance(op, BlockShuffle) for op in self.runner.plan.index.ops)
         log.warning(
-            "exact shuffle over large chunks: an epoch of %s records (~%.0f MB decoded) "
+            "%s shuffle over large chunks: an epoch of %s records (~%.0f MB decoded) "
             "needs %d horizons of %s records (half of memory_budget, %.0f MB, holds one "
             "horizon's records). The spill of decoded records (spill_dir, spill_bytes) is "
             "%s. Without it every chunk is decoded %d times an epoch; raise memory_budget "
-            "to about %.0f MB for one horizon (the shared stash takes half of it), or use "
-            "shuffle(strategy=\"block\").",
-            f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}", share / 1e6, said,
-            self.per_epoch, _round_up(one, 256 << 20) / 1e6)
+            "to about %.0f MB for one horizon (the shared stash takes half of it), or %s.",
+            "block" if block else "exact", f"{n:,}", n * mean / 1e6, self.per_epoch,
+            f"{length:,}", share / 1e6, said, self.per_epoch,
+            _round_up(one, 256 << 20) / 1e6,
+            "use smaller windows (window_bytes), which each process keeps whole" if block
+            else "use shuffle(strategy=\"block\")")
 
     async def _open_spill(self, n: int) -> str:
         """Make the spill (`self.spill`) where it can be, sized by the chunks the epoch's `n`
         positions meet (worked out on a thread); what to say of it."""
         if not getattr(self.runner.pool, "spills", False):
             return "off: the executor's workers cannot open a file of this host"
+        if fmts.ARRAYRECORD not in set(self.runner.source.table.formats):
+            return "off: it keeps decoded ArrayRecord chunks only"
         need = await asyncio.to_thread(self._own_need, n)
         self.spill, said = open_spill(*self._spill_at, need)
         return said

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import formats as fmts
-from ..index.chunkaccess import everywhere, scattered, thrashes
+from ..index.chunkaccess import everywhere, thrashes
 from ..index.planning import ChunkRefs
 from ..workers.chunkcache import BOUND_BYTES
 
@@ -25,11 +25,11 @@ class StashChoice:
 
     def serves(self, head: ChunkRefs, mean: float, task: int) -> bool:
         """Whether the stash serves the positions of `head` (read by tasks of `task`
-        records, of `mean` decoded bytes each): not a block shuffle's window or a
-        sequential read where formats keep their chunks themselves; else where one
-        process's cache would decode a chunk again, or several would each decode it."""
-        if self.keeps_its_own() and not scattered(head, self.multi()):
-            return False  # (a block shuffle's window, a sequential read: kept chunks serve)
+        records, of `mean` decoded bytes each): where one process's cache would decode a
+        chunk again, or several would each decode it. A block shuffle's window that does
+        not fit what a process keeps thrashes as an exact shuffle does (its records are
+        shuffled together, so each task wants most of its chunks); a sequential read, or a
+        window that fits, does not."""
         return thrashes(head, self.kept(), mean + BOUND_BYTES, task) or self.shared(head, task)
 
     def share(self) -> tuple[int, float]:
@@ -83,13 +83,3 @@ class StashChoice:
             self._chunks = sum(int((ix.chunk_records > 1).sum())
                                for ix in self.runner.source.table.indices)
         return self._chunks
-
-    def keeps_its_own(self) -> bool:
-        """Whether every file's format keeps its decoded chunks itself, in less than the
-        cache (`RecordFormat.kept_bytes`: Parquet's row groups), where `thrashes` judges a
-        block shuffle's window or a sequential read to thrash whenever the window does not
-        fit what is kept, though its chunks are wanted a few at a time: the stash then
-        only delays the first batch by a whole horizon's fill."""
-        pool = self.runner.pool
-        return all(fmts.get(k).kept_bytes(pool.pipeline.max_decoded) is not None
-                   for k in set(self.runner.source.table.formats))

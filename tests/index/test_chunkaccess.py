@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioloader.index.chunkaccess import everywhere, scattered, tasks_per_chunk, thrashes
+from aioloader.index.chunkaccess import everywhere, tasks_per_chunk, thrashes
 from aioloader.index.planning import ChunkRefs
 
 
@@ -52,15 +52,16 @@ def test_a_run_whose_every_task_wants_every_chunk_is_an_exact_shuffle():
     assert thrashes(head, 5 * 100 * 10, 10.0, 256)  # (5 of 20 chunks fit)
 
 
-def test_scattered_tells_an_exact_shuffle_from_a_block_shuffle_at_any_length():
-    """Runs of an exact shuffle meet chunks as random draws do, however short; a block
-    shuffle's windows (a few chunks at a time) or a sequential read do not."""
+def test_a_block_shuffles_window_thrashes_a_cache_it_does_not_fit_and_not_one_it_fits():
+    """A block shuffle's window shuffles its records together: tasks of it want most of its
+    chunks, as an exact shuffle's do, so a cache that holds fewer than the window's chunks
+    decodes them again; one that holds the window does not, and a sequential read thrashes
+    none, however small the cache."""
     rng = np.random.default_rng(1)
-    chunks, per = 40, 100
+    chunks, per, window = 40, 100, 4
     keys = np.repeat(np.arange(chunks), per)
-    shuffled = rng.permutation(keys)
-    windows = np.concatenate([rng.permutation(keys[a : a + 4 * per])
-                              for a in range(0, len(keys), 4 * per)])
+    windows = np.concatenate([rng.permutation(keys[a : a + window * per])
+                              for a in range(0, len(keys), window * per)])
 
     def refs(k):
         k = np.asarray(k, dtype=np.int64)
@@ -68,10 +69,7 @@ def test_scattered_tells_an_exact_shuffle_from_a_block_shuffle_at_any_length():
                          end=k + 1, within=np.zeros(len(k), np.int64),
                          count=np.full(len(k), per, np.int64))
 
-    for n in (50, 200, len(keys)):
-        assert scattered(refs(shuffled[:n]), chunks)
-        assert not scattered(refs(windows[:n]), chunks)
-        assert not scattered(refs(keys[:n]), chunks)
-    one = refs(shuffled)
-    one.count[:] = 1
-    assert not scattered(one, chunks)
+    chunk_bytes = per * 10.0
+    assert thrashes(refs(windows), 2 * chunk_bytes, 10.0, 32)
+    assert not thrashes(refs(windows), (window + 1) * chunk_bytes, 10.0, 32)
+    assert not thrashes(refs(keys), chunk_bytes, 10.0, 32)
