@@ -70,9 +70,20 @@ class Horizon:
         self.key = key  # (plan generation, number)
         self.before = before  # the horizon whose readers must be done before this fills
         self.users = 0
+        self.full: set[tuple[str, int]] = set()  # chunks whose every wanted record went in
         self.idle = asyncio.Event()
         self.idle.set()
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def holds(self, refs: ChunkRefs) -> bool:
+        """Whether this horizon's stash holds every record of `refs` (each in a chunk
+        whose wanted records all went in): its task then needs none of their bytes."""
+        if refs.count is None or not len(refs) or not self.full or (refs.count <= 1).any():
+            return False
+        key = refs.file * (1 << 44) + refs.start
+        _, first = np.unique(key, return_index=True)
+        return all((refs.name(f), s) in self.full for f, s in
+                   zip(refs.file[first].tolist(), refs.start[first].tolist()))
 
     async def drained(self) -> None:
         """Once this horizon's stash is made (or failed) and no task reads it any more."""
@@ -176,6 +187,9 @@ class Horizons:
                 raise g
         self.count += 1
         stash.fills += 1
+        wanted = np.diff(wants.offsets)
+        h.full = {(wants.names[int(wants.file[c])], int(wants.start[c]))
+                  for c in range(len(sizes)) if got[c] == wanted[c]}
         at = {(wants.names[int(wants.file[c])], int(wants.start[c])):
               (int(offsets[c]), int(sizes[c])) for c in range(len(sizes)) if got[c]}
         return StashRef(stash.path, h.key[1], at, serial=stash.fills)

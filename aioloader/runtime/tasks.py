@@ -95,11 +95,13 @@ class TaskRunner:
             # are pulled out of large chunks for an exact shuffle (the horizon)
             fetching = not self.local or horizon is not None
             with st.fetch.timed(items=hi - lo) if fetching else contextlib.nullcontext():
-                carry = await self.bytes.serve(refs)
+                stash = None if horizon is None else await asyncio.shield(horizon.ready)
+                # (every record in the stash: no bytes to fetch, read or ship)
+                held = stash is not None and horizon is not None and horizon.holds(refs)
+                carry = await self.bytes.serve(refs, stashed=held)
                 task = Task(k, records, epochs, refs=carry.refs, raws=carry.raws,
                             table=self._token)
-                if horizon is not None:
-                    task.stash = await asyncio.shield(horizon.ready)
+                task.stash = stash
             async with self.pool.admit():
                 with st.process.timed(items=hi - lo):
                     result = await self._run(task, f"task {k} (output positions "
@@ -167,13 +169,15 @@ class TaskRunner:
         memory tier serves the tasks of a remote dataset (dense reads: a block shuffle, a
         sequential read), they group batches like local files: the workers read the bytes
         themselves, and four times fewer tasks cost the parent four times fewer lookups,
-        pins and hops; once a task is not served (sparse reads), they shrink back."""
+        pins and hops; once a task is not served (sparse reads), they shrink back. Tasks
+        whose records a horizon's stash holds carry no bytes: they grow as local ones do."""
         if not batches:
             return
         largest = max(slot_bytes(b) for b in batches)
         if self._goals is None or largest > self._largest:  # each link's goal, from the
             self._largest = largest  # largest batch so far: a task must fit its slot
-            self._goals = {link: link.goal(self.plan, largest) for link in self.bytes.links}
+            self._goals = {link: link.goal(self.plan, largest)
+                           for link in (self.bytes.stashed, *self.bytes.links)}
         goal = self._goals[self.bytes.serving()]
         self.batches_per_task = min(goal, 2 * self.batches_per_task)
         self.stats.batches_per_task = self.batches_per_task

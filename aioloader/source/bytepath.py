@@ -128,6 +128,17 @@ class DiskStore(Link):
         return plan.task_size_goal(nbytes, grouped=True)
 
 
+class Stashed(Link):
+    """A horizon's stash (`runtime.horizons`) holds every record of the task: nothing is
+    carried, and tasks grow as for local files (the workers copy the records out there)."""
+
+    async def serve(self, refs: ChunkRefs) -> Carry:
+        return Carry(refs, self)
+
+    def goal(self, plan: Plan, nbytes: int) -> int:
+        return plan.task_size_goal(nbytes, grouped=True)
+
+
 class BytePath:
     """The chain over one opened source (and its disk tier, if any), highest link first."""
 
@@ -144,11 +155,12 @@ class BytePath:
             if disk is not None:
                 below = self.disk = DiskStore(disk, self.store)
             self.top = self.memory = MemoryTier(source, below, disk)
+        self.stashed = Stashed()  # (outside the chain: the runtime says when it serves)
         self.last: Link | None = None  # the link that served the last request
 
     @property
     def links(self) -> list[Link]:
-        """The links, highest first."""
+        """The chain's links, highest first (not the stash: it is outside the chain)."""
         out: list[Link] = []
         link: Link | None = self.top
         while link is not None:
@@ -162,15 +174,18 @@ class BytePath:
         if self.memory is not None:
             self.memory.advise(hint)
 
-    async def serve(self, refs: ChunkRefs) -> Carry:
-        """What a task carries for `refs`."""
-        carry = await self.top.serve(refs)
+    async def serve(self, refs: ChunkRefs, stashed: bool = False) -> Carry:
+        """What a task carries for `refs` (`stashed`: its horizon's stash holds them all)."""
+        carry = await (self.stashed if stashed else self.top).serve(refs)
         self.last = carry.link
         return carry
 
     def serving(self) -> Link:
-        """The link whose reads set the task size now: the disk tier once every segment is
-        on disk, the memory tier while it serves the tasks, else the store."""
+        """The link whose reads set the task size now: the stash while it holds the tasks'
+        records, the disk tier once every segment is on disk, the memory tier while it
+        serves the tasks, else the store."""
+        if self.last is self.stashed:
+            return self.stashed
         if self.disk is not None and self.disk.tier.complete():
             return self.disk
         if self.memory is not None and self.last is self.memory:

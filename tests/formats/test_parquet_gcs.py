@@ -140,3 +140,38 @@ def test_the_disk_and_memory_tiers_serve_parquet(gcs, tmp_path, workers):
                {"resident_bytes": 64 << 20}):
         got = [int(r["id"]) for r in ds.loader(workers=workers, **kw)]
         assert sorted(got[:FILES * ROWS]) == sorted(got[FILES * ROWS:]) == want
+
+
+@pytest.mark.parametrize("resident", [None, 0], ids=["kept", "no-memory-tier"])
+@pytest.mark.parametrize("strategy", ["exact", "block"])
+def test_rows_the_stash_holds_come_with_no_bytes_in_tasks_of_several_batches(
+        gcs, strategy, resident, monkeypatch, tmp_path):
+    """Under a shuffle through the stash (each row group pulled out once a horizon), a task
+    whose rows the stash holds carries none of their bytes and groups batches as tasks over
+    local files do: the bucket's epoch gives the local batches, and fetches each file's
+    bytes once besides its opening read."""
+    from aioloader.runtime import stashchoice
+
+    monkeypatch.setattr(stashchoice, "LARGE_CHUNK", 1)  # (these row groups are small)
+    local = []
+    for k, data in enumerate(DATA):
+        local.append(tmp_path / f"part-{k}.parquet")
+        local[-1].write_bytes(data)
+    sizes = {"block_bytes": 4000, "window_bytes": 16000} if strategy == "block" else {}
+
+    def ds(paths, **kw):
+        return (al.Dataset.from_parquet(paths, columns=["id", "text"], **kw)
+                .shuffle(seed=3, strategy=strategy, **sizes).batch(8))
+
+    with ds([str(p) for p in local]).loader(workers=2) as it:
+        want = [plain(b) for b in it]
+    before = gcs.proxy_stats
+    with ds(gcs.url("pq/part-*.parquet"), storage_options=gcs.storage_options
+            ).loader(workers=2, resident_bytes=resident) as it:
+        got = [plain(b) for b in it]
+        runner = it._parts.runner
+        assert runner.horizons.count >= 1 and runner.stash_missed == 0
+        assert runner.bytes.last is runner.bytes.stashed and runner.batches_per_task > 1
+    assert got == want
+    # (each file: its first read, which holds these small files whole, and one fetch)
+    assert _delta(before, gcs.proxy_stats)["bytes_down"] <= sum(map(len, DATA)) * 2.1

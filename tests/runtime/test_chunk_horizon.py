@@ -403,3 +403,24 @@ def test_an_epoch_is_the_positions_one_pass_of_the_loader_gives():
     assert epoch(Slice(None, 500), Shuffle(5), Repeat()) == 500
     assert epoch(Repeat(3), Shard(1, 4)) == 750  # a shard of each epoch
     assert epoch(Shard(0, 3), Repeat(2), Shuffle(1)) == 1000  # epochs mixed: the repeated
+
+
+async def test_a_horizon_holds_a_task_only_where_every_chunk_it_meets_went_in_whole():
+    """A task is sent without its bytes only if each of its records lies in a chunk whose
+    wanted records all went into the stash (a region that ran out of room holds a prefix)."""
+    from aioloader.runtime.horizons import Horizon
+
+    def refs(keys, count=100):
+        f = np.array([k[0] for k in keys], np.int64)
+        s = np.array([k[1] for k in keys], np.int64)
+        return ChunkRefs(paths=["a", "b"], file=f, chunk=s, start=s, end=s + 1,
+                         within=np.arange(len(keys), dtype=np.int64),
+                         count=np.full(len(keys), count, np.int64))
+
+    h = Horizon((0, 0), None)
+    assert not h.holds(refs([(0, 0)]))  # (nothing filled yet)
+    h.full = {("a", 0), ("b", 10)}
+    assert h.holds(refs([(0, 0), (1, 10), (0, 0)]))
+    assert not h.holds(refs([(0, 0), (1, 20)]))  # (a chunk that went in a prefix only)
+    assert not h.holds(refs([(0, 0)], count=1))  # (one-record chunks are never stashed)
+    assert not h.holds(refs([]))

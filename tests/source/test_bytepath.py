@@ -90,6 +90,27 @@ async def test_without_tiers_the_bucket_serves_the_bytes(bucket, theirs):
     assert carry.raws is not None and _records(carry) == [theirs[i] for i in ORDER.tolist()]
 
 
+async def test_records_a_horizons_stash_holds_carry_nothing_and_size_tasks_as_local_ones(
+        bucket):
+    """The stash serves outside the chain: no bytes read, nothing pinned, and tasks grow
+    as for local files while it serves; the next task the chain serves sizes them again."""
+    gcs, urls = bucket
+    src, storage = _remote(gcs, urls)
+    try:
+        await src.aopen()
+        path = BytePath(src)
+        refs = src.chunk_refs(ORDER)
+        held = await path.serve(refs, stashed=True)
+        assert held.link is path.stashed and path.serving() is path.stashed
+        assert held.refs is refs and held.raws is None and held.release is None
+        assert not held.link.own_files and path.stashed not in path.links
+        after = await path.serve(refs)
+        assert after.link is path.store and path.serving() is path.store
+    finally:
+        await src.aclose()
+        await storage.aclose()
+
+
 async def test_the_memory_tier_serves_once_its_segments_are_in(bucket, theirs):
     gcs, urls = bucket
     src, storage = _remote(gcs, urls, resident_bytes=1 << 30)  # kept whole
