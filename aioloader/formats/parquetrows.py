@@ -54,6 +54,7 @@ _PACKED, _PLAIN, _PICKLED = ord("N"), ord("M"), ord("P")
 _TYPES: dict[str, Any] = {}  # a dtype's name -> its NumPy scalar type
 _HEADS: dict[bytes, Any] = {}  # an entry's head -> what `row_from_stash` reads it as
 _STEP = 1024  # rows taken out of the row group's Table at a time
+_SPARSE = 4  # wanted rows under 1/4 of a row group's: taken, not the whole group converted
 
 
 def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[bytes]]:
@@ -67,6 +68,9 @@ def rows_for_stash(table: Any, within: Iterable[int]) -> tuple[bytes, Iterator[b
 
     idx = np.asarray(within if isinstance(within, np.ndarray) else list(within),
                      dtype=np.int64)
+    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= table.num_rows):
+        raise IndexError(f"rows {int(idx.min())}..{int(idx.max())} wanted of a row group of "
+                         f"{table.num_rows}")
     names = table.column_names
     kinds: list[tuple[str, str]] = []
     for name, column in zip(names, table.columns):
@@ -97,20 +101,40 @@ def _packed(table: Any, idx: Any, dtype: Any) -> Iterator[bytes]:
     import numpy as np
 
     size = dtype.itemsize
-    out = np.empty(table.num_rows, dtype=dtype)
-    for name, column in zip(table.column_names, table.columns):
-        out[name] = _numbers(column, dtype[name])
-    for lo in range(0, len(idx), _STEP):
-        data = out[idx[lo : lo + _STEP]].tobytes()
-        for k in range(len(data) // size):
-            yield data[k * size : (k + 1) * size]
+    for part, at in _parts(table, idx):
+        out = np.empty(part.num_rows, dtype=dtype)
+        for name, column in zip(part.column_names, part.columns):
+            out[name] = _numbers(column, dtype[name])
+        for lo in range(0, len(at), _STEP):
+            data = out[at[lo : lo + _STEP]].tobytes()
+            for k in range(len(data) // size):
+                yield data[k * size : (k + 1) * size]
 
 
 def _plain(table: Any, idx: Any) -> Iterator[bytes]:
     dumps = marshal.dumps
-    rows = list(zip(*(c.to_pylist() for c in table.columns)))  # (a row group's: decoded)
-    for k in idx.tolist():
-        yield dumps(rows[k])
+    for part, at in _parts(table, idx):
+        rows = list(zip(*(c.to_pylist() for c in part.columns)))
+        for k in at.tolist():
+            yield dumps(rows[k])
+
+
+def _parts(table: Any, idx: Any) -> Iterator[tuple[Any, Any]]:
+    """(a table, the places in it of the rows wanted, in order), for rows `idx` of `table`:
+    the whole row group when they are many of its rows (one conversion of every column),
+    else the wanted rows taken `_STEP` at a time (a horizon of many wants few)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(idx) * _SPARSE >= table.num_rows:
+        yield table, idx
+        return
+    for lo in range(0, len(idx), _STEP):
+        step = np.ascontiguousarray(idx[lo : lo + _STEP], dtype=np.int64)
+        # (an index array made from its buffer: `pa.array` would import pandas)
+        taken = table.take(pa.Array.from_buffers(pa.int64(), len(step),
+                                                 [None, pa.py_buffer(step)]))
+        yield taken, np.arange(len(step))
 
 
 def _numbers(column: Any, dtype: Any) -> Any:
@@ -122,6 +146,8 @@ def _numbers(column: Any, dtype: Any) -> Any:
     parts = []
     for chunk in column.chunks:
         n, at, data = len(chunk), chunk.offset, chunk.buffers()[1]
+        if not n:  # (its data buffer may be None)
+            continue
         if dtype == np.bool_:
             bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
             parts.append(bits[at : at + n].astype(np.bool_))

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fmts
-from ..index.blocks import BlockShuffle
 from ..index.indexplan import IndexPlan
 from ..index.planning import ChunkRefs, ChunkWants, chunk_wants
 from ..index.sampling import Repeat
@@ -60,6 +59,10 @@ PROBE = 16384  # at most this many positions at a horizon's start say if chunks 
 NEED_BLOCK = 1 << 16  # positions looked up at a time for the chunks an epoch meets (memory)
 
 log = logging.getLogger("aioloader")
+_READS = {"exact": "exact shuffle", "block": "block shuffle", "sequential": "a read in order"}
+_INSTEAD = {"exact": "use shuffle(strategy=\"block\")",
+            "block": "use smaller windows (window_bytes), which each process keeps whole",
+            "sequential": "write the files with smaller groups"}
 
 
 class Horizon:
@@ -205,18 +208,16 @@ class Horizons:
         said = await self._open_spill(n)
         share = self.runner.pool.pipeline.chunk_cache_bytes
         one = 2 * share * n / length  # memory_budget whose half holds the epoch's records
-        block = any(isinstance(op, BlockShuffle) for op in self.runner.plan.index.ops)
+        order = self.choice.order()
         log.warning(
-            "%s shuffle over large chunks: an epoch of %s records (~%.0f MB decoded) "
+            "%s over large chunks: an epoch of %s records (~%.0f MB decoded) "
             "needs %d horizons of %s records (half of memory_budget, %.0f MB, holds one "
             "horizon's records). The spill of decoded records (spill_dir, spill_bytes) is "
             "%s. Without it every chunk is decoded %d times an epoch; raise memory_budget "
             "to about %.0f MB for one horizon (the shared stash takes half of it), or %s.",
-            "block" if block else "exact", f"{n:,}", n * mean / 1e6, self.per_epoch,
-            f"{length:,}", share / 1e6, said, self.per_epoch,
-            _round_up(one, 256 << 20) / 1e6,
-            "use smaller windows (window_bytes), which each process keeps whole" if block
-            else "use shuffle(strategy=\"block\")")
+            _READS[order], f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}",
+            share / 1e6, said, self.per_epoch, _round_up(one, 256 << 20) / 1e6,
+            _INSTEAD[order])
 
     async def _open_spill(self, n: int) -> str:
         """Make the spill (`self.spill`) where it can be, sized by the chunks the epoch's `n`

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import formats as fmts
+from ..index.blocks import BlockShuffle
 from ..index.chunkaccess import everywhere, thrashes
 from ..index.planning import ChunkRefs
+from ..index.sampling import Shuffle
 from ..workers.chunkcache import BOUND_BYTES
 
 LARGE_CHUNK = 1 << 20  # mean decoded bytes a chunk from which horizons are worked out
@@ -28,9 +30,26 @@ class StashChoice:
         records, of `mean` decoded bytes each): where one process's cache would decode a
         chunk again, or several would each decode it. A block shuffle's window that does
         not fit what a process keeps thrashes as an exact shuffle does (its records are
-        shuffled together, so each task wants most of its chunks); a sequential read, or a
-        window that fits, does not."""
+        shuffled together, so each task wants most of its chunks); a window that fits does
+        not, nor a sequential read where formats keep their chunks themselves."""
+        if self.order() == "sequential" and self.keeps_its_own():
+            return False  # (chunks wanted one after another: the kept ones serve)
         return thrashes(head, self.kept(), mean + BOUND_BYTES, task) or self.shared(head, task)
+
+    def order(self) -> str:
+        """How the runner's positions go through the records: "exact" (a shuffle of them
+        all), "block" (a block shuffle's windows) or "sequential" (no shuffle)."""
+        ops = self.runner.plan.index.ops
+        if any(isinstance(op, BlockShuffle) for op in ops):
+            return "block"
+        return "exact" if any(isinstance(op, Shuffle) for op in ops) else "sequential"
+
+    def keeps_its_own(self) -> bool:
+        """Whether every file's format keeps its decoded chunks itself, in less than the
+        cache (`RecordFormat.kept_bytes`: Parquet's row groups)."""
+        pool = self.runner.pool
+        return all(fmts.get(k).kept_bytes(pool.pipeline.max_decoded) is not None
+                   for k in set(self.runner.source.table.formats))
 
     def share(self) -> tuple[int, float]:
         """The decoded-chunk cache (all workers' together: the stash is shared), and the

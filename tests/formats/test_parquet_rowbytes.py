@@ -194,14 +194,16 @@ import pyarrow.parquet as pq
 from aioloader.formats.parquetrows import rows_for_stash
 for columns in (["a", "b"], ["a", "b", "c"]):  # (packed; marshalled)
     t = pq.ParquetFile(sys.argv[1]).read_row_group(0, columns=columns)
-    head, rows = rows_for_stash(t, [2, 0])
-    assert len(list(rows)) == 2
+    for wanted in ([2, 0], list(range(100))):  # (a few rows taken; the whole group)
+        head, rows = rows_for_stash(t, wanted)
+        assert len(list(rows)) == len(wanted)
 print("pandas" in sys.modules)
 """
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"a": pa.array([1, 2, 3], pa.int8()),
-                             "b": pa.array([1.5, 2, 3], pa.float32()),
-                             "c": pa.array(["x", None, "z"])}), path)
+    pq.write_table(pa.table({"a": pa.array([k % 100 for k in range(100)], pa.int8()),
+                             "b": pa.array([k / 2 for k in range(100)], pa.float32()),
+                             "c": pa.array([None if k % 7 else str(k) for k in range(100)])}),
+                   path)
     got = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True)
     assert got.returncode == 0, got.stderr
@@ -219,3 +221,28 @@ def test_packed_rows_of_sliced_and_chunked_columns_are_their_own():
     head, stashed = rows_for_stash(table, want)
     assert head[:1] == b"N"
     _same([row_from_stash(b, head) for b in stashed], [rows(table)[k] for k in want])
+
+
+@pytest.mark.parametrize("columns", [["i", "f"], ["i", "f", "s"]], ids=["packed", "plain"])
+def test_a_few_rows_of_a_large_row_group_are_taken_and_give_the_same_rows(columns):
+    """Rows wanted are taken out of the row group when they are few of its rows (a horizon
+    of many), else read off the whole group: the same rows either way, in the order asked,
+    repeats and chunked columns included; a row not in the group is an error."""
+    t = pa.table({"i": pa.array(range(300), pa.int32()),
+                  "f": pa.array([k / 3 for k in range(300)]),
+                  "s": pa.array([f"row {k}" if k % 5 else None for k in range(300)])})
+    table = pa.concat_tables([t.slice(0, 120), t.slice(120, 180)]).select(columns)
+    whole = rows(table)
+    for want in ([297, 3, 150, 3], list(range(299, -1, -1))):  # (sparse; dense)
+        head, stashed = rows_for_stash(table, want)
+        _same([row_from_stash(b, head) for b in stashed], [whole[k] for k in want])
+    for bad in ([300], [-1]):
+        with pytest.raises(IndexError):
+            rows_for_stash(table, bad)
+
+
+def test_an_empty_chunk_of_a_number_column_is_skipped():
+    empty = pa.chunked_array([pa.array([], pa.int64()), pa.array([4, 5], pa.int64())])
+    table = pa.table({"x": empty})
+    head, stashed = rows_for_stash(table, [1, 0])
+    assert [int(row_from_stash(b, head)["x"]) for b in stashed] == [5, 4]

@@ -153,6 +153,18 @@ def test_a_block_shuffle_gives_the_same_batches_whatever_the_workers(
         assert "spill_bytes) is off: it keeps decoded ArrayRecord chunks only" in said
 
 
+@pytest.mark.parametrize("budget", [120_000, 400_000])
+def test_a_read_in_order_decodes_its_own_row_groups_whatever_the_budget(
+        glob, row_groups_count_as_large, budget):
+    """A read in order wants each row group for a few tasks one after another: the ones a
+    process keeps serve them, with no horizon to fill, even where a row group is larger
+    than what a process keeps."""
+    ds = al.Dataset.from_parquet(glob).batch(32)
+    want, filled, _ = _run(ds, workers=0)
+    got, filled, _ = _run(ds, workers=2, memory_budget=budget)
+    assert got == want and filled == 0
+
+
 def _refs(keys: list[tuple[int, int]]) -> ChunkRefs:
     file = np.array([f for f, _ in keys], dtype=np.int64)
     start = np.array([s for _, s in keys], dtype=np.int64)
