@@ -22,7 +22,7 @@ def everywhere(head: ChunkRefs, task: int, chunks: int) -> bool:
     if head.count is None or not chunks:
         return False
     many = head.count > 1
-    met = np.unique((head.file * (1 << 44) + head.start)[many]).size
+    met = np.unique(head.chunk_keys()[many]).size
     return met >= SHARED * chunks and tasks_per_chunk(head, task) >= SHARED
 
 
@@ -36,7 +36,7 @@ def tasks_per_chunk(head: ChunkRefs, task: int) -> float:
     if not many.any():
         return 0.0
     task = max(1, min(task, len(head) // 8))
-    key = (head.file * (1 << 44) + head.start)[many]
+    key = head.chunk_keys()[many]
     which = (np.arange(len(head), dtype=np.int64) // task)[many]
     tasks = (len(head) + task - 1) // task
     pairs = len(np.unique(np.stack([key, which], axis=1), axis=0))  # (chunk, task) pairs
@@ -51,7 +51,7 @@ def thrashes(head: ChunkRefs, share: int, mean: float, task: int) -> bool:
     shuffle's windows, a sequential read). A short `head` is cut into at least 8 tasks."""
     if head.count is None or not len(head):
         return False
-    key = head.file * (1 << 44) + head.start
+    key = head.chunk_keys()
     held: OrderedDict[int, float] = OrderedDict()
     size, seen = 0.0, set()
     task = max(1, min(task, len(head) // 8))

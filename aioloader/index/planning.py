@@ -85,6 +85,11 @@ class ChunkRefs:
     def name(self, f: int) -> str:
         return (self.names or self.paths)[f]
 
+    def chunk_keys(self) -> np.ndarray:
+        """One number per record, the same for the records of one chunk (its file and
+        offset), distinct between chunks."""
+        return self.file * (1 << 44) + self.start
+
     def take(self, lo: int, hi: int) -> ChunkRefs:
         """Records `lo..hi-1`, naming only the files they use (in the order of `paths`).
 

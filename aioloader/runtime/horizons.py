@@ -83,8 +83,7 @@ class Horizon:
         whose wanted records all went in): its task then needs none of their bytes."""
         if refs.count is None or not len(refs) or not self.full or (refs.count <= 1).any():
             return False
-        key = refs.file * (1 << 44) + refs.start
-        _, first = np.unique(key, return_index=True)
+        _, first = np.unique(refs.chunk_keys(), return_index=True)
         return all((refs.name(f), s) in self.full for f, s in
                    zip(refs.file[first].tolist(), refs.start[first].tolist()))
 
