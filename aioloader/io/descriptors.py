@@ -17,6 +17,9 @@ and memory files the rest of the loader and the program need (`cap_for`).
   one file and half from another. A kept descriptor that a new reader meets is checked
   against the path first (one `stat`), so a process that re-opens a rebuilt dataset reads
   the new files.
+- A read may be asked to take the page cache's bytes only (`FileSet.pread_cached`): it then
+  never waits for a disk, so many of them can run one after another on one thread, where
+  reads that may wait are spread over several.
 - Running out of descriptors anyway (the program holds many others) drops every kept one
   not lent, lowers the cap, and tries again; if that fails too, the error says the limit
   and what to do (`too_many_open`).
@@ -42,6 +45,10 @@ log = logging.getLogger("aioloader")
 
 MIN_CAP = 8
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+# whether a read can be asked to take only what the page cache holds (Linux 4.14+; `preadv`
+# with RWF_NOWAIT): cleared at the first file system that refuses it
+CACHED_READS = bool(_NOWAIT) and hasattr(os, "preadv")
 
 
 def cap_for(soft_limit: int) -> int:
@@ -285,6 +292,29 @@ class FileSet:
             return os.pread(fd, n, offset)
         finally:
             fds.give_back(path, fd)
+
+    def pread_cached(self, path: str, n: int, offset: int) -> bytes | None:
+        """`pread`, or None when the page cache does not hold all of it: a read that would
+        wait for a disk or a network file system (`RWF_NOWAIT`), or one this system cannot
+        ask so (then None for every later call too: `CACHED_READS`)."""
+        global CACHED_READS
+        if not CACHED_READS:
+            return None
+        fds = self._fds
+        fd = fds.lend(path, self._pins)
+        buf = bytearray(n)
+        try:
+            got = os.preadv(fd, [buf], offset, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as err:  # (EOPNOTSUPP, EINVAL: a file system or kernel without it)
+            if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                CACHED_READS = False
+                return None
+            raise
+        finally:
+            fds.give_back(path, fd)
+        return bytes(buf) if got == n else None  # (short: a part not cached, or the end)
 
     def close(self) -> None:
         """Close the descriptors this reader used that no one is reading from."""

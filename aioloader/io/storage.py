@@ -31,6 +31,8 @@ from .retry import GaveUp, Retrier, RetryPolicy
 from .shortread import short_read_error
 from .stores import Stores
 
+CACHED_READ_MAX = 1 << 16  # local reads up to this size try the page cache first (`read_many`)
+
 __all__ = ["GCS_CLIENTS", "IOStats", "ObjectChangedError", "ObjectInfo", "RetryPolicy", "Storage",
            "StorageError", "StoreUnavailableError", "gcs_backend", "gcs_client_for", "has_glob",
            "is_local", "redact"]
@@ -239,14 +241,25 @@ class Storage:
     async def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Several reads at once, results in request order.
 
-        Local reads go in a few batched thread-pool jobs (a thread hop costs more than a
-        page-cache pread); remote reads each get their own request, all in flight at once.
+        Local reads go in batched thread-pool jobs (a thread hop costs more than a
+        page-cache pread): small ones the page cache holds all in one job first (threads
+        would only take turns at the interpreter), then the rest, which may wait for a
+        disk, spread over a few; remote reads each get their own request, all in flight at
+        once.
         """
         local = [k for k, (url, _, _) in enumerate(requests) if is_local(url)]
         if len(local) < 2:
             return list(await asyncio.gather(*(self.read(u, s, e) for u, s, e in requests)))
         remote = [k for k, (url, _, _) in enumerate(requests) if not is_local(url)]
         out: list[bytes] = [b""] * len(requests)
+        small = [k for k in local if requests[k][2] - requests[k][1] <= CACHED_READ_MAX]
+        if len(small) > 1:
+            got = await self._read_local([requests[k] for k in small], cached=True)
+            hit = {k for k, data in zip(small, got) if data is not None}
+            for k, data in zip(small, got):
+                if data is not None:
+                    out[k] = data
+            local = [k for k in local if k not in hit]
         groups = max(1, min(self.concurrency, 32, len(local) // 16))
         jobs = [local[g::groups] for g in range(groups)]
 
@@ -260,7 +273,10 @@ class Storage:
         await asyncio.gather(*(local_job(ks) for ks in jobs), *(remote_one(k) for k in remote))
         return out
 
-    async def _read_local(self, items: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    async def _read_local(self, items: Sequence[tuple[str, int, int]], cached: bool = False
+                          ) -> list[Any]:
+        """`items` read by the local backend, in one job; with `cached`, only those the
+        page cache holds whole (None for the others, not counted as read)."""
         backend, _ = self.stores.route("file://")
         assert isinstance(backend, LocalBackend)
         for u, s, e in items:
@@ -271,21 +287,28 @@ class Storage:
         await state.budget.acquire(total)
         try:
             async with state.slots:
-                stats.requests += len(paths)
+                if not cached:  # (cached: those it read, below)
+                    stats.requests += len(paths)
                 t0 = time.monotonic()
                 try:
-                    datas = await backend.read_batch(paths)
+                    datas: list[Any] = await (backend.read_cached(paths) if cached else
+                                              backend.read_batch(paths))
                 except FileNotFoundError as exc:
                     stats.failures += 1
+                    if isinstance(exc, ObjectChangedError):  # (it names the file)
+                        raise
                     raise FileNotFoundError(f"{exc.filename}: no such file") from None
                 finally:
                     stats.busy_seconds += time.monotonic() - t0
-            for (url, start, end), data in zip(items, datas):
+            done = [(item, data) for item, data in zip(items, datas) if data is not None]
+            if cached:
+                stats.requests += len(done)
+            for (url, start, end), data in done:
                 if len(data) != end - start:
                     stats.failures += 1
                     raise short_read_error(url, start, end, len(data))
-            stats.reads += len(paths)
-            stats.bytes += total
+            stats.reads += len(done)
+            stats.bytes += sum(len(data) for _, data in done)
             return datas
         finally:
             state.budget.release(total)
