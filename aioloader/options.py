@@ -161,10 +161,16 @@ class ReadOptions:
       fills it while reads go on, each segment downloaded once per host.
     - `cache_bytes` (64 GiB): the most the entries in `cache_dir` may take (least recently
       used out first; the disk also keeps 5%, at least 1 GiB, free whatever this says).
-    - `index_cache_dir` (None): a private local directory where the files' footer index is
-      kept (`aioloader.cache.index_cache`): a later open lists the files, then maps one table,
-      instead of reading and parsing every file's tail (on a bucket, a request per file).
-      It must belong to this user and be writable by no one else (else `PermissionError`).
+    - `index_cache_dir` ("auto"): a private local directory where the files' footer index
+      is kept (`aioloader.cache.index_cache`): a later open lists the files, then maps one
+      table, instead of reading and parsing every file's tail (on a bucket, a request per
+      file). It must belong to this user and be writable by no one else (else
+      `PermissionError`). "auto": remote datasets' indices are kept in the user's cache
+      directory (`~/.cache/aioloader/index`, or `$XDG_CACHE_HOME/aioloader/index`, or the
+      directory `$AIOLOADER_INDEX_CACHE` names; `off` there: none), at most 1 GiB of
+      entries, the least recently used out first; local files are not cached. None or
+      False: no index cache (False also as a flat `loader()` setting, where None means
+      "not given").
     - `spill_dir` (None: the system's temporary directory, or /var/tmp where that is held
       in memory; else a `ValueError` if it is not an existing directory, and a warning if
       it is held in memory: RAM outside `memory_budget`): a local directory for the spill
@@ -191,7 +197,7 @@ class ReadOptions:
     resident_bytes: int = 1 << 30
     cache_dir: str | None = None
     cache_bytes: int = 64 << 30
-    index_cache_dir: str | None = None
+    index_cache_dir: str | Literal[False] | None = "auto"
     spill_dir: str | None = None
     spill_bytes: int | None = None
     gcs_client: GcsClient | None = None
@@ -204,6 +210,8 @@ class ReadOptions:
         _whole(self, "cache_bytes", 0)
         _whole(self, "spill_bytes", 0, optional=True)
         _path(self, "cache_dir")
+        if self.index_cache_dir is False:  # (False: none, where a flat None means "not given")
+            object.__setattr__(self, "index_cache_dir", None)
         _path(self, "index_cache_dir", none_means="no index cache")
         _path(self, "spill_dir", none_means="the temporary directory")
         if self.spill_dir is not None:

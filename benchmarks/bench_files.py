@@ -23,8 +23,11 @@ temporary `PYTHONPYCACHEPREFIX`, as an installed package's is (the trees are not
 delay line (a process of its own), the same glob as a gs:// URL, and `bucket open` (`open`
 from the bucket: wall, and the open's requests and bytes, listing excluded, in a table of
 its own; with `--cached` also `bucket open cached`, its index cache entry written by the
-untimed run). `--digests` first checks that every tree gives the same first three batches
-(workers 0 and 2, local files).
+untimed run, and `bucket-cached`: the first batch from the bucket with the default index
+cache, `index_cache_dir="auto"`, in a directory of its own, its entry written by the untimed
+run: a job restarted on the same files). Every other row runs with no default index cache
+(`AIOLOADER_INDEX_CACHE=off`). `--digests` first checks that every tree gives the same
+first three batches (workers 0 and 2, local files).
 
 Reported: wall, median [min–max] over rounds; each row's first batch over its own first batch
 at the fewest files (per round), and over Grain's local first batch (per round).
@@ -87,6 +90,7 @@ def _child(spec: dict) -> dict:
                            spec.get("index_cache_dir"))
     if spec["lib"] == "digest":
         return _digest_child(spec)
+    spec.pop("index_dir", None)  # (the environment's: `run_child`)
     if spec["lib"] == "grain":
         import grain  # noqa: F401
     else:
@@ -104,7 +108,9 @@ def _child(spec: dict) -> dict:
 
 
 def run_child(tree: str | None, spec: dict, pycache: str) -> dict:
-    env = dict(os.environ, GRAIN_LOG_LEVEL="error", PYTHONPYCACHEPREFIX=pycache)
+    # no default index cache in the user's cache directory, unless the row is about it
+    env = dict(os.environ, GRAIN_LOG_LEVEL="error", PYTHONPYCACHEPREFIX=pycache,
+               AIOLOADER_INDEX_CACHE=spec.get("index_dir", "off"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # (an installed package has its bytecode)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, str(ROOT)) if p)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:  # (2,000 paths: not argv)
@@ -220,6 +226,11 @@ def main() -> None:
                         cache = tempfile.mkdtemp(prefix=f"idx-{name}-{files}-gs-")
                         todo.append(((files, name, "bucket-open-cached"), tree,
                                      {**opens, "index_cache_dir": cache}))
+                        # the default index cache (`index_cache_dir="auto"`), in a
+                        # directory of its own, its entry written by the untimed run
+                        todo.append(((files, name, "bucket-cached"), tree,
+                                     {**remote, "index_dir": tempfile.mkdtemp(
+                                         prefix=f"idx-{name}-{files}-auto-")}))
                     if not args.no_warm:
                         todo.append(((files, name, "bucket-warm"), tree,
                                      {**remote, "warm": True}))
@@ -292,11 +303,15 @@ def _cell(xs: list[float], f: str = ".3f") -> str:
 def _report(res: dict, counts: list[int], names: list[str], args) -> None:
     kinds = ["first"] + ([] if args.no_warm else ["warm"]) + (["cached"] if args.cached else [])
     if args.bucket:
-        kinds += ["bucket"] + ([] if args.no_warm else ["bucket-warm"])
+        kinds += ["bucket"] + ([] if args.no_warm else ["bucket-warm"]) + \
+            (["bucket-cached"] if args.cached else [])
     print(f"| files | tree | open s | {' | '.join(k + ' s' for k in kinds)} | "
           f"first ÷ own at {counts[0]} | warm ÷ own at {counts[0]} | "
-          + (f"bucket ÷ own at {counts[0]} | " if args.bucket else "") + "first ÷ Grain |")
-    print("|---" * (6 + len(kinds) + args.bucket) + "|")
+          + (f"bucket ÷ own at {counts[0]} | " if args.bucket else "")
+          + (f"bucket-cached ÷ own at {counts[0]} | " if args.bucket and args.cached else "")
+          + "first ÷ Grain |")
+    extra = args.bucket + (args.bucket and args.cached)
+    print("|---" * (6 + len(kinds) + extra) + "|")
     for files in counts:
         grain = None
         if not args.no_grain:
@@ -305,7 +320,8 @@ def _report(res: dict, counts: list[int], names: list[str], args) -> None:
         for name in names:
             cells = [_cell([x["wall"] for x in res[(files, name, k)]]) for k in kinds]
             ratios = []
-            for k in ["first", "warm"] + (["bucket"] if args.bucket else []):
+            for k in ["first", "warm"] + (["bucket"] if args.bucket else []) + \
+                    (["bucket-cached"] if args.bucket and args.cached else []):
                 if (files, name, k) not in res:
                     ratios.append("-")
                     continue
@@ -318,7 +334,7 @@ def _report(res: dict, counts: list[int], names: list[str], args) -> None:
             print(f"| {files} | {name} | {opened} | {' | '.join(cells)} | "
                   f"{' | '.join(ratios)} | {vs} |")
         if grain:
-            blank = ["-"] * (len(kinds) - 1 + 2 + args.bucket)
+            blank = ["-"] * (len(kinds) - 1 + 2 + extra)
             print(" | ".join([f"| {files}", "Grain (faster of N=1, 4)", "-", _cell(grain),
                               *blank, "1 |"]))
     if args.bucket:

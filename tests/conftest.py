@@ -1,4 +1,5 @@
-"""Suite-wide setup: gcsfs import order, and a leak check after every test.
+"""Suite-wide setup: gcsfs import order, no default index cache, and a leak check after
+every test.
 
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false is set first so that gcsfs, whenever a test imports it,
 exports its plain filesystem (read at gcsfs import; the experimental one stalls every call
@@ -29,6 +30,10 @@ import threading
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# No default index cache in the user's cache directory: a test that opens files counts
+# their requests, and must not find entries another test (or run) left there. The tests
+# of the default itself (tests/cache/test_index_cache_default.py) set it per test.
+os.environ["AIOLOADER_INDEX_CACHE"] = "off"
 import time
 import warnings
 

@@ -102,8 +102,11 @@ class StaleEntry(CacheEntryError):
 class IndexCache:
     """Footer indices of data files, kept in a private directory."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None) -> None:
+        """`max_bytes`: the most its entries may take in all, the least recently used
+        removed first after a write (None: no bound, for a directory the user named)."""
         self.directory = os.fspath(directory)
+        self.max_bytes = max_bytes
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         os.close(self._open_dir())  # refuse an unsafe directory now, not at first use
 
@@ -128,7 +131,11 @@ class IndexCache:
         finally:
             os.close(dir_fd)
         try:
-            return _read(fd, key, infos, kinds)
+            table = _read(fd, key, infos, kinds)
+            if self.max_bytes is not None:  # used now: the last to go (`_bound`)
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+            return table
         except StaleEntry as err:
             self.drop(infos, str(err), kinds)
             return None
@@ -180,10 +187,39 @@ class IndexCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dir_fd)
                 raise
+            if self.max_bytes is not None:
+                self._bound(dir_fd, name)
         except OSError as err:
             log.warning("index cache entry %s not written: %s", self._path(name), err)
         finally:
             os.close(dir_fd)
+
+    def _bound(self, dir_fd: int, new: str) -> None:
+        """Remove the least recently used entries (by mtime: written or loaded) until the
+        entries take at most `max_bytes`; the one just written goes only if it alone is
+        larger. Another process may remove the same ones meanwhile."""
+        assert self.max_bytes is not None
+        entries = []
+        with os.scandir(dir_fd) as found:
+            for e in found:
+                if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat(follow_symlinks=False)
+                        entries.append((e.name == new, st.st_mtime_ns, e.name, st.st_size))
+        total = sum(size for *_, size in entries)
+        for _, _, name, size in sorted(entries):  # (the new one last)
+            if total <= self.max_bytes:
+                break
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.debug("index cache entry %s not removed: %s", self._path(name), err)
+                continue
+            total -= size
+            log.debug("index cache entry %s removed: the cache keeps at most %d bytes",
+                      self._path(name), self.max_bytes)
 
     # -- internals ----------------------------------------------------------------------
 

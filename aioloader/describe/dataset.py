@@ -211,7 +211,7 @@ class Dataset(Stages):
         resident_bytes: int | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_bytes: int | None = None,
-        index_cache_dir: str | os.PathLike | None = None,
+        index_cache_dir: str | os.PathLike | Literal[False] | None = None,
         spill_dir: str | os.PathLike | None = None,
         spill_bytes: int | None = None,
         gcs_client: GcsClient | None = None,

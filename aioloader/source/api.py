@@ -19,14 +19,14 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from .. import formats as fmts
 from ..arrayrecord import DEFAULT_VERIFY, FileIndex
 from ..cache import SegmentStore
-from ..cache.index_cache import IndexCache
+from ..cache.indexdefault import index_cache_for
 from ..elements.typed import ElementSpec, files_spec
 from ..errors import ElementSpecError
 from ..index.planning import CLOUD_MAX_GAP, DEFAULT_MAX_MERGED, LOCAL_MAX_GAP, ChunkRefs
@@ -94,7 +94,7 @@ class ArrayRecordSource(DecodedReads):
         cache_bytes: int = 256 << 20,
         max_gap: int | None = None,
         max_merged: int = DEFAULT_MAX_MERGED,
-        index_cache_dir: str | os.PathLike | None = None,
+        index_cache_dir: str | os.PathLike | Literal[False] | None = "auto",
         resident_bytes: int = 0,
         format: str | Sequence[str] = fmts.ARRAYRECORD,
     ) -> None:
@@ -120,15 +120,19 @@ class ArrayRecordSource(DecodedReads):
                                                              else CLOUD_MAX_GAP)
         # A merged read must fit the byte budget with room for others in flight.
         self.max_merged = max(1, min(max_merged, self.storage.max_inflight_bytes // 4))
-        self.index_cache_dir = os.fspath(index_cache_dir) if index_cache_dir else None
-        self._index_cache = IndexCache(index_cache_dir) if index_cache_dir else None
+        # (a copy in another process resolves "auto" again, with the same result)
+        self._index_cache = index_cache_for(index_cache_dir, self._patterns)
+        self.index_cache_dir = (self._index_cache.directory if self._index_cache is not None
+                                else None)
         self.resident_bytes = resident_bytes
         # What a copy in another process opens again (see __getstate__): no event loop,
         # session or open file travels.
         self._config: dict[str, Any]
         self._config = dict(paths=self._patterns, storage_options=self.storage.storage_options,
                             verify=verify, cache_bytes=cache_bytes, max_gap=max_gap,
-                            max_merged=max_merged, index_cache_dir=self.index_cache_dir,
+                            max_merged=max_merged,
+                            index_cache_dir=(os.fspath(index_cache_dir) if index_cache_dir
+                                             else None),
                             resident_bytes=resident_bytes, format=format)
         self._table: RecordTable | None = None
         self._fetcher: Fetcher | None = None
