@@ -165,10 +165,11 @@ class ReadOptions:
       is kept (`aioloader.cache.index_cache`): a later open lists the files, then maps one
       table, instead of reading and parsing every file's tail (on a bucket, a request per
       file). It must belong to this user and be writable by no one else (else
-      `PermissionError`). "auto": remote datasets' indices are kept in the user's cache
+      `PermissionError`). "auto": gs:// datasets' indices are kept in the user's cache
       directory (`~/.cache/aioloader/index`, or `$XDG_CACHE_HOME/aioloader/index`, or the
       directory `$AIOLOADER_INDEX_CACHE` names; `off` there: none), at most 1 GiB of
-      entries, the least recently used out first; local files are not cached. None or
+      entries, the least recently used out first (a generation proves each object's content
+      there); local files and other stores are not cached. None or
       False: no index cache (False also as a flat `loader()` setting, where None means
       "not given").
     - `spill_dir` (None: the system's temporary directory, or /var/tmp where that is held

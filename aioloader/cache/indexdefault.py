@@ -1,10 +1,14 @@
 """Which index cache a source uses: the directory it was given, none, or by default
-(`index_cache_dir="auto"`) a bounded one in the user's cache directory for remote datasets.
+(`index_cache_dir="auto"`) a bounded one in the user's cache directory for gs:// datasets.
 
 Opening a dataset from a bucket costs a request per file (its footer); an index cache entry
 turns a later open into the listing alone, so a job restarted on the same files starts as
-fast with 2,000 files as with 10. Local files are not cached by default: their footers come
-from the page cache, and their entries would have to read each footer's head anyway.
+fast with 2,000 files as with 10. That holds where the listing proves each object's content:
+gs:// gives every object version its own generation, and the entry is keyed by them. Other
+stores' listings may give only an mtime (seconds, on some), so an entry would have to read
+each footer's head again to be safe, or could serve a rewrite of the same size within the
+same second: they, and local files (whose footers come from the page cache), are not cached
+by default; `index_cache_dir=` a directory caches them, checking those heads.
 
 The default directory is `$AIOLOADER_INDEX_CACHE` when that names one (`off`: no default
 cache), else `$XDG_CACHE_HOME/aioloader/index`, else `~/.cache/aioloader/index`. Its entries
@@ -21,16 +25,17 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
-from ..urls import is_local
 from .index_cache import IndexCache
 
-__all__ = ["AUTO", "DEFAULT_INDEX_CACHE_BYTES", "ENV", "default_index_dir", "index_cache_for"]
+__all__ = ["AUTO", "DEFAULT_INDEX_CACHE_BYTES", "ENV", "VERSIONED", "default_index_dir",
+           "index_cache_for"]
 
 log = logging.getLogger("aioloader")
 
 AUTO = "auto"
 ENV = "AIOLOADER_INDEX_CACHE"
 DEFAULT_INDEX_CACHE_BYTES = 1 << 30  # ~90M records' entries (12 bytes a record)
+VERSIONED = ("gs://", "gcs://")  # stores whose listings give each object version's generation
 
 
 def default_index_dir() -> str | None:
@@ -54,7 +59,7 @@ def index_cache_for(setting: str | os.PathLike | Literal[False] | None,
         return None
     if setting != AUTO:
         return IndexCache(setting)
-    if not patterns or any(is_local(p) for p in patterns):
+    if not patterns or not all(p.startswith(VERSIONED) for p in patterns):
         return None
     directory = default_index_dir()
     if directory is None:

@@ -1,4 +1,4 @@
-"""The default index cache (`index_cache_dir="auto"`): remote datasets' indices kept in the
+"""The default index cache (`index_cache_dir="auto"`): gs:// datasets' indices kept in the
 user's cache directory, bounded, least recently used out first; local files, None/False and
 `AIOLOADER_INDEX_CACHE=off` keep none; a default directory others can write to is skipped."""
 
@@ -124,6 +124,26 @@ def test_local_files_are_not_cached_by_default(home, shards):
     finally:
         src.close()
     assert not os.path.exists(home)
+
+
+def test_other_stores_are_not_cached_by_default(home, shards):
+    """An fsspec store whose listing gives an mtime, not a generation (memory:// here): an
+    entry could serve a same-size rewrite within the mtime's resolution, so none by default."""
+    import fsspec
+
+    root, _, records = shards
+    mem = fsspec.filesystem("memory")
+    for k in range(FILES):
+        mem.pipe(f"/default-index/part-{k:02d}.ar", (root / f"part-{k:02d}.ar").read_bytes())
+    try:
+        src = ArrayRecordSource("memory://default-index/*.ar")
+        try:
+            assert [src[i] for i in range(len(src))] == records
+        finally:
+            src.close()
+        assert not os.path.exists(home)
+    finally:
+        mem.rm("/default-index", recursive=True)
 
 
 def test_a_default_directory_others_can_write_to_is_skipped_not_an_error(home, shards, gcs):
