@@ -270,10 +270,12 @@ def save_plot(res: dict, counts: list[int], names: list[str], path: Path) -> Non
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=90)
     for k, name in enumerate(names):
-        for kind, style in (("first", "o-"), ("warm", "o--"), ("bucket", "s:")):
+        for kind, style in (("first", "o-"), ("warm", "o--"), ("bucket", "s:"),
+                            ("bucket-cached", "s-.")):
             if (counts[0], name, kind) in res:
                 label = {"first": "server cold", "warm": "server warm",
-                         "bucket": "bucket, 30 ms"}[kind]
+                         "bucket": "bucket, 30 ms",
+                         "bucket-cached": "bucket, 30 ms, index cached"}[kind]
                 ax.plot(counts, [median((n, name, kind)) for n in counts], style,
                         color=f"C{k}", label=f"aioloader {name}, {label}")
     if (counts[0], "grain", "N1") in res:
@@ -286,8 +288,8 @@ def save_plot(res: dict, counts: list[int], names: list[str], path: Path) -> Non
     ax.set_ylim(bottom=0)
     ax.set_xlabel("files (the same 200k records of 1 KiB JSON)")
     ax.set_ylabel("first batch, s (median)")
-    ax.set_title("First batch of 256 (global shuffle, workers=2), local files, "
-                 "2 cores under heavy load (see RESULTS.md)")
+    ax.set_title("First batch of 256 (global shuffle, workers=2), 2 cores "
+                 "(the machine's load: RESULTS.md)")
     ax.title.set_fontsize(9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
