@@ -18,11 +18,15 @@ files and is intact:
   every file's (URL, size, version: the generation on gs://; locally mtime_ns, ctime_ns,
   device and inode, `backends.local_version`) in order. A rewritten, added or removed file
   misses: the stale entry is dropped and the table rebuilt under the same name;
-- bound to each file's footer, where a version alone does not prove the content (local
-  files: `rsync -a` or `cp -p` restores an mtime, and a rewrite within one clock tick keeps
-  it): the first `HEAD_BYTES` bytes at each such file's footer offset (the footer chunk's
-  header, with the hash of the footer that every chunk offset comes from) are stored, and
-  compared with the file's before the entry is used (`opening`); a mismatch drops it;
+- bound to each file's footer, wherever a version alone does not prove the content: on
+  every store but gs:// (whose generation is new for every write of an object). Locally
+  `rsync -a` or `cp -p` restores an mtime, and a rewrite within one clock tick keeps it;
+  other stores' versions are an mtime (seconds, on some) or an ETag that web servers make
+  from the mtime and size, and small ArrayRecord files, padded to 64 KiB blocks, are often
+  rewritten at the same size. The first `HEAD_BYTES` bytes at each such file's footer
+  offset (the footer chunk's header, with the hash of the footer that every chunk offset
+  comes from) are stored, and compared with the file's before the entry is used
+  (`opening`); a mismatch drops it;
 - bound to its content: a BLAKE2b digest over the header's fields and every array's bytes.
   This catches damage and edits; it is not a signature (whoever can write the directory can
   recompute it), which is why the directory must be private;
@@ -65,8 +69,10 @@ import json
 import logging
 import mmap
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,12 +93,17 @@ _SUFFIX = ".v5.idx"  # entries of earlier versions (`.npz`, `.v3.idx`, ...) are 
 _SLACK = 1 << 20  # an entry is at most this much larger than its data files
 _ALIGN = 64
 _MAX_HEADER = 1 << 30
+_TMP = re.compile(r"\.[0-9a-f]{32}" + re.escape(_SUFFIX) + r"\.[0-9a-f]{16}\.tmp")  # (`store`)
+_STALE_TMP_NS = 3600 * 10**9  # a temporary this old is a killed writer's (`_bound`)
+
+
+VERSIONED = ("gs://", "gcs://")  # stores whose version (a generation) proves the content
 
 
 def checked(info: ObjectInfo) -> bool:
     """Whether a file's footer head is checked: its version does not prove its content
-    (a local file, or a store that gives no version)."""
-    return is_local(info.url) or not info.version
+    (any file but a gs:// object with its generation)."""
+    return is_local(info.url) or not (info.version and info.url.startswith(VERSIONED))
 
 
 class StaleEntry(CacheEntryError):
@@ -200,13 +211,20 @@ class IndexCache:
         larger. Another process may remove the same ones meanwhile."""
         assert self.max_bytes is not None
         entries = []
+        stale = time.time_ns() - _STALE_TMP_NS
         with os.scandir(dir_fd) as found:
             for e in found:
-                if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False):
-                    with contextlib.suppress(FileNotFoundError):
-                        st = e.stat(follow_symlinks=False)
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = e.stat(follow_symlinks=False)
+                    if e.name.endswith(_SUFFIX):
                         entries.append((e.name == new, st.st_mtime_ns, e.name, st.st_size))
+                    elif _TMP.fullmatch(e.name) and st.st_mtime_ns < stale:
+                        os.unlink(e.name, dir_fd=dir_fd)  # (a writer killed mid-write)
         total = sum(size for *_, size in entries)
+        if any(is_new and size > self.max_bytes for is_new, _, _, size in entries):
+            entries = [x for x in entries if x[0]]  # too large alone: only it goes
         for _, _, name, size in sorted(entries):  # (the new one last)
             if total <= self.max_bytes:
                 break

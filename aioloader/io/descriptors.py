@@ -47,8 +47,10 @@ MIN_CAP = 8
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 # whether a read can be asked to take only what the page cache holds (Linux 4.14+; `preadv`
-# with RWF_NOWAIT): cleared at the first file system that refuses it
+# with RWF_NOWAIT): cleared if the kernel lacks it; a file system that refuses it (tmpfs,
+# some network ones) goes in NO_CACHED_READS, by device, and its files are read as before
 CACHED_READS = bool(_NOWAIT) and hasattr(os, "preadv")
+NO_CACHED_READS: set[int] = set()
 
 
 def cap_for(soft_limit: int) -> int:
@@ -295,8 +297,10 @@ class FileSet:
 
     def pread_cached(self, path: str, n: int, offset: int) -> bytes | None:
         """`pread`, or None when the page cache does not hold all of it: a read that would
-        wait for a disk or a network file system (`RWF_NOWAIT`), or one this system cannot
-        ask so (then None for every later call too: `CACHED_READS`)."""
+        wait for a disk or a network file system (`RWF_NOWAIT`), or one this system (then
+        None for every later call too: `CACHED_READS`) or this file's file system (then
+        for its device's files: `NO_CACHED_READS`) cannot ask so, or any other failure
+        (the read as before then says what it is)."""
         global CACHED_READS
         if not CACHED_READS:
             return None
@@ -304,14 +308,18 @@ class FileSet:
         fd = fds.lend(path, self._pins)
         buf = bytearray(n)
         try:
+            device = self._pins[path][0]
+            if device in NO_CACHED_READS:
+                return None
             got = os.preadv(fd, [buf], offset, _NOWAIT)
         except BlockingIOError:
             return None
-        except OSError as err:  # (EOPNOTSUPP, EINVAL: a file system or kernel without it)
-            if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+        except OSError as err:
+            if err.errno == errno.ENOSYS:  # (the kernel: no file takes it)
                 CACHED_READS = False
-                return None
-            raise
+            elif err.errno == errno.EOPNOTSUPP:  # (this file system)
+                NO_CACHED_READS.add(device)
+            return None
         finally:
             fds.give_back(path, fd)
         return bytes(buf) if got == n else None  # (short: a part not cached, or the end)

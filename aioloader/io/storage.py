@@ -254,11 +254,13 @@ class Storage:
         out: list[bytes] = [b""] * len(requests)
         small = [k for k in local if requests[k][2] - requests[k][1] <= CACHED_READ_MAX]
         if len(small) > 1:
-            got = await self._read_local([requests[k] for k in small], cached=True)
-            hit = {k for k, data in zip(small, got) if data is not None}
-            for k, data in zip(small, got):
-                if data is not None:
-                    out[k] = data
+            hit: set[int] = set()
+            for part in self._within_budget(small, requests):  # (one job at a time)
+                got = await self._read_local([requests[k] for k in part], cached=True)
+                for k, data in zip(part, got):
+                    if data is not None:
+                        out[k] = data
+                        hit.add(k)
             local = [k for k in local if k not in hit]
         groups = max(1, min(self.concurrency, 32, len(local) // 16))
         jobs = [local[g::groups] for g in range(groups)]
@@ -272,6 +274,20 @@ class Storage:
 
         await asyncio.gather(*(local_job(ks) for ks in jobs), *(remote_one(k) for k in remote))
         return out
+
+    def _within_budget(self, keys: list[int], requests: Sequence[tuple[str, int, int]]
+                       ) -> list[list[int]]:
+        """`keys` in runs whose reads take at most half the byte budget together."""
+        parts: list[list[int]] = [[]]
+        total, most = 0, max(1, self.max_inflight_bytes // 2)
+        for k in keys:
+            n = requests[k][2] - requests[k][1]
+            if parts[-1] and total + n > most:
+                parts.append([])
+                total = 0
+            parts[-1].append(k)
+            total += n
+        return parts
 
     async def _read_local(self, items: Sequence[tuple[str, int, int]], cached: bool = False
                           ) -> list[Any]:

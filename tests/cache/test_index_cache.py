@@ -376,3 +376,71 @@ def test_a_stale_index_no_check_caught_is_reported_as_a_rewrite_and_dropped(tmp_
             list(ds.loader(workers=0, index_cache_dir=cache.directory))
     assert _entries(cache.directory) == []
     assert _open(paths[0], cache.directory)[:2] == (len(new), new)
+
+
+@pytest.fixture
+def web(tmp_path):
+    """A plain HTTP server of a directory (aiohttp's static files: ETags made of the mtime
+    and size, as nginx and Apache make them), on a thread."""
+    import asyncio
+    import threading
+
+    from aiohttp import web as aioweb
+
+    root = tmp_path / "www"
+    root.mkdir()
+    loop = asyncio.new_event_loop()
+    app = aioweb.Application()
+    app.router.add_static("/", str(root))
+    runner = aioweb.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = aioweb.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+def test_a_same_size_rewrite_that_keeps_its_version_is_not_served_stale(tmp_path, web):
+    """A web server's ETag (mtime and size) does not prove the content: a file rewritten
+    with one more record, padded to the same size, its mtime kept (`rsync -a`), is read
+    anew, not through the entry of the old one (which lost the record, silently)."""
+    root, base = web
+    path = root / "part-0.ar"
+    old = [b"a" * 300, b"b" * 300]
+    new = [*old, b"c" * 200]
+    write_theirs(path, old, "group_size:1")
+    st = os.stat(path)
+    url = f"{base}/part-0.ar"
+    cache = tmp_path / "cache"
+    src = al.ArrayRecordSource(url, index_cache_dir=cache)
+    assert [src[i] for i in range(len(src))] == old
+    src.close()
+    write_theirs(path, new, "group_size:1")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.path.getsize(path) == st.st_size  # (the same size: padded to its blocks)
+    src = al.ArrayRecordSource(url, index_cache_dir=cache)
+    try:
+        assert len(src) == 3
+        assert [src[i] for i in range(len(src))] == new
+        assert not src._table.from_index_cache
+    finally:
+        src.close()
+
+
+def test_only_a_gs_generation_proves_an_objects_content():
+    from aioloader.io.backends import ObjectInfo
+
+    assert not index_cache.checked(ObjectInfo("gs://b/x.ar", 10, "1712345678901234"))
+    for info in (ObjectInfo("gs://b/x.ar", 10, ""), ObjectInfo("/data/x.ar", 10, "1.2.3.4"),
+                 ObjectInfo("http://h/x.ar", 10, '"5f-1a0"'),
+                 ObjectInfo("s3://b/x.ar", 10, "2026-11-28 06:00:00"),
+                 ObjectInfo("memory://x.ar", 10, "")):
+        assert index_cache.checked(info), info

@@ -198,3 +198,56 @@ def test_entries_past_the_bound_go_least_recently_used_first(tmp_path, shards, g
     len(s)
     s.close()
     assert _entries(tmp_path / "tiny") == []
+
+
+def _entry(directory, name: str, size: int, age_s: float = 0.0) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "wb") as f:
+        f.write(b"x" * size)
+    if age_s:
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+    return name
+
+
+def _bound(cache: IndexCache, new: str) -> None:
+    fd = os.open(cache.directory, os.O_RDONLY)
+    try:
+        cache._bound(fd, new)
+    finally:
+        os.close(fd)
+
+
+def test_an_entry_larger_than_the_bound_goes_alone(tmp_path):
+    cache = IndexCache(tmp_path / "c", max_bytes=500)
+    suffix = index_cache._SUFFIX
+    older = [_entry(cache.directory, f"{c * 32}{suffix}", 100, age_s=60 - k)
+             for k, c in enumerate("ab")]
+    new = _entry(cache.directory, f"{'c' * 32}{suffix}", 1000)
+    _bound(cache, new)
+    assert _entries(cache.directory) == sorted(older)  # (it wiped them all before)
+
+
+def test_a_killed_writers_old_temporaries_go_and_live_ones_stay(tmp_path):
+    cache = IndexCache(tmp_path / "c", max_bytes=1 << 20)
+    suffix = index_cache._SUFFIX
+    name = f"{'d' * 32}{suffix}"
+    old = _entry(cache.directory, f".{name}.{'1' * 16}.tmp", 10, age_s=2 * 3600)
+    live = _entry(cache.directory, f".{name}.{'2' * 16}.tmp", 10)
+    mine = _entry(cache.directory, "notes.tmp", 10, age_s=2 * 3600)  # (not ours: kept)
+    new = _entry(cache.directory, name, 10)
+    _bound(cache, new)
+    left = set(os.listdir(cache.directory))
+    assert old not in left and {live, mine, new} <= left
+
+
+def test_a_relative_directory_in_the_environment_is_refused_with_a_warning(
+        tmp_path, shards, gcs, monkeypatch, caplog):
+    _, url, records = shards
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(indexdefault.ENV, "relative/idx")
+    with caplog.at_level("WARNING", logger="aioloader"):
+        got, _ = _open(url, gcs)
+    assert got == records
+    assert not (tmp_path / "relative").exists()
+    assert "not an absolute path" in caplog.text

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from aioloader.io import descriptors
+from aioloader.io.backends import LocalBackend
 from aioloader.io.descriptors import FileSet
 from aioloader.io.storage import CACHED_READ_MAX, Storage
 
@@ -58,9 +59,9 @@ def _expected(requests):
     return out
 
 
-def _read_many(requests) -> tuple[list[bytes], dict]:
+def _read_many(requests, **kw) -> tuple[list[bytes], dict]:
     async def go():
-        st = Storage()
+        st = Storage(**kw)
         try:
             return await st.read_many(requests), st.stats.as_dict()
         finally:
@@ -69,12 +70,30 @@ def _read_many(requests) -> tuple[list[bytes], dict]:
     return asyncio.run(go())
 
 
-def test_reads_the_page_cache_holds_and_those_it_does_not_give_the_same_bytes(tmp_path):
+@pytest.fixture
+def cached_jobs(monkeypatch):
+    """Each page-cache job's reads: (bytes asked, reads served)."""
+    jobs = []
+    real = LocalBackend.read_cached
+
+    async def spy(self, items):
+        got = await real(self, items)
+        jobs.append((sum(e - s for _, s, e in items), sum(d is not None for d in got)))
+        return got
+
+    monkeypatch.setattr(LocalBackend, "read_cached", spy)
+    return jobs
+
+
+def test_reads_the_page_cache_holds_and_those_it_does_not_give_the_same_bytes(tmp_path,
+                                                                              cached_jobs):
     paths = _files(tmp_path, 40, 3 * CACHED_READ_MAX)
     requests = _requests(paths)
     want = _expected(requests)  # (every file in the page cache now)
     got, stats = _read_many(requests)
     assert got == want
+    small = sum(e - s <= CACHED_READ_MAX for _, s, e in requests)
+    assert sum(served for _, served in cached_jobs) == small  # all from the cache
     assert stats["reads"] == stats["requests"] == len(requests)
     assert stats["bytes"] == sum(len(b) for b in want)
     evicted = paths[::3]
@@ -103,17 +122,16 @@ def test_a_read_the_cache_holds_only_in_part_is_read_whole(tmp_path):
     assert got == _expected([(path, 0, 3 * 4096), (path, 10, 20)])
 
 
-def test_a_file_system_without_cache_only_reads_is_read_as_before(tmp_path, monkeypatch):
-    """A file system that refuses RWF_NOWAIT (EOPNOTSUPP; a real one cannot be made to on
-    demand here, hence the stand-in): every read goes to the threads, and the loader stops
-    asking."""
+def test_a_kernel_without_cache_only_reads_is_read_as_before(tmp_path, monkeypatch):
+    """A kernel without RWF_NOWAIT (ENOSYS; a real one cannot be had on demand here, hence
+    the stand-in): every read goes to the threads, and the loader stops asking."""
     paths = _files(tmp_path, 5, 3 * CACHED_READ_MAX)
     requests = _requests(paths)
     calls = []
 
     def refuse(fd, buffers, offset, flags=0):
         calls.append(flags)
-        raise OSError(errno.EOPNOTSUPP, "not supported")
+        raise OSError(errno.ENOSYS, "not implemented")
 
     monkeypatch.setattr(os, "preadv", refuse)
     monkeypatch.setattr(descriptors, "CACHED_READS", True)
@@ -129,3 +147,38 @@ def test_a_missing_file_is_still_named(tmp_path):
     gone = str(tmp_path / "gone.bin")
     with pytest.raises(FileNotFoundError, match=r"gone\.bin"):  # (it said "None" before)
         _read_many([(paths[0], 0, 10), (gone, 0, 10), (paths[1], 0, 10)])
+
+
+def test_the_page_cache_jobs_stay_within_the_byte_budget(tmp_path, cached_jobs):
+    paths = _files(tmp_path, 30, 3 * CACHED_READ_MAX)
+    requests = [(p, 0, CACHED_READ_MAX) for p in paths]
+    budget = 4 * CACHED_READ_MAX
+    got, _ = _read_many(requests, max_inflight_bytes=budget)
+    assert got == _expected(requests)
+    assert len(cached_jobs) > 1 and all(asked <= budget // 2 for asked, _ in cached_jobs)
+
+
+def test_a_file_system_that_refuses_cache_only_reads_is_read_as_before(tmp_path):
+    """tmpfs (/dev/shm here) refuses RWF_NOWAIT: its files are read by the threads, and
+    the files of other file systems still from the page cache."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no tmpfs apart from the temporary directory")
+    (disk,) = _files(tmp_path, 1, 8192)
+    mem = os.path.join(shm, f"aioloader-test-{os.getpid()}.bin")
+    with open(mem, "wb") as f:
+        f.write(os.urandom(8192))
+    try:
+        reader = FileSet()
+        if reader.pread_cached(mem, 100, 0) is not None:
+            pytest.skip("this tmpfs takes RWF_NOWAIT")
+        assert os.stat(mem).st_dev in descriptors.NO_CACHED_READS
+        assert descriptors.CACHED_READS
+        assert reader.pread_cached(disk, 100, 0) is not None
+        requests = [(mem, 0, 100), (disk, 0, 100), (mem, 50, 4000), (disk, 10, 20)]
+        got, stats = _read_many(requests)
+        assert got == _expected(requests)
+        assert stats["reads"] == len(requests)
+        reader.close()
+    finally:
+        os.unlink(mem)
