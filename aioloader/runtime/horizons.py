@@ -53,16 +53,13 @@ from ..workers.extract import HEAD
 from ..workers.messages import Fill, Result, Spill, StashRef, Task
 from ..workers.spill import SpillFile, open_spill, region_bytes
 from .stashchoice import StashChoice
+from .table import INSTEAD, READS
 
 HORIZON_FILL = 0.9  # of the cache, what a horizon's records fill (sizes vary)
 PROBE = 16384  # at most this many positions at a horizon's start say if chunks thrash
 NEED_BLOCK = 1 << 16  # positions looked up at a time for the chunks an epoch meets (memory)
 
 log = logging.getLogger("aioloader")
-_READS = {"exact": "exact shuffle", "block": "block shuffle", "sequential": "a read in order"}
-_INSTEAD = {"exact": "use shuffle(strategy=\"block\")",
-            "block": "use smaller windows (window_bytes), which each process keeps whole",
-            "sequential": "write the files with smaller groups"}
 
 
 class Horizon:
@@ -214,9 +211,9 @@ class Horizons:
             "horizon's records). The spill of decoded records (spill_dir, spill_bytes) is "
             "%s. Without it every chunk is decoded %d times an epoch; raise memory_budget "
             "to about %.0f MB for one horizon (the shared stash takes half of it), or %s.",
-            _READS[order], f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}",
+            READS[order], f"{n:,}", n * mean / 1e6, self.per_epoch, f"{length:,}",
             share / 1e6, said, self.per_epoch, _round_up(one, 256 << 20) / 1e6,
-            _INSTEAD[order])
+            INSTEAD[order])
 
     async def _open_spill(self, n: int) -> str:
         """Make the spill (`self.spill`) where it can be, sized by the chunks the epoch's `n`
@@ -249,13 +246,15 @@ class Horizons:
             met[first[f] : first[f + 1]] & (ix.chunk_records > 1)].sum())
             for f, ix in enumerate(indices))
 
-    def figures(self) -> dict[str, int]:
-        """For `stats()`: horizons filled, and (once known) how many an epoch needs and
-        the positions each holds; empty when no stash was used."""
+    def figures(self) -> dict[str, Any]:
+        """For `stats()`: horizons filled, and (once known) how many an epoch needs, the
+        positions each holds and the order they serve (`horizon_order`: "exact", "block" or
+        "sequential"); empty when no stash was used."""
         if not self.per_epoch:
             return {}
-        out = {"horizons": self.count, "horizons_per_epoch": self.per_epoch,
-               "horizon_records": self.length}
+        out: dict[str, Any] = {"horizons": self.count, "horizons_per_epoch": self.per_epoch,
+                               "horizon_records": self.length,
+                               "horizon_order": self.choice.order()}
         if self.spill is not None:
             out.update(self.spill.figures())
         return out

@@ -38,7 +38,7 @@ class PipelineStats:
 
     def __init__(self, workers: int = 0, prefetch: int = 0, graph: Sequence[str] = (),
                  io_source: Callable[[], dict[str, Any]] | None = None,
-                 cache_source: Callable[[], dict[str, int]] | None = None,
+                 cache_source: Callable[[], dict[str, Any]] | None = None,
                  clock: Clock = time.perf_counter, executor: str = "processes") -> None:
         self.workers = workers
         # where tasks run: the executor kind's name ("inline" with workers=0)

@@ -9,6 +9,13 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# what reads through horizons are, by the order they serve (`StashChoice.order`), and what
+# to do instead of more horizons: the stats line's words and the loader's warning's
+READS = {"exact": "exact shuffle", "block": "block shuffle", "sequential": "a read in order"}
+INSTEAD = {"exact": "use shuffle(strategy=\"block\")",
+           "block": "use smaller windows (window_bytes), which each process keeps whole",
+           "sequential": "write the files with smaller groups"}
+
 FOOTER = "(it.stats().legend() explains each column and line)"
 
 # Each label the table prints, as it prints it, and what it means.
@@ -53,6 +60,10 @@ LEGEND: tuple[tuple[str, str], ...] = (
      "epoch of this loader (its shard or slice) needs, the records each holds and the "
      "horizons filled so far; shown when an epoch needs more than one (the loader also "
      "warns, once)"),
+    ("block shuffle over large chunks", "the same, for a block shuffle whose window does "
+     "not fit what a process keeps: its records are shuffled together, so its chunks are "
+     "filled into horizons as an exact shuffle's are"),
+    ("a read in order over large chunks", "the same, for a read in order"),
     ("kept in memory", "a remote dataset's bytes held in memory (`resident_bytes`): later "
      "epochs read no bytes; \"in part\" when the dataset is larger"),
     ("Ray actors", "executor=\"ray\": the actors, the tasks each ran and its time running "
@@ -122,7 +133,7 @@ def _table(d: dict[str, Any], units: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list[str]:
+def _io_lines(io: dict[str, Any], cache: dict[str, Any], elapsed: float) -> list[str]:
     lines = []
     if io:
         mb = io.get("bytes", 0) / 1e6
@@ -153,10 +164,11 @@ def _io_lines(io: dict[str, Any], cache: dict[str, int], elapsed: float) -> list
             how = (f"{how} (then refused (disk full): the chunks not in it decoded once "
                    "per horizon)" if spilled else
                    "spill refused (disk full): each chunk decoded once per horizon")
-        lines.append(f"exact shuffle over large chunks: {cache['horizons_per_epoch']} horizons "
+        order = cache.get("horizon_order", "exact")
+        lines.append(f"{READS[order]} over large chunks: {cache['horizons_per_epoch']} horizons "
                      f"an epoch, of {cache['horizon_records']:,} records each "
                      f"({cache['horizons']:,} filled); {how}; raise memory_budget for fewer, "
-                     "or use a block shuffle")
+                     f"or {INSTEAD[order]}")
     if cache.get("tier_fetched"):
         lines.append(f"kept in memory (in part: the dataset is larger than resident_bytes, "
                      f"{cache['tier_capacity'] / 1e6:,.1f} MB): "

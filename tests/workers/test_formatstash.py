@@ -151,6 +151,12 @@ def test_a_block_shuffle_gives_the_same_batches_whatever_the_workers(
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "block shuffle over large chunks" in said and "window_bytes" in said
         assert "spill_bytes) is off: it keeps decoded ArrayRecord chunks only" in said
+    with ds.loader(workers=0, memory_budget=300_000) as it:  # the stats line says it too
+        list(it)
+        table = str(it.stats())
+    line = next(ln for ln in table.splitlines() if "over large chunks" in ln)
+    assert line.startswith("block shuffle over large chunks") and "window_bytes" in line
+    assert "strategy" not in line  # (it had said "exact shuffle ... or use a block shuffle")
 
 
 @pytest.mark.parametrize("budget", [120_000, 400_000])
