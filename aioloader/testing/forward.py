@@ -224,9 +224,11 @@ class _Forwarder:
             await self._send(c_writer, data)
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        # counted before it goes: a client that has the bytes finds them counted (counted
+        # after `drain`, a snapshot taken right after a read could miss them)
+        self._counts["bytes_down"] += len(data)
         writer.write(data)
         await writer.drain()
-        self._counts["bytes_down"] += len(data)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

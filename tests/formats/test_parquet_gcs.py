@@ -46,24 +46,6 @@ def gcs():
         yield bucket
 
 
-def _settled(gcs) -> ProxyStats:
-    """The delay line's figures once it has been idle a moment (at most a few seconds): a
-    response an earlier test's loader left mid-way (closed while a segment was on its way)
-    is still counted as its bytes drain, and must not land in the next test's delta."""
-    import time
-
-    last, quiet_since = gcs.proxy_stats, time.monotonic()
-    deadline = quiet_since + 5.0
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = gcs.proxy_stats
-        if now != last:
-            last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= 0.3:
-            break
-    return last
-
-
 def _delta(before: ProxyStats, after: ProxyStats) -> dict[str, int]:
     return {f.name: getattr(after, f.name) - getattr(before, f.name)
             for f in dataclasses.fields(ProxyStats)}
@@ -80,7 +62,7 @@ def test_a_glob_in_a_bucket_reads_the_rows_read_table_gives(gcs, workers):
 
 
 def test_a_named_file_opens_in_one_request_and_rows_come_by_row_group(gcs):
-    before = _settled(gcs)
+    before = gcs.proxy_stats
     with al.ParquetSource(gcs.url("pq/part-1.parquet"),
                           storage_options=gcs.storage_options) as src:
         assert len(src) == ROWS
@@ -95,7 +77,7 @@ def test_a_named_file_opens_in_one_request_and_rows_come_by_row_group(gcs):
 def test_an_epoch_fetches_no_more_than_the_files(gcs):
     ds = al.Dataset.from_parquet(gcs.url("pq/part-*.parquet"), columns=["id"],
                                  storage_options=gcs.storage_options).shuffle(seed=4)
-    before = _settled(gcs)
+    before = gcs.proxy_stats
     assert len(list(ds.loader(workers=0, resident_bytes=64 << 20))) == FILES * ROWS
     took = _delta(before, gcs.proxy_stats)
     assert took["bytes_down"] < sum(map(len, DATA)) * 1.5 + 64 * 1024
@@ -106,7 +88,7 @@ def test_the_index_cache_spares_the_footers_per_column_selection(gcs, tmp_path):
     kw = dict(storage_options=gcs.storage_options, index_cache_dir=tmp_path / "idx")
     with al.ParquetSource(url, columns=["text"], **kw) as src:
         assert not src.table.from_index_cache
-    before = _settled(gcs)
+    before = gcs.proxy_stats
     with al.ParquetSource(url, columns=["text"], **kw) as src:
         assert len(src) == FILES * ROWS and src.table.from_index_cache
         assert _delta(before, gcs.proxy_stats)["downloads"] == 0  # a listing only
@@ -138,7 +120,7 @@ def test_only_the_selected_columns_bytes_are_fetched(gcs):
                        for g in range(meta.num_row_groups) for c in leaves)
         ds = al.Dataset.from_parquet(gcs.url("pq/wide*.parquet"), columns=columns,
                                      storage_options=gcs.storage_options)
-        before = _settled(gcs)
+        before = gcs.proxy_stats
         got = [plain(r) for r in ds.shuffle(seed=1).loader(workers=0, resident_bytes=0)]
         took = _delta(before, gcs.proxy_stats)
         assert sorted(got, key=lambda r: r[columns[0]]) == \
@@ -183,7 +165,7 @@ def test_rows_the_stash_holds_come_with_no_bytes_in_tasks_of_several_batches(
 
     with ds([str(p) for p in local]).loader(workers=2) as it:
         want = [plain(b) for b in it]
-    before = _settled(gcs)
+    before = gcs.proxy_stats
     with ds(gcs.url("pq/part-*.parquet"), storage_options=gcs.storage_options
             ).loader(workers=2, resident_bytes=resident) as it:
         got = [plain(b) for b in it]

@@ -397,3 +397,19 @@ def test_cut_rate_sends_the_head_and_part_of_the_body_then_resets() -> None:
         assert _raw_get(gcs, "b").endswith(body)
         with pytest.raises(ValueError):
             gcs.set_faults(cut_rate=2.0)
+
+
+@pytest.mark.parametrize("proxy_process", [False, True], ids=["thread", "process"])
+def test_a_read_in_hand_is_already_counted(proxy_process) -> None:
+    """The delay line counts a response's bytes before it sends them: a snapshot taken as
+    soon as the client has a read holds all of its bytes (counted after the send, a test's
+    delta could miss a read's bytes and give them to its next delta)."""
+    data = os.urandom(64 << 10)
+    with local_gcs(proxy=True, proxy_process=proxy_process) as gcs:
+        url = gcs.upload_bytes(data, "counted.bin")
+        fs = gcs.fs()
+        for k in range(40):
+            before = gcs.proxy_stats.bytes_down
+            got = fs.cat_file(url, 0, 1000 + 1000 * k)
+            assert len(got) == 1000 + 1000 * k
+            assert gcs.proxy_stats.bytes_down - before >= len(got), k
