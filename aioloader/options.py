@@ -169,9 +169,8 @@ class ReadOptions:
       directory (`~/.cache/aioloader/index`, or `$XDG_CACHE_HOME/aioloader/index`, or the
       directory `$AIOLOADER_INDEX_CACHE` names; `off` there: none), at most 1 GiB of
       entries, the least recently used out first (a generation proves each object's content
-      there); local files and other stores are not cached. None or
-      False: no index cache (False also as a flat `loader()` setting, where None means
-      "not given").
+      there); local files and other stores are not cached. None or False: no index
+      cache (False also as a flat `loader()` setting, where None means "not given").
     - `spill_dir` (None: the system's temporary directory, or /var/tmp where that is held
       in memory; else a `ValueError` if it is not an existing directory, and a warning if
       it is held in memory: RAM outside `memory_budget`): a local directory for the spill

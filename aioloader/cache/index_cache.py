@@ -80,6 +80,7 @@ import numpy as np
 from .. import formats as fmts
 from ..arrayrecord import FileIndex
 from ..io.storage import ObjectInfo, is_local
+from ..urls import is_gcs
 from .entrytable import HEAD_BYTES as HEAD_BYTES  # (the index cache's, to its users)
 from .entrytable import CachedTable, CacheEntryError
 from .entrytable import indices as _indices
@@ -97,13 +98,10 @@ _TMP = re.compile(r"\.[0-9a-f]{32}" + re.escape(_SUFFIX) + r"\.[0-9a-f]{16}\.tmp
 _STALE_TMP_NS = 3600 * 10**9  # a temporary this old is a killed writer's (`_bound`)
 
 
-VERSIONED = ("gs://", "gcs://")  # stores whose version (a generation) proves the content
-
-
 def checked(info: ObjectInfo) -> bool:
     """Whether a file's footer head is checked: its version does not prove its content
     (any file but a gs:// object with its generation)."""
-    return is_local(info.url) or not (info.version and info.url.startswith(VERSIONED))
+    return is_local(info.url) or not (info.version and is_gcs(info.url))
 
 
 class StaleEntry(CacheEntryError):

@@ -27,7 +27,8 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
-from .index_cache import VERSIONED, IndexCache
+from ..urls import is_gcs
+from .index_cache import IndexCache
 
 __all__ = ["AUTO", "DEFAULT_INDEX_CACHE_BYTES", "ENV", "default_index_dir", "index_cache_for"]
 
@@ -72,7 +73,7 @@ def index_cache_for(setting: str | os.PathLike | Literal[False] | None,
         return None
     if setting != AUTO:
         return IndexCache(setting)
-    if not patterns or not all(p.startswith(VERSIONED) for p in patterns):
+    if not patterns or not all(is_gcs(p) for p in patterns):
         return None
     directory = default_index_dir()
     if directory is None:

@@ -306,11 +306,11 @@ class FileSet:
             return None
         fds = self._fds
         fd = fds.lend(path, self._pins)
-        buf = bytearray(n)
         try:
             device = self._pins[path][0]
             if device in NO_CACHED_READS:
                 return None
+            buf = bytearray(n)
             got = os.preadv(fd, [buf], offset, _NOWAIT)
         except BlockingIOError:
             return None
