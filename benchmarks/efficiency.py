@@ -1,17 +1,19 @@
 """Records per CPU-second of the whole process tree, against the bare per-record loop.
 
     python -m benchmarks.efficiency [--tree NAME=PATH ...] [--workers 0 1 2] [--rounds 5]
-        [--records 200000] [--images 20000] [--only text|img] [--data-dir DIR]
+        [--records 200000] [--images 20000] [--only text|img|img-typed] [--data-dir DIR]
 
 What a record costs the machine, whoever pays it (the parent, its event-loop thread, the
 worker processes): for each workload, the bare loop (per record: a `preadv` of its chunk into
 a reused buffer, the zstd decode of its values block, the transform; one thread, nothing
 else: `bench_decode.Limit`) and the pipeline (`shuffle -> map(transform) -> batch(256)`, local
-files, 20 shards) at each worker count, every pipeline in a fresh interpreter. A pipeline's
-CPU is sampled from inside its process (`common.cpu_seconds`: the process, its threads and
-its live worker processes) at its first batch and at its last, so start-up (spawning and
-importing in the workers, opening the files) is left out; the figure is the records after the
-first batch ÷ those CPU seconds. The bare loop is timed in CPU seconds of its thread.
+files, 20 shards; `img-typed`: the images read as arrays by the typed decode,
+`from_arrayrecord(decode=ElementSpec.array(...))`, in place of the map) at each worker
+count, every pipeline in a fresh interpreter. A pipeline's CPU is sampled from inside its
+process (`common.cpu_seconds`: the process, its threads and its live worker processes) at
+its first batch and at its last, so start-up (spawning and importing in the workers, opening
+the files) is left out; the figure is the records after the first batch ÷ those CPU seconds.
+The bare loop is timed in CPU seconds of its thread.
 
 Contenders run in turn within each round (bare, then each tree's pipelines; every other
 round in the reverse order, ABBA), and each ratio
@@ -43,7 +45,10 @@ from .common import DEFAULT_DATA_DIR, cpu_seconds, log, machine_info, sharded_da
 
 BATCH = 256
 SHARDS = 20
-WORKLOADS = {"text": "decode_text", "img": "decode_image"}
+# name -> (data set, the transform, typed: the records read as arrays by the built-in
+# typed decode, `from_arrayrecord(decode=ElementSpec.array(...))`, instead of the map)
+WORKLOADS = {"text": ("text", "decode_text", False), "img": ("img", "decode_image", False),
+             "img-typed": ("img", "decode_image", True)}
 HERE = Path(__file__).resolve().parent
 
 
@@ -60,8 +65,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from . import fns
 
-    ds = (al.Dataset.from_arrayrecord(spec["paths"]).shuffle(spec.get("seed", 0))
-          .map(getattr(fns, spec["decode"])).batch(BATCH))
+    if spec.get("typed"):  # the same arrays as the map gives, by the typed decode
+        import numpy as np
+
+        ds = (al.Dataset.from_arrayrecord(
+            spec["paths"], decode=al.ElementSpec.array(np.uint8, fns.IMAGE_SHAPE))
+            .shuffle(spec.get("seed", 0)).batch(BATCH))
+    else:
+        ds = (al.Dataset.from_arrayrecord(spec["paths"]).shuffle(spec.get("seed", 0))
+              .map(getattr(fns, spec["decode"])).batch(BATCH))
     cpu_start = cpu_seconds()
     records = 0
     first_cpu = first_wall = 0.0
@@ -159,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     whole: dict[str, dict[Any, list[float]]] = {}
     try:
         for kind in args.only or list(WORKLOADS):
-            paths = [str(x) for x in sharded_dataset(args, kind, sizes[kind], SHARDS)]
-            decode = WORKLOADS[kind]
+            data, decode, typed = WORKLOADS[kind]
+            paths = [str(x) for x in sharded_dataset(args, data, sizes[data], SHARDS)]
             rates[kind], ratios[kind], whole[kind] = {}, {}, {}
             bare(paths, decode)  # warm-up: page cache, allocator
             for rnd in range(args.rounds):
@@ -172,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     name, w = who
                     spec = {"paths": paths, "decode": decode, "workers": w, "seed": 0,
-                            "total": sizes[kind]}
+                            "total": sizes[data], "typed": typed}
                     got[who] = run_child(Path(trees[name]), neutral, spec)
                 base = got["bare"]["rate"]
                 rates[kind].setdefault("bare", []).append(base)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import struct
 
+from cramjam import zstd as _cramjam_zstd
+
 from .chunk import _HEADS, ONE_RECORD_HEADS, one_record_head
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size
 from .hashing import highwayhash64
@@ -32,24 +34,28 @@ from .varint import read_varint
 ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
 _ZSTD_RATIO = _MAX_RATIO[ZSTD]
 _U64 = struct.Struct("<Q").unpack_from
+_decompress_into = _cramjam_zstd.decompress_into  # (zstandard has no decode into a buffer)
 MAX_HEADERS = 64
 """Block headers a range may cross on the short paths (a ~4 MiB record); longer ranges take
 the general path (a `preadv` takes at most IOV_MAX buffers, and the copy matters less)."""
 
 
-def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx):
+def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=None):
     """The record of the one-record simple chunk that `logical` (a memoryview: chunk header
     and data, block headers removed) holds exactly, or None (or an exception) when it is
     anything else, or anything is wrong with it: the caller's general path then decides.
 
     `budget` is the most bytes the record may decode to, `hashes` says to check the chunk
-    header's hash and `data_hashes` the data's; `dctx` is a zstandard decompressor.
+    header's hash and `data_hashes` the data's; `dctx` is a zstandard decompressor. `out`
+    (a writable buffer): decode the record into it and return it, or None when the record
+    is not exactly `len(out)` bytes (then `out` may hold anything).
     """
     n = len(logical)
     if n <= CHUNK_HEADER_SIZE + 2:
         return None
     header_hash, data_size, data_hash, type_count, decoded = _HEADER.unpack_from(logical)
     if type_count != ONE_SIMPLE or CHUNK_HEADER_SIZE + data_size != n or decoded > budget or \
+            (out is not None and len(out) != decoded) or \
             (hashes and highwayhash64(logical[8:CHUNK_HEADER_SIZE]) != header_hash):
         return None
     data = logical[CHUNK_HEADER_SIZE:]
@@ -64,6 +70,9 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx):
             if not len(head) < data_size == len(head) + decoded or \
                     (data_hashes and highwayhash64(data) != data_hash):
                 return None
+            if out is not None:
+                out[:] = data[len(head) :]
+                return out
             return bytes(data[len(head) :])
         head = _zstd_head(data, head, decoded)
         if head is None:
@@ -74,6 +83,10 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx):
     if decoded > _ZSTD_RATIO * len(stream) + 64:
         return None
     declared = _frame_content_size(stream)
+    if out is not None:  # (libzstd fails a frame that would write past `out`)
+        if declared not in (decoded, -1):
+            return None
+        return out if _decompress_into(stream, out) == decoded else None
     if declared == decoded:  # libzstd fails a frame that decodes to more or less
         record = dctx.decompress(stream)
     elif declared == -1:  # no content size: exactly `decoded` allocated, never written past

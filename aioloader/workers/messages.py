@@ -67,6 +67,14 @@ class Task:
     table: str = ""
     contexts: dict[int, bytes] | None = None
 
+    def chunk_bytes(self, mem: Any) -> list | None:
+        """`raws`, or those placed in the slot's input half as views of `mem` (the arena's
+        map); None: the worker reads the files itself."""
+        if self.raw_spans is None:
+            return self.raws
+        view = memoryview(mem)
+        return [view[o : o + n] for o, n in self.raw_spans]
+
 
 @dataclass(frozen=True)
 class StashRef:

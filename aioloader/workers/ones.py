@@ -46,28 +46,31 @@ def _hash_agrees(logical: memoryview, h: int) -> bool:
 
 
 def read_ones(files: LocalFiles, bufs: list[bytearray], heads: memoryview, refs: ChunkRefs,
-              verify: str, max_decoded: int, paths: Sequence[str] | None) -> list[bytes]:
+              verify: str, max_decoded: int, paths: Sequence[str] | None,
+              into: Any = None) -> list[Any]:
     """Record `refs.within[i]` of each one-record chunk `refs` lists, from local files.
 
     `bufs` are two reused buffers (grown here as needed), `heads` room for the block headers
     of one read (`onerecord.MAX_HEADERS`). A task over more files than one reader may hold
-    open at once is read in consecutive spans (`LocalFiles.spans`).
+    open at once is read in consecutive spans (`LocalFiles.spans`). `into` (rows, one a
+    record: a 2-d uint8 array): record i is decoded into `into[i]` where it is exactly that
+    size, and None stands for it in the list; a record decoded another way is its bytes.
     """
     cuts = files.spans(refs)
     if len(cuts) > 1:
         return [r for lo, hi in cuts for r in read_ones(
             files, bufs, heads, refs.take(lo, hi), verify, max_decoded,
-            None if paths is None else paths[lo:hi])]
+            None if paths is None else paths[lo:hi], None if into is None else into[lo:hi])]
     fds = files.hold(refs.paths)
     try:
-        return _read_held(files, fds, bufs, heads, refs, verify, max_decoded, paths)
+        return _read_held(files, fds, bufs, heads, refs, verify, max_decoded, paths, into)
     finally:
         files.let_go(refs.paths, fds)
 
 
 def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: memoryview,
                refs: ChunkRefs, verify: str, max_decoded: int,
-               paths: Sequence[str] | None) -> list[bytes]:
+               paths: Sequence[str] | None, into: Any) -> list[Any]:
     """`read_ones` with the files' descriptors held (`fds[f]`)."""
     hashes, data_hashes = verify != "none", verify == "all"
     budget = max_decoded - RECORD_COST
@@ -75,7 +78,7 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
     counts = refs.count.tolist() if refs.count is not None else None
     starts, ends, within = refs.start.tolist(), refs.end.tolist(), refs.within.tolist()
     head = heads[:BLOCK_HEADER_SIZE]  # where the one block header of a crossing goes
-    out: list[bytes] = []
+    out: list[bytes | None] = []
     append = out.append
     total = 0
     slot = 0  # which of `bufs` the next read goes to
@@ -93,13 +96,17 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
             paths=None if paths is None else [paths[k]], chunks=[int(refs.chunk[k])],
             counts=None if counts is None else [counts[k]], max_decoded=max_decoded)[0]
 
-    def decoded(k: int, logical: memoryview, checked: bool) -> bytes:
-        """Record k from its chunk's logical bytes; `checked`: its data hash agreed."""
+    def decoded(k: int, logical: memoryview, checked: bool) -> bytes | None:
+        """Record k from its chunk's logical bytes (None: decoded into its row); `checked`:
+        its data hash agreed."""
         try:
-            record = one_record(logical, budget, hashes, data_hashes and not checked, dctx)
+            record = one_record(logical, budget, hashes, data_hashes and not checked, dctx,
+                                None if into is None else into[k])
         except Exception:  # anything odd: the general path decodes it or says why
             record = None
-        return record if record is not None else general(k)
+        if record is None:
+            return general(k)
+        return None if into is not None else record
 
     def flush() -> None:
         nonlocal pending
@@ -119,11 +126,7 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
             raw = _PREAD(fds[f], n, s)
             if len(raw) != n:
                 raise short_read_error(refs.name(f), s, e, len(raw))
-            try:
-                record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx)
-            except Exception:  # anything odd: the general path decodes it or says why
-                record = None
-            append(record if record is not None else general(k))
+            append(decoded(k, memoryview(raw), False))
             continue
         if crossed < 0:
             flush()

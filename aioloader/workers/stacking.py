@@ -18,14 +18,16 @@ whole from then on in this process (`_whole`), so the work of a piece is not los
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..elements.collate import collate
-from ..elements.transforms import MapOp, RandomMapOp
+from ..elements.transforms import MapOp, OpTimes, RandomMapOp, apply_batch_ops, apply_record_ops
 from .arena import SlotAlloc
+from .decode import Decoder, chunk_keys
 
 PIECE_BYTES = 8 << 20  # records' stored bytes per piece (smaller pieces cost rate and CPU)
 MIN_TASK_BYTES = 16 << 20  # smaller tasks are made whole (a few pieces would be the whole)
@@ -171,3 +173,45 @@ def make_batch(lo: int, hi: int, pieces: Sequence[tuple[int, int]],
     if shape is None or len(rows.full) != len(rows.given):
         return None
     return _rebuild(first_tree, iter(rows.full), iter(joined))
+
+
+def in_pieces(task: Any, pipeline: Any, decoder: Decoder, raws: Sequence | None,
+              paths: list[str], alloc: SlotAlloc | None, times: OpTimes
+              ) -> tuple[list, int] | None:
+    """A big task's batches (`task`: a `messages.Task`, `raws` its chunk bytes) made a piece
+    at a time, straight into the slot, and the nanoseconds spent decoding; None where that
+    does not apply or the pieces did not stack (the task is then made whole)."""
+    refs = task.refs
+    sizes = refs.end - refs.start
+    if alloc is None or pipeline.batch is None or not worth_it(
+            pipeline, sizes, chunk_keys(refs) is None, alloc.end - alloc.pos):
+        return None
+    indices, epochs = task.indices.tolist(), task.epochs.tolist()
+    spent = 0
+
+    def elements_of(a: int, b: int) -> list:
+        nonlocal spent
+        t0 = time.perf_counter_ns()
+        records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
+                                  verify=pipeline.verify, max_decoded=pipeline.max_decoded,
+                                  paths=paths[a:b], stash=task.stash, table=task.table)
+        spent += time.perf_counter_ns() - t0
+        return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
+                                paths[a:b], times=times)
+
+    size, n, out = pipeline.batch.size, len(refs), []
+    try:
+        for lo in range(0, n, size):
+            hi = min(lo + size, n)
+            batch = make_batch(lo, hi, cuts(sizes, lo, hi), elements_of, alloc)
+            if batch is None:
+                give_up(pipeline)
+                return None
+            out.append(apply_batch_ops(pipeline.batch_ops, batch, times=times,
+                                       first=len(pipeline.record_ops)))
+    except NoRoom:  # (made whole, it asks for room)
+        no_room(pipeline, alloc.end - alloc.base)
+        return None
+    except Exception:  # made whole instead: the same error, naming the same record
+        return None
+    return out, spent

@@ -33,9 +33,9 @@ from ..describe.objects import read_records
 from ..elements.collate import collate_named
 from ..elements.transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
 from ..errors import WorkerError
-from . import stacking
+from . import rows, stacking
 from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
-from .decode import Decoder, chunk_keys
+from .decode import Decoder
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
 from .pieces import has_arrays, window_payload
 
@@ -172,11 +172,7 @@ def _records_of(task: Task, pipeline: Pipeline, decoder: Decoder, arena: Any,
     """The task's records, decoded; `paths` names each record's file in errors."""
     if pipeline.records is not None:  # a from_source() object: read by index
         return read_records(pipeline.records, task.indices.tolist())
-    raws = task.raws
-    if task.raw_spans is not None:
-        view = memoryview(arena)
-        raws = [view[o : o + n] for o, n in task.raw_spans]
-    return decoder.records(task.refs, raws, verify=pipeline.verify,
+    return decoder.records(task.refs, task.chunk_bytes(arena), verify=pipeline.verify,
                            max_decoded=pipeline.max_decoded, paths=paths, stash=task.stash,
                            table=task.table)
 
@@ -229,7 +225,10 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     times = OpTimes.zeros(len(pipeline.record_ops) + len(pipeline.batch_ops))
     survivors = None
     alloc = _room(arena, task.slot)
-    made = _in_pieces(task, pipeline, decoder, mem, paths, alloc, times)
+    raws = task.chunk_bytes(mem)
+    made = rows.typed_batches(task, pipeline, decoder, raws, paths, alloc, times)
+    if made is None:
+        made = stacking.in_pieces(task, pipeline, decoder, raws, paths, alloc, times)
     if made is not None:  # big batches: straight into the slot, a piece at a time
         payload, spent = made
         decoded, count = began + spent, len(refs)
@@ -268,13 +267,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
 def _filled(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, began: int) -> Result:
     """A fill job run: its chunk's wanted records laid out in the stash file; `count`: how
     many went in."""
-    raws = task.raws
-    if task.raw_spans is not None:
-        view = memoryview(mem)
-        raws = [view[o : o + n] for o, n in task.raw_spans]
     reads, nbytes = decoder.files.reads, decoder.files.bytes
     decoder.decoded = decoder.hits = 0
-    count = decoder.fill(task.refs, raws, task.fill,  # type: ignore[arg-type]  # a fill
+    count = decoder.fill(task.refs, task.chunk_bytes(mem), task.fill,  # type: ignore[arg-type]  # a fill
                          verify=pipeline.verify, max_decoded=pipeline.max_decoded,
                          table=task.table)
     return Result(task.task_id, None, count, reads=decoder.files.reads - reads,
@@ -313,52 +308,6 @@ def _whole(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: li
                 pad=pad, masks=masks),
                 times=times, first=len(pipeline.record_ops))
             for i in range(0, len(elements), size)], None, len(elements), decoded
-
-
-def _in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, mem: Any, paths: list[str],
-               alloc: SlotAlloc | None, times: OpTimes) -> tuple[list, int] | None:
-    """A big task's batches made a piece at a time, straight into the slot
-    (`aioloader.workers.stacking`), and the nanoseconds spent decoding; None where that does
-    not apply or the pieces did not stack (the task is then made whole)."""
-    refs = task.refs
-    sizes = refs.end - refs.start
-    if alloc is None or pipeline.batch is None or not stacking.worth_it(
-            pipeline, sizes, chunk_keys(refs) is None, alloc.end - alloc.pos):
-        return None
-    raws = task.raws
-    if task.raw_spans is not None:
-        view = memoryview(mem)  # type: ignore[arg-type]  # a slot's spans: mapped
-        raws = [view[o : o + n] for o, n in task.raw_spans]
-    indices, epochs = task.indices.tolist(), task.epochs.tolist()
-    spent = 0
-
-    def elements_of(a: int, b: int) -> list:
-        nonlocal spent
-        t0 = time.perf_counter_ns()
-        records = decoder.records(refs.take(a, b), None if raws is None else raws[a:b],
-                                  verify=pipeline.verify, max_decoded=pipeline.max_decoded,
-                                  paths=paths[a:b], stash=task.stash, table=task.table)
-        spent += time.perf_counter_ns() - t0
-        return apply_record_ops(pipeline.record_ops, records, indices[a:b], epochs[a:b],
-                                paths[a:b], times=times)
-
-    size, n, out = pipeline.batch.size, len(refs), []
-    try:
-        for lo in range(0, n, size):
-            hi = min(lo + size, n)
-            batch = stacking.make_batch(lo, hi, stacking.cuts(sizes, lo, hi), elements_of,
-                                        alloc)
-            if batch is None:
-                stacking.give_up(pipeline)
-                return None
-            out.append(apply_batch_ops(pipeline.batch_ops, batch, times=times,
-                                       first=len(pipeline.record_ops)))
-    except stacking.NoRoom:  # (made whole, it asks for room)
-        stacking.no_room(pipeline, alloc.end - alloc.base)
-        return None
-    except Exception:  # made whole instead: the same error, naming the same record
-        return None
-    return out, spent
 
 
 def _objects_only(a: Any) -> Any:
