@@ -126,7 +126,16 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
             raw = _PREAD(fds[f], n, s)
             if len(raw) != n:
                 raise short_read_error(refs.name(f), s, e, len(raw))
-            append(decoded(k, memoryview(raw), False))
+            try:  # (`decoded` inlined: text records mostly come this way)
+                record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx,
+                                    into if into is None else into[k])
+            except Exception:  # anything odd: the general path decodes it or says why
+                record = None
+            if record is None:
+                record = general(k)
+            elif into is not None:
+                record = None
+            append(record)
             continue
         if crossed < 0:
             flush()

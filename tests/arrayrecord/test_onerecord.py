@@ -144,6 +144,15 @@ def test_one_record_is_the_general_paths_record_or_none(tmp_path, options):
                              dctx)
             assert got is None or got == want
             taken += got is not None
+            # decoded into a buffer: the same record, or None; never into one of another size
+            for size in (len(want), len(want) + 1, max(0, len(want) - 1)):
+                out = np.full(size, 7, np.uint8)
+                into = one_record(logical, DEFAULT_MAX_DECODED - RECORD_COST, hashes,
+                                  data_hashes, dctx, out)
+                assert into is None or (into is out and size == len(want)
+                                        and out.tobytes() == want)
+                if size == len(want):
+                    assert (into is None) == (got is None)
     if "snappy" not in options:
         assert taken >= 3 * 25  # the short path takes nearly all of them
 
@@ -183,6 +192,14 @@ def test_a_damaged_chunk_gives_the_general_paths_record_or_none(tmp_path_factory
         except Exception:
             got = None  # the callers fall back on anything raised
         assert got is None or got == want
+        out = np.empty(len(want) if want is not None else 60_000, np.uint8)
+        try:  # decoded into a buffer (the typed rows' path): the same, or nothing
+            into = None if logical is None else one_record(
+                logical, DEFAULT_MAX_DECODED - RECORD_COST, verify != "none",
+                verify == "all", dctx, out)
+        except Exception:
+            into = None
+        assert into is None or (into is out and out.tobytes() == want)
 
 
 _CASES: dict = {}
