@@ -83,8 +83,10 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
     if decoded > _ZSTD_RATIO * len(stream) + 64:
         return None
     declared = _frame_content_size(stream)
-    if out is not None:  # (libzstd fails a frame that would write past `out`)
-        if declared not in (decoded, -1):
+    if out is not None:  # a frame that says its size (libzstd fails one that would write
+        # past `out`); without it a decode into a buffer reads on across frames, which
+        # the general path does not: left to it
+        if declared != decoded:
             return None
         return out if _decompress_into(stream, out) == decoded else None
     if declared == decoded:  # libzstd fails a frame that decodes to more or less

@@ -52,9 +52,9 @@ def read_ones(files: LocalFiles, bufs: list[bytearray], heads: memoryview, refs:
 
     `bufs` are two reused buffers (grown here as needed), `heads` room for the block headers
     of one read (`onerecord.MAX_HEADERS`). A task over more files than one reader may hold
-    open at once is read in consecutive spans (`LocalFiles.spans`). `into` (rows, one a
-    record: a 2-d uint8 array): record i is decoded into `into[i]` where it is exactly that
-    size, and None stands for it in the list; a record decoded another way is its bytes.
+    open at once is read in consecutive spans (`LocalFiles.spans`). `into` (a sequence of
+    1-d uint8 arrays, one a record): record i is decoded into `into[i]` where it is exactly
+    that size, and None stands for it in the list; a record decoded another way is its bytes.
     """
     cuts = files.spans(refs)
     if len(cuts) > 1:

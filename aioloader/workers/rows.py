@@ -4,14 +4,17 @@ A pipeline whose one record op is the typed decode (`from_arrayrecord(decode=spe
 size numeric fields, batched without padding, needs no transform per record: each record is
 the spec's bytes, and its batch is those bytes laid out as arrays. So a batch's records are
 decoded into one (records, bytes a record) byte matrix: local one-record chunks are
-decompressed right into their rows (`Decoder.into`), other records decoded, then copied in.
-For one unnamed array that matrix is the batch itself, in the slot; named fields are cut out
-of it with one strided copy a field. Decode, then collate, would copy each record twice more.
+decompressed right into their rows (`Decoder.into`), other records decoded (each chunk once
+a task), then copied in. For one unnamed array that matrix is the batch itself, in the slot;
+named fields are cut out of it with one strided copy a field. Decode, then collate, would
+copy each record twice more. Such a task is never made in pieces (`stacking`): its records
+take no memory beyond the batch.
 
 The output is the one the general path makes (`tests/workers/test_rows.py`): the arrays
-collate allocates (native byte order), in the spec's field order. Whatever this path does not
-take, a record not of the spec's size, or anything that raises gives None, and the caller
-makes the task the general way, which decodes it again and names the error.
+collate allocates (native byte order), in the spec's field order. A slot without room for
+the task's batches (found before anything is decoded), a record not of the spec's size, or
+anything that raises gives None, and the caller makes the task the general way, which asks
+for room, or decodes it again and names the error.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def layout(spec: ElementSpec) -> Layout | None:
     return Layout(tuple(out), at) if at else None
 
 
-def _eligible(pipeline: Any) -> Layout | None:
+def applies(pipeline: Any) -> Layout | None:
+    """The layout of `pipeline`'s records when its batches are made this way: its one
+    record op is the typed decode of a fixed layout, batched without padding; else None."""
     ops = pipeline.record_ops
     if pipeline.records is not None or pipeline.batch is None or \
             pipeline.batch.rules is not None or len(ops) != 1 or type(ops[0]) is not MapOp \
@@ -90,51 +95,44 @@ def _cut(lay: Layout, batch: dict, matrix: np.ndarray) -> None:
             batch[name].reshape(m, -1).view(np.uint8)[...] = matrix[:, at : at + nbytes]
 
 
-def _fill(decoder: Decoder, task: Any, lo: int, hi: int, raws: Sequence | None,
-          matrix: np.ndarray, pipeline: Any, paths: list[str]) -> bool:
-    """Rows lo..hi-1 of the task decoded into `matrix`; False when a record is not a row's
-    size (the matrix then holds anything)."""
-    got = decoder.into(task.refs.take(lo, hi), None if raws is None else raws[lo:hi], matrix,
-                       verify=pipeline.verify, max_decoded=pipeline.max_decoded,
-                       paths=paths[lo:hi], stash=task.stash, table=task.table)
-    size = matrix.shape[1]
-    for k, record in enumerate(got):
-        if record is not None:
-            if len(record) != size:
-                return False
-            matrix[k] = np.frombuffer(record, np.uint8)
-    return True
-
-
 def typed_batches(task: Any, pipeline: Any, decoder: Decoder, raws: Sequence | None,
-                  paths: list[str], alloc: SlotAlloc | None, times: OpTimes
+                  paths: list[str], alloc: SlotAlloc, times: OpTimes
                   ) -> tuple[list, int] | None:
-    """The task's (a `messages.Task`; `raws` its chunk bytes) batches, made this way, and
-    the nanoseconds spent decoding; None where this path does not apply or did not go
-    through (see the module doc)."""
-    lay = _eligible(pipeline)
-    if lay is None or alloc is None:
-        return None
-    size, n, out, spent, cut = pipeline.batch.size, len(task.refs), [], 0, 0.0
+    """The batches of `task` (a `messages.Task`; `raws` its chunk bytes) of a pipeline this
+    path `applies` to, and the nanoseconds spent decoding; None when the slot has no room
+    for them all (nothing is decoded then) or a record does not fit (see the module doc).
+
+    Every batch is allocated first, then the task's records are decoded in one call (each
+    chunk read and decoded once, the decoder's counts the task's), then the batch ops run.
+    """
+    lay = applies(pipeline)
+    assert lay is not None, "typed_batches of a pipeline it does not apply to"
+    size, n = pipeline.batch.size, len(task.refs)
+    made: list[tuple[Any, np.ndarray]] = []
+    for lo in range(0, n, size):
+        one = _matrix(lay, min(lo + size, n) - lo, alloc)
+        if one is None:
+            return None
+        made.append(one)
+    rows = [row for _, matrix in made for row in matrix]
+    t0 = time.perf_counter_ns()
     try:
-        for lo in range(0, n, size):
-            hi = min(lo + size, n)
-            made = _matrix(lay, hi - lo, alloc)
-            if made is None:
-                return None
-            batch, matrix = made
-            t0 = time.perf_counter_ns()
-            ok = _fill(decoder, task, lo, hi, raws, matrix, pipeline, paths)
-            spent += time.perf_counter_ns() - t0
-            if not ok:
-                return None
-            if not lay.single:
-                t1 = time.perf_counter()
-                _cut(lay, batch, matrix)
-                cut += time.perf_counter() - t1
-            out.append(apply_batch_ops(pipeline.batch_ops, batch, times=times, first=1))
+        got = decoder.into(task.refs, raws, rows, verify=pipeline.verify,
+                           max_decoded=pipeline.max_decoded, paths=paths, stash=task.stash,
+                           table=task.table)
     except Exception:  # made the general way instead: the same error, naming the record
         return None
+    for row, record in zip(rows, got):
+        if record is not None:
+            if len(record) != lay.size:
+                return None
+            row[...] = np.frombuffer(record, np.uint8)
+    spent = time.perf_counter_ns() - t0
+    t1 = time.perf_counter()
+    if not lay.single:
+        for batch, matrix in made:
+            _cut(lay, batch, matrix)
     times.items[0] += n
-    times.seconds[0] += cut
-    return out, spent
+    times.seconds[0] += time.perf_counter() - t1
+    return [apply_batch_ops(pipeline.batch_ops, batch, times=times, first=1)
+            for batch, _ in made], spent

@@ -226,8 +226,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
     survivors = None
     alloc = _room(arena, task.slot)
     raws = task.chunk_bytes(mem)
-    made = rows.typed_batches(task, pipeline, decoder, raws, paths, alloc, times)
-    if made is None:
+    if alloc is not None and rows.applies(pipeline):  # typed records: into their rows
+        made = rows.typed_batches(task, pipeline, decoder, raws, paths, alloc, times)
+    else:
         made = stacking.in_pieces(task, pipeline, decoder, raws, paths, alloc, times)
     if made is not None:  # big batches: straight into the slot, a piece at a time
         payload, spent = made

@@ -151,8 +151,7 @@ def test_one_record_is_the_general_paths_record_or_none(tmp_path, options):
                                   data_hashes, dctx, out)
                 assert into is None or (into is out and size == len(want)
                                         and out.tobytes() == want)
-                if size == len(want):
-                    assert (into is None) == (got is None)
+                assert into is None or got is not None  # (frames without a size: None)
     if "snappy" not in options:
         assert taken >= 3 * 25  # the short path takes nearly all of them
 

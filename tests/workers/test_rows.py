@@ -6,20 +6,26 @@ the general way, naming the record."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aioloader as al
+from aioloader.arrayrecord.codecs import ZSTD
+from aioloader.arrayrecord.varint import encode_varint
 from aioloader.elements.collate import collate
 from aioloader.elements.transforms import BatchOp, MapOp, OpTimes
 from aioloader.elements.typed import Decode, ElementSpec
 from aioloader.workers import Pipeline, Task, rows
 from aioloader.workers.arena import SlotAlloc
 from aioloader.workers.decode import Decoder
+
+from ..support.hostile import Chunk, block, craft, simple_chunk
 
 DTYPES = ["<f4", "<f8", "<i8", "<i4", "|u1", "<u2", "|b1", "<c8", "<f2"]
 
@@ -170,15 +176,79 @@ async def test_a_tasks_typed_batches_are_its_records_decoded_then_collated(
 def test_other_pipelines_take_the_general_path():
     spec = SPECS["small"]
     decode = MapOp(Decode(spec))
-    task = Task(0, np.zeros(1, np.int64), np.zeros(1, np.int64), refs=None)
+    assert rows.applies(Pipeline(record_ops=(decode,), batch=BatchOp(4), batch_ops=()))
     for pipeline in [
         Pipeline(record_ops=(MapOp(spec.decode),), batch=BatchOp(4), batch_ops=()),
         Pipeline(record_ops=(decode, MapOp(abs)), batch=BatchOp(4), batch_ops=()),
         Pipeline(record_ops=(decode,), batch=None, batch_ops=()),
         Pipeline(record_ops=(decode,), batch=BatchOp(4, pad=True), batch_ops=()),
+        Pipeline(record_ops=(MapOp(Decode(ElementSpec.array("<f4", (-1,)))),),
+                 batch=BatchOp(4), batch_ops=()),
     ]:
-        assert rows.typed_batches(task, pipeline, Decoder(), None, [], _alloc(),
-                                  OpTimes.zeros(len(pipeline.record_ops))) is None
+        assert rows.applies(pipeline) is None
+
+
+_OPS = {"calls": 0}
+
+
+def _counted(batch):
+    """A batch op that counts its calls (tasks run inline here: this process's count)."""
+    _OPS["calls"] += 1
+    return batch
+
+
+def _run(task: Task, spec: ElementSpec, typed: bool, slot: int, batch: int = 8):
+    """`task` run inline by the typed pipeline or the general one, in a slot of `slot`
+    bytes: its result and the batch op's calls."""
+    from aioloader.workers.worker import run_task
+
+    op = MapOp(Decode(spec)) if typed else MapOp(spec.decode)
+    pipeline = Pipeline(record_ops=(op,), batch=BatchOp(batch), batch_ops=(MapOp(_counted),))
+    assert bool(rows.applies(pipeline)) == typed
+    _OPS["calls"] = 0
+    task = dataclasses.replace(task, slot=0)
+    result = run_task(task, pipeline, Decoder(), (bytearray(2 * slot), slot, 0))
+    return result, _OPS["calls"]
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("slot", [1 << 22, 9000])  # room for every batch / for one of two
+async def test_a_typed_task_reads_decodes_and_counts_as_the_general_one(written, group, slot):
+    spec = SPECS["small"]  # 60-byte records: a batch of 8 takes 480 bytes of the slot
+    indices = np.random.default_rng(2).permutation(51)[:16].astype(np.int64)
+    async with al.ArrayRecordSource(written["small", group, "zstd:3"]) as src:
+        task = Task(0, indices, np.zeros_like(indices), refs=src.chunk_refs(indices))
+    if slot < 1 << 22:  # one batch fits, two do not (the general path then asks for room)
+        slot = 480 + 64
+    typed, typed_calls = _run(task, spec, True, slot)
+    general, general_calls = _run(task, spec, False, slot)
+    assert (typed.reads, typed.bytes_read, typed.chunks_decoded, typed.chunk_hits,
+            typed.count, typed.needed, typed_calls) == (
+        general.reads, general.bytes_read, general.chunks_decoded, general.chunk_hits,
+        general.count, general.needed, general_calls)
+    assert typed.count == 16 and typed.op_items == general.op_items
+
+
+async def test_a_record_in_frames_without_their_size_fails_as_it_does_the_general_way(
+        tmp_path):
+    """A values block of two zstd frames that do not say their sizes, adding up to the
+    record's: the general path decodes the first frame alone and refuses the record; so
+    does the typed path (a decode into a buffer would read on into the second)."""
+    spec = ElementSpec.array("|u1", (1024,))
+    record = bytes(range(256)) * 4
+    frames = b"".join(zstandard.ZstdCompressor(write_content_size=False).compress(part)
+                      for part in (record[:500], record[500:]))
+    sizes = block(ZSTD, encode_varint(len(record)))
+    data = bytes([ZSTD]) + encode_varint(len(sizes)) + sizes + encode_varint(len(record)) + \
+        frames
+    good = simple_chunk([record], ZSTD)
+    path = tmp_path / "frames.array_record"
+    path.write_bytes(craft([good, Chunk(data, 1, len(record), span=1), good]))
+    for workers in (0, 1):
+        typed = _error(al.Dataset.from_arrayrecord(str(path), decode=spec).batch(3), workers)
+        general = _error(al.Dataset.from_arrayrecord(str(path)).map(spec.decode).batch(3),
+                         workers)
+        assert "frames.array_record" in typed and typed == general
 
 
 # -- end to end --------------------------------------------------------------------------
