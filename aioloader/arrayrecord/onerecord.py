@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from cramjam import zstd as _cramjam_zstd
+import zstandard
 
 from .chunk import _HEADS, ONE_RECORD_HEADS, one_record_head
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size
@@ -34,7 +34,7 @@ from .varint import read_varint
 ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
 _ZSTD_RATIO = _MAX_RATIO[ZSTD]
 _U64 = struct.Struct("<Q").unpack_from
-_decompress_into = _cramjam_zstd.decompress_into  # (zstandard has no decode into a buffer)
+_WINDOW_FLOOR = 1 << 20  # a window a decode into a buffer may take whatever the record
 MAX_HEADERS = 64
 """Block headers a range may cross on the short paths (a ~4 MiB record); longer ranges take
 the general path (a `preadv` takes at most IOV_MAX buffers, and the copy matters less)."""
@@ -83,12 +83,9 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
     if decoded > _ZSTD_RATIO * len(stream) + 64:
         return None
     declared = _frame_content_size(stream)
-    if out is not None:  # a frame that says its size (libzstd fails one that would write
-        # past `out`); without it a decode into a buffer reads on across frames, which
-        # the general path does not: left to it
-        if declared != decoded:
-            return None
-        return out if _decompress_into(stream, out) == decoded else None
+    if out is not None:
+        return out if declared in (decoded, -1) and _decode_into(dctx, stream, out,
+                                                                declared) else None
     if declared == decoded:  # libzstd fails a frame that decodes to more or less
         record = dctx.decompress(stream)
     elif declared == -1:  # no content size: exactly `decoded` allocated, never written past
@@ -96,6 +93,19 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
     else:
         return None
     return record if len(record) == decoded else None
+
+
+def _decode_into(dctx, stream, out, declared: int) -> bool:
+    """Whether `stream`'s first zstd frame decoded into `out` exactly fills it and ends
+    there, as the general path's one-shot decode of that frame would give it (the frame
+    is read alone: what follows it is not looked at, as the general path does not). A
+    frame that does not say its size is decoded only with a window of a size the record
+    bounds: a decode into a buffer keeps the window in memory, a one-shot decode does not."""
+    if declared == -1 and zstandard.get_frame_parameters(stream).window_size > \
+            max(2 * len(out), _WINDOW_FLOOR):
+        return False
+    with dctx.stream_reader(stream, read_across_frames=False) as reader:
+        return reader.readinto(out) == len(out) and not reader.read(1)
 
 
 ZSTD_HEADS: dict[int, bytes] = {}
