@@ -25,6 +25,7 @@ from aioloader.workers import Pipeline, Task, rows
 from aioloader.workers.arena import SlotAlloc
 from aioloader.workers.decode import Decoder
 
+from ..support.arrayrecord_util import write_theirs
 from ..support.hostile import Chunk, block, craft, simple_chunk
 
 DTYPES = ["<f4", "<f8", "<i8", "<i4", "|u1", "<u2", "|b1", "<c8", "<f2"]
@@ -345,3 +346,19 @@ async def test_a_frame_that_claims_a_big_window_is_decoded_the_general_way(tmp_p
     assert got[0] is None and got[1] == record  # the second: decoded the general way
     typed = _loaded(al.Dataset.from_arrayrecord(str(path), decode=spec).batch(2), 0)
     assert typed[0].tobytes() == record * 2
+
+
+@pytest.mark.parametrize("size", [100, 65536])
+async def test_records_array_records_writer_wrote_are_decoded_in_place(tmp_path, size):
+    """array_record's writer leaves its frames' sizes out: such records, too, are decoded
+    straight into their rows (none through a bytes object)."""
+    records = [np.random.default_rng(k).integers(0, 256, size, np.uint8).tobytes()
+               for k in range(6)]
+    path = tmp_path / "theirs.array_record"
+    write_theirs(path, records, "group_size:1,zstd:3")
+    async with al.ArrayRecordSource(str(path)) as src:
+        refs = src.chunk_refs(np.arange(6))
+    into = list(np.zeros((6, size), np.uint8))
+    got = Decoder().into(refs, None, into, verify="all", max_decoded=1 << 30,
+                         paths=[str(path)] * 6)
+    assert got == [None] * 6 and [row.tobytes() for row in into] == records
