@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import struct
 
-import zstandard
-
 from .chunk import _HEADS, ONE_RECORD_HEADS, one_record_head
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size
 from .hashing import highwayhash64
@@ -34,7 +32,6 @@ from .varint import read_varint
 ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
 _ZSTD_RATIO = _MAX_RATIO[ZSTD]
 _U64 = struct.Struct("<Q").unpack_from
-_WINDOW_FLOOR = 1 << 20  # a window a decode into a buffer may take whatever the record
 MAX_HEADERS = 64
 """Block headers a range may cross on the short paths (a ~4 MiB record); longer ranges take
 the general path (a `preadv` takes at most IOV_MAX buffers, and the copy matters less)."""
@@ -83,29 +80,21 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
     if decoded > _ZSTD_RATIO * len(stream) + 64:
         return None
     declared = _frame_content_size(stream)
-    if out is not None:
-        return out if declared in (decoded, -1) and _decode_into(dctx, stream, out,
-                                                                declared) else None
     if declared == decoded:  # libzstd fails a frame that decodes to more or less
         record = dctx.decompress(stream)
     elif declared == -1:  # no content size: exactly `decoded` allocated, never written past
         record = dctx.decompress(stream, max_output_size=decoded)
     else:
         return None
-    return record if len(record) == decoded else None
-
-
-def _decode_into(dctx, stream, out, declared: int) -> bool:
-    """Whether `stream`'s first zstd frame decoded into `out` exactly fills it and ends
-    there, as the general path's one-shot decode of that frame would give it (the frame
-    is read alone: what follows it is not looked at, as the general path does not). A
-    frame that does not say its size is decoded only with a window of a size the record
-    bounds: a decode into a buffer keeps the window in memory, a one-shot decode does not."""
-    if declared == -1 and zstandard.get_frame_parameters(stream).window_size > \
-            max(2 * len(out), _WINDOW_FLOOR):
-        return False
-    with dctx.stream_reader(stream, read_across_frames=False) as reader:
-        return reader.readinto(out) == len(out) and not reader.read(1)
+    if len(record) != decoded:
+        return None
+    # Into `out`: copied from the one-shot decode while it is still in the cache. A
+    # streaming decode straight into `out` was no faster, and cannot tell a frame that
+    # ends too soon (its checksum cut off, say) from one that ends where it should.
+    if out is not None:
+        out[:] = memoryview(record)
+        return out
+    return record
 
 
 ZSTD_HEADS: dict[int, bytes] = {}

@@ -3,12 +3,12 @@
 A pipeline whose one record op is the typed decode (`from_arrayrecord(decode=spec)`) of fixed
 size numeric fields, batched without padding, needs no transform per record: each record is
 the spec's bytes, and its batch is those bytes laid out as arrays. So a batch's records are
-decoded into one (records, bytes a record) byte matrix: local one-record chunks are
-decompressed right into their rows (`Decoder.into`), other records decoded (each chunk once
-a task), then copied in. For one unnamed array that matrix is the batch itself, in the slot;
-named fields are cut out of it with one strided copy a field. Decode, then collate, would
-copy each record twice more. Such a task is never made in pieces (`stacking`): its records
-take no memory beyond the batch.
+decoded into one (records, bytes a record) byte matrix: each record of a local one-record
+chunk is decoded and copied into its row at once, while still in the cache (`Decoder.into`),
+other records decoded (each chunk once a task), then copied in. For one unnamed array that
+matrix is the batch itself, in the slot; named fields are cut out of it with one strided
+copy a field. Decode, then collate, would copy each record twice more. Such a task is
+never made in pieces (`stacking`): its records take no memory beyond the batch.
 
 The output is the one the general path makes (`tests/workers/test_rows.py`): the arrays
 collate allocates (native byte order), in the spec's field order. A slot without room for

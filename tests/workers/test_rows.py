@@ -323,31 +323,6 @@ def test_a_file_gone_before_its_records_are_read_is_named(tmp_path):
             list(it)
 
 
-async def test_a_frame_that_claims_a_big_window_is_decoded_the_general_way(tmp_path):
-    """A frame without its size that claims a 1 GiB window: a decode into the row would
-    hold such a window in memory, a one-shot decode does not; it goes the general way and
-    gives the same batch."""
-    spec = ElementSpec.array("|u1", (4096,))
-    record = bytes(range(256)) * 16
-    params = zstandard.ZstdCompressionParameters(window_log=30, write_content_size=False)
-    writer = zstandard.ZstdCompressor(compression_params=params).compressobj()
-    frame = writer.compress(record) + writer.flush()
-    assert zstandard.get_frame_parameters(frame).window_size == 1 << 30
-    sizes = block(ZSTD, encode_varint(len(record)))
-    data = bytes([ZSTD]) + encode_varint(len(sizes)) + sizes + encode_varint(len(record)) + \
-        frame
-    path = tmp_path / "window.array_record"
-    path.write_bytes(craft([simple_chunk([record], ZSTD), Chunk(data, 1, len(record), span=1)]))
-    async with al.ArrayRecordSource(str(path)) as src:
-        refs = src.chunk_refs(np.arange(2))
-    into = list(np.zeros((2, len(record)), np.uint8))
-    got = Decoder().into(refs, None, into, verify="all", max_decoded=1 << 30,
-                         paths=[str(path)] * 2)
-    assert got[0] is None and got[1] == record  # the second: decoded the general way
-    typed = _loaded(al.Dataset.from_arrayrecord(str(path), decode=spec).batch(2), 0)
-    assert typed[0].tobytes() == record * 2
-
-
 @pytest.mark.parametrize("size", [100, 65536])
 async def test_records_array_records_writer_wrote_are_decoded_in_place(tmp_path, size):
     """array_record's writer leaves its frames' sizes out: such records, too, are decoded
