@@ -119,9 +119,9 @@ class Decoder:
     def into(self, refs: ChunkRefs, raws: Sequence | None, rows: Sequence, *, verify: str,
              max_decoded: int, paths: Sequence[str], stash: StashRef | None = None,
              table: str = "") -> list[Any]:
-        """`records`, but the records of local one-record ArrayRecord chunks are decoded
-        straight into their `rows` (1-d uint8 arrays, one a record) where they are exactly
-        that size, None standing for them in the list (`ones.read_ones`)."""
+        """`records`, but each record of a local one-record ArrayRecord chunk is put in its
+        row of `rows` (1-d uint8 arrays, one a record) as it is decoded, where it is exactly
+        that size, None standing for it in the list (`ones.read_ones`)."""
         if raws is None and refs.shift is None and PREADV is not None and \
                 chunk_keys(refs) is None and (refs.format is None or bool(
                     (refs.format == fmts.code(fmts.ARRAYRECORD)).all())):
