@@ -63,6 +63,12 @@ def _check_within(refs: ChunkRefs, names: list[str]) -> None:
             chunk=int(refs.chunk[i]), hint=CORRUPT_HINT)
 
 
+def _read_here_one_by_one(refs: ChunkRefs, raws: Sequence | None) -> bool:
+    """Whether one-record chunks of `refs` are read here, each into a reused buffer
+    (`ones.read_ones`): local files (not fetched bytes or a memory copy), where `preadv` is."""
+    return raws is None and refs.shift is None and PREADV is not None
+
+
 class Decoder:
     """What one decoding process keeps across tasks: its local file descriptors (`files`) and
     its cache of decoded multi-record chunks; and for the last task, `decoded` and `hits`
@@ -122,9 +128,8 @@ class Decoder:
         """`records`, but each record of a local one-record ArrayRecord chunk is put in its
         row of `rows` (1-d uint8 arrays, one a record) as it is decoded, where it is exactly
         that size, None standing for it in the list (`ones.read_ones`)."""
-        if raws is None and refs.shift is None and PREADV is not None and \
-                chunk_keys(refs) is None and (refs.format is None or bool(
-                    (refs.format == fmts.code(fmts.ARRAYRECORD)).all())):
+        if _read_here_one_by_one(refs, raws) and chunk_keys(refs) is None and (
+                refs.format is None or bool((refs.format == fmts.code(fmts.ARRAYRECORD)).all())):
             self.decoded = self.hits = self.missed = 0
             return read_ones(self.files, self._bufs, self._headers, refs, verify,
                              max_decoded, paths, rows)
@@ -202,7 +207,7 @@ class Decoder:
         local files), each shared chunk decoded once, large ones through the stash."""
         keys = chunk_keys(refs)
         if keys is None:  # group size 1: one call decodes them all
-            if raws is None and refs.shift is None and PREADV is not None:
+            if _read_here_one_by_one(refs, raws):
                 return read_ones(self.files, self._bufs, self._headers, refs, verify,
                                  max_decoded, paths)
             if raws is None:

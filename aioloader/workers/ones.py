@@ -128,7 +128,7 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
                 raise short_read_error(refs.name(f), s, e, len(raw))
             try:  # (`decoded` inlined: text records mostly come this way)
                 record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx,
-                                    into if into is None else into[k])
+                                    None if into is None else into[k])
             except Exception:  # anything odd: the general path decodes it or says why
                 record = None
             if record is None:

@@ -30,6 +30,7 @@ from ..elements.transforms import MapOp, OpTimes, apply_batch_ops
 from ..elements.typed import BYTES, Decode, ElementSpec
 from .arena import SlotAlloc
 from .decode import Decoder
+from .messages import Pipeline, Task
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def layout(spec: ElementSpec) -> Layout | None:
     return Layout(tuple(out), at) if at else None
 
 
-def applies(pipeline: Any) -> Layout | None:
+def applies(pipeline: Pipeline) -> Layout | None:
     """The layout of `pipeline`'s records when its batches are made this way: its one
     record op is the typed decode of a fixed layout, batched without padding; else None."""
     ops = pipeline.record_ops
@@ -95,10 +96,10 @@ def _cut(lay: Layout, batch: dict, matrix: np.ndarray) -> None:
             batch[name].reshape(m, -1).view(np.uint8)[...] = matrix[:, at : at + nbytes]
 
 
-def typed_batches(task: Any, pipeline: Any, decoder: Decoder, raws: Sequence | None,
+def typed_batches(task: Task, pipeline: Pipeline, decoder: Decoder, raws: Sequence | None,
                   paths: list[str], alloc: SlotAlloc, times: OpTimes
                   ) -> tuple[list, int] | None:
-    """The batches of `task` (a `messages.Task`; `raws` its chunk bytes) of a pipeline this
+    """The batches of `task` (`raws`: its chunk bytes) of a pipeline this
     path `applies` to, and the nanoseconds spent decoding; None when the slot has no room
     for them all (nothing is decoded then) or a record does not fit (see the module doc).
 
@@ -106,7 +107,8 @@ def typed_batches(task: Any, pipeline: Any, decoder: Decoder, raws: Sequence | N
     chunk read and decoded once, the decoder's counts the task's), then the batch ops run.
     """
     lay = applies(pipeline)
-    assert lay is not None, "typed_batches of a pipeline it does not apply to"
+    assert lay is not None and pipeline.batch is not None, \
+        "typed_batches of a pipeline it does not apply to"
     size, n = pipeline.batch.size, len(task.refs)
     made: list[tuple[Any, np.ndarray]] = []
     for lo in range(0, n, size):

@@ -28,6 +28,7 @@ from ..elements.collate import collate
 from ..elements.transforms import MapOp, OpTimes, RandomMapOp, apply_batch_ops, apply_record_ops
 from .arena import SlotAlloc
 from .decode import Decoder, chunk_keys
+from .messages import Pipeline, Task
 
 PIECE_BYTES = 8 << 20  # records' stored bytes per piece (smaller pieces cost rate and CPU)
 MIN_TASK_BYTES = 16 << 20  # smaller tasks are made whole (a few pieces would be the whole)
@@ -175,10 +176,10 @@ def make_batch(lo: int, hi: int, pieces: Sequence[tuple[int, int]],
     return _rebuild(first_tree, iter(rows.full), iter(joined))
 
 
-def in_pieces(task: Any, pipeline: Any, decoder: Decoder, raws: Sequence | None,
+def in_pieces(task: Task, pipeline: Pipeline, decoder: Decoder, raws: Sequence | None,
               paths: list[str], alloc: SlotAlloc | None, times: OpTimes
               ) -> tuple[list, int] | None:
-    """A big task's batches (`task`: a `messages.Task`, `raws` its chunk bytes) made a piece
+    """A big task's batches (`raws`: the task's chunk bytes) made a piece
     at a time, straight into the slot, and the nanoseconds spent decoding; None where that
     does not apply or the pieces did not stack (the task is then made whole)."""
     refs = task.refs
