@@ -74,7 +74,7 @@ class Run:
             if item is None:
                 raise StopAsyncIteration
             lo, _, result = item
-            self.runner.observe(result.payload)
+            self.runner.observe(result.payload, result.largest)
             unit = self.runner.plan.unit
             batches = result.payload or ()
             if keep and not batches:

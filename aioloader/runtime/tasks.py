@@ -162,7 +162,7 @@ class TaskRunner:
         a, b = lo - w[0], hi - w[0]
         return w[2][a:b], w[3][a:b], w[4].take(a, b)
 
-    def observe(self, batches: list | None) -> None:
+    def observe(self, batches: list | None, largest: int = -1) -> None:
         """After a result: tasks double in size per result up to the plan's goal, rather
         than jump to it (a consumer that has had one batch would otherwise wait for a whole
         large task, one worker a few times the step, before its second). While the bounded
@@ -170,10 +170,13 @@ class TaskRunner:
         sequential read), they group batches like local files: the workers read the bytes
         themselves, and four times fewer tasks cost the parent four times fewer lookups,
         pins and hops; once a task is not served (sparse reads), they shrink back. Tasks
-        whose records a horizon's stash holds carry no bytes: they grow as local ones do."""
+        whose records a horizon's stash holds carry no bytes: they grow as local ones do.
+        `largest`: the largest batch's `slot_bytes`, as its worker measured it (-1: measured
+        here)."""
         if not batches:
             return
-        largest = max(slot_bytes(b) for b in batches)
+        if largest < 0:
+            largest = max(slot_bytes(b) for b in batches)
         if self._goals is None or largest > self._largest:  # each link's goal, from the
             self._largest = largest  # largest batch so far: a task must fit its slot
             self._goals = {link: link.goal(self.plan, largest)

@@ -147,6 +147,7 @@ class Result:
     stash_missed: int = 0  # records of a stashable format its horizon lacked: decoded here
     survivors: np.ndarray | None = None  # stream mode: each survivor's place in the task
     needed: int = 0  # > 0: the output did not fit the slot, and needs this many bytes
+    largest: int = -1  # batch mode: `arena.slot_bytes` of its largest batch (-1: not known)
     # Where and when it ran, for the trace (`runtime.trace`): the process and thread, and
     # `time.perf_counter_ns()` at its start, once its records were decoded, and at its end
     # (CLOCK_MONOTONIC on Linux: the parent's clock too). Always measured: 3 clock reads

@@ -34,7 +34,7 @@ from ..elements.collate import collate_named
 from ..elements.transforms import OpTimes, apply_batch_ops, apply_record_ops, dumps_op
 from ..errors import WorkerError
 from . import rows, stacking
-from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves
+from .arena import PIPE_BYTES, Blob, Pickled, SlotAlloc, needed_bytes, replace_leaves, slot_bytes
 from .decode import Decoder
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, Pipeline, Result, Task
 from .pieces import has_arrays, window_payload
@@ -243,6 +243,9 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
                           "chunks_decoded": decoder.decoded, "chunk_hits": decoder.hits,
                           "stash_missed": decoder.missed}
     slot, room = -1, alloc  # stream mode's plain elements: pickled (into the slot if big)
+    # the largest batch's bytes, for the parent's task sizes: measured here, where its
+    # strings were just made (the parent would walk them again, out of the cache)
+    largest = max(map(slot_bytes, payload), default=0) if pipeline.batch is not None else -1
     if pipeline.batch is not None or has_arrays(payload):
         placed = alloc.export(payload) if alloc is not None else None
         if placed is not None:
@@ -260,6 +263,7 @@ def run_task(task: Task, pipeline: Pipeline | None = None, decoder: Decoder | No
         if isinstance(payload, int):
             return Result(task.task_id, None, 0, needed=payload)
     return Result(task.task_id, payload, count, slot, **io, survivors=survivors,
+                  largest=largest,
                   op_items=times.items, op_seconds=times.seconds, pid=os.getpid(),
                   tid=threading.get_native_id(), began_ns=began, decoded_ns=decoded,
                   ended_ns=time.perf_counter_ns())
