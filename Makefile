@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-browser chromium docs-screenshot test-interop lint typecheck packaging-check wheels demo docs docs-serve bench bench-quick clean
 
-$(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
+$(STAMP): pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c aioloader/arrayrecord/_onerecords.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -79,7 +79,7 @@ packaging-check:
 # every module of every package at install time (~110 MB and much of the install's time).
 DEMO      := .venv-demo
 DEMO_PY   := $(DEMO)/bin/python
-$(DEMO)/.installed: pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c
+$(DEMO)/.installed: pyproject.toml setup.py aioloader/arrayrecord/_highwayhash.c aioloader/arrayrecord/_footer.c aioloader/arrayrecord/_onerecords.c
 	test -x $(DEMO_PY) || $(PYTHON) -m venv $(DEMO)
 	$(DEMO_PY) -m pip install --quiet --upgrade pip
 	$(DEMO_PY) -m pip install --quiet --no-compile -e '.[demo]'

@@ -1,11 +1,11 @@
-"""Build the native parts: HighwayHash-64 for Riegeli's header and data hashes, and the
-footer-entry parser.
+"""Build the native parts: HighwayHash-64 for Riegeli's header and data hashes, the
+footer-entry parser, and the loop over small one-record chunks.
 
-Both are optional: without a C compiler (or Python headers) the build goes on without them
+All are optional: without a C compiler (or Python headers) the build goes on without them
 and the package uses its pure-Python fallbacks (``aioloader.arrayrecord.hashing`` warns once
 that hashing is then slow). On CPython >= 3.11 they use only the limited C API, so the wheel
 is ``abi3`` and serves every later CPython; 3.10 lacks the buffer protocol in the limited API
-and gets a version-specific build. A wheel in which neither compiled holds only Python, and
+and gets a version-specific build. A wheel in which none compiled holds only Python, and
 is tagged so (``py3-none-any``, ``Root-Is-Purelib: true``): a platform tag would promise
 native code it does not have. Metadata lives in pyproject.toml.
 """
@@ -58,7 +58,7 @@ class BdistWheel(bdist_wheel):
 
 
 setup(
-    ext_modules=[native("_highwayhash"), native("_footer")],
+    ext_modules=[native("_highwayhash"), native("_footer"), native("_onerecords")],
     cmdclass={"bdist_wheel": BdistWheel},
     options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED else {},
 )

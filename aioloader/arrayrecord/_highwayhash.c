@@ -25,6 +25,7 @@
  *   hash64_final(state, tail, /) -> int the hash of all fed, then a tail under 32 bytes
  *   IMPL                                the implementation in use: "avx2" or "portable"
  *   IMPLS                               the implementations this build and CPU can run
+ *   _C_API                              a capsule: hash64 for other C code of the package
  *
  * `data` is any object exporting a C-contiguous buffer; its raw bytes are hashed.
  * The GIL is released for inputs of 4 KiB or more.
@@ -660,8 +661,26 @@ static PyMethodDef hh_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* For other extensions of this package (`_onerecords`), which hash chunks in their own C
+ * loops: `HH_CAPI_NAME` names a capsule holding a `hh_capi` (see `_onerecords.c`). */
+typedef struct {
+    uint64_t (*riegeli_hash64)(const uint8_t *data, size_t size);
+} hh_capi;
+
+static uint64_t riegeli_hash64(const uint8_t *data, size_t size) {
+    return highwayhash64(RIEGELI_KEY, data, size);
+}
+
+static const hh_capi HH_CAPI = {riegeli_hash64};
+#define HH_CAPI_NAME "aioloader.arrayrecord._highwayhash._C_API"
+
 static int hh_exec(PyObject *module) {
     hh_choose();
+    PyObject *capi = PyCapsule_New((void *)&HH_CAPI, HH_CAPI_NAME, NULL);
+    if (capi == NULL || PyModule_AddObject(module, "_C_API", capi) < 0) {
+        Py_XDECREF(capi);
+        return -1;
+    }
     PyObject *impls;
 #ifdef HH_HAVE_AVX2
     if (__builtin_cpu_supports("avx2")) {

@@ -16,6 +16,7 @@ path checks them.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from .chunk import _HEADS, ONE_RECORD_HEADS, one_record_head
 from .codecs import _MAX_RATIO, NONE, ZSTD, _frame_content_size
@@ -28,6 +29,12 @@ from .layout import (
     CHUNK_SIMPLE,
 )
 from .varint import read_varint
+
+_read_small: Callable[..., list] | None
+try:  # the loop over many small chunks, in C (optional: `read_small` says when absent)
+    from ._onerecords import read_small as _read_small
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _read_small = None
 
 ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
 _ZSTD_RATIO = _MAX_RATIO[ZSTD]
@@ -95,6 +102,20 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
         out[:] = memoryview(record)
         return out
     return record
+
+
+def read_small(fds: list[int], file: list[int], start: list[int], end: list[int],
+               within: list[int], counts: list[int] | None, budget: int, hashes: bool,
+               data_hashes: bool, dctx, into, small: int) -> list | None:
+    """Record `within[k]` of each small one-record chunk at `[start[k], end[k])` of
+    `fds[file[k]]`, read and decoded by the native loop (`_onerecords.c`) with the checks
+    `one_record` makes: its bytes, None (decoded into `into[k]`), or False where the loop
+    did not take it (anything `one_record` might not take, or a chunk over `small` bytes,
+    or one that crosses a block header). None: no native loop in this build."""
+    if _read_small is None:
+        return None
+    return _read_small(fds, file, start, end, within, counts, budget, hashes, data_hashes,
+                       ZSTD_HEADS, dctx.decompress, _ZSTD_RATIO, small, into)
 
 
 ZSTD_HEADS: dict[int, bytes] = {}

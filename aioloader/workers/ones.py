@@ -22,7 +22,7 @@ from ..arrayrecord.codecs import _zstd_decompressor
 from ..arrayrecord.hashing import highwayhash64_pair
 from ..arrayrecord.index import decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE, CHUNK_HEADER_SIZE
-from ..arrayrecord.onerecord import header_ok, headers_in, one_record, read_plan
+from ..arrayrecord.onerecord import header_ok, headers_in, one_record, read_plan, read_small
 from ..index.planning import ChunkRefs
 from ..io.shortread import short_read_error
 from .localfiles import LocalFiles
@@ -71,23 +71,29 @@ def read_ones(files: LocalFiles, bufs: list[bytearray], heads: memoryview, refs:
 def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: memoryview,
                refs: ChunkRefs, verify: str, max_decoded: int,
                paths: Sequence[str] | None, into: Any) -> list[Any]:
-    """`read_ones` with the files' descriptors held (`fds[f]`)."""
+    """`read_ones` with the files' descriptors held (`fds[f]`): the small chunks by the
+    native loop (`onerecord.read_small`), what it leaves (and everything, without it) here."""
     hashes, data_hashes = verify != "none", verify == "all"
     budget = max_decoded - RECORD_COST
     dctx = _zstd_decompressor()
     counts = refs.count.tolist() if refs.count is not None else None
     starts, ends, within = refs.start.tolist(), refs.end.tolist(), refs.within.tolist()
+    file = refs.file.tolist()
+    out: list[Any] | None = read_small(fds, file, starts, ends, within, counts, budget,
+                                       hashes, data_hashes, dctx, into, _SMALL)
+    todo: Sequence[int]
+    if out is None:
+        out, todo = [None] * len(starts), range(len(starts))
+    else:  # what it left
+        todo = [k for k, r in enumerate(out) if r is False] if False in out else []
     head = heads[:BLOCK_HEADER_SIZE]  # where the one block header of a crossing goes
-    out: list[bytes | None] = []
-    append = out.append
-    total = 0
     slot = 0  # which of `bufs` the next read goes to
     pending: tuple[int, memoryview] | None = None  # read, its data hash not yet computed
 
     def general(k: int) -> bytes:
         """Record k read again and decoded by the general path (or its error)."""
         s, e = starts[k], ends[k]
-        f = int(refs.file[k])
+        f = file[k]
         raw = _PREAD(fds[f], e - s, s)
         if len(raw) != e - s:
             raise short_read_error(refs.name(f), s, e, len(raw))
@@ -113,33 +119,21 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
         if pending is not None:
             k, logical = pending
             pending = None
-            append(decoded(k, logical, False))
+            out[k] = decoded(k, logical, False)
 
-    for k, (f, s, e, j) in enumerate(zip(refs.file.tolist(), starts, ends, within)):
+    for k in todo:
+        f, s, e, j = file[k], starts[k], ends[k], within[k]
         n = e - s
-        total += n
         crossed = headers_in(s, n) if j == 0 and n <= _MAX_READ and \
             (counts is None or counts[k] == 1) else -1
         if crossed == 0 and n <= _SMALL:  # a read of its own costs less than the views
-            if pending is not None:
-                flush()
             raw = _PREAD(fds[f], n, s)
             if len(raw) != n:
                 raise short_read_error(refs.name(f), s, e, len(raw))
-            try:  # (`decoded` inlined: text records mostly come this way)
-                record = one_record(memoryview(raw), budget, hashes, data_hashes, dctx,
-                                    None if into is None else into[k])
-            except Exception:  # anything odd: the general path decodes it or says why
-                record = None
-            if record is None:
-                record = general(k)
-            elif into is not None:
-                record = None
-            append(record)
+            out[k] = decoded(k, memoryview(raw), False)
             continue
         if crossed < 0:
-            flush()
-            append(general(k))
+            out[k] = general(k)
             continue
         if len(bufs[slot]) < n:
             bufs[slot] = bytearray(max(n, 2 * len(bufs[slot])))
@@ -154,13 +148,11 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
             raise short_read_error(refs.name(f), s, e, got)
         if hashes and crossed and not (header_ok(head) if crossed == 1 else
                                        all(map(header_ok, _pieces(heads, crossed)))):
-            flush()
-            append(general(k))
+            out[k] = general(k)
             continue
         logical = buf[: n - crossed * BLOCK_HEADER_SIZE]
         if not data_hashes or len(logical) <= CHUNK_HEADER_SIZE:
-            flush()
-            append(decoded(k, logical, False))
+            out[k] = decoded(k, logical, False)
             continue
         slot ^= 1
         if pending is None:
@@ -170,11 +162,11 @@ def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: 
         pending = None
         h0, h1 = highwayhash64_pair(first_logical[CHUNK_HEADER_SIZE:],
                                     logical[CHUNK_HEADER_SIZE:])
-        append(decoded(first, first_logical, True) if _hash_agrees(first_logical, h0)
-               else general(first))
-        append(decoded(k, logical, True) if _hash_agrees(logical, h1) else general(k))
+        out[first] = (decoded(first, first_logical, True) if _hash_agrees(first_logical, h0)
+                      else general(first))
+        out[k] = decoded(k, logical, True) if _hash_agrees(logical, h1) else general(k)
     flush()
     files.reads += len(out)
-    files.bytes += total
+    files.bytes += sum(ends) - sum(starts)
     return out
 
