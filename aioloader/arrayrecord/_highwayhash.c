@@ -665,13 +665,20 @@ static PyMethodDef hh_methods[] = {
  * loops: `HH_CAPI_NAME` names a capsule holding a `hh_capi` (see `_onerecords.c`). */
 typedef struct {
     uint64_t (*riegeli_hash64)(const uint8_t *data, size_t size);
+    void (*riegeli_hash64_pair)(const uint8_t *a, size_t na, const uint8_t *b, size_t nb,
+                                uint64_t out[2]);
 } hh_capi;
 
 static uint64_t riegeli_hash64(const uint8_t *data, size_t size) {
     return highwayhash64(RIEGELI_KEY, data, size);
 }
 
-static const hh_capi HH_CAPI = {riegeli_hash64};
+static void riegeli_hash64_pair(const uint8_t *a, size_t na, const uint8_t *b, size_t nb,
+                                uint64_t out[2]) {
+    highwayhash64_pair(RIEGELI_KEY, a, na, b, nb, out);
+}
+
+static const hh_capi HH_CAPI = {riegeli_hash64, riegeli_hash64_pair};
 #define HH_CAPI_NAME "aioloader.arrayrecord._highwayhash._C_API"
 
 static int hh_exec(PyObject *module) {

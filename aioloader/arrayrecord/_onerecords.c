@@ -1,14 +1,15 @@
 /*
- * Small one-record chunks of local files, read, checked and decoded in one C loop.
+ * One-record chunks of local files, read, checked and decoded in one C loop.
  *
  * `onerecord.one_record` is the short path for one chunk: a header unpack, a cached
- * comparison of the chunk's head, the hashes, one zstd decompression. For small records
- * (text at group_size 1: ~1 KiB each) its Python lines cost as much as the pread and the
- * decompression together. This loop runs the same checks, in the same order, over every
- * small chunk of a task:
+ * comparison of the chunk's head, the hashes, one zstd decompression; `workers.ones` reads
+ * each chunk for it (a `preadv` that puts its block headers aside) and pairs the data
+ * hashes of two chunks. Those Python lines cost as much as the reads and decompressions of
+ * small records together, and a few microseconds a record of any size. This loop does the
+ * same over every chunk of a task:
  *
- *   read_small(fds, file, start, end, within, counts, budget, hashes, data_hashes,
- *              heads, decompress, ratio, small, into) -> list
+ *   read_chunks(fds, file, start, end, within, counts, budget, hashes, data_hashes,
+ *               heads, decompress, ratio, most, into) -> list
  *
  * For chunk k (`fds[file[k]]`, bytes `[start[k], end[k])`) the list holds its record (bytes),
  * None when it was decoded into `into[k]`, or False when the loop did not take it: then the
@@ -16,12 +17,15 @@
  * chunk only when
  *
  *   - it is record 0 (`within[k]`) of a chunk of one record (`counts[k]`, when given), of at
- *     most `small` bytes, lying within one block after its header (no block header to cut);
- *   - one pread returns all of it; its header says a simple chunk of one record whose data
- *     fills the range, decoding to at most `budget` bytes (and to `len(into[k])` exactly);
- *   - with `hashes`, the header hash agrees; the data begins with `heads[size]` (the codec
- *     byte, sizes block and values size prefix that `onerecord` checked for a zstd chunk of
- *     that size); with `data_hashes`, the data hash agrees;
+ *     most `most` bytes, beginning after a block header and crossing at most MAX_HEADERS
+ *     block boundaries, none within a block header or right after one (`headers_in`);
+ *   - one `preadv` returns all of it, the block headers put aside; with `hashes`, each of
+ *     their hashes agrees;
+ *   - its header says a simple chunk of one record whose data fills the range, decoding to
+ *     at most `budget` bytes (and to `len(into[k])` exactly); with `hashes`, the header
+ *     hash agrees; the data begins with `heads[size]` (the codec byte, sizes block and
+ *     values size prefix that `onerecord` checked for a zstd chunk of that size); with
+ *     `data_hashes`, the data hash agrees (two chunks' hashes computed in lockstep);
  *   - the zstd frame's declared content size is the record's size, or absent (then
  *     `decompress(stream, max_output_size=size)`), the stream is not smaller than `ratio`
  *     allows, and `decompress` (a `ZstdDecompressor.decompress`) gives exactly `size`
@@ -32,22 +36,26 @@
  * whose HighwayHash it takes through a capsule.
  */
 #define PY_SSIZE_T_CLEAN
+#define _DEFAULT_SOURCE /* preadv */
 #include <Python.h>
 
-#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define BLOCK_SIZE 65536
 #define BLOCK_HEADER_SIZE 24
 #define CHUNK_HEADER_SIZE 40
+#define MAX_HEADERS 64                /* `onerecord.MAX_HEADERS` */
 #define ONE_SIMPLE (0x72 | (1 << 8)) /* a simple chunk ('r') of one record */
 #define ZSTD_MAGIC 0xFD2FB528u
 
 typedef struct {
     uint64_t (*riegeli_hash64)(const uint8_t *data, size_t size);
+    void (*riegeli_hash64_pair)(const uint8_t *a, size_t na, const uint8_t *b, size_t nb,
+                                uint64_t out[2]);
 } hh_capi;
 #define HH_CAPI_NAME "aioloader.arrayrecord._highwayhash._C_API"
 
@@ -59,13 +67,15 @@ static uint64_t le64(const uint8_t *p) {
     return v;
 }
 
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* The frame's declared content size; -1: not declared; -2: not a zstd frame header we read
  * (the caller leaves the chunk to Python, which asks zstd itself). */
 static int64_t frame_content_size(const uint8_t *p, size_t n) {
     static const int dict_bytes[4] = {0, 1, 2, 4};
-    if (n < 5 || (uint32_t)le64((const uint8_t[8]){p[0], p[1], p[2], p[3], 0, 0, 0, 0}) !=
-                     ZSTD_MAGIC)
-        return -2;
+    if (n < 5 || le32(p) != ZSTD_MAGIC) return -2;
     uint8_t fhd = p[4];
     if (fhd & 0x08) return -2; /* reserved bit */
     int single = (fhd >> 5) & 1, fcs_flag = fhd >> 6;
@@ -77,13 +87,24 @@ static int64_t frame_content_size(const uint8_t *p, size_t n) {
     case 0: return -1;
     case 1: return f[0];
     case 2: return (int64_t)(f[0] | (f[1] << 8)) + 256;
-    case 4: return (int64_t)((uint32_t)f[0] | (uint32_t)f[1] << 8 | (uint32_t)f[2] << 16 |
-                             (uint32_t)f[3] << 24);
+    case 4: return (int64_t)le32(f);
     default: {
         uint64_t v = le64(f);
         return v > (uint64_t)INT64_MAX ? -2 : (int64_t)v;
     }
     }
+}
+
+/* How many block headers lie within `[start, start + n)`, all whole and followed by data;
+ * -1 where `onerecord.headers_in` gives -1 (the chunk is left to Python). */
+static long long headers_in(long long start, long long n) {
+    long long first = start % BLOCK_SIZE;
+    if (first <= BLOCK_HEADER_SIZE) return -1;
+    long long stop = first + n;
+    if (stop <= BLOCK_SIZE) return 0;
+    long long count = (stop - 1) / BLOCK_SIZE;
+    if (stop - count * BLOCK_SIZE <= BLOCK_HEADER_SIZE || count > MAX_HEADERS) return -1;
+    return count;
 }
 
 /* Item k of a list of ints as long long; -1 with an exception on error. */
@@ -105,13 +126,14 @@ static int swallow(void) {
     return -1;
 }
 
-/* decompress(stream) or decompress(stream, max_output_size=size); NULL with no exception
- * set: not taken. The view of `buf` is released if the callee kept it. */
+/* decompress(stream) or decompress(stream, max_output_size=size): the record, or NULL
+ * with no exception set (not taken; `*fatal` when an exception must propagate). The view
+ * of the buffer is released if the callee kept it. */
 static PyObject *decode(PyObject *decompress, const uint8_t *stream, Py_ssize_t n,
                         int64_t declared, long long size, int *fatal) {
     PyObject *view = PyMemoryView_FromMemory((char *)stream, n, PyBUF_READ);
     if (view == NULL) {
-        *fatal = swallow();
+        *fatal = swallow() < 0;
         return NULL;
     }
     PyObject *args = PyTuple_Pack(1, view), *kw = NULL, *out = NULL;
@@ -124,7 +146,7 @@ static PyObject *decode(PyObject *decompress, const uint8_t *stream, Py_ssize_t 
     Py_XDECREF(kw);
     Py_XDECREF(args);
     if (out == NULL) {
-        *fatal = swallow();
+        *fatal = swallow() < 0;
     }
     if (Py_REFCNT(view) > 1) { /* kept: never let it see the buffer again */
         PyObject *r = PyObject_CallMethod(view, "release", NULL);
@@ -141,47 +163,101 @@ static PyObject *decode(PyObject *decompress, const uint8_t *stream, Py_ssize_t 
 
 typedef struct {
     PyObject *fds, *file, *start, *end, *within, *counts, *heads, *decompress, *into;
-    long long budget, ratio, small;
+    long long budget, ratio, most;
     int hashes, data_hashes;
 } args_t;
 
-/* Chunk k: its record (new ref), Py_None (decoded into its row), Py_False (not taken), or
- * NULL with an exception (a list of the wrong kind, KeyboardInterrupt). */
-static PyObject *one(const args_t *a, Py_ssize_t k, uint8_t *buf) {
+/* A chunk read and its headers checked, its data hash not yet. */
+typedef struct {
+    uint8_t *buf; /* its logical bytes: chunk header, then data */
+    size_t cap;
+    size_t n;      /* logical bytes */
+    uint64_t size; /* the record's size, as the header says */
+} slot_t;
+
+/* Room for one read's plan and the block headers it puts aside (a call's own: other
+ * threads run while a read waits). */
+typedef struct {
+    uint8_t heads[MAX_HEADERS * BLOCK_HEADER_SIZE];
+    struct iovec iov[2 * MAX_HEADERS + 1];
+} plan_t;
+
+/* Read chunk k into `sl` and check what comes before its data hash: 1 taken so far, 0 not
+ * taken, -1 an exception. */
+static int fetch(const args_t *a, Py_ssize_t k, slot_t *sl, plan_t *p) {
     long long f, s, e, j, c = 1, fd;
     if (item_ll(a->file, k, &f) < 0 || item_ll(a->start, k, &s) < 0 ||
         item_ll(a->end, k, &e) < 0 || item_ll(a->within, k, &j) < 0 ||
         (a->counts != Py_None && item_ll(a->counts, k, &c) < 0))
-        return NULL;
-    long long n = e - s, first = s % BLOCK_SIZE;
-    if (j != 0 || c != 1 || n <= CHUNK_HEADER_SIZE + 2 || n > a->small || s < 0 ||
-        first <= BLOCK_HEADER_SIZE || first + n > BLOCK_SIZE)
-        Py_RETURN_FALSE;
+        return -1;
+    long long n = e - s;
+    if (j != 0 || c != 1 || s < 0 || n > a->most) return 0;
+    long long crossed = headers_in(s, n);
+    if (crossed < 0) return 0;
+    size_t logical = (size_t)(n - crossed * BLOCK_HEADER_SIZE);
+    if (logical <= CHUNK_HEADER_SIZE + 2) return 0;
     if (f < 0 || f >= PyList_Size(a->fds)) {
-        PyErr_Format(PyExc_IndexError, "read_small(): file %lld of %zd", f,
+        PyErr_Format(PyExc_IndexError, "read_chunks(): file %lld of %zd", f,
                      PyList_Size(a->fds));
-        return NULL;
+        return -1;
     }
-    if (item_ll(a->fds, (Py_ssize_t)f, &fd) < 0) return NULL;
-    const uint8_t *h = buf, *data = buf + CHUNK_HEADER_SIZE;
+    if (item_ll(a->fds, (Py_ssize_t)f, &fd) < 0) return -1;
+    if (sl->cap < logical) {
+        size_t cap = logical > 2 * sl->cap ? logical : 2 * sl->cap;
+        uint8_t *grown = realloc(sl->buf, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        sl->buf = grown;
+        sl->cap = cap;
+    }
+    /* the plan of `onerecord.read_plan`: data pieces in `buf`, block headers aside */
+    struct iovec *iov = p->iov;
+    uint8_t *block_heads = p->heads;
+    int pieces = 0;
+    size_t at = 0;
+    long long lo = 0, boundary = BLOCK_SIZE - s % BLOCK_SIZE;
+    for (long long h = 0; h < crossed; h++) {
+        iov[pieces].iov_base = sl->buf + at;
+        iov[pieces++].iov_len = (size_t)(boundary - lo);
+        iov[pieces].iov_base = block_heads + h * BLOCK_HEADER_SIZE;
+        iov[pieces++].iov_len = BLOCK_HEADER_SIZE;
+        at += (size_t)(boundary - lo);
+        lo = boundary + BLOCK_HEADER_SIZE;
+        boundary += BLOCK_SIZE;
+    }
+    iov[pieces].iov_base = sl->buf + at;
+    iov[pieces++].iov_len = (size_t)(n - lo);
     ssize_t got;
-    int header_ok = 1, data_ok = 1;
-    uint64_t size = 0;
+    int ok = 1;
+    const uint8_t *h = sl->buf;
     Py_BEGIN_ALLOW_THREADS
-    got = pread((int)fd, buf, (size_t)n, (off_t)s);
+    got = preadv((int)fd, iov, pieces, (off_t)s);
     if (got == n) {
-        size = le64(h + 32);
-        if (le64(h + 24) != ONE_SIMPLE || CHUNK_HEADER_SIZE + le64(h + 8) != (uint64_t)n ||
-            a->budget < 0 || size > (uint64_t)a->budget)
-            header_ok = 0;
-        else if (a->hashes && hh->riegeli_hash64(h + 8, CHUNK_HEADER_SIZE - 8) != le64(h))
-            header_ok = 0;
-        else if (a->data_hashes &&
-                 hh->riegeli_hash64(data, (size_t)n - CHUNK_HEADER_SIZE) != le64(h + 16))
-            data_ok = 0;
+        sl->n = logical;
+        sl->size = le64(h + 32);
+        if (le64(h + 24) != ONE_SIMPLE || CHUNK_HEADER_SIZE + le64(h + 8) != logical ||
+            a->budget < 0 || sl->size > (uint64_t)a->budget || sl->size == 0)
+            ok = 0;
+        for (long long b = 0; ok && a->hashes && b < crossed; b++) {
+            const uint8_t *bh = block_heads + b * BLOCK_HEADER_SIZE;
+            ok = hh->riegeli_hash64(bh + 8, BLOCK_HEADER_SIZE - 8) == le64(bh);
+        }
+        if (ok && a->hashes)
+            ok = hh->riegeli_hash64(h + 8, CHUNK_HEADER_SIZE - 8) == le64(h);
     }
     Py_END_ALLOW_THREADS
-    if (got != n || !header_ok || !data_ok || size == 0) Py_RETURN_FALSE;
+    return got == n && ok;
+}
+
+/* The record of chunk k, read into `sl`, its data hash checked (`data_ok`): a new ref to
+ * the record, Py_None (decoded into its row), Py_False (not taken), or NULL (exception). */
+static PyObject *finish(const args_t *a, Py_ssize_t k, const slot_t *sl, int data_ok) {
+    if (!data_ok) Py_RETURN_FALSE;
+    uint64_t size = sl->size;
+    const uint8_t *data = sl->buf + CHUNK_HEADER_SIZE;
+    Py_ssize_t dn = (Py_ssize_t)sl->n - CHUNK_HEADER_SIZE;
     PyObject *row = NULL;
     Py_buffer rowview;
     if (a->into != Py_None) {
@@ -202,9 +278,8 @@ static PyObject *one(const args_t *a, Py_ssize_t k, uint8_t *buf) {
     PyObject *key = PyLong_FromUnsignedLongLong(size);
     PyObject *head = key ? PyDict_GetItemWithError(a->heads, key) : NULL; /* borrowed */
     Py_XDECREF(key);
-    Py_ssize_t hn = head != NULL && PyBytes_Check(head) ? PyBytes_Size(head) : -1;
-    Py_ssize_t dn = (Py_ssize_t)n - CHUNK_HEADER_SIZE;
     if (PyErr_Occurred() && swallow() < 0) goto fail;
+    Py_ssize_t hn = head != NULL && PyBytes_Check(head) ? PyBytes_Size(head) : -1;
     if (hn > 0 && hn < dn && memcmp(data, PyBytes_AsString(head), (size_t)hn) == 0) {
         const uint8_t *stream = data + hn;
         Py_ssize_t sn = dn - hn;
@@ -242,17 +317,29 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(read_small_doc,
-"read_small(fds, file, start, end, within, counts, budget, hashes, data_hashes, heads,\n"
-"           decompress, ratio, small, into, /) -> list\n"
-"\n"
-"Each small one-record chunk's record (bytes), None (decoded into into[k]) or False\n"
-"(not taken: the caller's Python path decides); see the module's source.");
+static int data_hash_ok(const slot_t *sl, uint64_t h) {
+    return le64(sl->buf + 16) == h;
+}
 
-static PyObject *read_small(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+/* out[k] = finish(...); -1 with an exception. */
+static int put(const args_t *a, PyObject *out, Py_ssize_t k, const slot_t *sl, int ok) {
+    PyObject *r = finish(a, k, sl, ok);
+    if (r == NULL) return -1;
+    PyList_SetItem(out, k, r); /* steals r; the False there goes */
+    return 0;
+}
+
+PyDoc_STRVAR(read_chunks_doc,
+"read_chunks(fds, file, start, end, within, counts, budget, hashes, data_hashes, heads,\n"
+"            decompress, ratio, most, into, /) -> list\n"
+"\n"
+"Each one-record chunk's record (bytes), None (decoded into into[k]) or False (not\n"
+"taken: the caller's Python path decides); see the module's source.");
+
+static PyObject *read_chunks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 14) {
-        PyErr_Format(PyExc_TypeError, "read_small() takes 14 arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError, "read_chunks() takes 14 arguments (%zd given)", nargs);
         return NULL;
     }
     args_t a = {args[0], args[1], args[2], args[3], args[4], args[5], args[9], args[10],
@@ -261,12 +348,12 @@ static PyObject *read_small(PyObject *module, PyObject *const *args, Py_ssize_t 
     a.hashes = PyObject_IsTrue(args[7]);
     a.data_hashes = PyObject_IsTrue(args[8]);
     a.ratio = PyLong_AsLongLong(args[11]);
-    a.small = PyLong_AsLongLong(args[12]);
+    a.most = PyLong_AsLongLong(args[12]);
     if (PyErr_Occurred() || a.hashes < 0 || a.data_hashes < 0) return NULL;
     if (!PyList_Check(a.fds) || !PyList_Check(a.file) || !PyList_Check(a.start) ||
         !PyList_Check(a.end) || !PyList_Check(a.within) || !PyDict_Check(a.heads) ||
         (a.counts != Py_None && !PyList_Check(a.counts))) {
-        PyErr_SetString(PyExc_TypeError, "read_small(): fds, file, start, end, within and "
+        PyErr_SetString(PyExc_TypeError, "read_chunks(): fds, file, start, end, within and "
                                          "counts are lists, heads a dict");
         return NULL;
     }
@@ -274,33 +361,66 @@ static PyObject *read_small(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (PyList_Size(a.start) != count || PyList_Size(a.end) != count ||
         PyList_Size(a.within) != count ||
         (a.counts != Py_None && PyList_Size(a.counts) != count) ||
-        (a.into != Py_None && PySequence_Size(a.into) != count) || a.small < 0) {
+        (a.into != Py_None && PySequence_Size(a.into) != count)) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "read_small(): lists of different lengths");
+            PyErr_SetString(PyExc_ValueError, "read_chunks(): lists of different lengths");
         return NULL;
     }
-    uint8_t *buf = malloc((size_t)(a.small > 0 ? a.small : 1));
     PyObject *out = PyList_New(count);
-    if (buf == NULL || out == NULL) {
-        free(buf);
-        Py_XDECREF(out);
-        return PyErr_NoMemory();
-    }
+    if (out == NULL) return NULL;
     for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *r = one(&a, k, buf);
-        if (r == NULL) {
-            free(buf);
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SetItem(out, k, r); /* steals r */
+        Py_INCREF(Py_False);
+        PyList_SetItem(out, k, Py_False);
     }
-    free(buf);
+    slot_t slots[2] = {{NULL, 0, 0, 0}, {NULL, 0, 0, 0}};
+    plan_t plan;
+    int cur = 0;
+    Py_ssize_t pending = -1; /* read into slots[cur ^ 1], its data hash not yet computed */
+    for (Py_ssize_t k = 0; k < count; k++) {
+        int got = fetch(&a, k, &slots[cur], &plan);
+        if (got < 0) goto fail;
+        if (!got) continue;
+        if (!a.data_hashes) {
+            if (put(&a, out, k, &slots[cur], 1) < 0) goto fail;
+            continue;
+        }
+        if (pending < 0) {
+            pending = k;
+            cur ^= 1;
+            continue;
+        }
+        slot_t *first = &slots[cur ^ 1], *second = &slots[cur];
+        uint64_t hs[2];
+        Py_BEGIN_ALLOW_THREADS
+        hh->riegeli_hash64_pair(first->buf + CHUNK_HEADER_SIZE, first->n - CHUNK_HEADER_SIZE,
+                                second->buf + CHUNK_HEADER_SIZE,
+                                second->n - CHUNK_HEADER_SIZE, hs);
+        Py_END_ALLOW_THREADS
+        if (put(&a, out, pending, first, data_hash_ok(first, hs[0])) < 0 ||
+            put(&a, out, k, second, data_hash_ok(second, hs[1])) < 0)
+            goto fail;
+        pending = -1;
+    }
+    if (pending >= 0) {
+        slot_t *last = &slots[cur ^ 1];
+        uint64_t h0;
+        Py_BEGIN_ALLOW_THREADS
+        h0 = hh->riegeli_hash64(last->buf + CHUNK_HEADER_SIZE, last->n - CHUNK_HEADER_SIZE);
+        Py_END_ALLOW_THREADS
+        if (put(&a, out, pending, last, data_hash_ok(last, h0)) < 0) goto fail;
+    }
+    free(slots[0].buf);
+    free(slots[1].buf);
     return out;
+fail:
+    free(slots[0].buf);
+    free(slots[1].buf);
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
-    {"read_small", (PyCFunction)(void (*)(void))read_small, METH_FASTCALL, read_small_doc},
+    {"read_chunks", (PyCFunction)(void (*)(void))read_chunks, METH_FASTCALL, read_chunks_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -315,15 +435,12 @@ static int exec_module(PyObject *module) {
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, (void *)exec_module},
-#ifdef Py_mod_multiple_interpreters
-    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
-#endif
     {0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_onerecords",
-    "Small one-record chunks of local files, read, checked and decoded in one C loop.", 0,
+    "One-record chunks of local files, read, checked and decoded in one C loop.", 0,
     methods, slots, NULL, NULL, NULL,
 };
 

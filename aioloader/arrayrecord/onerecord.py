@@ -30,11 +30,11 @@ from .layout import (
 )
 from .varint import read_varint
 
-_read_small: Callable[..., list] | None
-try:  # the loop over many small chunks, in C (optional: `read_small` says when absent)
-    from ._onerecords import read_small as _read_small
+_read_chunks: Callable[..., list] | None
+try:  # the loop over a task's chunks, in C (optional: `read_chunks` says when absent)
+    from ._onerecords import read_chunks as _read_chunks
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _read_small = None
+    _read_chunks = None
 
 ONE_SIMPLE = CHUNK_SIMPLE | 1 << 8  # a simple chunk of one record, as the header packs it
 _ZSTD_RATIO = _MAX_RATIO[ZSTD]
@@ -104,18 +104,18 @@ def one_record(logical, budget: int, hashes: bool, data_hashes: bool, dctx, out=
     return record
 
 
-def read_small(fds: list[int], file: list[int], start: list[int], end: list[int],
-               within: list[int], counts: list[int] | None, budget: int, hashes: bool,
-               data_hashes: bool, dctx, into, small: int) -> list | None:
-    """Record `within[k]` of each small one-record chunk at `[start[k], end[k])` of
+def read_chunks(fds: list[int], file: list[int], start: list[int], end: list[int],
+                within: list[int], counts: list[int] | None, budget: int, hashes: bool,
+                data_hashes: bool, dctx, into, most: int) -> list | None:
+    """Record `within[k]` of each one-record chunk at `[start[k], end[k])` of
     `fds[file[k]]`, read and decoded by the native loop (`_onerecords.c`) with the checks
-    `one_record` makes: its bytes, None (decoded into `into[k]`), or False where the loop
-    did not take it (anything `one_record` might not take, or a chunk over `small` bytes,
-    or one that crosses a block header). None: no native loop in this build."""
-    if _read_small is None:
+    `one_record` makes (and the block headers' own): its bytes, None (decoded into
+    `into[k]`), or False where the loop did not take it (anything `one_record` might not
+    take, or a chunk over `most` bytes). None: no native loop in this build."""
+    if _read_chunks is None:
         return None
-    return _read_small(fds, file, start, end, within, counts, budget, hashes, data_hashes,
-                       ZSTD_HEADS, dctx.decompress, _ZSTD_RATIO, small, into)
+    return _read_chunks(fds, file, start, end, within, counts, budget, hashes, data_hashes,
+                        ZSTD_HEADS, dctx.decompress, _ZSTD_RATIO, most, into)
 
 
 ZSTD_HEADS: dict[int, bytes] = {}

@@ -22,7 +22,7 @@ from ..arrayrecord.codecs import _zstd_decompressor
 from ..arrayrecord.hashing import highwayhash64_pair
 from ..arrayrecord.index import decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE, CHUNK_HEADER_SIZE
-from ..arrayrecord.onerecord import header_ok, headers_in, one_record, read_plan, read_small
+from ..arrayrecord.onerecord import header_ok, headers_in, one_record, read_chunks, read_plan
 from ..index.planning import ChunkRefs
 from ..io.shortread import short_read_error
 from .localfiles import LocalFiles
@@ -71,16 +71,16 @@ def read_ones(files: LocalFiles, bufs: list[bytearray], heads: memoryview, refs:
 def _read_held(files: LocalFiles, fds: list[int], bufs: list[bytearray], heads: memoryview,
                refs: ChunkRefs, verify: str, max_decoded: int,
                paths: Sequence[str] | None, into: Any) -> list[Any]:
-    """`read_ones` with the files' descriptors held (`fds[f]`): the small chunks by the
-    native loop (`onerecord.read_small`), what it leaves (and everything, without it) here."""
+    """`read_ones` with the files' descriptors held (`fds[f]`): the chunks by the native
+    loop (`onerecord.read_chunks`), what it leaves (and everything, without it) here."""
     hashes, data_hashes = verify != "none", verify == "all"
     budget = max_decoded - RECORD_COST
     dctx = _zstd_decompressor()
     counts = refs.count.tolist() if refs.count is not None else None
     starts, ends, within = refs.start.tolist(), refs.end.tolist(), refs.within.tolist()
     file = refs.file.tolist()
-    out: list[Any] | None = read_small(fds, file, starts, ends, within, counts, budget,
-                                       hashes, data_hashes, dctx, into, _SMALL)
+    out: list[Any] | None = read_chunks(fds, file, starts, ends, within, counts, budget,
+                                        hashes, data_hashes, dctx, into, _MAX_READ)
     todo: Sequence[int]
     if out is None:
         out, todo = [None] * len(starts), range(len(starts))

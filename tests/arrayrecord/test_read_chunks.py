@@ -1,7 +1,8 @@
-"""The native loop over small one-record chunks (`onerecord.read_small`, `_onerecords.c`):
-each chunk it takes gives the record `one_record` gives for the same bytes, and a chunk
-`one_record` (or the general path) refuses is never taken. Chunks are read from real files,
-written by array_record itself or built here around frames of every kind zstd allows."""
+"""The native loop over one-record chunks (`onerecord.read_chunks`, `_onerecords.c`): each
+chunk it takes gives the record `one_record` gives for the same bytes (block headers cut out
+as `workers.ones` cuts them), and a chunk `one_record` (or the general path) refuses is never
+taken. Chunks are read from real files, written by array_record itself or built here around
+frames of every kind zstd allows."""
 
 from __future__ import annotations
 
@@ -20,15 +21,22 @@ from aioloader.arrayrecord.chunk import DEFAULT_MAX_DECODED, RECORD_COST
 from aioloader.arrayrecord.codecs import _zstd_decompressor
 from aioloader.arrayrecord.hashing import highwayhash64
 from aioloader.arrayrecord.index import decode_chunk, read_index
-from aioloader.arrayrecord.layout import BLOCK_SIZE, CHUNK_HEADER_SIZE
-from aioloader.arrayrecord.onerecord import ZSTD_HEADS, _read_small, one_record, read_small
+from aioloader.arrayrecord.layout import BLOCK_HEADER_SIZE, BLOCK_SIZE, CHUNK_HEADER_SIZE
+from aioloader.arrayrecord.onerecord import (
+    ZSTD_HEADS,
+    _read_chunks,
+    headers_in,
+    one_record,
+    read_chunks,
+    strip_into,
+)
 
 from ..support.arrayrecord_util import write_theirs
 
-pytestmark = pytest.mark.skipif(_read_small is None, reason="built without the C loop")
+pytestmark = pytest.mark.skipif(_read_chunks is None, reason="built without the C loop")
 
 BUDGET = DEFAULT_MAX_DECODED - RECORD_COST
-SMALL = 16 << 10
+MOST = 4 << 20
 
 
 def _file(tmp_path, records: list[bytes], options: str = "group_size:1,zstd:3"):
@@ -41,21 +49,26 @@ def _file(tmp_path, records: list[bytes], options: str = "group_size:1,zstd:3"):
 
 
 def _loop(path, ranges, *, hashes=True, data_hashes=True, budget=BUDGET, into=None,
-          within=None, counts=None, small=SMALL):
+          within=None, counts=None, most=MOST):
     fd = os.open(path, os.O_RDONLY)
     try:
-        return read_small([fd], [0] * len(ranges), [s for s, _ in ranges],
+        return read_chunks([fd], [0] * len(ranges), [s for s, _ in ranges],
                           [e for _, e in ranges], within or [0] * len(ranges), counts, budget,
-                          hashes, data_hashes, _zstd_decompressor(), into, small)
+                          hashes, data_hashes, _zstd_decompressor(), into, most)
     finally:
         os.close(fd)
 
 
 def _python(data: bytes, s: int, e: int, hashes=True, data_hashes=True, budget=BUDGET,
             out=None):
+    """What `workers.ones` takes of the chunk at `[s, e)` by `one_record`, or None."""
+    count = headers_in(s, e - s)
+    if count < 0:
+        return None
     try:
-        return one_record(memoryview(data[s:e]), budget, hashes, data_hashes,
-                          _zstd_decompressor(), out)
+        logical = strip_into(data[s:e], s, count, bytearray(), hashes)
+        return None if logical is None else one_record(
+            logical, budget, hashes, data_hashes, _zstd_decompressor(), out)
     except Exception:
         return None
 
@@ -63,8 +76,9 @@ def _python(data: bytes, s: int, e: int, hashes=True, data_hashes=True, budget=B
 @pytest.mark.parametrize("options", ["group_size:1,zstd:3", "group_size:1,uncompressed"])
 def test_each_chunk_taken_is_one_records_record(tmp_path, options):
     rng = random.Random(5)
-    records = [rng.randbytes(rng.choice([1, 2, 100, 1000, 5000, 16_000])) for _ in range(40)]
-    records += [b"ab" * 3000, b"x" * 300, b"hello world " * 50]
+    records = [rng.randbytes(rng.choice([1, 2, 100, 1000, 5000, 16_000, 65_000, 140_000]))
+               for _ in range(40)]
+    records += [b"ab" * 3000, b"x" * 300, b"hello world " * 50, b"cd" * 100_000]
     path, data, ranges = _file(tmp_path, records, options)
     for s, e in ranges:  # what `one_record` learns of each size, as the workers' first reads
         _python(data, s, e)
@@ -74,10 +88,10 @@ def test_each_chunk_taken_is_one_records_record(tmp_path, options):
         for (s, e), r in zip(ranges, got):
             if r is not False:
                 assert r == _python(data, s, e, hashes, data_hashes) is not None
-        inside = [k for k, (s, e) in enumerate(ranges)
-                  if s % BLOCK_SIZE + (e - s) <= BLOCK_SIZE and e - s <= SMALL]
-        if "zstd" in options:  # the loop takes every small zstd chunk within its block
-            assert all(got[k] is not False for k in inside)
+        readable = [k for k, (s, e) in enumerate(ranges) if headers_in(s, e - s) >= 0]
+        assert len(readable) > 35
+        if "zstd" in options:  # the loop takes every zstd chunk the short path reads
+            assert all(got[k] is not False for k in readable)
         else:  # uncompressed chunks are left to Python
             assert all(r is False for r in got)
 
@@ -92,8 +106,7 @@ def test_rows_are_filled_only_when_of_the_records_size(tmp_path):
         rows = np.full((len(ranges), size), 7, np.uint8)
         got = _loop(path, ranges, into=rows)
         for k, r in enumerate(got):
-            inside = ranges[k][0] % BLOCK_SIZE + ranges[k][1] - ranges[k][0] <= BLOCK_SIZE
-            if taken and inside:
+            if taken and headers_in(ranges[k][0], ranges[k][1] - ranges[k][0]) >= 0:
                 assert r is None and rows[k].tobytes() == records[k]
             else:
                 assert r is False
@@ -107,6 +120,7 @@ def test_what_the_loop_never_takes(tmp_path):
         _python(data, s, e)
     assert all(r is not False for r in _loop(path, ranges))
     assert all(r is False for r in _loop(path, ranges, within=[1] * 10))  # not record 0
+    assert all(r is False for r in _loop(path, ranges, most=ranges[0][1] - ranges[0][0] - 1))
     assert all(r is False for r in _loop(path, ranges, counts=[2] * 10))  # a larger chunk
     assert all(r is False for r in _loop(path, ranges, budget=699))  # over the budget
     assert all(r is False for r in _loop(path, ranges, budget=-1))
@@ -125,14 +139,14 @@ def test_arguments_of_the_wrong_kind_raise(tmp_path):
     d = _zstd_decompressor()
     try:
         with pytest.raises(IndexError):
-            read_small([fd], [3], [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET, True,
-                       True, d, None, SMALL)
+            read_chunks([fd], [3], [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET, True,
+                       True, d, None, MOST)
         with pytest.raises(ValueError):
-            read_small([fd], [0, 0], [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET,
-                       True, True, d, None, SMALL)
+            read_chunks([fd], [0, 0], [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET,
+                       True, True, d, None, MOST)
         with pytest.raises(TypeError):
-            read_small([fd], (0,), [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET, True,
-                       True, d, None, SMALL)
+            read_chunks([fd], (0,), [ranges[0][0]], [ranges[0][1]], [0], None, BUDGET, True,
+                       True, d, None, MOST)
     finally:
         os.close(fd)
 
@@ -145,7 +159,7 @@ _HEADER = struct.Struct("<QQQQQ")
 def _head(tmp_path, size: int) -> bytes:
     """The head (codec byte, sizes block, values size prefix) of a zstd one-record chunk of
     `size` bytes, as array_record writes it, and as `one_record` learns it."""
-    path, data, ranges = _file(tmp_path, [bytes(size)])
+    _, data, ranges = _file(tmp_path, [bytes(size)])
     s, e = ranges[0]
     assert _python(data, s, e) == bytes(size)
     return ZSTD_HEADS[size]
@@ -198,7 +212,7 @@ def test_every_kind_of_frame_is_decoded_as_one_record_decodes_it(tmp_path, size)
         raw = path.read_bytes()
         want = _python(raw, at, at + len(chunk))
         assert at + len(chunk) <= BLOCK_SIZE
-        got = _loop(path, [(at, at + len(chunk))], small=BLOCK_SIZE)[0]
+        got = _loop(path, [(at, at + len(chunk))])[0]
         assert got is False or (want is not None and got == want), name
         if name in ("sized", "unsized", "checksummed"):
             assert got == record, name  # the plain frames are taken
@@ -208,17 +222,20 @@ _CASE: dict = {}
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 20_000), st.integers(0, 255), st.sampled_from([0, 1, 2]))
+@given(st.integers(0, 140_000), st.integers(0, 255), st.sampled_from([0, 1, 2]))
 @example(CHUNK_HEADER_SIZE + 5, 0, 2)
+@example(BLOCK_SIZE + 3, 0, 1)  # in the block header a 64 KiB record crosses
 def test_a_damaged_chunk_gives_the_general_paths_record_or_is_left(tmp_path_factory, at, xor,
                                                                    lvl):
-    """Whatever one byte of a small chunk becomes, the loop returns the record the general
-    path returns for those bytes, or leaves the chunk: never a record it refuses."""
+    """Whatever one byte of a chunk (or a block header it crosses) becomes, the loop
+    returns the record the general path returns for those bytes, or leaves the chunk: never
+    a record it refuses."""
     if "f" not in _CASE:
         tmp = tmp_path_factory.mktemp("small")
         rng = random.Random(1)
-        _CASE["f"] = _file(tmp, [rng.randbytes(3000), b"xy" * 2000, rng.randbytes(100)])
-    path, data, ranges = _CASE["f"]
+        _CASE["f"] = _file(tmp, [rng.randbytes(3000), b"xy" * 2000, rng.randbytes(100),
+                                 rng.randbytes(70_000), b"z" * 140_000])
+    _, data, ranges = _CASE["f"]
     verify = ("none", "headers", "all")[lvl]
     tmp = tmp_path_factory.mktemp("dmg")
     for s, e in ranges:
@@ -232,5 +249,25 @@ def test_a_damaged_chunk_gives_the_general_paths_record_or_is_left(tmp_path_fact
                                 expected_records=1)[1].record(0)
         except ArrayRecordFormatError:
             want = None
-        got = _loop(damaged, [(s, e)], hashes=verify != "none", data_hashes=verify == "all")[0]
-        assert got is False or (want is not None and got == want)
+        # all the chunks in one call: each checked alone, or paired with another's hash
+        got = _loop(damaged, ranges, hashes=verify != "none", data_hashes=verify == "all")
+        k = ranges.index((s, e))
+        assert got[k] is False or (want is not None and got[k] == want)
+
+
+def test_a_damaged_block_header_is_left_unless_headers_go_unchecked(tmp_path):
+    rng = random.Random(2)
+    records = [rng.randbytes(70_000) for _ in range(3)]
+    path, data, ranges = _file(tmp_path, records)
+    for s, e in ranges:
+        _python(data, s, e)
+    crossing = [k for k, (s, e) in enumerate(ranges) if headers_in(s, e - s) > 0]
+    assert crossing and all(r is not False for r in _loop(path, ranges))
+    k = crossing[0]
+    s, e = ranges[k]
+    header = s + BLOCK_SIZE - s % BLOCK_SIZE  # the first block header inside the chunk
+    raw = bytearray(data)
+    raw[header + BLOCK_HEADER_SIZE - 1] ^= 0x40  # its next-chunk field: its hash disagrees
+    path.write_bytes(bytes(raw))
+    assert _loop(path, ranges)[k] is False
+    assert _loop(path, ranges, hashes=False, data_hashes=False)[k] == records[k]
