@@ -8,6 +8,7 @@ stacked, in the same pass, and dict fields get their masks beside them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ def collate(elements: Sequence[Any], path: str = "element", alloc: Alloc | None 
         try:
             if len(set(map(len, elements))) > 1:
                 raise KeyError
-            return {k: collate([e[k] for e in elements], f"{path}[{k!r}]", alloc,
+            return {k: collate(list(map(itemgetter(k), elements)), f"{path}[{k!r}]", alloc,
                                verb=verb)
                     for k in first}
         except (KeyError, TypeError, IndexError):
@@ -57,6 +58,8 @@ def collate(elements: Sequence[Any], path: str = "element", alloc: Alloc | None 
             _same_structure(elements, path, tuple, len, "length", verb)
             raise
     if isinstance(first, (bytes, str, bytearray, memoryview)):
+        if memoryview not in set(map(type, elements)):  # (one C loop: a column of text)
+            return list(elements)
         return [bytes(e) if isinstance(e, memoryview) else e for e in elements]
     return _stack(elements, path, alloc, verb)
 

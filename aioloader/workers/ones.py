@@ -6,7 +6,9 @@ pread of its own when small) and decoded there (`onerecord.one_record`) while it
 still in the CPU's cache: no buffer allocated per read, no copy to cut block headers out.
 Data hashes (verify="all", the default) of two such chunks are computed in lockstep
 (`hash64_pair`): one HighwayHash is a chain of dependent steps that leaves most of a core
-idle, two fill it, so large records pay much less for the check. What the short path does
+idle, two fill it, so large records pay much less for the check. Where the package's C
+loop is built (`onerecord.read_chunks`), it does all of that for the whole task first, with
+the same checks, and the Python loop here only sees what it left. What the short path does
 not take is read again and decoded by `decode_records`, which decodes it or names the error.
 """
 
