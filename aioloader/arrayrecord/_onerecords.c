@@ -39,6 +39,7 @@
 #define _DEFAULT_SOURCE /* preadv */
 #include <Python.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,10 +149,13 @@ static PyObject *decode(PyObject *decompress, const uint8_t *stream, Py_ssize_t 
     if (out == NULL) {
         *fatal = swallow() < 0;
     }
-    if (Py_REFCNT(view) > 1) { /* kept: never let it see the buffer again */
+    if (Py_REFCNT(view) > 1) { /* kept (zstandard keeps nothing): cut it off the buffer */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb); /* (a KeyboardInterrupt on its way out) */
         PyObject *r = PyObject_CallMethod(view, "release", NULL);
         if (r == NULL) PyErr_Clear();
         Py_XDECREF(r);
+        PyErr_Restore(type, value, tb);
     }
     Py_DECREF(view);
     if (out != NULL && (!PyBytes_Check(out) || PyBytes_Size(out) != size)) {
@@ -190,9 +194,10 @@ static int fetch(const args_t *a, Py_ssize_t k, slot_t *sl, plan_t *p) {
         item_ll(a->end, k, &e) < 0 || item_ll(a->within, k, &j) < 0 ||
         (a->counts != Py_None && item_ll(a->counts, k, &c) < 0))
         return -1;
-    long long n = e - s;
-    if (j != 0 || c != 1 || s < 0 || n > a->most) return 0;
-    long long crossed = headers_in(s, n);
+    if (j != 0 || c != 1 || s < 0 || s > LLONG_MAX / 2 || e <= s + CHUNK_HEADER_SIZE + 2 ||
+        e - s > a->most)
+        return 0;
+    long long n = e - s, crossed = headers_in(s, n);
     if (crossed < 0) return 0;
     size_t logical = (size_t)(n - crossed * BLOCK_HEADER_SIZE);
     if (logical <= CHUNK_HEADER_SIZE + 2) return 0;
@@ -267,7 +272,9 @@ static PyObject *finish(const args_t *a, Py_ssize_t k, const slot_t *sl, int dat
             if (swallow() < 0) return NULL;
             Py_RETURN_FALSE;
         }
-        if (rowview.len != (Py_ssize_t)size || rowview.itemsize != 1) {
+        if (rowview.len != (Py_ssize_t)size || rowview.itemsize != 1 ||
+            PyObject_Size(row) != (Py_ssize_t)size) { /* (`len(out)`, as Python checks it) */
+            PyErr_Clear();
             PyBuffer_Release(&rowview);
             Py_DECREF(row);
             Py_RETURN_FALSE;
@@ -344,12 +351,18 @@ static PyObject *read_chunks(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     args_t a = {args[0], args[1], args[2], args[3], args[4], args[5], args[9], args[10],
                 args[13], 0, 0, 0, 0, 0};
-    a.budget = PyLong_AsLongLong(args[6]);
-    a.hashes = PyObject_IsTrue(args[7]);
-    a.data_hashes = PyObject_IsTrue(args[8]);
+    int over = 0;
+    a.budget = PyLong_AsLongLongAndOverflow(args[6], &over);
+    if (over) a.budget = over > 0 ? LLONG_MAX : -1; /* (beyond any record: as Python) */
+    if (a.budget == -1 && PyErr_Occurred()) return NULL;
     a.ratio = PyLong_AsLongLong(args[11]);
+    if (a.ratio == -1 && PyErr_Occurred()) return NULL;
     a.most = PyLong_AsLongLong(args[12]);
-    if (PyErr_Occurred() || a.hashes < 0 || a.data_hashes < 0) return NULL;
+    if (a.most == -1 && PyErr_Occurred()) return NULL;
+    a.hashes = PyObject_IsTrue(args[7]);
+    if (a.hashes < 0) return NULL;
+    a.data_hashes = PyObject_IsTrue(args[8]);
+    if (a.data_hashes < 0) return NULL;
     if (!PyList_Check(a.fds) || !PyList_Check(a.file) || !PyList_Check(a.start) ||
         !PyList_Check(a.end) || !PyList_Check(a.within) || !PyDict_Check(a.heads) ||
         (a.counts != Py_None && !PyList_Check(a.counts))) {
@@ -430,11 +443,21 @@ static int exec_module(PyObject *module) {
     if (owner == NULL) return -1;
     Py_DECREF(owner); /* (the capsule's import finds it by attribute, so import it first) */
     hh = (const hh_capi *)PyCapsule_Import(HH_CAPI_NAME, 0);
-    return hh == NULL ? -1 : 0;
+    if (hh == NULL) { /* (an older _highwayhash build): Python's loop, not a failed import */
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ImportError, "_onerecords: _highwayhash has no _C_API");
+        return -1;
+    }
+    return 0;
 }
 
+/* Its one global is `hh`, the same functions in every interpreter. The GIL stays: the loop
+ * reads lists and a dict by borrowed references. */
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, (void *)exec_module},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
     {0, NULL},
 };
 

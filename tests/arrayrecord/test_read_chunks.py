@@ -48,6 +48,15 @@ def _file(tmp_path, records: list[bytes], options: str = "group_size:1,zstd:3"):
                         for c in range(len(ix.chunk_offsets))]
 
 
+def _learned(tmp_path, records: list[bytes], options: str = "group_size:1,zstd:3"):
+    """`_file`, each chunk then read once by `one_record`, which learns the heads of its
+    sizes (as a worker's first reads do)."""
+    path, data, ranges = _file(tmp_path, records, options)
+    for s, e in ranges:
+        _python(data, s, e)
+    return path, data, ranges
+
+
 def _loop(path, ranges, *, hashes=True, data_hashes=True, budget=BUDGET, into=None,
           within=None, counts=None, most=MOST):
     fd = os.open(path, os.O_RDONLY)
@@ -79,9 +88,7 @@ def test_each_chunk_taken_is_one_records_record(tmp_path, options):
     records = [rng.randbytes(rng.choice([1, 2, 100, 1000, 5000, 16_000, 65_000, 140_000]))
                for _ in range(40)]
     records += [b"ab" * 3000, b"x" * 300, b"hello world " * 50, b"cd" * 100_000]
-    path, data, ranges = _file(tmp_path, records, options)
-    for s, e in ranges:  # what `one_record` learns of each size, as the workers' first reads
-        _python(data, s, e)
+    path, data, ranges = _learned(tmp_path, records, options)
     for hashes, data_hashes in ((True, True), (True, False), (False, False)):
         got = _loop(path, ranges, hashes=hashes, data_hashes=data_hashes)
         assert len(got) == len(ranges)
@@ -99,9 +106,7 @@ def test_each_chunk_taken_is_one_records_record(tmp_path, options):
 def test_rows_are_filled_only_when_of_the_records_size(tmp_path):
     rng = random.Random(6)
     records = [rng.randbytes(600) for _ in range(20)]
-    path, data, ranges = _file(tmp_path, records)
-    for s, e in ranges:
-        _python(data, s, e)
+    path, _, ranges = _learned(tmp_path, records)
     for size, taken in ((600, True), (599, False), (601, False)):
         rows = np.full((len(ranges), size), 7, np.uint8)
         got = _loop(path, ranges, into=rows)
@@ -111,13 +116,14 @@ def test_rows_are_filled_only_when_of_the_records_size(tmp_path):
             else:
                 assert r is False
                 assert (rows[k] == 7).all()
+    # a row of the record's bytes but not of its length (`len(out)`, as Python checks it)
+    flat = np.full((len(ranges), 2, 300), 7, np.uint8)
+    assert _loop(path, ranges, into=flat) == [False] * len(ranges)
 
 
 def test_what_the_loop_never_takes(tmp_path):
     records = [bytes([k]) * 700 for k in range(10)]
-    path, data, ranges = _file(tmp_path, records)
-    for s, e in ranges:
-        _python(data, s, e)
+    path, _, ranges = _learned(tmp_path, records)
     assert all(r is not False for r in _loop(path, ranges))
     assert all(r is False for r in _loop(path, ranges, within=[1] * 10))  # not record 0
     assert all(r is False for r in _loop(path, ranges, most=ranges[0][1] - ranges[0][0] - 1))
@@ -125,6 +131,8 @@ def test_what_the_loop_never_takes(tmp_path):
     assert all(r is False for r in _loop(path, ranges, budget=699))  # over the budget
     assert all(r is False for r in _loop(path, ranges, budget=-1))
     assert [r is False for r in _loop(path, ranges, counts=[1] * 10)] == [False] * 10
+    assert all(r is not False for r in _loop(path, ranges, budget=2**70))  # (no overflow)
+    assert _loop(path, [(e, s) for s, e in ranges]) == [False] * 10  # ends before it starts
     shifted = [(s - 1, e) for s, e in ranges]  # a range that is not the chunk's
     assert all(r is False for r in _loop(path, shifted))
     with open(path, "r+b") as f:  # a file cut short: no short read taken for a record
@@ -258,13 +266,11 @@ def test_a_damaged_chunk_gives_the_general_paths_record_or_is_left(tmp_path_fact
 def test_a_damaged_block_header_is_left_unless_headers_go_unchecked(tmp_path):
     rng = random.Random(2)
     records = [rng.randbytes(70_000) for _ in range(3)]
-    path, data, ranges = _file(tmp_path, records)
-    for s, e in ranges:
-        _python(data, s, e)
+    path, data, ranges = _learned(tmp_path, records)
     crossing = [k for k, (s, e) in enumerate(ranges) if headers_in(s, e - s) > 0]
     assert crossing and all(r is not False for r in _loop(path, ranges))
     k = crossing[0]
-    s, e = ranges[k]
+    s = ranges[k][0]
     header = s + BLOCK_SIZE - s % BLOCK_SIZE  # the first block header inside the chunk
     raw = bytearray(data)
     raw[header + BLOCK_HEADER_SIZE - 1] ^= 0x40  # its next-chunk field: its hash disagrees
