@@ -13,7 +13,7 @@ import zstandard
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from aioloader.arrayrecord import ArrayRecordFormatError
+from aioloader.arrayrecord import ArrayRecordFormatError, onerecord
 from aioloader.arrayrecord.chunk import DEFAULT_MAX_DECODED, RECORD_COST
 from aioloader.arrayrecord.index import decode_chunk, read_index
 from aioloader.arrayrecord.layout import (
@@ -214,8 +214,17 @@ def _refs(path, ix, order) -> ChunkRefs:
                      count=ix.chunk_records[order])
 
 
+@pytest.fixture(params=["C loop", "Python loop"])
+def loop(request, monkeypatch):
+    """The workers' reads with the C loop (`onerecord.read_chunks`), or as a build without
+    it reads: the Python loop alone."""
+    if request.param == "Python loop":
+        monkeypatch.setattr(onerecord, "_read_chunks", None)
+    return request.param
+
+
 @pytest.mark.parametrize("verify", ["none", "headers", "all"])
-def test_decoder_reads_equal_the_records_in_any_order(tmp_path, verify):
+def test_decoder_reads_equal_the_records_in_any_order(tmp_path, verify, loop):
     rng = random.Random(3)
     records = [rng.randbytes(rng.choice([0, 3, 1000, 65_000, 65_600, 200_000, 5_000_000]))
                for _ in range(25)]
@@ -231,7 +240,7 @@ def test_decoder_reads_equal_the_records_in_any_order(tmp_path, verify):
         dec.close()
 
 
-def test_decoder_reads_of_a_damaged_chunk_name_the_file(tmp_path):
+def test_decoder_reads_of_a_damaged_chunk_name_the_file(tmp_path, loop):
     records = [bytes([i]) * 70_000 for i in range(3)]
     path, _data, ix = _chunks(tmp_path, records, "group_size:1,uncompressed")
     s = int(ix.chunk_offsets[1])
@@ -249,7 +258,7 @@ def test_decoder_reads_of_a_damaged_chunk_name_the_file(tmp_path):
         dec.close()
 
 
-def test_decoder_reads_in_pairs_refuse_each_damaged_chunk(tmp_path):
+def test_decoder_reads_in_pairs_refuse_each_damaged_chunk(tmp_path, loop):
     """Large chunks' data hashes are computed two at a time (`hash64_pair`); small ones,
     read alone, break the pairs up. With the default verify, a flipped byte in any one chunk
     (first or second of a pair, or the last, alone) is an error naming that chunk, and the
@@ -275,7 +284,7 @@ def test_decoder_reads_in_pairs_refuse_each_damaged_chunk(tmp_path):
         dec.close()
 
 
-def test_decoder_reads_of_a_shrunk_file_fail(tmp_path):
+def test_decoder_reads_of_a_shrunk_file_fail(tmp_path, loop):
     records = [bytes([i]) * 70_000 for i in range(3)]
     path, _data, ix = _chunks(tmp_path, records, "group_size:1,uncompressed")
     dec = Decoder()
