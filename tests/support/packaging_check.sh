@@ -2,7 +2,7 @@
 # Install aioloader as a user and a packager would, in fresh venvs, and check what they get:
 #   1. `CC=false pip install .` (no compiler, no extras) installs, warns once, reads files;
 #      gs:// then fails with one line naming aioloader[gcs]
-#   2. `pip wheel .` gives an abi3 wheel with both extensions, py.typed, no C sources;
+#   2. `pip wheel .` gives an abi3 wheel with its three extensions, py.typed, no C sources;
 #      `CC=false pip wheel .` gives a py3-none-any wheel (Root-Is-Purelib: true, no .so),
 #      which installs and reads files
 #   3. `python -m build`, as `make wheels` runs it: the sdist holds LICENSE, CHANGELOG, the C
@@ -63,7 +63,7 @@ case "$WHEEL" in *-cp311-abi3-*.whl) ;; *) fail "not an abi3 wheel: $WHEEL" ;; e
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 for want in ("aioloader/py.typed", "aioloader/arrayrecord/_highwayhash.abi3.so",
-             "aioloader/arrayrecord/_footer.abi3.so"):
+             "aioloader/arrayrecord/_footer.abi3.so", "aioloader/arrayrecord/_onerecords.abi3.so"):
     assert want in names, want
 assert not [n for n in names if n.endswith(".c")], "C sources in the wheel"
 assert any(n.endswith("licenses/LICENSE") for n in names), "no LICENSE in the wheel"
@@ -97,7 +97,8 @@ echo "$(basename "$SDIST") $(basename "$(ls "$WORK"/dist/aioloader-*.whl)")"
 ls "$WORK"/dist/aioloader-*-cp311-abi3-*.whl >/dev/null || fail "make wheels' wheel is not abi3"
 LIST=$(tar -tzf "$SDIST")
 for want in LICENSE CHANGELOG.md aioloader/py.typed aioloader/arrayrecord/_highwayhash.c \
-            aioloader/arrayrecord/_footer.c tests/conftest.py tests/support/procs.py \
+            aioloader/arrayrecord/_footer.c aioloader/arrayrecord/_onerecords.c \
+            tests/conftest.py tests/support/procs.py \
             tests/support/arrayrecord_util.py tests/arrayrecord/test_hashing.py; do
     grep -q "^aioloader-[^/]*/$want\$" <<<"$LIST" || fail "sdist lacks $want"
 done
