@@ -110,6 +110,14 @@ class ChunkRefs:
                          [self.idents[f] for f in u] if self.idents is not None else None,
                          self.format[lo:hi] if self.format is not None else None)
 
+    def pick(self, idx: np.ndarray) -> ChunkRefs:
+        """Records `idx` (any order, repeats allowed), with the same files and names."""
+        return dataclasses.replace(
+            self, file=self.file[idx], chunk=self.chunk[idx], start=self.start[idx],
+            end=self.end[idx], within=self.within[idx],
+            count=self.count[idx] if self.count is not None else None,
+            format=self.format[idx] if self.format is not None else None)
+
     def read_from(self, paths: list[str], shift: list[int]) -> ChunkRefs:
         """The same records, read from copies of the files (file f's byte 0 at `shift[f]`
         of `paths[f]`), still named by the originals in errors."""

@@ -9,13 +9,13 @@ larger groups many records of a task share a chunk: each distinct chunk is read 
 or shipped (remote bytes, deduplicated by the pool) once and decoded once per task, and kept,
 decoded, in a byte-bounded LRU (`ChunkCache`) for the next tasks, which with a block shuffle
 or a sequential read ask for the same chunks again. One-record chunks are not cached:
-`decode_records` decodes them inline in a few microseconds.
+`decode_records` decodes them inline in a few microseconds. Records of other formats are
+decoded by their format (`workers.formatreads`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import mmap
 import os
@@ -32,7 +32,7 @@ from ..arrayrecord.index import decode_chunk, decode_records
 from ..arrayrecord.layout import BLOCK_HEADER_SIZE
 from ..arrayrecord.onerecord import MAX_HEADERS
 from ..index.planning import ChunkRefs
-from . import formatstash
+from . import formatreads, formatstash
 from .chunkcache import ChunkCache, chunk_keys, unpacked
 from .contexts import FileStates
 from .extract import HEAD, extract, lookup, read_entry, slices
@@ -40,15 +40,6 @@ from .localfiles import LocalFiles
 from .messages import DEFAULT_CHUNK_CACHE_BYTES, SPILL_BAD, Fill, StashRef
 from .ones import PREADV, read_ones
 from .spill import SpillWriter, read_into
-
-
-def _pick(refs: ChunkRefs, idx: np.ndarray) -> ChunkRefs:
-    """The refs of records `idx` (same files and names)."""
-    return dataclasses.replace(
-        refs, file=refs.file[idx], chunk=refs.chunk[idx], start=refs.start[idx],
-        end=refs.end[idx], within=refs.within[idx],
-        count=refs.count[idx] if refs.count is not None else None,
-        format=refs.format[idx] if refs.format is not None else None)
 
 
 def _check_within(refs: ChunkRefs, names: list[str]) -> None:
@@ -78,16 +69,16 @@ class Decoder:
         self.files = LocalFiles()
         self.cache = ChunkCache(cache_bytes)
         self._stash: tuple[str, mmap.mmap] | None = None  # the stash file, mapped
-        self._stash_index = formatstash.StashIndex()  # (stashable formats' entries read)
+        self.stash_index = formatstash.StashIndex()  # (stashable formats' entries read)
         self.decoded = self.hits = self.spilled = 0  # (`spilled`: of the last fill job)
         self.missed = 0  # records of the last task its horizon's entries lacked
         self._bufs = [bytearray(1 << 17), bytearray(1 << 17)]  # `read_ones`' chunks
         self._headers = memoryview(bytearray(MAX_HEADERS * BLOCK_HEADER_SIZE))
         # How records of each format are decoded here (by format code): ArrayRecord by its
-        # own paths below; any other by `_by_format`, its format's `decode_records`.
+        # own paths below; any other by its format's `decode_records` (`formatreads`).
         self._readers = {fmts.code(fmts.ARRAYRECORD): self._arrayrecord}
         self.states = FileStates()  # contextual formats' per-file states (`contexts`)
-        self._table = ""  # the task's table token: what `states` are keyed by
+        self.table = ""  # the task's table token: what `states` are keyed by
 
     def records(self, refs: ChunkRefs, raws: Sequence | None, *, verify: str = DEFAULT_VERIFY,
                 max_decoded: int = DEFAULT_MAX_DECODED,
@@ -104,7 +95,7 @@ class Decoder:
         those of a contextual format by their files' states (`states`, of `table`).
         """
         self.decoded = self.hits = self.missed = 0
-        self._table = table
+        self.table = table
         kinds = refs.format
         codes = [fmts.code(fmts.ARRAYRECORD)] if kinds is None or not len(kinds) else \
             np.unique(kinds).tolist()
@@ -113,7 +104,7 @@ class Decoder:
         out: list[Any] = [None] * len(refs)
         for c in codes:
             idx = np.flatnonzero(kinds == c)
-            got = self._reader(c)(_pick(refs, idx),
+            got = self._reader(c)(refs.pick(idx),
                                   None if raws is None else [raws[i] for i in idx.tolist()],
                                   verify, max_decoded,
                                   None if paths is None else [paths[i] for i in idx.tolist()],
@@ -137,68 +128,7 @@ class Decoder:
                             stash=stash, table=table)
 
     def _reader(self, code: int) -> Any:
-        return self._readers.get(code, self._by_format)
-
-    def _by_format(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
-                   max_decoded: int, paths: Sequence[str] | None,
-                   stash: StashRef | None) -> list[Any]:
-        """Records of one format's chunks by its `decode_records` (local files read here)."""
-        fmt = fmts.by_code(int(refs.format[0]))  # type: ignore[index]  # set for these
-        if stash is not None and fmt.stashable:
-            return self._format_stashed(fmt, refs, raws, verify, max_decoded, paths, stash)
-        states = None
-        if fmt.contextual:
-            states = self.states.of(refs, self._table)
-            if any(s is None for s in states):
-                raise ValueError("a task's records decode by files' contexts this process "
-                                 "was not given (`FileStates.lacking` not asked)")
-        if raws is None:
-            raws = self.files.read(refs) if chunk_keys(refs) is None else \
-                _ChunkReads(self, refs)
-        names = list(paths) if paths is not None else \
-            [refs.name(f) for f in refs.file.tolist()]
-        return fmt.decode_records(raws, refs.start.tolist(), refs.within.tolist(),
-                                  verify=verify, paths=names, chunks=refs.chunk.tolist(),
-                                  counts=None if refs.count is None else refs.count.tolist(),
-                                  max_decoded=max_decoded, states=states)
-
-    def _format_stashed(self, fmt: Any, refs: ChunkRefs, raws: Sequence | None, verify: str,
-                        max_decoded: int, paths: Sequence[str] | None,
-                        stash: StashRef) -> list[Any]:
-        """Records of a stashable format from the horizon's entries; those the entries
-        lack, decoded as without a stash (`workers.formatstash`)."""
-        names = [refs.name(f) for f in range(len(refs.paths))]
-        out, rest = formatstash.from_stash(fmt, refs, names, stash, self._view(stash.path),
-                                           self._stash_index)
-        self.missed += len(rest)
-        if len(rest):
-            r = rest.tolist()
-            # (the chunks decoded for this task alone, or found kept: counted as decoded)
-            self.decoded += len(set(zip(refs.file[rest].tolist(), refs.start[rest].tolist())))
-            got = self._by_format(_pick(refs, rest),
-                                  None if raws is None else [raws[i] for i in r], verify,
-                                  max_decoded, None if paths is None else [paths[i] for i in r],
-                                  None)
-            for i, record in zip(r, got):
-                out[i] = record
-        return out
-
-    def _format_fill(self, fmt: Any, refs: ChunkRefs, raws: Sequence | None, job: Fill,
-                     region: memoryview, names: list[str], verify: str, max_decoded: int,
-                     table: str) -> int:
-        """A fill job of a format that decodes its chunks itself (`workers.formatstash`)."""
-        state = None
-        if fmt.contextual:
-            state = self.states.of(refs, table)[0]
-            if state is None:
-                raise ValueError("a fill job's chunk decodes by its file's context, which "
-                                 "this process was not given")
-        raw = raws[0] if raws is not None else \
-            self.files.read(_pick(refs, np.zeros(1, dtype=np.int64)))[0]
-        self.decoded += 1
-        return formatstash.fill(fmt, refs, raw, state, job, region,
-                                name=names[int(refs.file[0])], verify=verify,
-                                max_decoded=max_decoded)
+        return self._readers.get(code, functools.partial(formatreads.records, self))
 
     def _arrayrecord(self, refs: ChunkRefs, raws: Sequence | None, verify: str,
                      max_decoded: int, paths: Sequence[str] | None,
@@ -252,7 +182,7 @@ class Decoder:
         self.hits += len(first) - len(missing)
         if missing:
             take = [first[j] for j in missing]
-            got = (self.files.read(_pick(refs, np.asarray(take, dtype=np.int64)))
+            got = (self.files.read(refs.pick(np.asarray(take, dtype=np.int64)))
                    if raws is None else [raws[i] for i in take])
             for j, i, raw in zip(missing, take, got):
                 _, records = decode_chunk(raw, start[i], verify=verify, path=names[file[i]],
@@ -274,7 +204,7 @@ class Decoder:
                  verify: str, max_decoded: int, stash: StashRef) -> list[bytes]:
         """Records of large chunks from the horizon's entries in the stash file; those of
         a chunk it lacks (any of the task's) are pulled out for this task alone."""
-        view = self._view(stash.path)
+        view = self.view(stash.path)
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
         file, start, within = refs.file, refs.start, refs.within
@@ -317,11 +247,11 @@ class Decoder:
             return 0
         names = [refs.name(f) for f in range(len(refs.paths))]
         _check_within(refs, names)
-        region = self._view(job.path)[job.offset : job.offset + job.size]
+        region = self.view(job.path)[job.offset : job.offset + job.size]
         code = fmts.code(fmts.ARRAYRECORD) if refs.format is None else int(refs.format[0])
         if code != fmts.code(fmts.ARRAYRECORD):  # (its format decodes the chunk; no spill)
-            return self._format_fill(fmts.by_code(code), refs, raws, job, region, names,
-                                     verify, max_decoded, table)
+            return formatreads.fill(self, fmts.by_code(code), refs, raws, job, region, names,
+                                    verify, max_decoded, table)
         wanted, spill = np.asarray(job.wanted, dtype=np.int64), job.spill
         if spill is not None and not spill.write:  # decoded before: copied out of the spill
             got = read_into(spill, wanted, functools.partial(slices, into=region))
@@ -342,14 +272,14 @@ class Decoder:
         """Records `wanted` of record i's chunk pulled out in one streamed pass (its
         physical bytes fetched, `raws`, or read here)."""
         raw = raws[i] if raws is not None else \
-            self.files.read(_pick(refs, np.asarray([i], dtype=np.int64)))[0]
+            self.files.read(refs.pick(np.asarray([i], dtype=np.int64)))[0]
         self.decoded += 1
         return extract(raw, int(refs.start[i]), wanted, verify=verify, path=name,
                        chunk=int(refs.chunk[i]),
                        expected_records=int(refs.count[i]),  # type: ignore[index]
                        max_decoded=max_decoded, into=into, sink=sink)
 
-    def _view(self, path: str) -> memoryview:
+    def view(self, path: str) -> memoryview:
         """The stash file at `path`, mapped once (a pool has one for its life)."""
         if self._stash is None or self._stash[0] != path:
             self._unmap()
@@ -369,28 +299,6 @@ class Decoder:
     def close(self) -> None:
         self.files.close()
         self._unmap()
-
-
-class _ChunkReads(Sequence):
-    """The bytes of each record's chunk (`refs`) of local files, read when first asked for
-    and once per distinct chunk: a format that keeps its decoded chunks (Parquet's row
-    groups) asks only for those it lacks."""
-
-    def __init__(self, decoder: Decoder, refs: ChunkRefs) -> None:
-        self._decoder, self._refs = decoder, refs
-        self._keys = list(zip(refs.file.tolist(), refs.start.tolist()))
-        self._read: dict[tuple[int, int], Any] = {}
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __getitem__(self, i):  # type: ignore[override]  # (ints only)
-        key = self._keys[i]
-        raw = self._read.get(key)
-        if raw is None:
-            one = _pick(self._refs, np.asarray([i], dtype=np.int64))
-            raw = self._read[key] = self._decoder.files.read(one)[0]
-        return raw
 
 
 def _fill(out: list, idx: np.ndarray, pos: np.ndarray, entry: Any) -> None:

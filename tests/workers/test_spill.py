@@ -274,7 +274,7 @@ def test_a_fill_job_spills_its_chunk_and_the_next_fill_reads_it_back(tmp_path, o
         def fill(offset: int, spill: Spill | None) -> list[bytes]:
             job = Fill(stash.path, offset, 1 << 20, wanted, spill)
             assert dec.fill(refs, None, job) == len(wanted)
-            _, offs, data = read_entry(dec._view(stash.path)[offset : offset + (1 << 20)])
+            _, offs, data = read_entry(dec.view(stash.path)[offset : offset + (1 << 20)])
             return [bytes(data[a:b]) for a, b in itertools.pairwise(offs)]
 
         want = [records[int(w)] for w in wanted]
@@ -308,7 +308,7 @@ def test_a_fill_whose_spill_the_disk_refuses_still_lays_out_its_records(tmp_path
     f = SpillFile(str(tmp_path), 64 << 20)
     wanted = np.arange(0, len(records), 5, dtype=np.int64)
     try:
-        dec._view(stash.path)  # (made and mapped before the limit)
+        dec.view(stash.path)  # (made and mapped before the limit)
         decoded = sum(len(r) for r in records)
         assert decoded > 1 << 18
         job = f.job(("k", 0), len(records), decoded)
@@ -321,7 +321,7 @@ def test_a_fill_whose_spill_the_disk_refuses_still_lays_out_its_records(tmp_path
             resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
             signal.signal(signal.SIGXFSZ, old_handler)
         assert n == len(wanted) and dec.spilled == SPILL_REFUSED
-        _, offs, data = read_entry(dec._view(stash.path)[: 1 << 20])
+        _, offs, data = read_entry(dec.view(stash.path)[: 1 << 20])
         assert [bytes(data[a:b]) for a, b in itertools.pairwise(offs)] == \
             [records[int(w)] for w in wanted]
         f.outcome(("k", 0), job, dec.spilled)  # type: ignore[arg-type]
