@@ -19,6 +19,14 @@ temporary `PYTHONPYCACHEPREFIX`, as an installed package's is (the trees are not
 - Grain: the same pipeline, `ReadOptions(num_threads=N)`, the faster of N=1 and N=4 per round
   (local files only: Grain reads a bucket through a FUSE mount, which this machine lacks).
 
+`--like` adds like-for-like rows, in a table of their own: aioloader `inline` (`workers=0`:
+the pipeline on a thread of the process, as Grain's threads run it) against Grain's threads,
+and aioloader `procs` (`--workers` processes, the server cold) against Grain with as many
+worker processes (`mp_prefetch`). In these rows each library is wholly imported before the
+clock: `import grain` loads all of Grain, while `import aioloader` defers its runtime (the
+loader, scheduler, storage, asyncio: `aioloader.runtime.loader`) to the first loader, so
+that import is done first, as `warm_up()` does, but without starting the worker server.
+
 `--bucket` adds `first` and `warm` rows for the files in the emulated bucket behind a 30 ms
 delay line (a process of its own), the same glob as a gs:// URL, and `bucket open` (`open`
 from the bucket: wall, and the open's requests and bytes, listing excluded, in a table of
@@ -96,6 +104,10 @@ def _child(spec: dict) -> dict:
     else:
         import aioloader
 
+        if spec.pop("eager", False):  # its runtime too, as `import grain` loads all of Grain
+            import importlib
+
+            importlib.import_module("aioloader.runtime.loader")  # (what warm_up() imports)
         if spec.pop("warm", False):
             import time
 
@@ -161,6 +173,9 @@ def main() -> None:
     ap.add_argument("--cached", action="store_true", help="rows with an index cache")
     ap.add_argument("--bucket", action="store_true", help="rows from the emulated bucket")
     ap.add_argument("--digests", action="store_true", help="check the trees' batches agree")
+    ap.add_argument("--like", action="store_true",
+                    help="like-for-like rows: workers=0 against Grain's threads, workers=N "
+                         "against Grain's N worker processes")
     ap.add_argument("--json", help="write the raw results here")
     ap.add_argument("--from-json", help="report (and plot) the results of an earlier run")
     ap.add_argument("--plot", help="draw the first batch against the files into this PNG")
@@ -209,6 +224,10 @@ def main() -> None:
                 todo.append(((files, name, "open"), tree, {"lib": "open",
                                                             "paths": [globs[files]]}))
                 todo.append(((files, name, "first"), tree, first))
+                if args.like:
+                    eager = {**first, "eager": True}
+                    todo.append(((files, name, "inline"), tree, {**eager, "workers": 0}))
+                    todo.append(((files, name, "procs"), tree, eager))
                 if not args.no_warm:
                     todo.append(((files, name, "warm"), tree, {**first, "warm": True}))
                 if args.cached:
@@ -239,6 +258,10 @@ def main() -> None:
                 for n in (1, 4):
                     todo.append(((files, "grain", f"N{n}"), None,
                                  {**base, "lib": "grain", "threads": n, "paths": paths}))
+                if args.like:
+                    todo.append(((files, "grain", f"P{args.workers}"), None,
+                                 {**base, "lib": "grain", "procs": args.workers,
+                                  "paths": paths}))
         for key, tree, spec in todo:
             _measured(key, tree, spec, caches[key[1]])
         for r in range(args.rounds):
@@ -341,6 +364,36 @@ def _report(res: dict, counts: list[int], names: list[str], args) -> None:
                               *blank, "1 |"]))
     if args.bucket:
         _report_bucket_open(res, counts, names)
+    if args.like and not args.no_grain:
+        _report_like(res, counts, names, args.workers)
+
+
+def _report_like(res: dict, counts: list[int], names: list[str], workers: int) -> None:
+    """Like for like, each library wholly imported before the clock: in-process (aioloader
+    workers=0, Grain's threads) and with worker processes (aioloader's, the server cold;
+    Grain's `mp_prefetch`), first batch and ratio, per round; last, aioloader's own
+    2,000-file ÷ 10-file figure of each."""
+    print(f"\n| files | tree | workers=0 s | Grain threads s | ÷ Grain | ÷ own at {counts[0]} | "
+          f"workers={workers} s (server cold) | Grain {workers} processes s | ÷ Grain | "
+          f"÷ own at {counts[0]} |")
+    print("|---" * 10 + "|")
+
+    def walls(files: int, name: str, kind: str) -> list[float]:
+        return [x["wall"] for x in res[(files, name, kind)]]
+
+    for files in counts:
+        threads = [min(a, b) for a, b in zip(walls(files, "grain", "N1"),
+                                             walls(files, "grain", "N4"))]
+        procs = walls(files, "grain", f"P{workers}")
+        for name in names:
+            cells = []
+            for kind, peer in (("inline", threads), ("procs", procs)):
+                own = walls(files, name, kind)
+                at = walls(counts[0], name, kind)
+                cells += [_cell(own), _cell(peer), _cell([a / b for a, b in zip(own, peer)],
+                                                         ".2f"),
+                          _cell([a / b for a, b in zip(own, at)], ".2f")]
+            print(f"| {files} | {name} | {' | '.join(cells)} |")
 
 
 def _report_bucket_open(res: dict, counts: list[int], names: list[str]) -> None:

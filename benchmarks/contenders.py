@@ -17,7 +17,8 @@ batch (0: unbatched; after a pack, rows per batch), filter (aioloader: a predica
 `benchmarks.fns`), pack (aioloader: {"lengths": {feature: length}, "bins": N}), max_batches,
 max_seconds, step (seconds of simulated training per batch), workers, executor, prefetch,
 io_concurrency, max_gap, memory_budget, resident_bytes, storage_options, verify (aioloader;
-its default if absent), threads (Grain's ReadOptions.num_threads), api ("sync" | "async",
+its default if absent), threads (Grain's ReadOptions.num_threads), procs (Grain's worker
+processes, `mp_prefetch`), api ("sync" | "async",
 aioloader), format ("tfrecord" / "parquet": aioloader reads `paths` as TFRecord / Parquet
 files), index_cache_dir (aioloader). The Parquet peers ("grain-parquet", "hf", "pyarrow") run
 from `benchmarks.parquet_peers`, with its keys.
@@ -216,7 +217,14 @@ def grain_run(spec: dict[str, Any]) -> dict[str, Any]:
     unbatched = not spec.get("batch", 256)
     if not unbatched:
         ds = ds.batch(spec["batch"])
-    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.get("threads", 1))))
+    out = ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.get("threads", 1)))
+    if spec.get("procs"):  # Grain's worker processes, as aioloader's workers=N
+        from absl import flags  # (Grain's processes read its flags: parsed, as by app.run)
+
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec["procs"]))
+    it = iter(out)
     t = time.perf_counter()
     for batch in it:
         if not clock.got(batch, _size(batch, unbatched), t):

@@ -13,7 +13,10 @@ count, every pipeline in a fresh interpreter. A pipeline's CPU is sampled from i
 process (`common.cpu_seconds`: the process, its threads and its live worker processes) at
 its first batch and at its last, so start-up (spawning and importing in the workers, opening
 the files) is left out; the figure is the records after the first batch ÷ those CPU seconds.
-The bare loop is timed in CPU seconds of its thread.
+The bare loop is timed in CPU seconds of its thread. For the images it is also run with
+its batching (`bench_decode.Limit.collated`: each batch's records stacked into one reused
+array, the one copy a batch costs that the bare loop skips), and every pipeline is given
+over that floor as well: the share of the batching loop's rate that the loader keeps.
 
 Contenders run in turn within each round (bare, then each tree's pipelines; every other
 round in the reverse order, ABBA), and each ratio
@@ -111,8 +114,10 @@ def run_child(tree: Path, neutral: Path, spec: dict[str, Any]) -> dict[str, Any]
 # -- the bare loop --------------------------------------------------------------------------
 
 
-def bare(paths: list[str], decode: str) -> tuple[int, float]:
-    """Records and CPU seconds of the bare loop over one shuffled epoch, batch by batch."""
+def bare(paths: list[str], decode: str, batched: bool = False) -> tuple[int, float]:
+    """Records and CPU seconds of the bare loop over one shuffled epoch, batch by batch.
+    `batched` (images): each batch's records also stacked into one reused batch array, the
+    one copy that batching costs (`bench_decode.Limit.collated`)."""
     from . import fns
     from .bench_decode import Limit, _batches
 
@@ -121,7 +126,7 @@ def bare(paths: list[str], decode: str) -> tuple[int, float]:
     fn = getattr(fns, decode)
     t0 = time.process_time()
     for refs in batches:
-        out = [fn(r) for r in limit.records(refs)]
+        out = limit.collated(refs) if batched else [fn(r) for r in limit.records(refs)]
     del out
     cpu = time.process_time() - t0
     for fd in limit.fds.values():
@@ -132,11 +137,14 @@ def bare(paths: list[str], decode: str) -> tuple[int, float]:
 # -- the table ------------------------------------------------------------------------------
 
 
-def round_order(trees: list[str], workers: list[int], rnd: int) -> list[Any]:
-    """The runs of round `rnd`, in turn: the bare loop, then each tree's pipelines at each
-    worker count; every other round in reverse (ABBA), so that a drift of the machine's
-    load within a round does not always favour the same side of a pair."""
-    runs: list[Any] = ["bare", *((name, w) for name in trees for w in workers)]
+def round_order(trees: list[str], workers: list[int], rnd: int, floor: bool = False
+                ) -> list[Any]:
+    """The runs of round `rnd`, in turn: the bare loop (and with `floor` the bare loop that
+    also batches), then each tree's pipelines at each worker count; every other round in
+    reverse (ABBA), so that a drift of the machine's load within a round does not always
+    favour the same side of a pair."""
+    runs: list[Any] = ["bare", *(["floor"] if floor else []),
+                       *((name, w) for name in trees for w in workers)]
     return runs if rnd % 2 == 0 else runs[::-1]
 
 
@@ -169,17 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, dict[Any, list[float]]] = {}
     ratios: dict[str, dict[Any, list[float]]] = {}
     whole: dict[str, dict[Any, list[float]]] = {}
+    floors: dict[str, dict[Any, list[float]]] = {}  # ÷ the bare loop that batches (images)
     try:
         for kind in args.only or list(WORKLOADS):
             data, decode, typed = WORKLOADS[kind]
             paths = [str(x) for x in sharded_dataset(args, data, sizes[data], SHARDS)]
-            rates[kind], ratios[kind], whole[kind] = {}, {}, {}
+            rates[kind], ratios[kind], whole[kind], floors[kind] = {}, {}, {}, {}
             bare(paths, decode)  # warm-up: page cache, allocator
             for rnd in range(args.rounds):
                 got: dict[Any, dict[str, Any]] = {}
-                for who in round_order(list(trees), args.workers, rnd):
-                    if who == "bare":
-                        n, cpu = bare(paths, decode)
+                for who in round_order(list(trees), args.workers, rnd, data == "img"):
+                    if who in ("bare", "floor"):
+                        n, cpu = bare(paths, decode, batched=who == "floor")
                         got[who] = {"rate": n / cpu}
                         continue
                     name, w = who
@@ -188,12 +197,17 @@ def main(argv: list[str] | None = None) -> int:
                     got[who] = run_child(Path(trees[name]), neutral, spec)
                 base = got["bare"]["rate"]
                 rates[kind].setdefault("bare", []).append(base)
+                if "floor" in got:
+                    rates[kind].setdefault("floor", []).append(got["floor"]["rate"])
                 for name in trees:
                     for w in args.workers:
                         r = got[(name, w)]
                         rate = r["records"] / r["cpu"]
                         rates[kind].setdefault((name, w), []).append(rate)
                         ratios[kind].setdefault((name, w), []).append(rate / base)
+                        if "floor" in got:
+                            floors[kind].setdefault((name, w), []).append(
+                                rate / got["floor"]["rate"])
                         whole[kind].setdefault((name, w), []).append(
                             r["all_records"] / r["all_cpu"] / base)
                 loads.append(os.getloadavg()[0])
@@ -206,18 +220,25 @@ def main(argv: list[str] | None = None) -> int:
           f"{min(loads):.1f}–{max(loads):.1f} ({os.cpu_count()} cores)\n")
     first = next(iter(trees))
     print("| workload | tree | workers | rec per CPU-s (steady) | ÷ bare loop, per round | "
-          f"÷ bare, start-up incl. | ÷ {first}, per round |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          f"÷ bare loop that batches, per round | ÷ bare, start-up incl. | ÷ {first}, per "
+          "round |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for kind in rates:
         b = rates[kind]["bare"]
-        print(f"| {kind} | bare loop | — | {statistics.median(b):,.0f} | 1 | — | — |")
+        print(f"| {kind} | bare loop | — | {statistics.median(b):,.0f} | 1 | — | — | — |")
+        if "floor" in rates[kind]:
+            lo = [f / z for f, z in zip(rates[kind]["floor"], b)]
+            print(f"| {kind} | bare loop that batches | — | "
+                  f"{statistics.median(rates[kind]['floor']):,.0f} | {_fmt(lo)} | 1 | — | — |")
         for name in trees:
             for w in args.workers:
                 versus = [a / z for a, z in zip(rates[kind][(name, w)],
                                                 rates[kind][(first, w)])]
+                fl = floors[kind].get((name, w))
                 print(f"| {kind} | {name} | {w} | "
                       f"{statistics.median(rates[kind][(name, w)]):,.0f} | "
                       f"**{_fmt(ratios[kind][(name, w)])}** | "
+                      f"{_fmt(fl) if fl else '—'} | "
                       f"{_fmt(whole[kind][(name, w)])} | {_fmt(versus)} |")
     return 0
 
