@@ -1,5 +1,6 @@
 """The benchmarks' pure parts that decide what runs and what is reported: the order of a
-round's runs (ABBA), and a profile read only from a child that finished."""
+round's runs (ABBA, the bare loops among them), and a profile read only from a child that
+finished."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ def test_every_other_round_runs_in_the_reverse_order():
     for r in range(4):
         order = round_order(["main", "branch"], [0], r)
         assert (order.index(("main", 0)) < order.index(("branch", 0))) == (r % 2 == 0)
+
+
+def test_the_bare_loop_that_batches_runs_beside_the_bare_loop_in_each_round():
+    plain = round_order(["main"], [0, 1], 0)
+    assert "floor" not in plain
+    first = round_order(["main"], [0, 1], 0, floor=True)
+    assert first == ["bare", "floor", ("main", 0), ("main", 1)]
+    assert round_order(["main"], [0, 1], 1, floor=True) == first[::-1]
 
 
 def test_a_child_that_timed_out_or_wrote_no_samples_has_no_profile(tmp_path):
