@@ -201,7 +201,9 @@ def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[Any]
     back first). A CancelledError while `closing()` (closed from another thread) ends the
     iteration like the last item; `check()` runs before each item (e.g. refuses in a forked
     child), and `on_exit()` when the iteration ends, however it ends, before the items not
-    taken are dropped. `held`: items are tuples whose last element is None or a function
+    taken are dropped. A loop closed under the pump (a loader closed on the loop's own
+    thread released its last user) ends the iteration after the items already handed off.
+    `held`: items are tuples whose last element is None or a function
     the pump calls on the loop once the consumer took the item (a place ahead that the item
     held while it waited here); they are handed out without it.
     """
@@ -239,7 +241,11 @@ def pump(loop: asyncio.AbstractEventLoop, next_item: Callable[[], Awaitable[Any]
             if held:
                 *rest, release = value
                 value = tuple(rest)
-            loop.call_soon_threadsafe(_taken, credits[0], release)
+            try:
+                loop.call_soon_threadsafe(_taken, credits[0], release)
+            except RuntimeError:  # the loop closed (a close on its own thread released its
+                if not loop.is_closed():  # last user): the pump is gone, and what it had
+                    raise  # handed off is still the consumer's, then the "end" it put
             yield value
     finally:
         if pumping is not None and os.getpid() == pid:
